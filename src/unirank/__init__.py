@@ -1,0 +1,64 @@
+"""unirank: one PyTorch distributed script, unchanged, under any launcher.
+
+``import unirank`` does not import torch; the runtime API (``init``, ``Parallel``, collectives)
+loads it on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from unirank.distenv import DistEnv
+from unirank.errors import ConfigError
+
+__version__ = "0.1.0"
+
+#: names served lazily from ``unirank.runtime`` (which imports torch when first used)
+_RUNTIME_NAMES = frozenset(
+    {
+        "init",
+        "finalize",
+        "Parallel",
+        "is_initialized",
+        "get_rank",
+        "get_world_size",
+        "get_local_rank",
+        "get_local_world_size",
+        "get_node_rank",
+        "get_nnodes",
+        "backend",
+        "device",
+        "hostname",
+        "all_reduce",
+        "all_gather",
+        "broadcast",
+        "barrier",
+        "one_rank_only",
+        "one_rank_first",
+        "print0",
+        "get_logger",
+        "dist_env",
+    }
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from unirank.runtime import *  # noqa: F403
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RUNTIME_NAMES:
+        import unirank.runtime as runtime
+
+        return getattr(runtime, name)
+    if name == "detect":
+        from unirank.launchers import detect
+
+        return detect
+    raise AttributeError(f"module 'unirank' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_RUNTIME_NAMES, "detect"})
+
+
+__all__ = ["ConfigError", "DistEnv", "__version__", "detect", *sorted(_RUNTIME_NAMES)]

@@ -1,0 +1,5 @@
+"""``python -m unirank``: the same as the ``unirank`` command."""
+
+from unirank.cli.main import entry
+
+entry()

@@ -1,0 +1,68 @@
+"""``unirank`` entry point: a thin dispatcher that imports a subcommand's module only when used.
+
+Each subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
+``main(args) -> int``. None of them may import torch at module level.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from unirank import __version__
+from unirank.errors import ConfigError
+
+#: subcommand name -> module under ``unirank.cli``, in the order ``--help`` lists them.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "info": ("unirank.cli.info", "show the detected launcher, ranks, master address and port"),
+    "run": ("unirank.cli.run", "start local workers with torchrun's environment (like torchrun)"),
+    "hello": ("unirank.cli.hello", "every rank says hello, in rank order"),
+    "reduce": ("unirank.cli.reduce", "all_reduce a tensor of ones; every rank prints the sum"),
+    "check": ("unirank.cli.check", "report torch, CUDA, launcher and NCCL/GLOO/TORCH settings"),
+}
+
+
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(SUBCOMMANDS[name][0])
+
+
+def build_parser(command: str | None) -> argparse.ArgumentParser:
+    """The top-level parser; only ``command``'s module is imported to add its arguments."""
+    parser = argparse.ArgumentParser(
+        prog="unirank",
+        description="Run one PyTorch distributed script under python, torchrun, Slurm or MPI.",
+    )
+    parser.add_argument("--version", action="version", version=f"unirank {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in SUBCOMMANDS.items():
+        sp = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            _load(name).add_arguments(sp)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run the subcommand; returns the process exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    if command not in SUBCOMMANDS:
+        command = None
+    parser = build_parser(command)
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(_load(args.command).main(args))
+    except ConfigError as exc:
+        print(f"unirank {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def entry() -> None:  # pragma: no cover - thin wrapper
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""Errors unirank raises for bad configuration.
+
+Every message is one line: what is wrong (the variable and its value) and a hint saying what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ConfigError"]
+
+
+class ConfigError(ValueError):
+    """A launcher's environment (or a user's argument) is missing, malformed or inconsistent.
+
+    ``variable`` names the environment variable or option at fault (may be ``None``),
+    ``value`` its value as seen, and ``hint`` what the user can do about it.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        variable: str | None = None,
+        value: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.variable = variable
+        self.value = value
+        self.hint = hint
+        parts = []
+        if variable is not None:
+            shown = "<unset>" if value is None else repr(value)
+            parts.append(f"{variable}={shown}: {message}")
+        else:
+            parts.append(message)
+        if hint:
+            parts.append(f"HINT: {hint}")
+        super().__init__(" ".join(" ".join(parts).split()))
