@@ -1,0 +1,401 @@
+"""Shared pytest fixtures.
+
+- ``slurm_testbed`` (session): the real two-node Slurm cluster of ``scripts/testbed``, with helpers
+  to run ``srun``/``salloc`` and ``sbatch`` jobs that always have a timeout and never stay queued.
+- ``mpirun`` (session): the command prefix for Open MPI's ``mpirun``.
+
+Rule (DEVELOPERS.md): with ``CI=true`` a testbed or mpirun that cannot be had is a test failure;
+elsewhere (no root, no apt) the tests skip with a one-line reason.
+
+Environment variables read: ``CI``, ``UNIRANK_TESTBED_LOGS`` (log folder of the testbed), and the
+caller's environment, from which launcher variables (``SLURM_*``, ``OMPI_*``, ...) are removed
+before starting Slurm commands so that a test never inherits an outer job's identity.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TESTBED = REPO_ROOT / "scripts" / "testbed"
+JOB_NAME_PREFIX = "unirank-test-"
+TESTBED_START_TIMEOUT_S = 900.0  # a fresh machine first runs apt-get install
+TERMINAL_JOB_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
+# Launcher variables of the process running pytest must not leak into the jobs it starts.
+_LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_")
+
+
+def in_ci() -> bool:
+    """True when ``CI`` says this is a CI run (reads ``CI``)."""
+    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def unavailable(reason: str, details: str = "") -> NoReturn:
+    """Fail in CI, skip elsewhere, with a one-line ``reason`` (``details`` only in CI's message)."""
+    if in_ci():
+        pytest.fail(f"{reason}\n{details}".rstrip(), pytrace=False)
+    pytest.skip(reason)
+
+
+def clean_environ(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """This process's environment without launcher variables, updated with ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
+    if extra:
+        env.update(extra)
+    return env
+
+
+class SlurmTimeout(AssertionError):
+    """A Slurm command or job did not finish in time; it has been cancelled."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchResult:
+    """What an ``sbatch`` job left behind."""
+
+    job_id: int
+    state: str  # JobState from scontrol: COMPLETED, FAILED, CANCELLED, TIMEOUT, ...
+    exit_code: int  # the batch script's exit status (first half of ExitCode=a:b)
+    signal: int  # the signal that ended it, 0 if none (second half of ExitCode)
+    output: str  # stdout and stderr of the batch script (sbatch -o)
+    output_path: Path
+
+
+def _minutes(timeout: float) -> int:
+    """Slurm's --time in whole minutes, a little longer than the subprocess timeout."""
+    return max(1, math.ceil(timeout / 60.0) + 1)
+
+
+@dataclasses.dataclass
+class SlurmTestbed:
+    """Handle on the running two-node testbed (node1 at 127.0.1.1, node2 at 127.0.1.2)."""
+
+    log_dir: Path
+    work_dir: Path
+    nodes: tuple[str, ...] = ("node1", "node2")
+
+    # --- inspection ---------------------------------------------------------------------------
+
+    def logs(self) -> str:
+        """Tail of every testbed log (``scripts/testbed logs``)."""
+        return _testbed_logs(self.log_dir)
+
+    def node_states(self) -> dict[str, str]:
+        """``{"node1": "idle", ...}`` as ``sinfo -N`` shows them."""
+        out = _run_checked(["sinfo", "-h", "-N", "-o", "%N %t"], timeout=30).stdout
+        return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
+
+    def queued_test_jobs(self) -> list[str]:
+        """Ids of jobs started by these helpers that are still known to squeue."""
+        out = _run_checked(["squeue", "-h", "-o", "%i %j"], timeout=30).stdout
+        return [
+            job_id
+            for job_id, _, name in (line.partition(" ") for line in out.splitlines())
+            if name.startswith(JOB_NAME_PREFIX)
+        ]
+
+    # --- running jobs -------------------------------------------------------------------------
+
+    def srun(
+        self,
+        args: Sequence[str],
+        timeout: float = 60.0,
+        env: Optional[Mapping[str, str]] = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``srun ARGS`` with ``--time`` and a subprocess timeout; cancel the job on timeout."""
+        return self._run_job_command("srun", args, timeout, env, check)
+
+    def salloc(
+        self,
+        args: Sequence[str],
+        timeout: float = 60.0,
+        env: Optional[Mapping[str, str]] = None,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``salloc ARGS`` (options then the command) like :meth:`srun`."""
+        return self._run_job_command("salloc", args, timeout, env, check)
+
+    def sbatch_and_wait(
+        self,
+        script_text: str,
+        timeout: float = 60.0,
+        args: Sequence[str] = (),
+        env: Optional[Mapping[str, str]] = None,
+    ) -> BatchResult:
+        """Submit ``script_text`` with ``sbatch --parsable`` and wait until the job ends.
+
+        ``args`` are extra sbatch options. On timeout the job is cancelled and
+        :class:`SlurmTimeout` is raised; no job stays in the queue.
+        """
+        if not script_text.startswith("#!"):
+            script_text = "#!/bin/bash\n" + script_text
+        tag = uuid.uuid4().hex[:12]
+        script = self.work_dir / f"batch-{tag}.sh"
+        script.write_text(script_text)
+        output_pattern = self.work_dir / f"batch-{tag}-%j.out"
+        cmd = [
+            "sbatch",
+            "--parsable",
+            f"--job-name={JOB_NAME_PREFIX}{tag}",
+            f"--time={_minutes(timeout)}",
+            f"--output={output_pattern}",
+            f"--chdir={self.work_dir}",
+            *args,
+            str(script),
+        ]
+        submitted = _run_checked(cmd, timeout=30, env=clean_environ(env))
+        job_id = int(submitted.stdout.strip().split(";")[0])
+        deadline = time.monotonic() + timeout
+        fields: dict[str, str] = {}
+        while True:
+            fields = _job_fields(job_id)
+            if fields.get("JobState", "UNKNOWN") in TERMINAL_JOB_STATES | {"UNKNOWN"}:
+                break
+            if time.monotonic() > deadline:
+                _cancel([str(job_id)])
+                raise SlurmTimeout(
+                    f"sbatch job {job_id} still {fields.get('JobState')} after {timeout:g} s "
+                    f"(reason {fields.get('Reason')}); cancelled\n{self.logs()}"
+                )
+            time.sleep(0.2)  # waiting on an external daemon: a bounded poll
+        exit_code, _, signal = fields.get("ExitCode", "-1:0").partition(":")
+        out_path = Path(str(output_pattern).replace("%j", str(job_id)))
+        output = out_path.read_text(errors="replace") if out_path.exists() else ""
+        return BatchResult(
+            job_id=job_id,
+            state=fields.get("JobState", "UNKNOWN"),
+            exit_code=int(exit_code),
+            signal=int(signal or 0),
+            output=output,
+            output_path=out_path,
+        )
+
+    def _run_job_command(
+        self,
+        program: str,
+        args: Sequence[str],
+        timeout: float,
+        env: Optional[Mapping[str, str]],
+        check: bool,
+    ) -> subprocess.CompletedProcess[str]:
+        name = f"{JOB_NAME_PREFIX}{uuid.uuid4().hex[:12]}"
+        cmd = [program, f"--job-name={name}", f"--time={_minutes(timeout)}", *args]
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=clean_environ(env),
+            cwd=self.work_dir,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _cancel_by_name(name)
+            try:
+                stdout, stderr = proc.communicate(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                stdout, stderr = proc.communicate()
+            raise SlurmTimeout(
+                f"{' '.join(cmd)} did not finish in {timeout:g} s; job cancelled\n"
+                f"stdout:\n{stdout}\nstderr:\n{stderr}"
+            ) from None
+        result = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(cmd)} exited {result.returncode}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+            )
+        return result
+
+
+def _run_checked(
+    cmd: Sequence[str], timeout: float, env: Optional[Mapping[str, str]] = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        list(cmd),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(env) if env is not None else None,
+        stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {result.returncode}: {result.stderr.strip()}")
+    return result
+
+
+def _job_fields(job_id: int) -> dict[str, str]:
+    """``scontrol show job -o`` as a dict; ``{}`` when the controller no longer knows the job."""
+    result = subprocess.run(
+        ["scontrol", "show", "job", "-o", str(job_id)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+    )
+    if result.returncode != 0:
+        return {}
+    return dict(re.findall(r"(\w+)=(\S*)", result.stdout))
+
+
+def _wait_gone(job_ids: Sequence[str], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = subprocess.run(
+            ["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30
+        ).stdout.split()
+        if not set(job_ids) & set(out):
+            return
+        time.sleep(0.2)  # waiting on an external daemon: a bounded poll
+
+
+def _cancel(job_ids: Sequence[str]) -> None:
+    if job_ids:
+        subprocess.run(["scancel", "--full", *job_ids], capture_output=True, timeout=30)
+        _wait_gone(job_ids)
+
+
+def _cancel_by_name(name: str) -> None:
+    out = subprocess.run(
+        ["squeue", "-h", "-o", "%i", f"--name={name}"], capture_output=True, text=True, timeout=30
+    ).stdout.split()
+    _cancel(out)
+
+
+def _testbed_logs(log_dir: Path) -> str:
+    result = subprocess.run(
+        [str(TESTBED), "logs"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "UNIRANK_TESTBED_LOGS": str(log_dir)},
+    )
+    return result.stdout + result.stderr
+
+
+def _testbed(command: str, timeout: float, log_dir: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(TESTBED), command],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "UNIRANK_TESTBED_LOGS": str(log_dir)},
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _default_log_dir() -> Path:
+    return Path(os.environ.get("UNIRANK_TESTBED_LOGS", "/tmp/unirank-testbed/logs"))
+
+
+# --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def slurm_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTestbed]:
+    """The running two-node testbed, started once per session (reused when already up).
+
+    Fails in CI and skips elsewhere when it cannot be had. Leaves the testbed running; at the
+    end, any job the helpers left queued is cancelled and reported as an error.
+    """
+    log_dir = _default_log_dir()
+    is_root = os.geteuid() == 0
+    if shutil.which("sinfo") and _testbed("status", 60, log_dir).returncode == 0:
+        pass  # already up (possibly started by someone else): reuse it
+    elif not is_root:
+        unavailable(
+            "Slurm testbed not running and starting it needs root: sudo scripts/testbed start"
+        )
+    elif not (shutil.which("slurmctld") or shutil.which("apt-get")):
+        unavailable("Slurm is not installed and apt-get is missing to install it")
+    else:
+        try:
+            started = _testbed("start", TESTBED_START_TIMEOUT_S, log_dir)
+        except subprocess.TimeoutExpired:
+            unavailable(
+                f"scripts/testbed start did not finish in {TESTBED_START_TIMEOUT_S:g} s",
+                _testbed_logs(log_dir),
+            )
+        if started.returncode != 0:
+            last = (started.stderr.strip().splitlines() or ["(no output)"])[-1]
+            unavailable(
+                f"scripts/testbed start failed: {last}",
+                f"{started.stdout}{started.stderr}\n{_testbed_logs(log_dir)}",
+            )
+    testbed = SlurmTestbed(log_dir=log_dir, work_dir=tmp_path_factory.mktemp("slurm"))
+    yield testbed
+    left = testbed.queued_test_jobs()
+    if left:
+        _cancel(left)
+        raise AssertionError(f"tests left Slurm jobs in the queue (now cancelled): {left}")
+
+
+@pytest.fixture(scope="session")
+def mpirun() -> list[str]:
+    """Command prefix for Open MPI's mpirun; installs Open MPI as root when it is missing.
+
+    Fails in CI and skips elsewhere when mpirun cannot be had.
+    """
+    if shutil.which("mpirun") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        _testbed("install", TESTBED_START_TIMEOUT_S, _default_log_dir())
+    exe = shutil.which("mpirun")
+    if exe is None:
+        unavailable("mpirun not found: install Open MPI (apt-get install openmpi-bin)")
+    version = subprocess.run(
+        [exe, "--version"], capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL
+    )
+    if "Open MPI" not in version.stdout + version.stderr:
+        unavailable(f"{exe} is not Open MPI's mpirun")
+    prefix = ["mpirun", "--oversubscribe"]
+    if os.geteuid() == 0:
+        prefix.insert(1, "--allow-run-as-root")
+    return prefix
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses the testbed ``slurm`` and every one that uses mpirun ``mpi``."""
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        if "slurm_testbed" in names and item.get_closest_marker("slurm") is None:
+            item.add_marker(pytest.mark.slurm)
+        if "mpirun" in names and item.get_closest_marker("mpi") is None:
+            item.add_marker(pytest.mark.mpi)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Attach the testbed's logs to the report of a failed test that used the testbed."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    if report.failed and "slurm_testbed" in getattr(item, "fixturenames", ()):
+        try:
+            report.sections.append(("slurm testbed logs", _testbed_logs(_default_log_dir())))
+        except (OSError, subprocess.SubprocessError) as exc:
+            report.sections.append(("slurm testbed logs", f"could not read logs: {exc}"))
