@@ -42,6 +42,7 @@ _RUNTIME_NAMES = frozenset(
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from unirank.launchers import detect
     from unirank.runtime import *  # noqa: F403
 
 

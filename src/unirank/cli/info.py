@@ -1,0 +1,58 @@
+"""``unirank info``: what was detected, where each number came from, and why not the others.
+
+Never imports torch: it answers in about the time ``python -c pass`` takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+HELP = "show the detected launcher, ranks, master address and port"
+
+_FIELDS = (
+    "launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank",
+    "num_nodes", "master_addr", "master_port", "job_id", "step_id", "node_name", "hosts",
+    "launch_required", "planned_tasks",
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--json`` for machine-readable output."""
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print the report. Reads: the whole environment (through launcher detection)."""
+    from unirank.launchers import detect, explain
+
+    env = detect()
+    candidates = explain()
+    if args.json:
+        payload = env.to_dict()
+        payload["candidates"] = [
+            {"launcher": c.name, "status": c.status, "reason": c.reason} for c in candidates
+        ]
+        print(json.dumps(payload, indent=2, sort_keys=False))
+        return 0
+    data = env.to_dict()
+    width = max(len(f) for f in _FIELDS)
+    print(f"unirank: detected launcher '{env.launcher}'")
+    for name in _FIELDS:
+        value = data[name]
+        if name == "hosts":
+            value = ",".join(value) if value else "-"
+        elif value is None:
+            value = "-"
+        source = env.sources.get(name, "")
+        print(f"  {name:<{width}} = {value}" + (f"   [{source}]" if source else ""))
+    if env.launch_required:
+        tasks = env.planned_tasks or 1
+        print(
+            f"note: this is a Slurm allocation shell with {tasks} task(s) but no srun step; "
+            "start the tasks with `srun python script.py` or `unirank run script.py`."
+        )
+    print("launchers (in precedence order):")
+    for cand in candidates:
+        print(f"  {cand.name:<16} {cand.status:<9} {cand.reason}")
+    return 0

@@ -1,0 +1,166 @@
+"""Workers of ``torchrun`` / ``python -m torch.distributed.run`` / ``torch.distributed.launch``.
+
+Also every worker that ``unirank run`` starts, since those get torchrun's variables. The legacy
+``torch.distributed.launch`` without ``--use-env`` passes the local rank as ``--local-rank=N``
+(or ``--local_rank N``) on the command line instead of ``LOCAL_RANK``.
+
+Inside a Slurm step (``srun torchrun ...``), the torchrun variables win for ranks, but the number
+of torchrun agents must be the number of srun tasks, and with a static rendezvous each agent's
+``GROUP_RANK`` must be its ``SLURM_PROCID`` (= ``SLURM_NODEID`` with one task per node); a
+mismatch would hang, so it is a ConfigError naming the numbers that disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from unirank.distenv import DistEnv
+from unirank.envvars import check_rank, first_set, read_int, read_optional_int
+from unirank.errors import ConfigError
+from unirank.hostlist import expand
+from unirank.launchers import slurm
+from unirank.launchers._base import Context, resolve_master
+
+NAME = "torchrun"
+KEYS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "--local-rank")
+
+_LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(?:=(.*))?$")
+
+
+def local_rank_from_argv(argv: Sequence[str]) -> str | None:
+    """The value of ``--local-rank=N`` / ``--local_rank N`` in ``argv``, or None."""
+    for i, arg in enumerate(argv):
+        match = _LOCAL_RANK_ARG.match(arg)
+        if match:
+            if match.group(1) is not None:
+                return match.group(1)
+            return argv[i + 1] if i + 1 < len(argv) else ""
+    return None
+
+
+def present(environ: Mapping[str, str], argv: Sequence[str]) -> bool:
+    """True when torchrun's variables (or launch's ``--local-rank``) are there.
+
+    Reads: TORCHELASTIC_RUN_ID, LOCAL_RANK, RANK, WORLD_SIZE.
+    """
+    if "TORCHELASTIC_RUN_ID" in environ:
+        return True
+    has_local = "LOCAL_RANK" in environ or local_rank_from_argv(argv) is not None
+    return has_local and "RANK" in environ and "WORLD_SIZE" in environ
+
+
+def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: int) -> None:
+    """Inside ``srun``: one torchrun agent per task, and static ranks that match the tasks'.
+
+    Reads: SLURM_STEP_NUM_TASKS / SLURM_NTASKS, SLURM_PROCID, SLURM_NODEID, TORCHELASTIC_RUN_ID.
+    """
+    tasks_var = first_set(environ, *slurm.NUM_TASKS_VARS)
+    if tasks_var is None:
+        return
+    tasks = read_int(environ, tasks_var, minimum=1)
+    if num_nodes != tasks:
+        raise ConfigError(
+            f"torchrun runs {num_nodes} node(s) (GROUP_WORLD_SIZE / --nnodes) but srun started "
+            f"{tasks} torchrun task(s)",
+            variable=tasks_var, value=environ[tasks_var],
+            hint=f"use srun --ntasks-per-node=1 -N {num_nodes}, or torchrun --nnodes {tasks}",
+        )
+    static = environ.get("TORCHELASTIC_RUN_ID", "none") in ("none", "")
+    procid = read_int(environ, "SLURM_PROCID")
+    if static and node_rank != procid:
+        nodeid = environ.get("SLURM_NODEID", "?")
+        raise ConfigError(
+            f"torchrun's node rank GROUP_RANK={node_rank} disagrees with this srun task's "
+            f"SLURM_PROCID={procid} (SLURM_NODEID={nodeid})",
+            variable="GROUP_RANK", value=str(node_rank),
+            hint="pass torchrun --node_rank $SLURM_NODEID (in single quotes, so each task expands "
+            "it), or use unirank run, which reads it itself",
+        )
+
+
+def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
+    """A torchrun worker, or None when torchrun's variables are absent.
+
+    Reads: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, SLURMD_NODENAME, and the Slurm step variables
+    for the consistency check.
+    """
+    if not present(environ, ctx.argv):
+        return None
+    rank = read_int(environ, "RANK", hint="torchrun sets RANK for every worker")
+    world = read_int(environ, "WORLD_SIZE", minimum=1, hint="torchrun sets WORLD_SIZE")
+    check_rank(rank, world, rank_var="RANK", size_var="WORLD_SIZE")
+
+    sources: dict[str, str] = {"rank": "RANK", "world_size": "WORLD_SIZE"}
+    if "LOCAL_RANK" in environ:
+        local_rank = read_int(environ, "LOCAL_RANK")
+        sources["local_rank"] = "LOCAL_RANK"
+    else:
+        arg = local_rank_from_argv(ctx.argv)
+        local_rank = read_int({"--local-rank": arg or ""}, "--local-rank")
+        sources["local_rank"] = "--local-rank argument"
+
+    groups = read_optional_int(environ, "GROUP_WORLD_SIZE", minimum=1)
+    local_world = read_optional_int(environ, "LOCAL_WORLD_SIZE", minimum=1)
+    if local_world is not None:
+        sources["local_world_size"] = "LOCAL_WORLD_SIZE"
+    elif groups is not None and world % groups == 0:
+        local_world = world // groups
+        sources["local_world_size"] = "derived: WORLD_SIZE / GROUP_WORLD_SIZE"
+    else:
+        local_world = world
+        sources["local_world_size"] = "derived: assumed one node (LOCAL_WORLD_SIZE unset)"
+    check_rank(local_rank, local_world, rank_var=sources["local_rank"],
+               size_var="LOCAL_WORLD_SIZE")
+
+    if groups is not None:
+        num_nodes, sources["num_nodes"] = groups, "GROUP_WORLD_SIZE"
+    else:
+        num_nodes = -(-world // local_world)
+        sources["num_nodes"] = "derived: WORLD_SIZE / LOCAL_WORLD_SIZE"
+    node_rank = read_optional_int(environ, "GROUP_RANK")
+    if node_rank is None:
+        node_rank = rank // local_world
+        sources["node_rank"] = "derived: RANK // LOCAL_WORLD_SIZE"
+    else:
+        sources["node_rank"] = "GROUP_RANK"
+    check_rank(node_rank, num_nodes, rank_var="GROUP_RANK", size_var=sources["num_nodes"])
+
+    hosts: tuple[str, ...] = ()
+    if slurm.in_step(environ):
+        _check_against_slurm(environ, node_rank, num_nodes)
+        hosts_var = first_set(environ, *slurm.NODELIST_VARS)
+        if hosts_var:
+            hosts = tuple(expand(environ[hosts_var], variable=hosts_var))
+            sources["hosts"] = hosts_var
+
+    run_id = environ.get("TORCHELASTIC_RUN_ID")
+    jid, jid_var = slurm.job_id(environ)
+    if jid is None and run_id not in (None, "", "none"):
+        jid, jid_var = run_id, "TORCHELASTIC_RUN_ID"
+    if jid is not None:
+        sources["job_id"] = jid_var
+    master = resolve_master(environ, single_node=num_nodes == 1)
+    node_name = environ.get("SLURMD_NODENAME") or ctx.hostname
+    sources.update(
+        master_addr=master.addr_source,
+        master_port=master.port_source,
+        node_name="SLURMD_NODENAME" if "SLURMD_NODENAME" in environ else "socket.gethostname()",
+    )
+    return DistEnv(
+        launcher=NAME,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master.addr,
+        master_port=master.port,
+        job_id=jid,
+        step_id=environ.get("SLURM_STEP_ID"),
+        node_name=node_name,
+        hosts=hosts,
+        sources=sources,
+    )
