@@ -15,7 +15,7 @@ from unirank.launchers._mpi import MpiVars, build
 
 NAME = "mpich"
 INTEL_NAME = "intelmpi"
-KEYS = ("PMI_RANK", "PMI_SIZE")
+KEYS = ("PMI_RANK",)
 VARS = MpiVars(
     rank="PMI_RANK",
     size="PMI_SIZE",
@@ -37,6 +37,6 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     PMI_LOCAL_SIZE, PMI_JOBID / PMI_KVSNAME / PALS_APID, I_MPI_*, and what
     :func:`unirank.launchers._mpi.build` reads.
     """
-    if VARS.rank not in environ and VARS.size not in environ:
+    if VARS.rank not in environ:  # PMI_SIZE alone is also a companion of PMIX_RANK
         return None
     return build(INTEL_NAME if is_intel(environ) else NAME, VARS, environ, ctx)
