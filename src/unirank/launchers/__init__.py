@@ -11,8 +11,9 @@ Precedence, and why:
    of the agent that started them; the torchrun variables describe the worker itself.
 3. MPI launchers: ``openmpi``, ``mvapich``, ``mpich``/``intelmpi``, ``lsf`` (jsrun), ``pmix`` -
    an mpirun inside a Slurm job starts its daemons through srun, so its ranks also see a Slurm step
-   whose numbers describe the daemons, not the ranks. When the MPI numbers equal the step's
-   (``srun --mpi=pmix`` launched the ranks itself), ``slurm`` is reported: it also knows the nodes.
+   whose numbers describe the daemons, not the ranks. Only the PMI flavours (``mpich``, ``pmix``)
+   can also come from srun itself (``srun --mpi=pmi2|pmix``): when their numbers equal the step's,
+   ``slurm`` is reported, since it also knows the nodes.
 4. ``slurm`` - a task of an srun step.
 5. ``pbs`` - a pbsdsh task.
 6. ``kubeflow`` - RANK/WORLD_SIZE/MASTER_ADDR without LOCAL_RANK.
@@ -62,7 +63,8 @@ PRECEDENCE: tuple[ModuleType, ...] = (
     slurm_allocation,
     local,
 )
-_MPI = (openmpi, mvapich, mpich, lsf, pmix)
+#: launchers whose variables srun itself may set (srun --mpi=pmi2 / --mpi=pmix)
+_SRUN_PMI = (mpich, pmix)
 #: every name UNIRANK_LAUNCHER accepts (besides "none"), mapped to its module
 LAUNCHER_NAMES: dict[str, ModuleType] = {m.NAME: m for m in PRECEDENCE}
 LAUNCHER_NAMES[mpich.INTEL_NAME] = mpich
@@ -96,7 +98,8 @@ def _agrees_with_slurm(env: DistEnv, environ: Mapping[str, str], ctx: Context) -
         step = slurm.detect(environ, ctx)
     except ConfigError:
         return env
-    if step is not None and (step.rank, step.world_size) == (env.rank, env.world_size):
+    same = ("rank", "world_size", "local_rank", "local_world_size")
+    if step is not None and all(getattr(step, f) == getattr(env, f) for f in same):
         return step
     return env
 
@@ -145,7 +148,7 @@ def detect(
         for module in PRECEDENCE:
             found: DistEnv | None = module.detect(env_map, ctx)
             if found is not None:
-                return _agrees_with_slurm(found, env_map, ctx) if module in _MPI else found
+                return _agrees_with_slurm(found, env_map, ctx) if module in _SRUN_PMI else found
     except ConfigError:
         raise
     except Exception as exc:  # a bug must not look like a hang or a traceback to users
