@@ -1,0 +1,140 @@
+"""unirank's performance harness: ratios measured side by side in one run (interleaved, medians).
+
+    python3 benchmarks/run.py [--repeat N] [--only NAME ...]
+
+Targets (2-core machine):
+  start    `unirank run -n 2 hello` / `torchrun --standalone --nproc_per_node 2 hello`  <= 0.55
+  cli      `unirank --help`, `unirank info` cold start / `python -c pass`              <= 4x
+  reduce   per-call `ur.all_reduce` / `dist.all_reduce` on a 4-byte tensor            <= 1.03x
+  init16   init latency of 16 local ranks under `unirank run`, worst of 5             <= 150 ms
+           (init latency = last rank leaving init_process_group - last rank entering it, i.e.
+           the cost of the rendezvous itself, not the wait for slower ranks' `import torch`)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PY = sys.executable
+HELLO = str(HERE / "_hello_worker.py")
+
+
+def clean_env() -> dict[str, str]:
+    prefixes = ("SLURM", "OMPI", "PMI", "PMIX", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_",
+                "MASTER_", "TORCHELASTIC", "UNIRANK")
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
+def wall(cmd: Sequence[str], env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    subprocess.run(cmd, env=env or clean_env(), check=True, timeout=300,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def interleaved(cmds: dict[str, Sequence[str]], repeat: int) -> dict[str, float]:
+    """Median wall time of each command, run in alternation ``repeat`` times."""
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(repeat):
+        for name, cmd in cmds.items():
+            times[name].append(wall(cmd))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def report(name: str, value: float, target: float, unit: str, better: str = "lower") -> bool:
+    ok = value <= target if better == "lower" else value >= target
+    print(f"  {name:<52} {value:8.3f}{unit}  target <= {target}{unit}  {'OK' if ok else 'MISS'}")
+    return ok
+
+
+def bench_start(repeat: int) -> bool:
+    torchrun = shutil.which("torchrun") or "torchrun"
+    med = interleaved(
+        {
+            "unirank": [PY, "-m", "unirank", "run", "-n", "2", HELLO],
+            "torchrun": [torchrun, "--standalone", "--nproc_per_node", "2", HELLO],
+        },
+        repeat,
+    )
+    print(f"start: unirank run {med['unirank']:.3f}s, torchrun {med['torchrun']:.3f}s "
+          f"(medians of {repeat})")
+    return report("unirank run -n 2 / torchrun --standalone -n 2", med["unirank"] / med["torchrun"],
+                  0.55, "x")
+
+
+def bench_cli(repeat: int) -> bool:
+    unirank = shutil.which("unirank") or "unirank"
+    med = interleaved(
+        {
+            "pass": [PY, "-c", "pass"],
+            "help": [unirank, "--help"],
+            "info": [unirank, "info"],
+        },
+        repeat,
+    )
+    print(f"cli: python -c pass {med['pass']*1000:.1f} ms, unirank --help "
+          f"{med['help']*1000:.1f} ms, unirank info {med['info']*1000:.1f} ms")
+    ok = report("unirank --help / python -c pass", med["help"] / med["pass"], 4.0, "x")
+    return report("unirank info / python -c pass", med["info"] / med["pass"], 4.0, "x") and ok
+
+
+def bench_reduce(repeat: int) -> bool:
+    cmd = [PY, "-m", "unirank", "run", "-n", "2", str(HERE / "_allreduce_worker.py")]
+    ratios = []
+    for _ in range(max(1, repeat // 3)):
+        out = subprocess.run(cmd, env=clean_env(), check=True, timeout=300, capture_output=True,
+                             text=True).stdout
+        data = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+        ratios.append(data["unirank"] / data["dist"])
+        print(f"reduce: dist.all_reduce {data['dist']*1e6:.1f} us/call, "
+              f"ur.all_reduce {data['unirank']*1e6:.1f} us/call")
+    return report("ur.all_reduce / dist.all_reduce (4 bytes)", statistics.median(ratios), 1.03,
+                  "x")
+
+
+def bench_init16(repeat: int) -> bool:
+    worst = 0.0
+    for _ in range(5):
+        with tempfile.TemporaryDirectory() as tmp:
+            env = {**clean_env(), "UNIRANK_BENCH_TIMES": tmp}
+            subprocess.run([PY, "-m", "unirank", "run", "-n", "16", HELLO], env=env, check=True,
+                           timeout=600, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            marks = [json.loads(p.read_text()) for p in Path(tmp).glob("*.json")]
+            assert len(marks) == 16, f"expected 16 ranks' times, got {len(marks)}"
+            latency = max(m["end"] for m in marks) - max(m["start"] for m in marks)
+            worst = max(worst, latency)
+            print(f"init16: init latency {latency*1000:.1f} ms")
+    return report("init of 16 local ranks (worst of 5)", worst * 1000, 150, " ms")
+
+
+BENCHES: dict[str, Callable[[int], bool]] = {
+    "start": bench_start,
+    "cli": bench_cli,
+    "reduce": bench_reduce,
+    "init16": bench_init16,
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=7, help="runs of each command (default 7)")
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHES), help="benchmarks to run")
+    args = parser.parse_args()
+    results = {name: BENCHES[name](args.repeat) for name in (args.only or BENCHES)}
+    print("summary:", ", ".join(f"{k}={'OK' if v else 'MISS'}" for k, v in results.items()))
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
