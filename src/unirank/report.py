@@ -1,0 +1,177 @@
+"""The configuration report of ``unirank check``: pure functions of facts and an environment.
+
+Lines follow the seed's ``check_config.py`` (``torch version : X``, ``torch git version : X``, the
+CUDA lines or ``no cuda available``, then the Slurm variables and host names inside a Slurm job),
+then what unirank adds: the detected launcher with every DistEnv field, and every ``NCCL_*``,
+``GLOO_*`` and ``TORCH_*`` variable, masked when its name suggests a secret.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from unirank.distenv import DistEnv
+from unirank.errors import ConfigError
+
+__all__ = [
+    "MASK",
+    "SECRET_MARKERS",
+    "SLURM_VARIABLES",
+    "VARIABLE_PREFIXES",
+    "TorchFacts",
+    "build_report",
+    "format_report",
+    "is_secret",
+    "masked",
+]
+
+SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_NODELIST")
+VARIABLE_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+MASK = "****"
+_UNSET = "<unset>"
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    """What torch says about itself and CUDA (``devices``: one property string per GPU)."""
+
+    version: str
+    git_version: str
+    cuda_available: bool
+    cuda_version: str | None
+    devices: tuple[str, ...] = ()
+
+
+def is_secret(name: str) -> bool:
+    """True when the variable's name contains TOKEN, KEY, SECRET or PASSWORD (any case)."""
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def masked(name: str, value: str) -> str:
+    """``value``, or :data:`MASK` when ``name`` looks like a secret's."""
+    return MASK if is_secret(name) else value
+
+
+def _slurm_section(environ: Mapping[str, str]) -> dict[str, Any] | None:
+    """Reads: SLURM_JOBID, SLURM_JOB_ID, SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
+    SLURM_JOB_NODELIST."""
+    if "SLURM_JOBID" not in environ and "SLURM_JOB_ID" not in environ:
+        return None
+    from unirank.hostlist import expand
+
+    section: dict[str, Any] = {name: environ.get(name) for name in SLURM_VARIABLES}
+    nodelist = environ.get("SLURM_JOB_NODELIST")
+    section["hostnames"] = None
+    section["hostnames_error"] = None
+    if nodelist is not None:
+        try:
+            section["hostnames"] = expand(nodelist, variable="SLURM_JOB_NODELIST")
+        except ConfigError as exc:
+            section["hostnames_error"] = str(exc)
+    return section
+
+
+def build_report(
+    facts: TorchFacts,
+    environ: Mapping[str, str],
+    env: DistEnv | None,
+    detect_error: str | None = None,
+) -> dict[str, Any]:
+    """The report as a JSON-ready dict.
+
+    ``env`` is the detected DistEnv, or ``None`` with ``detect_error`` saying why detection
+    failed. Reads (from ``environ``): the Slurm variables above and every NCCL_*/GLOO_*/TORCH_*.
+    """
+    variables = {
+        name: masked(name, environ[name])
+        for name in sorted(environ)
+        if name.startswith(VARIABLE_PREFIXES)
+    }
+    return {
+        "torch": {"version": facts.version, "git_version": facts.git_version},
+        "cuda": {
+            "available": facts.cuda_available,
+            "version": facts.cuda_version,
+            "device_count": len(facts.devices),
+            "devices": list(facts.devices),
+        },
+        "slurm": _slurm_section(environ),
+        "launcher": env.launcher if env is not None else None,
+        "dist_env": _env_fields(env) if env is not None else None,
+        "detect_error": detect_error,
+        "variables": variables,
+    }
+
+
+def _env_fields(env: DistEnv) -> dict[str, Any]:
+    fields = env.to_dict()
+    fields.pop("sources", None)
+    return fields
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value) if value else "-"
+    return str(value)
+
+
+def _torch_lines(report: Mapping[str, Any]) -> list[str]:
+    torch_part, cuda = report["torch"], report["cuda"]
+    lines = [
+        f"torch version : {torch_part['version']}",
+        f"torch git version : {torch_part['git_version']}",
+    ]
+    if cuda["available"]:
+        lines.append(f"torch version cuda : {cuda['version']}")
+        lines.append(f"number of cuda device(s) : {cuda['device_count']}")
+        lines.extend(f"- device {i} : {props}" for i, props in enumerate(cuda["devices"]))
+    else:
+        lines.append("no cuda available")
+    return lines
+
+
+def _slurm_lines(slurm: Mapping[str, Any] | None) -> list[str]:
+    if slurm is None:
+        return []
+    lines = [
+        f"{name} : {_UNSET if slurm[name] is None else slurm[name]}" for name in SLURM_VARIABLES
+    ]
+    if slurm["hostnames_error"]:
+        lines.append(f"hostnames : error: {slurm['hostnames_error']}")
+    elif slurm["hostnames"] is not None:
+        lines.append(f"hostnames : {' '.join(slurm['hostnames'])}")
+    return lines
+
+
+def _unirank_lines(report: Mapping[str, Any]) -> list[str]:
+    if report["dist_env"] is None:
+        return [f"launcher : error: {report['detect_error']}"]
+    lines = [f"launcher : {report['launcher']}"]
+    lines.extend(
+        f"{name} : {_show(value)}"
+        for name, value in report["dist_env"].items()
+        if name != "launcher"
+    )
+    return lines
+
+
+def _variable_lines(variables: Mapping[str, str]) -> list[str]:
+    if not variables:
+        return [f"no {'/'.join(p + '*' for p in VARIABLE_PREFIXES)} variables set"]
+    return [f"{name} : {value}" for name, value in variables.items()]
+
+
+def format_report(report: Mapping[str, Any]) -> Sequence[str]:
+    """The report's lines, the seed's first, then unirank's additions."""
+    return [
+        *_torch_lines(report),
+        *_slurm_lines(report["slurm"]),
+        *_unirank_lines(report),
+        *_variable_lines(report["variables"]),
+    ]

@@ -1,0 +1,139 @@
+"""Collectives that also work at world size 1 and before (or without) a process group.
+
+* :func:`all_reduce` reduces a tensor in place (and returns it) or a number (returns the result);
+  ops ``SUM``, ``MEAN``, ``MIN``, ``MAX``, ``PRODUCT`` (strings, any case, or ``dist.ReduceOp``).
+* :func:`all_gather` of a tensor concatenates along dim 0 (0-d tensors are stacked); of anything
+  else (number, str, picklable object) returns the list of every rank's value, in rank order.
+* :func:`broadcast` of a tensor fills it in place from ``src``; of anything else returns ``src``'s
+  value (the other ranks' values are ignored).
+* :func:`barrier`.
+
+Without a process group every call returns at once with this process's own data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar, Union
+
+import torch
+import torch.distributed as dist
+
+from unirank.runtime import state
+
+__all__ = ["REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
+
+T = TypeVar("T")
+Number = Union[int, float]
+
+_SUM = "SUM"
+_Tensor = torch.Tensor
+_is_initialized = dist.is_initialized
+_dist_all_reduce = dist.all_reduce
+
+#: the reduce operations by name
+REDUCE_OPS: dict[str, Any] = {
+    "SUM": dist.ReduceOp.SUM,
+    "MEAN": None,  # SUM then divide (gloo has no AVG)
+    "MIN": dist.ReduceOp.MIN,
+    "MAX": dist.ReduceOp.MAX,
+    "PRODUCT": dist.ReduceOp.PRODUCT,
+}
+_OP_ALIASES = {"AVG": "MEAN", "PROD": "PRODUCT"}
+
+
+def _op_name(op: Any) -> str:
+    if isinstance(op, str):
+        name = op.strip().upper()
+        name = _OP_ALIASES.get(name, name)
+        if name in REDUCE_OPS:
+            return name
+    else:
+        for name, value in REDUCE_OPS.items():
+            if value is not None and op == value:
+                return name
+        if op == dist.ReduceOp.AVG:
+            return "MEAN"
+    raise ValueError(f"unknown reduce op {op!r}: use one of {', '.join(REDUCE_OPS)}")
+
+
+def _active() -> bool:
+    """True when a process group is there to talk to (the default one exists)."""
+    return state.is_initialized()
+
+
+def _reduce_tensor(tensor: torch.Tensor, name: str, group: Any) -> torch.Tensor:
+    if name == "MEAN":
+        if not (tensor.is_floating_point() or tensor.is_complex()):
+            raise TypeError(
+                f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}; "
+                "convert it first (tensor.float())"
+            )
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+        tensor.div_(dist.get_world_size(group))
+    else:
+        dist.all_reduce(tensor, op=REDUCE_OPS[name], group=group)
+    return tensor
+
+
+def all_reduce(tensor: Any, op: Any = _SUM, *, group: Any = None) -> Any:
+    """Reduce ``tensor`` (a tensor, in place, returned) or a number (the result is returned).
+
+    A number becomes a tensor on :func:`~unirank.runtime.state.device`; ``int`` results stay
+    ``int`` except for ``MEAN``, which always gives a ``float``. Unknown ops raise ValueError.
+    """
+    # fast path: the common call costs two checks more than dist.all_reduce
+    if tensor.__class__ is _Tensor and op is _SUM and _is_initialized():
+        _dist_all_reduce(tensor, group=group)
+        return tensor
+    name = _op_name(op)
+    if isinstance(tensor, torch.Tensor):
+        if _active():
+            return _reduce_tensor(tensor, name, group)
+        if name == "MEAN" and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise TypeError(f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}")
+        return tensor
+    if isinstance(tensor, (bool, int, float)):
+        if not _active():
+            return float(tensor) if name == "MEAN" else tensor
+        is_int = isinstance(tensor, int) and name != "MEAN"
+        dtype = torch.int64 if is_int else torch.float64
+        value = torch.tensor([tensor], dtype=dtype, device=state.device())
+        _reduce_tensor(value, name, group)
+        result = value.item()
+        return int(result) if is_int else float(result)
+    raise TypeError(f"all_reduce takes a tensor or a number, not {type(tensor).__name__}")
+
+
+def all_gather(data: Any, *, group: Any = None) -> Any:
+    """Every rank's ``data``: a tensor concatenated along dim 0, or a list in rank order."""
+    if isinstance(data, torch.Tensor):
+        flat = data.unsqueeze(0) if data.dim() == 0 else data
+        if not _active():
+            return flat
+        parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, flat.contiguous(), group=group)
+        return torch.cat(parts, dim=0)
+    if not _active():
+        return [data]
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, data, group=group)
+    return gathered
+
+
+def broadcast(data: T, src: int = 0, *, group: Any = None) -> T:
+    """``src``'s ``data`` on every rank (a tensor is filled in place and returned)."""
+    if not _active():
+        return data
+    if isinstance(data, torch.Tensor):
+        dist.broadcast(data, src=src, group=group)
+        return data
+    box: list[Any] = [data if dist.get_rank() == src else None]
+    dist.broadcast_object_list(box, src=src, group=group)
+    result: T = box[0]
+    return result
+
+
+def barrier(*, group: Any = None) -> None:
+    """Wait until every rank gets here (returns at once without a process group)."""
+    if _active():
+        dist.barrier(group=group)

@@ -1,0 +1,209 @@
+"""Starting and ending the process group: :func:`init` and :func:`finalize`.
+
+:func:`init` creates the rendezvous store itself (a ``TCPStore`` on the master address and port;
+rank 0 serves it unless ``TORCHELASTIC_USE_AGENT_STORE=True`` says an agent already does, as
+``torchrun``, ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` arrange), has every
+rank announce itself so that ranks that never join are named within the init timeout, then calls
+``torch.distributed.init_process_group`` on that store.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unirank.distenv import DistEnv
+from unirank.errors import ConfigError
+from unirank.runtime import state
+from unirank.runtime.backend import choose_backend, choose_device, cuda_facts, gpus_bound_per_task
+
+__all__ = [
+    "DEFAULT_INIT_TIMEOUT",
+    "InitError",
+    "finalize",
+    "init",
+    "launch_command",
+    "require_launched",
+    "resolve_init_timeout",
+]
+
+#: seconds every rank waits for the others to join when nothing else says how long
+DEFAULT_INIT_TIMEOUT = 300.0
+
+
+class InitError(RuntimeError):
+    """The process group could not be started (the rendezvous store is unreachable...)."""
+
+
+def resolve_init_timeout(timeout: float | None, environ: Mapping[str, str]) -> float:
+    """The init timeout in seconds: ``timeout`` if given, else ``UNIRANK_INIT_TIMEOUT``, else 300.
+
+    Reads: UNIRANK_INIT_TIMEOUT.
+    """
+    if timeout is not None:
+        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
+            raise ConfigError(
+                "must be a positive number of seconds",
+                variable="init_timeout",
+                value=str(timeout),
+                hint="pass e.g. timeout=120",
+            )
+        return float(timeout)
+    raw = environ.get("UNIRANK_INIT_TIMEOUT")
+    if raw is None or not raw.strip():
+        return DEFAULT_INIT_TIMEOUT
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(
+            "is not a positive number of seconds",
+            variable="UNIRANK_INIT_TIMEOUT",
+            value=raw,
+            hint="export UNIRANK_INIT_TIMEOUT=300 (seconds), or unset it",
+        )
+    return value
+
+
+def launch_command(argv: Sequence[str], executable: str) -> str:
+    """The ``srun`` command line that would run this program as the allocation's tasks."""
+    args = list(argv)
+    if not args or args[0] in ("-c", "-m", "") or args[0].endswith(".py"):
+        args.insert(0, os.path.basename(executable) or "python3")
+    return shlex.join(["srun", *args])
+
+
+def require_launched(env: DistEnv, argv: Sequence[str], executable: str) -> None:
+    """Raise ConfigError in a Slurm allocation shell whose tasks were never launched.
+
+    A batch script (or salloc shell) holding several tasks must start them with ``srun``;
+    going on as rank 0 of 1 would silently use one task, and as rank 0 of N it would hang.
+    """
+    if env.launch_required and (env.planned_tasks or 1) > 1:
+        raise ConfigError(
+            f"this is a Slurm allocation shell (sbatch or salloc) holding {env.planned_tasks} "
+            "tasks, but no task was launched",
+            variable="SLURM_STEP_ID",
+            value=None,
+            hint=f"start the tasks with: {launch_command(argv, executable)}",
+        )
+
+
+def _use_agent_store(environ: Mapping[str, str]) -> bool:
+    """Reads: TORCHELASTIC_USE_AGENT_STORE."""
+    return environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> Any:
+    """The rendezvous TCPStore: served by rank 0, or a client of the agent's store.
+
+    Reads: TORCHELASTIC_USE_AGENT_STORE.
+    """
+    addr, port = env.require_master()
+    serve = env.rank == 0 and not _use_agent_store(environ)
+    try:
+        return dist.TCPStore(  # type: ignore[attr-defined]
+            addr,
+            port,
+            None,
+            serve,
+            timedelta(seconds=timeout),
+            wait_for_workers=False,
+            multi_tenant=serve,
+        )
+    except RuntimeError as exc:
+        text = str(exc)
+        if serve and ("EADDRINUSE" in text or "address already in use" in text.lower()):
+            raise ConfigError(
+                "is already in use on this host, so rank 0 cannot serve the rendezvous store",
+                variable="MASTER_PORT",
+                value=str(port),
+                hint="export MASTER_PORT=<a free port, the same on every rank>",
+            ) from None
+        who = "serve" if serve else "reach"
+        raise InitError(
+            f"rank {env.rank} could not {who} the rendezvous store at {addr}:{port} "
+            f"within {timeout:g} s ({text.splitlines()[0] if text else type(exc).__name__}). "
+            f"HINT: check that rank 0 (or the launcher's agent) runs and that MASTER_ADDR and "
+            f"MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late"
+        ) from exc
+
+
+def _set_cuda_device(device_name: str) -> None:
+    if device_name.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device_name))
+
+
+def init(backend: str | None = None, timeout: float | None = None) -> None:
+    """Start the default process group for this process's launcher context.
+
+    ``backend``: ``None`` or ``"auto"`` (nccl with a GPU per local rank, else gloo), or a name.
+    ``timeout``: seconds to wait for every rank to join (default ``UNIRANK_INIT_TIMEOUT``, else
+    300); when given, it is also the process group's collective timeout (else torch's default).
+
+    A group that already exists (the user called ``init_process_group``) is adopted as it is.
+    At world size 1 no network is used (an in-memory store). Ranks that do not join in time are
+    named in the :class:`~unirank.joincheck.InitTimeoutError` every waiting rank raises.
+
+    Reads: the launcher's variables (see :func:`unirank.launchers.detect`),
+    UNIRANK_INIT_TIMEOUT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
+    SLURM_GPUS_PER_TASK, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
+    """
+    if state.is_initialized():
+        return
+    environ = os.environ
+    env = state.dist_env()
+    require_launched(env, sys.argv, sys.executable)
+    init_timeout = resolve_init_timeout(timeout, environ)
+    facts = cuda_facts()
+    name = choose_backend(
+        backend,
+        facts,
+        local_world_size=env.local_world_size,
+        per_task_gpus=gpus_bound_per_task(environ),
+    )
+    _set_cuda_device(choose_device(env.local_rank, facts))
+    generation = state.STATE.generation
+    state.STATE.generation += 1
+    if env.world_size == 1:
+        base: Any = dist.HashStore()  # type: ignore[attr-defined]
+    else:
+        base = _connect_store(env, init_timeout, environ)
+        restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        prefix = f"/unirank/attempt_{restart}/init_{generation}"
+        from unirank.joincheck import announce_and_wait
+
+        announce_and_wait(
+            dist.PrefixStore(f"{prefix}/join", base),  # type: ignore[attr-defined]
+            rank=env.rank,
+            world_size=env.world_size,
+            node_name=state.hostname(),
+            timeout=init_timeout,
+        )
+        base = dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
+    dist.init_process_group(
+        name,
+        store=base,
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=None if timeout is None else timedelta(seconds=init_timeout),
+    )
+    state.STATE.owns_group = True
+    state.STATE.stores.append(base)
+
+
+def finalize() -> None:
+    """Destroy the process group unirank created (a group the user created is left alone)."""
+    if state.STATE.owns_group and state.is_initialized():
+        dist.destroy_process_group()
+    state.STATE.owns_group = False
+    state.STATE.stores.clear()

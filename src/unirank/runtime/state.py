@@ -1,0 +1,148 @@
+"""This process's place in the job: the cached :class:`DistEnv` and the getters built on it.
+
+Getters work before :func:`~unirank.runtime.lifecycle.init` (they answer from the detected
+launcher) and at world size 1. Once a default process group exists, rank and world size come from
+``torch.distributed`` itself, so a group the user created with ``init_process_group`` is honoured.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unirank.distenv import DistEnv
+from unirank.runtime.backend import choose_device, cuda_facts
+
+__all__ = [
+    "STATE",
+    "backend",
+    "device",
+    "dist_env",
+    "get_local_rank",
+    "get_local_world_size",
+    "get_nnodes",
+    "get_node_rank",
+    "get_rank",
+    "get_world_size",
+    "hostname",
+    "is_initialized",
+    "node_name",
+    "set_dist_env",
+]
+
+
+@dataclass
+class RuntimeState:
+    """Mutable per-process state of the runtime (one instance: :data:`STATE`)."""
+
+    env: DistEnv | None = None
+    #: True while a default process group exists that unirank created (and will destroy)
+    owns_group: bool = False
+    #: stores kept alive while the group that uses them lives
+    stores: list[Any] = field(default_factory=list)
+    #: how many groups this process has initialised; part of the store key prefix
+    generation: int = 0
+
+
+STATE = RuntimeState()
+
+
+def dist_env() -> DistEnv:
+    """The launcher's description of this process, detected once and cached.
+
+    Reads every variable :func:`unirank.launchers.detect` reads (``os.environ``, ``sys.argv``).
+    Raises :class:`~unirank.errors.ConfigError` when the launcher's variables are inconsistent.
+    """
+    env = STATE.env
+    if env is None:
+        from unirank.launchers import detect
+
+        env = detect(os.environ, sys.argv)
+        STATE.env = env
+    return env
+
+
+def set_dist_env(env: DistEnv | None) -> None:
+    """Replace the cached DistEnv (``None`` forgets it, so the next call detects again)."""
+    STATE.env = env
+
+
+def is_initialized() -> bool:
+    """True when a default ``torch.distributed`` process group exists (unirank's or the user's)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def get_rank() -> int:
+    """Global rank: from the process group when there is one, else from the launcher."""
+    if is_initialized():
+        return int(dist.get_rank())
+    return dist_env().rank
+
+
+def get_world_size() -> int:
+    """Number of processes: from the process group when there is one, else from the launcher."""
+    if is_initialized():
+        return int(dist.get_world_size())
+    return dist_env().world_size
+
+
+def get_local_rank() -> int:
+    """Rank of this process on its node."""
+    return dist_env().local_rank
+
+
+def get_local_world_size() -> int:
+    """Number of processes on this node."""
+    return dist_env().local_world_size
+
+
+def get_node_rank() -> int:
+    """Index of this node in the job."""
+    return dist_env().node_rank
+
+
+def get_nnodes() -> int:
+    """Number of nodes in the job."""
+    return dist_env().num_nodes
+
+
+def backend() -> str | None:
+    """The backend of the default process group (``"gloo"``, ``"nccl"``...), ``None`` without."""
+    if is_initialized():
+        return str(dist.get_backend())
+    return None
+
+
+def device() -> torch.device:
+    """The device this rank computes on: ``cuda:<index>`` (see :mod:`~.backend`) or ``cpu``.
+
+    With a CUDA process group it is the current CUDA device, which :func:`init` set.
+    Reads: CUDA_VISIBLE_DEVICES (through torch).
+    """
+    if is_initialized() and backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(choose_device(get_local_rank(), cuda_facts()))
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    """The node's name: Slurm's node name under Slurm, else the host name.
+
+    Reads: SLURMD_NODENAME.
+    """
+    name = environ.get("SLURMD_NODENAME", "").strip()
+    return name or socket.gethostname()
+
+
+def hostname() -> str:
+    """This node's name (``SLURMD_NODENAME`` under Slurm, else ``socket.gethostname()``).
+
+    Reads: SLURMD_NODENAME.
+    """
+    return node_name(os.environ)
