@@ -1,0 +1,182 @@
+"""Helpers for the supervisor's tests: start ``unirank run`` for real, read its output with
+deadlines, and wait (with a timeout, never a fixed sleep) for processes to vanish.
+
+Environment variables read: the caller's environment, from which launcher variables (RANK,
+SLURM_*, OMPI_*, ...) are removed so that ``unirank run`` sees no outer launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Optional
+
+import pytest
+
+_OUTER = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
+          "MPI_LOCAL", "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "TORCHELASTIC_")
+_TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+             "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
+             "MASTER_PORT", "UNIRANK_INIT_TIMEOUT", "UNIRANK_NO_SRUN",
+             # unbuffered workers write a print's text and its newline apart: lines would mix
+             "PYTHONUNBUFFERED")
+
+TIMEOUT = 120.0
+
+
+def local_environ(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    """This environment without any launcher's variables (nor PYTHONUNBUFFERED), plus
+    ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_OUTER) and k not in _TORCHRUN}
+    env.update(extra or {})
+    return env
+
+
+class Runner:
+    """Starts ``python -m unirank run ...`` and reads what it says."""
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self._started: list[subprocess.Popen[bytes]] = []
+
+    def script(self, name: str, text: str) -> Path:
+        """Write a worker script into the test's folder."""
+        path = self.cwd / name
+        path.write_text(text)
+        return path
+
+    def run(self, args: Sequence[str], *, timeout: float = TIMEOUT,
+            env: Optional[Mapping[str, str]] = None) -> subprocess.CompletedProcess[str]:
+        """Run ``unirank run ARGS`` to the end."""
+        return subprocess.run(
+            [sys.executable, "-m", "unirank", "run", *args], cwd=self.cwd,
+            env=local_environ(env), capture_output=True, text=True, timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def start(self, args: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+              command: Optional[Sequence[str]] = None) -> subprocess.Popen[bytes]:
+        """Start ``unirank run ARGS`` (or ``command``) with piped stdout and stderr."""
+        argv = list(command) if command else [sys.executable, "-m", "unirank", "run", *args]
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=local_environ(env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL)
+        self._started.append(proc)
+        return proc
+
+    timeout = TIMEOUT
+
+    @staticmethod
+    def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
+                   timeout: float = TIMEOUT) -> list[str]:
+        """See :func:`read_lines`."""
+        return read_lines(stream, count, contains=contains, timeout=timeout)
+
+    @staticmethod
+    def wait_gone(pids: Sequence[int], timeout: float = 30.0,
+                  mark: bytes = b"unirank.supervisor.bootstrap") -> list[int]:
+        """See :func:`wait_gone`."""
+        return wait_gone(pids, timeout, mark)
+
+    def close(self) -> None:
+        for proc in self._started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=TIMEOUT)
+
+
+def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
+               timeout: float = TIMEOUT) -> list[str]:
+    """Read lines from ``stream`` until ``count`` of them contain ``contains``; fail on timeout
+    or end of stream. Returns every line read."""
+    fd = stream.fileno()
+    os.set_blocking(fd, False)
+    lines: list[str] = []
+    buffer = b""
+    found = 0
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while found < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout} s; read so far: {lines}")
+            if not selector.select(remaining):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"stream ended; read so far: {lines} {buffer!r}")
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                lines.append(text)
+                if contains in text:
+                    found += 1
+    os.set_blocking(fd, True)
+    return lines
+
+
+WORKER_MARK = b"unirank.supervisor.bootstrap"
+
+
+def _is_live(pid: int, mark: bytes = WORKER_MARK) -> bool:
+    """True while ``pid`` is a live (not zombie) process whose command line contains ``mark``."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            command = cmdline.read()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and mark in command
+
+
+def wait_gone(pids: Sequence[int], timeout: float = 30.0, mark: bytes = WORKER_MARK) -> list[int]:
+    """Wait until none of ``pids`` is a live process with ``mark`` in its command line (a worker,
+    by default); returns those still alive at the timeout.
+
+    Waits on pidfds (no polling) where the kernel has them.
+    """
+    deadline = time.monotonic() + timeout
+    fds: dict[int, int] = {}
+    try:
+        for pid in pids:
+            if not _is_live(pid, mark):
+                continue
+            try:
+                fds[os.pidfd_open(pid)] = pid
+            except ProcessLookupError:
+                continue
+            except (AttributeError, OSError):  # pragma: no cover - old kernel: bounded poll
+                while _is_live(pid, mark) and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        with selectors.DefaultSelector() as selector:
+            for fd in fds:
+                selector.register(fd, selectors.EVENT_READ)
+            waiting = set(fds)
+            while waiting:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for key, _ in selector.select(remaining):
+                    selector.unregister(key.fd)
+                    waiting.discard(int(key.fd))  # type: ignore[arg-type]
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return [pid for pid in pids if _is_live(pid, mark)]
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[Runner]:
+    """A :class:`Runner` in a fresh folder; kills what it started at the end."""
+    made = Runner(tmp_path)
+    yield made
+    made.close()
