@@ -163,6 +163,7 @@ def test_batch_shell_is_an_allocation_not_rank_0_of_4() -> None:
     assert (env.rank, env.world_size) == (0, 1)
     assert env.planned_tasks == 4
     assert env.hosts == ("node1", "node2")
+    assert env.num_nodes == 2
     assert env.node_name == "node1"
 
 
@@ -176,3 +177,8 @@ def test_salloc_shell_on_login_node_is_an_allocation() -> None:
 def test_allocation_with_bad_ntasks_is_an_error() -> None:
     with pytest.raises(ConfigError, match="^SLURM_NTASKS='four'"):
         detect({**BATCH_SHELL, "SLURM_NTASKS": "four"}, argv=[])
+
+
+def test_allocation_with_disagreeing_node_count_is_an_error() -> None:
+    with pytest.raises(ConfigError, match="^SLURM_JOB_NODELIST='node\\[1-2\\]'"):
+        detect({**BATCH_SHELL, "SLURM_NNODES": "3"}, argv=[])
