@@ -6,11 +6,15 @@ rank that did start fails within the init timeout with a one-line message that n
 ranks and, where known, their nodes.
 
 Used by ``unirank run``'s worker bootstrap and by :func:`unirank.init`. This module does not
-import torch: it only calls the store's ``set``, ``wait`` and ``check``.
+import torch: it only calls the store's ``set``, ``get``, ``wait`` and ``check``. Keys (all under
+``unirank/join/``): ``<rank>`` (the rank's node name), and after a timeout ``result`` (rank 0's
+verdict) and ``seen/<rank>`` (a rank read it).
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -18,6 +22,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "JOIN_PREFIX",
+    "RESULT_KEY",
     "InitTimeoutError",
     "StoreLike",
     "announce_and_wait",
@@ -26,6 +31,10 @@ __all__ = [
 ]
 
 JOIN_PREFIX = "unirank/join/"
+#: rank 0's verdict after a timeout: "missing:" and the missing ranks, comma-separated
+RESULT_KEY = "unirank/join/result"
+#: after a timeout, rank 0 waits at most this long for the others to read its verdict
+LINGER = 10.0
 #: at most this many groups of missing ranks are listed in the message
 _MAX_GROUPS = 8
 
@@ -39,10 +48,16 @@ class StoreLike(Protocol):
 
     def check(self, keys: list[str]) -> bool: ...
 
+    def get(self, key: str) -> Any: ...
+
 
 def join_key(rank: int) -> str:
     """The store key rank ``rank`` sets when it joins."""
     return f"{JOIN_PREFIX}{rank}"
+
+
+def _seen_key(rank: int) -> str:
+    return f"{JOIN_PREFIX}seen/{rank}"
 
 
 def format_ranks(ranks: Sequence[int]) -> str:
@@ -63,7 +78,8 @@ def format_ranks(ranks: Sequence[int]) -> str:
 
 
 def _format_seconds(seconds: float) -> str:
-    return f"{seconds:g} s"
+    """Whole seconds, rounded up (a deadline-based timeout of 4.993 s reads as 5 s)."""
+    return f"{math.ceil(seconds - 1e-6)} s" if seconds >= 1 else f"{seconds:.2g} s"
 
 
 class InitTimeoutError(RuntimeError):
@@ -94,7 +110,7 @@ class InitTimeoutError(RuntimeError):
         for missing in self.missing_ranks:
             groups.setdefault(self.nodes.get(missing), []).append(missing)
         parts = [
-            format_ranks(ranks) + (f" (node {node})" if node else "")
+            format_ranks(ranks) + (f" (on {node})" if node else "")
             for node, ranks in groups.items()
         ]
         if len(parts) > _MAX_GROUPS:
@@ -129,6 +145,85 @@ def _missing(store: StoreLike, world_size: int) -> list[int] | None:
         return None
 
 
+def _expired(exc: BaseException, deadline: float, timeout: float) -> None:
+    """Re-raise ``exc`` unless the deadline has (all but) passed: then it was the timeout."""
+    if time.monotonic() < deadline - 0.05 * timeout:
+        raise exc
+
+
+def _timeout_error(
+    missing: list[int] | None,
+    *,
+    rank: int,
+    world_size: int,
+    timeout: float,
+    rank_to_node: Callable[[int], str | None] | None,
+) -> InitTimeoutError:
+    nodes = {r: rank_to_node(r) for r in missing} if (missing and rank_to_node) else {}
+    return InitTimeoutError(
+        missing or [], world_size=world_size, timeout=timeout, nodes=nodes, rank=rank
+    )
+
+
+def _wait_all(store: StoreLike, world_size: int, timeout: float, deadline: float) -> bool:
+    """Wait for every rank's join key: True when all came, False at the deadline."""
+    keys = [join_key(r) for r in range(world_size)]
+    try:
+        store.wait(keys, timedelta(seconds=max(timeout, 0.001)))
+        return True
+    except (RuntimeError, TimeoutError) as exc:
+        _expired(exc, deadline, timeout)
+    return False
+
+
+def _coordinate(
+    store: StoreLike,
+    *,
+    world_size: int,
+    timeout: float,
+    rank_to_node: Callable[[int], str | None] | None,
+) -> None:
+    """Rank 0 after its wait ran out: publish the verdict, wait for the others to read it."""
+    missing = _missing(store, world_size)
+    if missing == []:  # the last rank arrived as the wait ran out
+        return
+    store.set(RESULT_KEY, "missing:" + ",".join(str(r) for r in missing or []))
+    # This process may host the store: stay until the ranks that joined have read the verdict.
+    joined = [r for r in range(1, world_size) if r not in (missing or [])]
+    if joined:
+        with contextlib.suppress(RuntimeError, TimeoutError):
+            store.wait([_seen_key(r) for r in joined],
+                       timedelta(seconds=min(LINGER, max(timeout, 0.001))))
+    raise _timeout_error(missing, rank=0, world_size=world_size, timeout=timeout,
+                         rank_to_node=rank_to_node)
+
+
+def _follow(
+    store: StoreLike,
+    *,
+    rank: int,
+    world_size: int,
+    timeout: float,
+    rank_to_node: Callable[[int], str | None] | None,
+) -> None:
+    """Any other rank after its wait ran out: take rank 0's verdict, or look for itself."""
+    missing: list[int] | None = None
+    try:
+        if store.check([RESULT_KEY]):
+            verdict = bytes(store.get(RESULT_KEY)).decode()
+            missing = [int(r) for r in verdict.removeprefix("missing:").split(",") if r]
+    except (RuntimeError, OSError, ValueError):
+        missing = None
+    if missing is None:
+        missing = _missing(store, world_size)
+        if missing == []:
+            return
+    with contextlib.suppress(RuntimeError, OSError):
+        store.set(_seen_key(rank), "1")
+    raise _timeout_error(missing, rank=rank, world_size=world_size, timeout=timeout,
+                         rank_to_node=rank_to_node)
+
+
 def announce_and_wait(
     store: StoreLike,
     *,
@@ -138,27 +233,24 @@ def announce_and_wait(
     timeout: float,
     rank_to_node: Callable[[int], str | None] | None = None,
 ) -> None:
-    """Set ``unirank/join/<rank>`` = ``node_name`` in ``store``, then wait for every rank's key.
+    """Set ``unirank/join/<rank>`` = ``node_name`` in ``store``, then wait for every rank.
 
-    Returns when all ``world_size`` ranks have joined. Raises :class:`InitTimeoutError` when they
-    have not after ``timeout`` seconds, naming the missing ranks and (through ``rank_to_node``)
-    their nodes. Other store errors before the deadline (the store's host went away) propagate.
+    Returns when all ``world_size`` ranks have joined. Raises :class:`InitTimeoutError` when
+    they have not after ``timeout`` seconds, naming the missing ranks and (through
+    ``rank_to_node``) their nodes. On a timeout rank 0 publishes which ranks are missing
+    (``unirank/join/result``) and, as it usually hosts the store, stays (at most 10 s) until the
+    ranks that joined have read it (``unirank/join/seen/<rank>``); the others take that verdict,
+    or look at the keys themselves when it is not there yet. Other store errors before the
+    deadline (the store's host went away) propagate.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside the world of {world_size}")
     deadline = time.monotonic() + timeout
     store.set(join_key(rank), node_name)
-    keys = [join_key(r) for r in range(world_size)]
-    try:
-        store.wait(keys, timedelta(seconds=max(timeout, 0.001)))
+    if _wait_all(store, world_size, timeout, deadline):
         return
-    except (RuntimeError, TimeoutError):
-        if time.monotonic() < deadline - 0.05 * timeout:
-            raise
-    missing = _missing(store, world_size)
-    if missing == []:
-        return  # the last rank arrived as the wait ran out
-    nodes = {r: rank_to_node(r) for r in missing} if (missing and rank_to_node) else {}
-    raise InitTimeoutError(
-        missing or [], world_size=world_size, timeout=timeout, nodes=nodes, rank=rank
-    ) from None
+    if rank == 0:
+        _coordinate(store, world_size=world_size, timeout=timeout, rank_to_node=rank_to_node)
+    else:
+        _follow(store, rank=rank, world_size=world_size, timeout=timeout,
+                rank_to_node=rank_to_node)

@@ -1,0 +1,268 @@
+"""``unirank run`` end to end: real workers, real torch gloo, real exit codes.
+
+Environment variables read: the caller's environment, from which launcher variables are removed
+(so that ``unirank run`` sees no outer launcher) along with PYTHONUNBUFFERED (unbuffered workers
+write a print's text and newline apart, and the lines of two workers could mix).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Optional
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120.0
+_DROP_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
+                  "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "TORCHELASTIC_")
+_DROP = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+         "MASTER_PORT", "OMP_NUM_THREADS", "UNIRANK_INIT_TIMEOUT", "PYTHONUNBUFFERED"}
+
+
+def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(_DROP_PREFIXES) and k not in _DROP}
+    env.update(extra or {})
+    return env
+
+
+def run(cwd: Path, args: Sequence[str], env: Optional[Mapping[str, str]] = None,
+        timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "unirank", "run", *args], cwd=cwd,
+                          env=_env(env), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# A script written for torchrun; it knows nothing of unirank.
+TORCHRUN_SCRIPT = """
+import os
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+print(f"rank {rank} of {world} local {os.environ['LOCAL_RANK']} sum {t.item():g}", flush=True)
+dist.destroy_process_group()
+"""
+
+ENV_SCRIPT = """
+import json, os, sys
+names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+         "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
+         "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
+         "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS",
+         "UNIRANK_INIT_TIMEOUT"]
+private = sorted(k for k in os.environ if k.startswith("UNIRANK_") and k != "UNIRANK_INIT_TIMEOUT")
+main = sys.modules["__main__"]
+print("ENV " + json.dumps({
+    "env": {n: os.environ.get(n) for n in names}, "private": private,
+    "argv": sys.argv, "file": __file__, "name": __name__, "path0": sys.path[0],
+    "main_file": getattr(main, "__file__", None),
+}), flush=True)
+"""
+
+
+def _envs(stdout: str) -> dict[int, dict[str, object]]:
+    found = [json.loads(m) for m in re.findall(r"^ENV (.*)$", stdout, re.M)]
+    return {int(e["env"]["RANK"]): e for e in found}
+
+
+def test_plain_torchrun_script_runs_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
+    result = run(tmp_path, ["-n", "2", "allreduce.py"])
+    assert result.returncode == 0, result.stderr
+    lines = sorted(re.findall(r"rank \d of \d local \d sum \d+", result.stdout))
+    assert lines == ["rank 0 of 2 local 0 sum 3", "rank 1 of 2 local 1 sum 3"]
+
+
+def test_worker_environment_is_torchrun_s(tmp_path: Path) -> None:
+    (tmp_path / "env.py").write_text(ENV_SCRIPT)
+    result = run(tmp_path, ["-n", "2", "--init-timeout", "77", "env.py", "--backend", "gloo",
+                            "-n", "5"])
+    assert result.returncode == 0, result.stderr
+    envs = _envs(result.stdout)
+    assert set(envs) == {0, 1}
+    run_ids = set()
+    for rank, info in envs.items():
+        env = info["env"]
+        assert isinstance(env, dict)
+        assert env["LOCAL_RANK"] == str(rank) and env["ROLE_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == "0" and env["GROUP_WORLD_SIZE"] == "1"
+        assert env["ROLE_NAME"] == "default"
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        assert env["MASTER_PORT"] is not None and 0 < int(str(env["MASTER_PORT"])) < 65536
+        assert env["TORCHELASTIC_RESTART_COUNT"] == env["TORCHELASTIC_MAX_RESTARTS"] == "0"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "True"
+        assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
+        assert env["OMP_NUM_THREADS"] == "1"
+        assert env["UNIRANK_INIT_TIMEOUT"] == "77"
+        run_ids.add(env["TORCHELASTIC_RUN_ID"])
+        assert info["private"] == []
+        # as `python env.py --backend gloo -n 5` would see it
+        assert info["argv"] == ["env.py", "--backend", "gloo", "-n", "5"]
+        assert info["name"] == "__main__"
+        assert info["file"] == "env.py" and info["main_file"] == "env.py"
+        assert info["path0"] == str(tmp_path)
+    assert len(run_ids) == 1 and None not in run_ids
+    assert envs[0]["env"]["MASTER_PORT"] == envs[1]["env"]["MASTER_PORT"]  # type: ignore[index]
+
+
+def test_omp_num_threads_is_kept_when_set(tmp_path: Path) -> None:
+    (tmp_path / "env.py").write_text(ENV_SCRIPT)
+    result = run(tmp_path, ["-n", "2", "env.py"], env={"OMP_NUM_THREADS": "3"})
+    assert result.returncode == 0, result.stderr
+    assert {e["env"]["OMP_NUM_THREADS"] for e in _envs(result.stdout).values()} == {"3"}
+
+
+def test_module_mode(tmp_path: Path) -> None:
+    package = tmp_path / "mypkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "job.py").write_text(ENV_SCRIPT)
+    result = run(tmp_path, ["-n", "2", "-m", "mypkg.job", "--flag", "x"])
+    assert result.returncode == 0, result.stderr
+    envs = _envs(result.stdout)
+    assert set(envs) == {0, 1}
+    for info in envs.values():
+        assert info["name"] == "__main__"
+        assert info["argv"] == [str(package / "job.py"), "--flag", "x"]
+        assert info["main_file"] == str(package / "job.py")
+
+
+def test_torchrun_spellings(tmp_path: Path) -> None:
+    (tmp_path / "env.py").write_text(ENV_SCRIPT)
+    port = _free_port()
+    result = run(tmp_path, ["--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0",
+                            "--master_addr", "127.0.0.1", "--master_port", str(port), "env.py"])
+    assert result.returncode == 0, result.stderr
+    envs = _envs(result.stdout)
+    assert set(envs) == {0, 1}
+    assert {e["env"]["MASTER_PORT"] for e in envs.values()} == {str(port)}
+
+
+def test_standalone_picks_a_free_port_even_with_master_port_set(tmp_path: Path) -> None:
+    (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
+    (tmp_path / "env.py").write_text(ENV_SCRIPT)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = str(busy.getsockname()[1])
+        result = run(tmp_path, ["--standalone", "--nproc_per_node", "2", "env.py"],
+                     env={"MASTER_PORT": taken})
+        assert result.returncode == 0, result.stderr
+        ports = {e["env"]["MASTER_PORT"] for e in _envs(result.stdout).values()}
+        assert len(ports) == 1 and taken not in ports
+        # without --standalone, MASTER_PORT is honoured, and a busy one fails at once
+        failed = run(tmp_path, ["-n", "2", "allreduce.py"], env={"MASTER_PORT": taken})
+    assert failed.returncode == 2
+    assert f"MASTER_PORT='{taken}': is already in use" in failed.stderr
+    assert len(failed.stderr.strip().splitlines()) == 1
+
+
+def test_tag_output(tmp_path: Path) -> None:
+    (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
+    result = run(tmp_path, ["-n", "2", "--tag-output", "allreduce.py"])
+    assert result.returncode == 0, result.stderr
+    assert "[rank0]:rank 0 of 2 local 0 sum 3\n" in result.stdout
+    assert "[rank1]:rank 1 of 2 local 1 sum 3\n" in result.stdout
+
+
+def test_parent_never_imports_torch(tmp_path: Path) -> None:
+    (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
+    probe = (
+        "import sys\n"
+        "from unirank.cli.main import main\n"
+        "code = main(['run', '-n', '2', 'allreduce.py'])\n"
+        "print('PARENT torch imported:', 'torch' in sys.modules, 'code:', code)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=_env(),
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    assert "PARENT torch imported: False code: 0" in result.stdout
+    assert "sum 3" in result.stdout  # the workers did import it and ran
+
+
+def test_init_timeout_names_the_rank_that_never_started(tmp_path: Path) -> None:
+    """A world of 3 nodes (one worker each) where node 2 never starts: both started ranks fail
+    within the init timeout, naming rank 2."""
+    (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
+    port = str(_free_port())
+    common = ["--nnodes", "3", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", port,
+              "--init-timeout", "5"]
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "unirank", "run", *common, "--node-rank",
+                          str(node), "allreduce.py"], cwd=tmp_path, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for node in (0, 1)
+    ]
+    outputs = [proc.communicate(timeout=TIMEOUT) for proc in procs]
+    elapsed = time.monotonic() - start
+    for node, (proc, (_out, err)) in enumerate(zip(procs, outputs)):
+        assert proc.returncode == 1, err
+        assert f"unirank: rank {node}: init timeout: 1 of 3 ranks did not join within 5 s: " \
+               "rank 2 (on node rank 2)." in err
+        assert f"unirank run: FAILED (exit code 1): rank {node}" in err
+    assert "sum" not in outputs[0][0] + outputs[1][0]
+    assert elapsed < 60  # far below torch's own 30-minute default
+
+
+def test_init_timeout_from_the_environment(tmp_path: Path) -> None:
+    (tmp_path / "env.py").write_text(ENV_SCRIPT)
+    result = run(tmp_path, ["-n", "1", "env.py"], env={"UNIRANK_INIT_TIMEOUT": "42"})
+    assert result.returncode == 0, result.stderr
+    assert _envs(result.stdout)[0]["env"]["UNIRANK_INIT_TIMEOUT"] == "42"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [
+        (["-n", "0"], {}, "--nproc-per-node='0': must be at least 1"),
+        (["-n", "many"], {}, "--nproc-per-node='many': is not a number of workers"),
+        (["-n", "gpu"], {"CUDA_VISIBLE_DEVICES": ""}, "no GPU is visible"),
+        (["--nnodes", "1:4"], {}, "--nnodes='1:4': is an elastic range"),
+        (["--nnodes", "2", "--node-rank", "1"], {}, "--master-addr=<unset>: is needed"),
+        (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], {},
+         "--node-rank='2': must be between 0 and 1"),
+        (["--init-timeout", "-1"], {}, "--init-timeout='-1': must be a finite number"),
+        ([], {"UNIRANK_INIT_TIMEOUT": "soon"}, "UNIRANK_INIT_TIMEOUT='soon': is not a number"),
+        (["--master-port", "70000"], {}, "--master-port='70000': is outside 1..65535"),
+        (["--grace-period", "x"], {}, "--grace-period='x': is not a number of seconds"),
+    ],
+)
+def test_bad_options_fail_at_once_with_one_line(
+    tmp_path: Path, args: list[str], env: dict[str, str], expected: str
+) -> None:
+    (tmp_path / "never.py").write_text("raise SystemExit('must not run')\n")
+    result = run(tmp_path, [*args, "never.py"], env=env, timeout=60)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("unirank run: error: ")
+    assert expected in lines[0]
+    assert "HINT:" in lines[0]
+
+
+def test_missing_script_is_the_worker_s_error(tmp_path: Path) -> None:
+    result = run(tmp_path, ["-n", "1", "no_such_script.py"])
+    assert result.returncode == 1
+    assert "no_such_script.py" in result.stderr
