@@ -132,6 +132,12 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def _report(conn: multiprocessing.connection.Connection, text: str) -> None:
+    """Tell the parent this worker is failing, with when (monotonic clock) and why."""
+    with contextlib.suppress(Exception):
+        conn.send((time.monotonic(), text[-_TRACEBACK_TAIL:]))
+
+
 def _worker_main(
     spec: WorkerSpec,
     fn: Callable[..., Any],
@@ -139,20 +145,25 @@ def _worker_main(
     kwargs: dict[str, Any],
     conn: multiprocessing.connection.Connection,
 ) -> None:
-    """Entry point of a spawned worker: init, ``fn(local_rank, ...)``, finalize."""
+    """Entry point of a spawned worker: init, ``fn(local_rank, ...)``, finalize.
+
+    A failure is reported to the parent before the process group goes away, so that the parent
+    can tell the first failure from the ranks that failed because of it.
+    """
     die_with_parent(spec.parent_pid)
     from unirank.runtime import lifecycle, state
 
     state.set_dist_env(spec.env)
     try:
         lifecycle.init(spec.backend, spec.init_timeout)
-        try:
-            fn(spec.env.local_rank, *args, **kwargs)
-        finally:
-            lifecycle.finalize()
+        fn(spec.env.local_rank, *args, **kwargs)
+        lifecycle.finalize()
+    except SystemExit as exc:
+        if exc.code not in (None, 0):
+            _report(conn, f"SystemExit: {exc.code}")
+        raise
     except BaseException:
-        with contextlib.suppress(Exception):
-            conn.send(traceback.format_exc()[-_TRACEBACK_TAIL:])
+        _report(conn, traceback.format_exc())
         raise
     finally:
         conn.close()
@@ -193,11 +204,74 @@ def _stop(procs: Sequence[Any], grace: float) -> None:
         proc.join()
 
 
-def _tail(conn: multiprocessing.connection.Connection) -> str:
+@dataclass
+class _Failure:
+    index: int
+    when: float
+    tail: str = ""
+
+
+def _add(failures: list[_Failure], new: _Failure) -> list[_Failure]:
+    """``failures`` with ``new`` in it: a worker's own report replaces what was guessed."""
+    same = [f for f in failures if f.index == new.index]
+    if same and not new.tail:
+        return failures
+    return [*(f for f in failures if f.index != new.index), new]
+
+
+def _receive(conn: multiprocessing.connection.Connection) -> tuple[float, str] | None:
+    """A failure report from a worker's pipe, or None (the worker closed it without one)."""
     with contextlib.suppress(EOFError, OSError):
         if conn.poll():
-            return str(conn.recv())
-    return ""
+            when, text = conn.recv()
+            return float(when), str(text)
+    return None
+
+
+def _wait_first_failure(
+    procs: Sequence[Any], conns: Sequence[multiprocessing.connection.Connection]
+) -> list[_Failure]:
+    """Wait until every worker exited cleanly ([]) or one failed (its failure, and any other
+    seen at the same moment)."""
+    sentinels = {proc.sentinel: index for index, proc in enumerate(procs)}
+    readers = {id(conn): index for index, conn in enumerate(conns)}
+    failures: list[_Failure] = []
+    while sentinels and not failures:
+        watched: list[Any] = [*sentinels, *(conns[i] for i in readers.values())]
+        for ready in multiprocessing.connection.wait(watched):
+            if isinstance(ready, int):
+                index = sentinels.pop(ready)
+                procs[index].join()
+                if procs[index].exitcode != 0:
+                    failures = _add(failures, _Failure(index, time.monotonic()))
+                continue
+            index = readers.pop(id(ready))
+            report = _receive(conns[index])
+            if report is not None:
+                failures = _add(failures, _Failure(index, *report))
+    return failures
+
+
+def _first_failure(
+    failures: list[_Failure],
+    specs: Sequence[WorkerSpec],
+    procs: Sequence[Any],
+    conns: Sequence[multiprocessing.connection.Connection],
+    grace: float,
+) -> WorkerFailedError:
+    """Stop every worker and name the failure that came first."""
+    # the failing workers are exiting on their own: let them, so their exit code is theirs
+    exiting = [procs[f.index] for f in failures if procs[f.index].exitcode is None]
+    if exiting:
+        multiprocessing.connection.wait([p.sentinel for p in exiting], timeout=grace)
+    _stop(procs, grace)
+    for index, conn in enumerate(conns):
+        report = _receive(conn)
+        if report is not None:
+            failures = _add(failures, _Failure(index, *report))
+    first = min(failures, key=lambda f: f.when)
+    env = specs[first.index].env
+    return WorkerFailedError(env.local_rank, env.rank, int(procs[first.index].exitcode), first.tail)
 
 
 def run_workers(
@@ -232,17 +306,9 @@ def run_workers(
             writer.close()
             procs.append(proc)
             conns.append(reader)
-        pending = {proc.sentinel: index for index, proc in enumerate(procs)}
-        while pending:
-            for sentinel in multiprocessing.connection.wait(list(pending)):
-                index = pending.pop(sentinel)
-                proc = procs[index]
-                proc.join()
-                if proc.exitcode != 0:
-                    tail = _tail(conns[index])
-                    _stop(procs, grace)
-                    env = specs[index].env
-                    raise WorkerFailedError(env.local_rank, env.rank, int(proc.exitcode), tail)
+        failures = _wait_first_failure(procs, conns)
+        if failures:
+            raise _first_failure(failures, specs, procs, conns, grace)
     except BaseException:
         _stop(procs, grace)
         raise

@@ -1,0 +1,131 @@
+"""init/finalize in this process (world size 1, real gloo), and the rules init applies first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import unirank as ur
+from unirank.distenv import DistEnv
+from unirank.errors import ConfigError
+from unirank.runtime import state
+from unirank.runtime.lifecycle import (
+    DEFAULT_INIT_TIMEOUT,
+    launch_command,
+    require_launched,
+    resolve_init_timeout,
+)
+
+
+@pytest.fixture
+def local_env() -> Iterator[DistEnv]:
+    """This process seen as a serial run (whatever the shell running pytest carries)."""
+    saved = state.STATE.env
+    env = DistEnv(launcher="local", node_name="box")
+    state.set_dist_env(env)
+    try:
+        yield env
+    finally:
+        ur.finalize()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        state.set_dist_env(saved)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "environ", "expected"),
+    [
+        (None, {}, DEFAULT_INIT_TIMEOUT),
+        (None, {"UNIRANK_INIT_TIMEOUT": "12.5"}, 12.5),
+        (None, {"UNIRANK_INIT_TIMEOUT": " "}, DEFAULT_INIT_TIMEOUT),
+        (7, {"UNIRANK_INIT_TIMEOUT": "12.5"}, 7.0),
+    ],
+)
+def test_resolve_init_timeout(
+    timeout: float | None, environ: dict[str, str], expected: float
+) -> None:
+    assert resolve_init_timeout(timeout, environ) == expected
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "-3", "nan", "inf"])
+def test_bad_init_timeout_variable_is_named(raw: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^UNIRANK_INIT_TIMEOUT={raw!r}: is not a positive"):
+        resolve_init_timeout(None, {"UNIRANK_INIT_TIMEOUT": raw})
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, float("nan")])
+def test_bad_init_timeout_argument_is_named(bad: float) -> None:
+    with pytest.raises(ConfigError, match=r"^init_timeout="):
+        resolve_init_timeout(bad, {})
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["examples/helloworld.py", "--backend", "gloo"],
+         "srun python3 examples/helloworld.py --backend gloo"),
+        (["/usr/local/bin/unirank", "hello"], "srun /usr/local/bin/unirank hello"),
+        (["train.py", "--name", "my run"], "srun python3 train.py --name 'my run'"),
+    ],
+)
+def test_launch_command(argv: list[str], expected: str) -> None:
+    assert launch_command(argv, "/usr/bin/python3") == expected
+
+
+def test_allocation_shell_with_several_tasks_names_the_srun_command() -> None:
+    env = DistEnv(launcher="slurm-allocation", launch_required=True, planned_tasks=4)
+    with pytest.raises(ConfigError) as info:
+        require_launched(env, ["job.py"], "/usr/bin/python3")
+    message = str(info.value)
+    assert message.startswith("SLURM_STEP_ID=<unset>: this is a Slurm allocation shell")
+    assert "holding 4 tasks" in message
+    assert message.endswith("HINT: start the tasks with: srun python3 job.py")
+
+
+@pytest.mark.parametrize("planned", [None, 1])
+def test_allocation_shell_with_one_task_runs_serially(planned: int | None) -> None:
+    env = DistEnv(launcher="slurm-allocation", launch_required=True, planned_tasks=planned)
+    require_launched(env, ["job.py"], "/usr/bin/python3")  # no error
+
+
+def test_init_world_of_one_and_finalize(local_env: DistEnv) -> None:
+    assert not ur.is_initialized()
+    assert ur.backend() is None
+    ur.init("gloo")
+    assert ur.is_initialized()
+    assert (ur.backend(), ur.get_rank(), ur.get_world_size()) == ("gloo", 0, 1)
+    assert ur.device() == torch.device("cpu")
+    # real torch collectives through the world of one
+    assert ur.all_reduce(torch.tensor([3.0]), "max").tolist() == [3.0]
+    assert ur.all_gather("x") == ["x"]
+    ur.init("gloo")  # a second init keeps the group
+    assert ur.is_initialized()
+    ur.finalize()
+    assert not ur.is_initialized()
+    assert ur.backend() is None
+
+
+def test_init_auto_picks_gloo_here(local_env: DistEnv) -> None:
+    ur.init()
+    assert ur.backend() == "gloo"
+
+
+def test_init_explicit_nccl_without_cuda_is_a_config_error(local_env: DistEnv) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this check needs a machine without CUDA")
+    with pytest.raises(ConfigError, match=r"^backend='nccl'"):
+        ur.init("nccl")
+    assert not ur.is_initialized()
+
+
+def test_users_own_group_is_adopted_and_left_alone(local_env: DistEnv) -> None:
+    store = dist.HashStore()  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    ur.init("gloo")
+    assert ur.backend() == "gloo"
+    assert ur.all_reduce(2) == 2
+    ur.finalize()
+    assert dist.is_initialized(), "finalize must not destroy a group unirank did not create"
