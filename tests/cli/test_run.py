@@ -7,6 +7,7 @@ write a print's text and newline apart, and the lines of two workers could mix).
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -16,7 +17,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -80,7 +81,7 @@ print("ENV " + json.dumps({
 """
 
 
-def _envs(stdout: str) -> dict[int, dict[str, object]]:
+def _envs(stdout: str) -> dict[int, dict[str, Any]]:
     found = [json.loads(m) for m in re.findall(r"^ENV (.*)$", stdout, re.M)]
     return {int(e["env"]["RANK"]): e for e in found}
 
@@ -123,7 +124,7 @@ def test_worker_environment_is_torchrun_s(tmp_path: Path) -> None:
         assert info["file"] == "env.py" and info["main_file"] == "env.py"
         assert info["path0"] == str(tmp_path)
     assert len(run_ids) == 1 and None not in run_ids
-    assert envs[0]["env"]["MASTER_PORT"] == envs[1]["env"]["MASTER_PORT"]  # type: ignore[index]
+    assert envs[0]["env"]["MASTER_PORT"] == envs[1]["env"]["MASTER_PORT"]
 
 
 def test_omp_num_threads_is_kept_when_set(tmp_path: Path) -> None:
@@ -230,7 +231,7 @@ def test_init_timeout_from_the_environment(tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(ENV_SCRIPT)
     result = run(tmp_path, ["-n", "1", "env.py"], env={"UNIRANK_INIT_TIMEOUT": "42"})
     assert result.returncode == 0, result.stderr
-    assert _envs(result.stdout)[0]["env"]["UNIRANK_INIT_TIMEOUT"] == "42"  # type: ignore[index]
+    assert _envs(result.stdout)[0]["env"]["UNIRANK_INIT_TIMEOUT"] == "42"
 
 
 @pytest.mark.parametrize(
@@ -266,3 +267,45 @@ def test_missing_script_is_the_worker_s_error(tmp_path: Path) -> None:
     result = run(tmp_path, ["-n", "1", "no_such_script.py"])
     assert result.returncode == 1
     assert "no_such_script.py" in result.stderr
+
+
+# -- pure helpers of the Slurm allocation case ---------------------------------------------------
+
+def _parsed(argv: list[str]) -> argparse.Namespace:
+    from unirank.cli.main import build_parser
+
+    return build_parser("run").parse_args(["run", *argv])
+
+
+def test_inner_command_for_srun_keeps_the_options_and_the_script_args() -> None:
+    from unirank.cli.run import build_request, inner_command
+    from unirank.supervisor.reexec import srun_command
+
+    args = _parsed(["-n", "4", "--tag-output", "--init-timeout", "30", "--master-port", "2222",
+                    "train.py", "--lr", "0.1", "-n", "3"])
+    request = build_request(args, {})
+    inner = inner_command(args, request, 2)
+    assert inner == [sys.executable, "-m", "unirank", "run", "--nproc-per-node", "4",
+                     "--nnodes", "2", "--init-timeout", "30", "--grace-period", "5",
+                     "--master-port", "2222", "--tag-output", "train.py", "--lr", "0.1", "-n",
+                     "3"]
+    assert srun_command(2, ["x"]) == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
+                                      "--kill-on-bad-exit=1", "x"]
+    module = _parsed(["-m", "pkg.train", "a"])
+    inner_module = inner_command(module, build_request(module, {}), 1)
+    assert inner_module[-3:] == ["-m", "pkg.train", "a"]
+
+
+def test_allocation_tasks_per_node_become_the_default_worker_count() -> None:
+    from unirank.cli.run import _nproc_in_allocation, build_request
+    from unirank.distenv import DistEnv
+
+    alloc = DistEnv(launcher="slurm-allocation", num_nodes=2, launch_required=True,
+                    planned_tasks=8)
+    auto = _parsed(["train.py"])
+    assert _nproc_in_allocation(auto, build_request(auto, {}), alloc) == 4
+    given = _parsed(["-n", "2", "train.py"])
+    assert _nproc_in_allocation(given, build_request(given, {}), alloc) == 2
+    one_each = DistEnv(launcher="slurm-allocation", num_nodes=2, launch_required=True,
+                       planned_tasks=2)
+    assert _nproc_in_allocation(auto, build_request(auto, {}), one_each) == 1

@@ -167,7 +167,7 @@ def wait_gone(pids: Sequence[int], timeout: float = 30.0, mark: bytes = WORKER_M
                     break
                 for key, _ in selector.select(remaining):
                     selector.unregister(key.fd)
-                    waiting.discard(int(key.fd))  # type: ignore[arg-type]
+                    waiting.discard(key.fd)
     finally:
         for fd in fds:
             os.close(fd)

@@ -27,8 +27,9 @@ REEXEC_VAR = "UNIRANK_SRUN_REEXEC"
 def srun_command(nnodes: int, inner: Sequence[str]) -> list[str]:
     """``srun`` starting ``inner`` once on each of ``nnodes`` nodes.
 
-    ``--kill-on-bad-exit=1`` ends the step when one node's ``unirank run`` fails, and
-    ``--cpu-bind=none`` leaves each node's workers free to use all the node's CPUs of the job.
+    ``--kill-on-bad-exit=1`` ends the step when one node's ``unirank run`` fails. No CPU or GPU
+    options: a step without them gets all of the job's CPUs and GPUs on each node, which the
+    node's workers share.
     """
     return [
         "srun",
@@ -36,7 +37,6 @@ def srun_command(nnodes: int, inner: Sequence[str]) -> list[str]:
         f"--ntasks={nnodes}",
         "--ntasks-per-node=1",
         "--kill-on-bad-exit=1",
-        "--cpu-bind=none",
         *inner,
     ]
 
