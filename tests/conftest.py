@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import ClassVar, NoReturn, Optional
 
 import pytest
 
@@ -92,8 +92,13 @@ def _minutes(timeout: float) -> int:
 
 @dataclasses.dataclass
 class SlurmTestbed:
-    """Handle on the running two-node testbed (node1 at 127.0.1.1, node2 at 127.0.1.2)."""
+    """Handle on the running two-node testbed (node1 at 127.0.1.1, node2 at 127.0.1.2).
 
+    Tests cannot import this conftest (``--import-mode=importlib``): they reach the exception
+    types through the fixture, e.g. ``pytest.raises(slurm_testbed.Timeout)``.
+    """
+
+    Timeout: ClassVar[type[SlurmTimeout]] = SlurmTimeout
     log_dir: Path
     work_dir: Path
     nodes: tuple[str, ...] = ("node1", "node2")

@@ -6,10 +6,12 @@ import json
 import socket
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 
 import pytest
 
-from conftest import SlurmTestbed, SlurmTimeout
+if TYPE_CHECKING:
+    from conftest import SlurmTestbed
 
 # One JSON line per task with the variables the tests look at.
 _SHOW = (
@@ -91,14 +93,14 @@ def test_sbatch_reports_failure(slurm_testbed: SlurmTestbed) -> None:
 
 @pytest.mark.slurm
 def test_srun_timeout_cancels_the_job(slurm_testbed: SlurmTestbed) -> None:
-    with pytest.raises(SlurmTimeout):
+    with pytest.raises(slurm_testbed.Timeout):
         slurm_testbed.srun(["-N1", "-n1", "sleep", "300"], timeout=3)
     assert slurm_testbed.queued_test_jobs() == []
 
 
 @pytest.mark.slurm
 def test_sbatch_timeout_cancels_the_job(slurm_testbed: SlurmTestbed) -> None:
-    with pytest.raises(SlurmTimeout):
+    with pytest.raises(slurm_testbed.Timeout):
         slurm_testbed.sbatch_and_wait("sleep 300\n", timeout=3)
     assert slurm_testbed.queued_test_jobs() == []
 
