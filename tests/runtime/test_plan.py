@@ -59,6 +59,14 @@ def test_local_spawn_takes_master_port_from_the_environment_as_fixed() -> None:
     assert (plan.master_port, plan.port_fixed) == (31234, True)
 
 
+def test_single_torchrun_worker_does_not_reuse_its_agents_port() -> None:
+    """torchrun --nproc_per_node 1 script.py where the script spawns: the agent owns the port."""
+    env = DistEnv(launcher="torchrun", master_addr="localhost", master_port=41000)
+    environ = {"MASTER_PORT": "41000", "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    plan = make_plan(env, environ, nproc_per_node=2)
+    assert plan.port_fixed is False
+
+
 def test_explicit_arguments_win_over_the_environment() -> None:
     environ = {"MASTER_ADDR": "envhost", "MASTER_PORT": "31234"}
     plan = make_plan(

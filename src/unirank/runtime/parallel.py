@@ -84,7 +84,7 @@ def make_plan(
 ) -> Plan:
     """Decide the mode for a process described by ``env`` (see the module docstring).
 
-    Reads: MASTER_ADDR, MASTER_PORT (from ``environ``).
+    Reads: MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE (from ``environ``).
     Raises ConfigError for inconsistent arguments.
     """
     nproc = _check_int("nproc_per_node", nproc_per_node, 1)
@@ -146,6 +146,8 @@ def make_plan(
                 hint="pass master_addr=<host of node rank 0> (or export MASTER_ADDR)",
             )
         addr = env.master_addr or "127.0.0.1"
+    if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and nodes == 1:
+        env_port = None  # a torchrun agent of one worker serves MASTER_PORT itself: not ours
     chosen = port or env_port
     fixed = chosen is not None or nodes > 1
     return Plan(SPAWN, nproc, nodes, node, addr, chosen or env.master_port or 29500, fixed)

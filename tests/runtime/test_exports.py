@@ -1,0 +1,27 @@
+"""``import unirank as ur`` serves every runtime name lazily, and only then imports torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import unirank
+import unirank.runtime as runtime
+
+
+def test_every_lazy_name_is_exported_by_the_runtime() -> None:
+    lazy = set(unirank._RUNTIME_NAMES)
+    assert lazy <= set(runtime.__all__)
+    for name in sorted(lazy):
+        assert getattr(unirank, name) is getattr(runtime, name), name
+
+
+def test_import_unirank_does_not_import_torch_until_a_runtime_name_is_used() -> None:
+    code = (
+        "import sys\nimport unirank as ur\n"
+        "assert 'torch' not in sys.modules, 'import unirank imported torch'\n"
+        "ur.get_rank\nassert 'torch' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
