@@ -184,7 +184,7 @@ def test_two_nodes_of_spawned_workers_form_one_world() -> None:
             env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             stdin=subprocess.DEVNULL,
         )
-        for node in (1, 0)  # the non-master node first: its workers wait for the store
+        for node in (0, 1)
     ]
     outputs: list[str] = []
     try:
