@@ -20,6 +20,7 @@ Run it unchanged with::
 from __future__ import annotations
 
 import argparse
+import sys
 
 import unirank as ur
 from unirank.cli.hello import add_launch_arguments
@@ -46,7 +47,11 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     args = parse_args()
-    with ur.Parallel(
-        backend=args.backend, nproc_per_node=args.nproc_per_node, init_timeout=args.init_timeout
-    ) as parallel:
-        parallel.run(hello)
+    try:
+        with ur.Parallel(
+            backend=args.backend, nproc_per_node=args.nproc_per_node,
+            init_timeout=args.init_timeout,
+        ) as parallel:
+            parallel.run(hello)
+    except ur.ConfigError as exc:  # a launch mistake: one line that says what to do
+        sys.exit(f"helloworld.py: error: {exc}")

@@ -19,6 +19,7 @@ Run it unchanged with::
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -49,7 +50,11 @@ def parse_args() -> argparse.Namespace:
 
 if __name__ == "__main__":
     args = parse_args()
-    with ur.Parallel(
-        backend=args.backend, nproc_per_node=args.nproc_per_node, init_timeout=args.init_timeout
-    ) as parallel:
-        parallel.run(reduce_ones)
+    try:
+        with ur.Parallel(
+            backend=args.backend, nproc_per_node=args.nproc_per_node,
+            init_timeout=args.init_timeout,
+        ) as parallel:
+            parallel.run(reduce_ones)
+    except ur.ConfigError as exc:  # a launch mistake: one line that says what to do
+        sys.exit(f"reduction.py: error: {exc}")

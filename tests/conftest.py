@@ -30,7 +30,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TESTBED = REPO_ROOT / "scripts" / "testbed"
-JOB_NAME_PREFIX = "unirank-test-"
+# Every job this session starts carries the session's own tag, so that the end-of-session check
+# for jobs left behind never sees (or cancels) another session's jobs on a shared testbed.
+JOB_NAME_PREFIX = f"unirank-test-{uuid.uuid4().hex[:6]}-"
 TESTBED_START_TIMEOUT_S = 900.0  # a fresh machine first runs apt-get install
 TERMINAL_JOB_STATES = frozenset(
     {

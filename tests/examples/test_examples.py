@@ -151,3 +151,6 @@ def test_hello_in_a_batch_shell_without_srun_fails_fast_naming_srun(slurm_testbe
     assert result.exit_code != 0
     assert "no task was launched" in result.output
     assert f"HINT: start the tasks with: srun {Path(sys.executable).name} {HELLO}" in result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("helloworld.py: error: SLURM_STEP_ID=<unset>")

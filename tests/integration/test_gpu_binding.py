@@ -55,12 +55,6 @@ def test_gpus_per_task_each_task_sees_its_own_gpu_as_cuda_0(gpus_per_task: Recor
     assert [r["planned_device"] for r in recs] == ["cuda:0", "cuda:0"], out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="unirank.runtime.backend.gpus_bound_per_task reads only SLURM_GPUS_PER_TASK, which "
-    "srun (Slurm 22.05) does not set in the tasks of `srun --gpus-per-task=1`; the binding shows "
-    "as SLURMD_TRES_BIND=gpu:per_task:1. So 'auto' sees 1 GPU for 2 local ranks and picks gloo",
-)
 def test_gpus_per_task_auto_backend_is_nccl(gpus_per_task: Records) -> None:
     """One GPU bound to each task: NCCL is usable, so ``auto`` must pick it."""
     out, recs = gpus_per_task

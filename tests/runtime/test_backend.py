@@ -150,3 +150,13 @@ def test_cuda_facts_agree_with_torch() -> None:
     if not facts.available:
         assert choose_backend(None, facts) == "gloo"
         assert choose_device(0, facts) == "cpu"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("gpu:per_task:1", True), ("gpu:per_task:2", True), ("gpu:single:1", False),
+     ("cpu:per_task:1", False), ("", False), ("gpu:per_task:x", False)],
+)
+def test_gpus_bound_per_task_from_tres_bind(value: str, expected: bool) -> None:
+    """srun --gpus-per-task=1 on Slurm 22.05 sets SLURMD_TRES_BIND, not SLURM_GPUS_PER_TASK."""
+    assert gpus_bound_per_task({"SLURMD_TRES_BIND": value}) is expected

@@ -7,7 +7,7 @@ Rules:
 
 * Backend ``None``/``"auto"``: ``"nccl"`` when CUDA and NCCL are available and every local rank
   has a GPU of its own (as many visible GPUs as local ranks, or a launcher that binds one GPU per
-  task: ``SLURM_GPUS_PER_TASK``); otherwise ``"gloo"``.
+  task: ``SLURM_GPUS_PER_TASK`` or ``SLURMD_TRES_BIND=gpu:per_task:N``); otherwise ``"gloo"``.
 * An explicit ``"nccl"`` without CUDA (or without NCCL in this torch build) is a
   :class:`~unirank.errors.ConfigError`.
 * Device: ``cuda:0`` when the process sees exactly one GPU (``srun --gpus-per-task=1`` gives
@@ -80,12 +80,21 @@ def visible_devices(environ: Mapping[str, str]) -> list[str] | None:
 def gpus_bound_per_task(environ: Mapping[str, str]) -> bool:
     """True when the launcher gave each task its own GPU(s) (``srun --gpus-per-task``).
 
-    Reads: SLURM_GPUS_PER_TASK.
+    Slurm 22.05's srun does not export SLURM_GPUS_PER_TASK to the tasks; it does export
+    ``SLURMD_TRES_BIND=gpu:per_task:N`` (seen on the testbed), so both are read.
+
+    Reads: SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND.
     """
     value = environ.get("SLURM_GPUS_PER_TASK", "").strip()
     # "1" or "type:1"
     count = value.rsplit(":", 1)[-1]
-    return count.isdigit() and int(count) >= 1
+    if count.isdigit() and int(count) >= 1:
+        return True
+    for binding in environ.get("SLURMD_TRES_BIND", "").split(","):
+        parts = binding.strip().split(":")
+        if len(parts) == 3 and parts[:2] == ["gpu", "per_task"] and parts[2].isdigit():
+            return int(parts[2]) >= 1
+    return False
 
 
 def _nccl_unusable(facts: CudaFacts) -> str | None:
