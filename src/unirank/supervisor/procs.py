@@ -417,7 +417,7 @@ def run_plan(
     sockets: list[socket.socket] = []
     store_fd: int | None = None
     if plan.hosts_store:
-        sock = open_store_socket(plan.master_port, option="MASTER_PORT")
+        sock = open_store_socket(plan.master_port, host=plan.master_addr, option="MASTER_PORT")
         sockets.append(sock)
         store_fd = sock.fileno()
         plan = plan.with_port(int(sock.getsockname()[1]))
