@@ -34,10 +34,12 @@ dist.destroy_process_group()
 """
 
 _RESULT = re.compile(r"RESULT rank=(\d+) world=(\d+) group=(\d+) local=(\d+) node=(\S+) "
-                     r"master=(\S+) sum=(\S+)")
+                     r"master=(\S+) sum=(\d+)")
 
 
 def _results(text: str) -> dict[int, tuple[str, ...]]:
+    # Workers share the step's stdout; an unbuffered print writes its text and its newline
+    # apart, so a line may end up glued to the next one: match within lines, not whole lines.
     return {int(m[0]): m[1:] for m in _RESULT.findall(text)}
 
 
