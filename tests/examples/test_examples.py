@@ -154,3 +154,15 @@ def test_hello_in_a_batch_shell_without_srun_fails_fast_naming_srun(slurm_testbe
     assert "Traceback" not in result.output
     errors = [line for line in result.output.splitlines() if "error:" in line]
     assert len(errors) == 1 and errors[0].startswith("helloworld.py: error: SLURM_STEP_ID=<unset>")
+
+
+QUICKSTART = str(EXAMPLES / "quickstart.py")
+
+
+def test_readme_quickstart_serial_and_under_unirank_run() -> None:
+    """README's quick start, as README shows it: serial, then two workers under unirank run."""
+    assert run([sys.executable, QUICKSTART]).stdout.splitlines() == [
+        "world=1 sum=1.0 backend=gloo device=cpu"
+    ]
+    out = run([sys.executable, "-m", "unirank", "run", "-n", "2", QUICKSTART]).stdout
+    assert out.splitlines() == ["world=2 sum=2.0 backend=gloo device=cpu"]
