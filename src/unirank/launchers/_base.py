@@ -8,7 +8,7 @@ from pathlib import Path
 
 from unirank.rendezvous import derive_port, explicit_master
 
-__all__ = ["Context", "Master", "resolve_master"]
+__all__ = ["Context", "Master", "node_name", "resolve_master"]
 
 
 def _read_text(path: str) -> str:
@@ -67,3 +67,17 @@ def resolve_master(
         port = derive_port(job_id, step_id)
         port_source = f"derived from {job_source}" if job_id else "default 29500"
     return Master(addr, port, addr_source, port_source)
+
+
+def node_name(environ: Mapping[str, str], ctx: Context) -> tuple[str, str]:
+    """This node's name and where it came from: Slurm's name for it, else the host name.
+
+    Under Slurm every node of the testbed (and of some clusters) has the same host name, and an
+    srun task inherits the batch shell's HOSTNAME, so SLURMD_NODENAME is preferred.
+
+    Reads: SLURMD_NODENAME.
+    """
+    name = environ.get("SLURMD_NODENAME", "").strip()
+    if name:
+        return name, "SLURMD_NODENAME"
+    return ctx.hostname, "socket.gethostname()"

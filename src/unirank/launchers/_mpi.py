@@ -17,7 +17,7 @@ from unirank.distenv import DistEnv
 from unirank.envvars import check_rank, first_set, read_int
 from unirank.errors import ConfigError
 from unirank.hostlist import expand
-from unirank.launchers._base import Context, resolve_master
+from unirank.launchers._base import Context, node_name, resolve_master
 
 __all__ = ["MpiVars", "batch_hosts", "build"]
 
@@ -132,12 +132,8 @@ def build(
         step_id=step,
         job_source=jid_var,
     )
-    node_name = environ.get("SLURMD_NODENAME") or ctx.hostname
-    sources.update(
-        master_addr=master.addr_source,
-        master_port=master.port_source,
-        node_name="SLURMD_NODENAME" if "SLURMD_NODENAME" in environ else "socket.gethostname()",
-    )
+    node, sources["node_name"] = node_name(environ, ctx)
+    sources.update(master_addr=master.addr_source, master_port=master.port_source)
     return DistEnv(
         launcher=name,
         rank=rank,
@@ -149,7 +145,7 @@ def build(
         master_addr=master.addr,
         master_port=master.port,
         job_id=jid,
-        node_name=node_name,
+        node_name=node,
         hosts=hosts,
         sources=sources,
     )

@@ -20,7 +20,7 @@ from unirank.envvars import check_rank, first_set, read_int, read_optional_int
 from unirank.errors import ConfigError
 from unirank.hostlist import expand
 from unirank.launchers import slurm
-from unirank.launchers._base import Context, resolve_master
+from unirank.launchers._base import Context, node_name, resolve_master
 
 NAME = "torchrun"
 KEYS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "--local-rank")
@@ -142,12 +142,8 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     if jid is not None:
         sources["job_id"] = jid_var
     master = resolve_master(environ, single_node=num_nodes == 1)
-    node_name = environ.get("SLURMD_NODENAME") or ctx.hostname
-    sources.update(
-        master_addr=master.addr_source,
-        master_port=master.port_source,
-        node_name="SLURMD_NODENAME" if "SLURMD_NODENAME" in environ else "socket.gethostname()",
-    )
+    name, sources["node_name"] = node_name(environ, ctx)
+    sources.update(master_addr=master.addr_source, master_port=master.port_source)
     return DistEnv(
         launcher=NAME,
         rank=rank,
@@ -160,7 +156,7 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         master_port=master.port,
         job_id=jid,
         step_id=environ.get("SLURM_STEP_ID"),
-        node_name=node_name,
+        node_name=name,
         hosts=hosts,
         sources=sources,
     )
