@@ -70,7 +70,7 @@ names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "
          "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
          "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
          "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS",
-         "UNIRANK_INIT_TIMEOUT"]
+         "UNIRANK_INIT_TIMEOUT", "TORCHELASTIC_ERROR_FILE"]
 private = sorted(k for k in os.environ if k.startswith("UNIRANK_") and k != "UNIRANK_INIT_TIMEOUT")
 main = sys.modules["__main__"]
 print("ENV " + json.dumps({
@@ -116,6 +116,7 @@ def test_worker_environment_is_torchrun_s(tmp_path: Path) -> None:
         assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1"
         assert env["OMP_NUM_THREADS"] == "1"
         assert env["UNIRANK_INIT_TIMEOUT"] == "77"
+        assert str(env["TORCHELASTIC_ERROR_FILE"]).endswith(f"/{rank}/error.json")
         run_ids.add(env["TORCHELASTIC_RUN_ID"])
         assert info["private"] == []
         # as `python env.py --backend gloo -n 5` would see it
@@ -309,3 +310,34 @@ def test_allocation_tasks_per_node_become_the_default_worker_count() -> None:
     one_each = DistEnv(launcher="slurm-allocation", num_nodes=2, launch_required=True,
                        planned_tasks=2)
     assert _nproc_in_allocation(auto, build_request(auto, {}), one_each) == 1
+
+
+# Rank 1 raises first, but rank 0 (failing because of it) exits first: the error files' times,
+# not the order of exits, name the cause. The store keys order the events; nothing sleeps.
+ROOT_CAUSE_SCRIPT = """
+import signal, sys
+import torch.distributed as dist
+from unirank.errorfile import record_exception
+
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+dist.init_process_group("gloo")
+store = dist.distributed_c10d._get_default_store()
+if dist.get_rank() == 1:
+    record_exception(RuntimeError("the cause, on rank 1"))
+    store.set("recorded", "1")
+    signal.pause()  # until the supervisor's SIGTERM: rank 1 ends after rank 0
+else:
+    store.wait(["recorded"])
+    sys.exit(3)  # a consequence, seen first
+"""
+
+
+def test_summary_blames_the_rank_that_failed_first_not_the_one_that_exited_first(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "cause.py").write_text(ROOT_CAUSE_SCRIPT)
+    result = run(tmp_path, ["-n", "2", "--grace-period", "30", "cause.py"])
+    assert "rank 0 (local rank 0) on node" in result.stderr  # rank 0 ended first ...
+    assert re.search(r"FAILED \(exit code 1\): rank 1 \(local rank 1\)", result.stderr), (
+        result.stderr)  # ... but rank 1 is named as the cause
+    assert result.returncode == 1

@@ -22,6 +22,7 @@ from types import TracebackType
 from typing import Any
 
 from unirank.distenv import DistEnv
+from unirank.errorfile import record_exception
 from unirank.errors import ConfigError
 from unirank.rendezvous import explicit_master
 from unirank.runtime import lifecycle, state
@@ -244,7 +245,11 @@ class Parallel:
                 self.run(fn, *args, **kwargs)
             return
         if self.plan.mode != SPAWN:
-            fn(state.get_local_rank(), *args, **kwargs)
+            try:
+                fn(state.get_local_rank(), *args, **kwargs)
+            except BaseException as exc:
+                record_exception(exc)  # now, before the group goes away and peers fail too
+                raise
             return
         self._spawn(self.plan, fn, args, kwargs)
 

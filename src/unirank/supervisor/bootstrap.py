@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from unirank.errorfile import record_exception
+
 __all__ = ["WorkerInfo", "main", "read_worker_info", "rendezvous", "run_target"]
 
 #: exit code of a worker that could not rendezvous (store unreachable, init timeout)
@@ -191,6 +193,7 @@ def _trimmed_excepthook(
             tb = tb.tb_next
         if isinstance(value, BaseException):
             value = value.with_traceback(tb)  # the default hook prints value.__traceback__
+            record_exception(value)
         return hook(kind, value, tb)
 
     return excepthook

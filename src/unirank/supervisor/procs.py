@@ -21,10 +21,12 @@ from __future__ import annotations
 import os
 import select
 import selectors
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Union
 
+from unirank.errorfile import ERROR_FILE_VAR, failure_time
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LinePrefixer, tag_for
 from unirank.supervisor.plan import STORE_FD_VAR, Plan
@@ -65,6 +68,7 @@ class WorkerLaunch:
     argv: tuple[str, ...]
     env: Mapping[str, str]
     pass_fds: tuple[int, ...] = ()
+    error_file: str | None = None
 
 
 class _Stream:
@@ -365,20 +369,38 @@ class Supervisor:
             os.close(stream.fd)
         self._streams.clear()
 
+    def _root_cause(self) -> _Worker | None:
+        """The failed worker whose error was recorded first (see :mod:`unirank.errorfile`).
+
+        Peers of a rank that raised fail a moment later and may exit before it; the error files'
+        timestamps name the cause. Without any, the first worker seen to fail is blamed.
+        """
+        if self._first_failure is None:
+            return None
+        timed = []
+        for worker in self._workers:
+            if worker.returncode in (None, 0) or not worker.launch.error_file:
+                continue
+            when = failure_time(worker.launch.error_file)
+            if when is not None:
+                timed.append((when, worker.launch.rank, worker))
+        return min(timed, key=lambda item: item[:2])[2] if timed else self._first_failure
+
     def _result(self) -> RunResult:
+        blamed = self._root_cause()
         exits = tuple(
             WorkerExit(
                 rank=w.launch.rank,
                 local_rank=w.launch.local_rank,
                 node=self._node,
                 returncode=w.returncode if w.returncode is not None else -int(signal.SIGKILL),
-                stderr_tail=tuple(w.tail.lines()) if w is self._first_failure else (),
+                stderr_tail=tuple(w.tail.lines()) if w is blamed else (),
             )
             for w in self._workers
         )
         first = None
-        if self._first_failure is not None:
-            first = next(e for e in exits if e.rank == self._first_failure.launch.rank)
+        if blamed is not None:
+            first = next(e for e in exits if e.rank == blamed.launch.rank)
         return RunResult(exits=exits, first_failure=first, stop_signal=self._stop_signal,
                          unreaped=self._unreaped)
 
@@ -424,20 +446,30 @@ def run_plan(
     argv = worker_command(target)
     launches = []
     me = os.getpid()
-    for local_rank in range(plan.nproc_per_node):
-        env = plan.worker_environ(local_rank, environ, supervisor_pid=me, tag_output=tag_output)
-        fds: tuple[int, ...] = ()
-        if store_fd is not None and local_rank == 0:
-            env[STORE_FD_VAR] = str(store_fd)
-            fds = (store_fd,)
-        launches.append(WorkerLaunch(plan.global_rank(local_rank), local_rank, argv, env, fds))
+    error_dir = tempfile.mkdtemp(prefix="unirank-run-")
     try:
-        supervisor = Supervisor(
-            launches, node_name=plan.node_name, tag_output=tag_output,
-            grace_period=grace_period, close_after_start=sockets, out_fd=out_fd, err_fd=err_fd,
-        )
-    except BaseException:
-        for sock in sockets:
-            sock.close()
-        raise
-    return supervisor.run()
+        for local_rank in range(plan.nproc_per_node):
+            rank = plan.global_rank(local_rank)
+            env = plan.worker_environ(local_rank, environ, supervisor_pid=me,
+                                      tag_output=tag_output)
+            # as torchrun: one error file per worker, where @record / unirank write the failure
+            error_file = os.path.join(error_dir, str(rank), "error.json")
+            env[ERROR_FILE_VAR] = error_file
+            fds: tuple[int, ...] = ()
+            if store_fd is not None and local_rank == 0:
+                env[STORE_FD_VAR] = str(store_fd)
+                fds = (store_fd,)
+            launches.append(WorkerLaunch(rank, local_rank, argv, env, fds, error_file))
+        try:
+            supervisor = Supervisor(
+                launches, node_name=plan.node_name, tag_output=tag_output,
+                grace_period=grace_period, close_after_start=sockets, out_fd=out_fd,
+                err_fd=err_fd,
+            )
+        except BaseException:
+            for sock in sockets:
+                sock.close()
+            raise
+        return supervisor.run()
+    finally:
+        shutil.rmtree(error_dir, ignore_errors=True)

@@ -1,0 +1,44 @@
+"""Per-worker error files in torchrun's format, with unirank's sub-second time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from unirank.errorfile import ERROR_FILE_VAR, failure_time, record_exception
+
+
+def test_records_the_first_exception_only(tmp_path: Path) -> None:
+    path = tmp_path / "0" / "error.json"
+    environ = {ERROR_FILE_VAR: str(path)}
+    try:
+        raise ValueError("first")
+    except ValueError as exc:
+        record_exception(exc, environ)
+    record_exception(RuntimeError("later, while unwinding"), environ)
+    data = json.loads(path.read_text())
+    assert data["message"]["message"] == "ValueError: first"
+    assert "raise ValueError" in data["message"]["extraInfo"]["py_callstack"]
+    when = failure_time(path)
+    assert when is not None and int(when) == int(data["message"]["extraInfo"]["timestamp"])
+
+
+def test_clean_exit_and_missing_variable_write_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "error.json"
+    record_exception(SystemExit(0), {ERROR_FILE_VAR: str(path)})
+    record_exception(SystemExit(None), {ERROR_FILE_VAR: str(path)})
+    assert not path.exists()
+    record_exception(SystemExit(2), {ERROR_FILE_VAR: str(path)})
+    assert path.exists()
+    record_exception(RuntimeError("x"), {})  # no variable: nothing to do, no error
+
+
+def test_failure_time_reads_torchelastic_files(tmp_path: Path) -> None:
+    """A file written by torch.distributed.elastic's @record has only a whole-second time."""
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({"message": {"message": "x", "extraInfo": {
+        "py_callstack": "", "timestamp": "1700000000"}}}))
+    assert failure_time(path) == 1700000000.0
+    assert failure_time(tmp_path / "missing.json") is None
+    (tmp_path / "bad.json").write_text("{")
+    assert failure_time(tmp_path / "bad.json") is None
