@@ -103,20 +103,22 @@ def test_check_config_under_python() -> None:
     assert "launcher : local" in lines
 
 
-def test_reduction_under_mpirun(mpirun: list[str]) -> None:
-    """As the SuperCloud batch script does: master address and port given to every rank."""
+def test_hello_under_mpirun_np4(mpirun: list[str]) -> None:
+    """Seed 004, as the SuperCloud batch script does: master address and port given to every
+    rank with ``-x``, four ranks."""
     port = free_port()
-    proc = run([*mpirun, "-np", "2", "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={port}",
-                sys.executable, REDUCTION])
-    assert sorted(seed_lines(proc.stdout)) == reduce_lines("127.0.0.1", port, [HOST] * 2, 2)
+    proc = run([*mpirun, "-np", "4", "-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={port}",
+                sys.executable, HELLO, "--backend", "gloo"])
+    assert sorted(seed_lines(proc.stdout)) == hello_lines("127.0.0.1", port, [HOST] * 4, 4)
 
 
-def test_hello_under_mpirun_on_one_host(mpirun: list[str]) -> None:
-    proc = run([*mpirun, "-np", "2", sys.executable, HELLO])
+def test_reduction_under_mpirun_on_one_host(mpirun: list[str]) -> None:
+    """Without MASTER_ADDR: on one host the master is 127.0.0.1, the port from mpirun's job id."""
+    proc = run([*mpirun, "-np", "2", sys.executable, REDUCTION])
     lines = sorted(seed_lines(proc.stdout))
     match = LINE.match(lines[0])
     assert match is not None
-    assert lines == hello_lines("127.0.0.1", match["port"], [HOST] * 2, 2)
+    assert lines == reduce_lines("127.0.0.1", match["port"], [HOST] * 2, 2)
 
 
 def _master(lines: list[str]) -> tuple[str, str]:
