@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
@@ -29,6 +30,8 @@ from typing import ClassVar, NoReturn, Optional
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# shared test helpers (tests/_procs.py) are importable from every test module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 TESTBED = REPO_ROOT / "scripts" / "testbed"
 # Every job this session starts carries the session's own tag, so that the end-of-session check
 # for jobs left behind never sees (or cancels) another session's jobs on a shared testbed.

@@ -16,13 +16,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,7 +43,6 @@ __all__ = [
     "slurm_port",
     "tagged_json",
     "task_infos",
-    "wait_gone",
     "with_info",
 ]
 
@@ -255,26 +252,3 @@ def run_local(
     return subprocess.CompletedProcess(list(cmd), proc.returncode, stdout, stderr)
 
 
-def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
-    """Wait (on pidfds, no sleeping) until every pid has exited; return those still alive."""
-    fds: dict[int, int] = {}
-    for pid in pids:
-        try:
-            fds[pid] = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue
-    poller = select.poll()
-    for fd in fds.values():
-        poller.register(fd, select.POLLIN)
-    alive = set(fds)
-    deadline = time.monotonic() + timeout
-    try:
-        while alive and time.monotonic() < deadline:
-            for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-                pid = next(p for p, f in fds.items() if f == fd)
-                alive.discard(pid)
-                poller.unregister(fd)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return sorted(alive)

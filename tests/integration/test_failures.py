@@ -18,7 +18,9 @@ if TYPE_CHECKING:
     from conftest import SlurmTestbed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _outputs import JOB_ENV, REPO, SCRIPTS, console_script, wait_gone
+from _outputs import JOB_ENV, REPO, SCRIPTS, console_script
+
+from _procs import wait_gone
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 

@@ -22,6 +22,8 @@ from typing import Any, Optional
 import pytest
 import torch.distributed as dist
 
+from _procs import wait_gone
+
 pytestmark = pytest.mark.integration
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -52,29 +54,6 @@ def run_script(
     )
 
 
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Wait (on pidfds, no sleeping) until every pid has exited; returns those still alive."""
-    fds = {}
-    for pid in pids:
-        try:
-            fds[pid] = os.pidfd_open(pid)
-        except ProcessLookupError:
-            continue  # already gone and reaped
-    poller = select.poll()
-    for fd in fds.values():
-        poller.register(fd, select.POLLIN)
-    deadline = time.monotonic() + timeout
-    alive = set(fds)
-    try:
-        while alive and time.monotonic() < deadline:
-            for fd, _ in poller.poll(max(1, int((deadline - time.monotonic()) * 1000))):
-                pid = next(p for p, f in fds.items() if f == fd)
-                alive.discard(pid)
-                poller.unregister(fd)
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    return sorted(alive)
 
 
 def test_spawned_workers_run_every_collective(tmp_path: Path) -> None:

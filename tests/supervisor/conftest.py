@@ -18,6 +18,8 @@ from typing import IO, Optional
 
 import pytest
 
+from _procs import wait_gone
+
 _OUTER = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
           "MPI_LOCAL", "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "TORCHELASTIC_")
 _TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
@@ -82,7 +84,7 @@ class Runner:
     def wait_gone(pids: Sequence[int], timeout: float = 30.0,
                   mark: bytes = b"unirank.supervisor.bootstrap") -> list[int]:
         """See :func:`wait_gone`."""
-        return wait_gone(pids, timeout, mark)
+        return wait_gone(pids, timeout, mark)  # from tests/_procs.py
 
     def close(self) -> None:
         for proc in self._started:
@@ -124,54 +126,6 @@ def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
 
 
 WORKER_MARK = b"unirank.supervisor.bootstrap"
-
-
-def _is_live(pid: int, mark: bytes = WORKER_MARK) -> bool:
-    """True while ``pid`` is a live (not zombie) process whose command line contains ``mark``."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            command = cmdline.read()
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z" and mark in command
-
-
-def wait_gone(pids: Sequence[int], timeout: float = 30.0, mark: bytes = WORKER_MARK) -> list[int]:
-    """Wait until none of ``pids`` is a live process with ``mark`` in its command line (a worker,
-    by default); returns those still alive at the timeout.
-
-    Waits on pidfds (no polling) where the kernel has them.
-    """
-    deadline = time.monotonic() + timeout
-    fds: dict[int, int] = {}
-    try:
-        for pid in pids:
-            if not _is_live(pid, mark):
-                continue
-            try:
-                fds[os.pidfd_open(pid)] = pid
-            except ProcessLookupError:
-                continue
-            except (AttributeError, OSError):  # pragma: no cover - old kernel: bounded poll
-                while _is_live(pid, mark) and time.monotonic() < deadline:
-                    time.sleep(0.05)
-        with selectors.DefaultSelector() as selector:
-            for fd in fds:
-                selector.register(fd, selectors.EVENT_READ)
-            waiting = set(fds)
-            while waiting:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                for key, _ in selector.select(remaining):
-                    selector.unregister(key.fd)
-                    waiting.discard(key.fd)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    return [pid for pid in pids if _is_live(pid, mark)]
 
 
 @pytest.fixture

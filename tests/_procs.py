@@ -1,0 +1,58 @@
+"""Waiting for processes to be gone, on pidfds (no polling): the shared helper of the tests that
+prove no worker outlives its supervisor, its parent or its failed step.
+
+Importable from any test module: tests/conftest.py puts this folder on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import time
+from collections.abc import Iterable
+from typing import Optional
+
+
+def is_live(pid: int, mark: Optional[bytes] = None) -> bool:
+    """True while ``pid`` is a running (not zombie) process, whose command line contains
+    ``mark`` when one is given (so that a recycled pid is not mistaken for the old process)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            command = cmdline.read()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state != "Z" and (mark is None or mark in command)
+
+
+def wait_gone(pids: Iterable[int], timeout: float = 30.0,
+              mark: Optional[bytes] = None) -> list[int]:
+    """Wait until none of ``pids`` is live (see :func:`is_live`); return those still live at the
+    timeout. Blocks on pidfds, which become readable when a process exits."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    fds: dict[int, int] = {}
+    try:
+        for pid in pids:
+            if not is_live(pid, mark):
+                continue
+            try:
+                fds[os.pidfd_open(pid)] = pid
+            except ProcessLookupError:
+                continue
+        with selectors.DefaultSelector() as selector:
+            for fd in fds:
+                selector.register(fd, selectors.EVENT_READ)
+            waiting = set(fds)
+            while waiting:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                for key, _ in selector.select(remaining):
+                    selector.unregister(key.fd)
+                    waiting.discard(key.fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return [pid for pid in pids if is_live(pid, mark)]
