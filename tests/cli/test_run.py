@@ -235,6 +235,16 @@ def test_init_timeout_from_the_environment(tmp_path: Path) -> None:
     assert _envs(result.stdout)[0]["env"]["UNIRANK_INIT_TIMEOUT"] == "42"
 
 
+@pytest.mark.parametrize("args", [[], ["-n", "2"], ["-m"]])
+def test_no_program_is_one_line_error(tmp_path: Path, args: list[str]) -> None:
+    result = run(tmp_path, args, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "unirank run: error: no script or module to run HINT: unirank run [options] script.py "
+        "[args...] or unirank run [options] -m module"
+    ]
+
+
 @pytest.mark.parametrize(
     ("args", "env", "expected"),
     [

@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "workers (default 5)")
     parser.add_argument("-m", "--module", dest="module", action="store_true",
                         help="run PROGRAM as a module, like python -m")
-    parser.add_argument("program", metavar="SCRIPT|MODULE", help="the script (or module) to run")
+    parser.add_argument("program", metavar="SCRIPT|MODULE", nargs="?",
+                        help="the script (or module) to run")
     parser.add_argument("program_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script")
 
@@ -164,6 +165,11 @@ def main(args: argparse.Namespace) -> int:
 
     from unirank.supervisor.plan import make_plan
 
+    if args.program is None:
+        raise ConfigError(
+            "no script or module to run",
+            hint="unirank run [options] script.py [args...]  or  unirank run [options] -m module",
+        )
     environ = dict(os.environ)
     request = build_request(args, environ)
     outer = _detect(environ)
