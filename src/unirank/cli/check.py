@@ -15,8 +15,6 @@ import sys
 from unirank.errors import ConfigError
 from unirank.report import TorchFacts, build_report, format_report
 
-HELP = "report torch, CUDA, launcher and NCCL/GLOO/TORCH settings"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``--json`` for machine-readable output."""

@@ -14,8 +14,6 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-HELP = "every rank says hello, in rank order"
-
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """``--backend``, ``-n/--nproc-per-node``, ``--init-timeout`` (and a hidden ``--local_rank``).

@@ -8,8 +8,6 @@ from __future__ import annotations
 import argparse
 import json
 
-HELP = "show the detected launcher, ranks, master address and port"
-
 _FIELDS = (
     "launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank",
     "num_nodes", "master_addr", "master_port", "job_id", "step_id", "node_name", "hosts",

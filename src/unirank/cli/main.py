@@ -1,7 +1,8 @@
 """``unirank`` entry point: a thin dispatcher that imports a subcommand's module only when used.
 
-Each subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``main(args) -> int``. None of them may import torch at module level.
+Each subcommand module defines ``add_arguments(parser)`` and ``main(args) -> int``; its one-line
+help lives here, in :data:`SUBCOMMANDS`, so that ``unirank --help`` imports none of them. None of
+them may import torch at module level.
 """
 
 from __future__ import annotations

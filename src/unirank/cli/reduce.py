@@ -11,8 +11,6 @@ import argparse
 
 from unirank.cli.hello import add_launch_arguments, launch, master_url
 
-HELP = "all_reduce a tensor of ones; every rank prints the sum"
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``unirank reduce`` (the same as ``unirank hello``'s)."""

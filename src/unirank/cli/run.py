@@ -22,8 +22,6 @@ from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.supervisor.plan import RunRequest
 
-HELP = "start local workers with torchrun's environment (like torchrun)"
-
 _EPILOG = (
     "Examples: unirank run -n 4 train.py --lr 0.1 | unirank run --nproc_per_node gpu -m pkg.train"
     " | srun -N2 --ntasks-per-node=1 unirank run -n 4 train.py"
