@@ -18,11 +18,13 @@ import os
 import time
 import traceback
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ERROR_FILE_VAR", "failure_time", "record_exception"]
+from unirank.contract import ERROR_FILE_VAR
 
-ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
+__all__ = ["ERROR_FILE_VAR", "RecordedFailure", "failure_time", "read_failure", "record_exception"]
+
 
 
 def record_exception(exc: BaseException, environ: Mapping[str, str] | None = None) -> None:
@@ -48,6 +50,7 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] | None = Non
             },
         },
         "unirank_time": now,
+        "unirank_exit_code": _exit_code(exc),
     }
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -55,6 +58,43 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] | None = Non
             json.dump(payload, fh)
     except (OSError, TypeError, ValueError):
         pass
+
+
+def _exit_code(exc: BaseException) -> int:
+    """The exit code Python gives a process that ends with ``exc`` uncaught."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        return code if isinstance(code, int) else 1
+    return 1
+
+
+@dataclass(frozen=True)
+class RecordedFailure:
+    """What a worker's error file says: when (seconds since the epoch), what, and the exit code
+    the exception means (1, or a SystemExit's code)."""
+
+    time: float
+    message: str
+    exit_code: int
+
+
+def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
+    """The failure recorded in ``path`` (by unirank or by torch's ``@record``), or None."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        message = data.get("message", {})
+        if isinstance(message, dict):
+            text = str(message.get("message", ""))
+            stamp = message.get("extraInfo", {}).get("timestamp")
+        else:
+            text, stamp = str(message), None
+        when = float(data["unirank_time"]) if "unirank_time" in data else float(stamp)
+        code = int(data.get("unirank_exit_code", 1))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    return RecordedFailure(when, text.strip().splitlines()[-1] if text.strip() else "", code)
 
 
 def failure_time(path: str | os.PathLike[str]) -> float | None:

@@ -39,9 +39,10 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"unirank {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in SUBCOMMANDS.items():
-        sp = sub.add_parser(name, help=help_text, description=help_text)
+        sp = sub.add_parser(name, help=help_text, description=help_text, prog=f"unirank {name}")
         if name == command:
             _load(name).add_arguments(sp)
+            parser.set_defaults(_subparser=sp)
     return parser
 
 
@@ -52,7 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command not in SUBCOMMANDS:
         command = None
     parser = build_parser(command)
-    args = parser.parse_args(args_list)
+    args, extras = parser.parse_known_args(args_list)
+    if extras:  # the subcommand's usage, not the top-level one
+        target = getattr(args, "_subparser", None) or parser
+        target.error(f"unrecognized arguments: {' '.join(extras)}")
+    if command is not None:
+        args.raw_argv = args_list[args_list.index(command) + 1:]
     if args.command is None:
         parser.print_help()
         return 2

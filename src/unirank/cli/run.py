@@ -5,6 +5,8 @@ everything after SCRIPT (or MODULE) goes to the script. Inside srun or mpirun wi
 node it is the per-node launcher; in a Slurm allocation shell with no step it starts itself
 through srun. The parent process never imports torch.
 
+Every option of torchrun 2.13 is accepted (see README's torchrun compatibility table).
+
 Reads: UNIRANK_INIT_TIMEOUT, UNIRANK_NO_SRUN, MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and
 whatever the outer launcher's detection reads (see :mod:`unirank.launchers`).
 """
@@ -13,14 +15,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import uuid
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
-from unirank.supervisor.plan import RunRequest
+from unirank.supervisor.plan import LaunchRequest
+
+if TYPE_CHECKING:
+    from unirank.supervisor.procs import EngineOptions
 
 _EPILOG = (
     "Examples: unirank run -n 4 train.py --lr 0.1 | unirank run --nproc_per_node gpu -m pkg.train"
@@ -28,41 +35,95 @@ _EPILOG = (
 )
 
 
+def _option(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> None:
+    """An option under its dashed and torchrun's underscored spellings."""
+    spellings = list(names)
+    for name in names:
+        if name.startswith("--") and "-" in name[2:]:
+            spellings.append("--" + name[2:].replace("-", "_"))
+    parser.add_argument(*dict.fromkeys(spellings), **kwargs)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``unirank run`` (torchrun's spellings are accepted too)."""
+    """The options of ``unirank run``: every option of torchrun 2.13, and unirank's own."""
     parser.epilog = _EPILOG
-    parser.add_argument(
-        "-n", "--nproc-per-node", "--nproc_per_node", dest="nproc_per_node", default="auto",
-        metavar="N|auto|gpu|cpu",
-        help="workers on this node: a number, 'auto' (GPUs if any, else 1; the default), "
-        "'gpu' or 'cpu'",
-    )
-    parser.add_argument("--nnodes", default=None, metavar="N",
-                        help="number of nodes (default: from the outer launcher, else 1)")
-    parser.add_argument("--node-rank", "--node_rank", dest="node_rank", default=None,
-                        metavar="R", help="this node's rank (default: from the launcher, else 0)")
-    parser.add_argument("--master-addr", "--master_addr", dest="master_addr", default=None,
-                        metavar="ADDR", help="host of rank 0 (default: launcher, MASTER_ADDR, "
-                        "or 127.0.0.1 on one node)")
-    parser.add_argument("--master-port", "--master_port", dest="master_port", default=None,
-                        metavar="PORT", help="rendezvous port (default: launcher, MASTER_PORT, "
-                        "or a free port on one node)")
-    parser.add_argument("--standalone", action="store_true",
-                        help="one node on its own, with a free port (ignores outer launchers)")
-    parser.add_argument("--init-timeout", "--init_timeout", dest="init_timeout", default=None,
-                        metavar="S", help="seconds for every rank to join before each fails "
-                        "naming the missing ones (default: UNIRANK_INIT_TIMEOUT, else 300)")
-    parser.add_argument("--tag-output", "--tag_output", dest="tag_output", action="store_true",
-                        help="prefix every line of output with [rankN]:")
-    parser.add_argument("--grace-period", "--grace_period", dest="grace_period", default="5",
-                        metavar="S", help="seconds between SIGTERM and SIGKILL when stopping "
-                        "workers (default 5)")
-    parser.add_argument("-m", "--module", dest="module", action="store_true",
-                        help="run PROGRAM as a module, like python -m")
+    _option(parser, "-n", "--nproc-per-node", dest="nproc_per_node", default="auto",
+            metavar="N|auto|gpu|cpu",
+            help="workers on this node: a number, 'auto' (the default: under a launcher that "
+            "started several processes per node, each is one rank; else the GPUs, or 1), "
+            "'gpu' or 'cpu'")
+    _option(parser, "--nnodes", default=None, metavar="N",
+            help="number of nodes (default: from the outer launcher, else 1)")
+    _option(parser, "--node-rank", dest="node_rank", default=None, metavar="R",
+            help="this node's rank (default: from the launcher; needed for several nodes "
+            "without one)")
+    _option(parser, "--master-addr", dest="master_addr", default=None, metavar="ADDR",
+            help="host of rank 0 (default: launcher, MASTER_ADDR, or 127.0.0.1 on one node)")
+    _option(parser, "--master-port", dest="master_port", default=None, metavar="PORT",
+            help="rendezvous port (default: launcher, MASTER_PORT, or a free port on one node)")
+    _option(parser, "--rdzv-backend", dest="rdzv_backend", default="static", metavar="NAME",
+            help="static or c10d: both mean unirank's own static rendezvous on node 0")
+    _option(parser, "--rdzv-endpoint", dest="rdzv_endpoint", default=None,
+            metavar="HOST[:PORT]", help="node 0's host and port (as --master-addr/--master-port)")
+    _option(parser, "--rdzv-id", dest="rdzv_id", default=None, metavar="ID",
+            help="the job's id: TORCHELASTIC_RUN_ID and the log folder's name")
+    _option(parser, "--rdzv-conf", dest="rdzv_conf", default=None, metavar="K=V,...",
+            help="join_timeout=S sets the init timeout; other keys are noted and ignored")
+    _option(parser, "--standalone", action="store_true",
+            help="one node on its own, with a free port (ignores outer launchers)")
+    _option(parser, "--max-restarts", dest="max_restarts", default="0", metavar="N",
+            help="on a failure, stop the workers and start them again, at most N times")
+    _option(parser, "--init-timeout", dest="init_timeout", default=None, metavar="S",
+            help="seconds for every rank to join before each fails naming the missing ones "
+            "(default: UNIRANK_INIT_TIMEOUT, else 300)")
+    _option(parser, "--grace-period", "--shutdown-timeout", dest="grace_period", default=None,
+            metavar="S", help="seconds between SIGTERM and SIGKILL when stopping workers "
+            "(default 5)")
+    _option(parser, "--signals-to-handle", dest="signals", default=None, metavar="SIG,...",
+            help="signals forwarded to the workers (default SIGINT,SIGTERM,SIGUSR1,SIGUSR2)")
+    _option(parser, "--role", default="default", help="the workers' ROLE_NAME")
+    _option(parser, "-m", "--module", dest="module", action="store_true",
+            help="run PROGRAM as a module, like python -m")
+    _option(parser, "--no-python", dest="no_python", action="store_true",
+            help="run PROGRAM itself, not with python")
+    _option(parser, "--virtual-local-rank", dest="virtual_local_rank", action="store_true",
+            help="LOCAL_RANK=0 in every worker, each seeing only its own GPU")
+    _option(parser, "--tag-output", dest="tag_output", action="store_true",
+            help="prefix every line of output with [rankN]:")
+    _option(parser, "--log-dir", dest="log_dir", default=None, metavar="DIR",
+            help="log folder: DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log, error.json")
+    _option(parser, "-r", "--redirects", dest="redirects", default="0", metavar="0-3|R:V,...",
+            help="send streams to their log file only: 1 stdout, 2 stderr, 3 both (per local "
+            "rank: 0:3,1:1)")
+    _option(parser, "-t", "--tee", dest="tee", default="0", metavar="0-3|R:V,...",
+            help="send streams to their log file and to the console (as --redirects)")
+    _option(parser, "--local-ranks-filter", dest="local_ranks_filter", default=None,
+            metavar="R,...", help="show only these local ranks' output on the console")
+    for name in _NOTED:
+        takes_value = name not in _NOTED_FLAGS
+        _option(parser, name, dest="noted_" + name[2:].replace("-", "_"),
+                default=None, help=argparse.SUPPRESS,
+                **({} if takes_value else {"action": "store_const", "const": "on"}))
     parser.add_argument("program", metavar="SCRIPT|MODULE", nargs="?",
-                        help="the script (or module) to run")
+                        help="the script (or module, or program) to run")
     parser.add_argument("program_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script")
+
+
+#: torchrun options accepted with a one-line note: what they do has no meaning here
+_NOTED = {
+    "--monitor-interval": "unirank run does not poll: it wakes on each worker's exit",
+    "--start-method": "workers are always fresh processes (as torchrun's spawn)",
+    "--event-log-handler": "torchelastic's event handlers live in torchrun's agent, which "
+    "unirank run replaces",
+    "--logs-specs": "a torchrun plugin for its agent; use --log-dir, --redirects and --tee",
+    "--local-addr": "unirank's rendezvous needs only node 0's address",
+    "--numa-binding": "not done by unirank run; bind with numactl or srun --cpu-bind",
+    "--run-path": "scripts always run through runpy.run_path in a fresh worker",
+    "--duplicate-stdout-filters": "not done by unirank run; use --tee and grep the log",
+    "--duplicate-stderr-filters": "not done by unirank run; use --tee and grep the log",
+}
+_NOTED_FLAGS = {"--run-path"}
 
 
 def _detect(environ: Mapping[str, str]) -> DistEnv:
@@ -71,96 +132,197 @@ def _detect(environ: Mapping[str, str]) -> DistEnv:
     return detect(environ, sys.argv)
 
 
-def _int_option(value: str | None, option: str, hint: str) -> int | None:
+def _int_option(value: str | None, option: str, hint: str, least: int = 0) -> int | None:
     if value is None:
         return None
     try:
-        return int(value)
+        number = int(value)
     except ValueError:
         raise ConfigError("is not an integer", variable=option, value=value, hint=hint) from None
+    if number < least:
+        raise ConfigError(f"must be at least {least}", variable=option, value=value, hint=hint)
+    return number
 
 
-def build_request(args: argparse.Namespace, environ: Mapping[str, str]) -> RunRequest:
-    """The validated :class:`RunRequest` for the parsed options.
+def _endpoint(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """``--rdzv-endpoint HOST[:PORT]`` merged with ``--master-addr``/``--master-port``."""
+    from unirank.rendezvous import parse_port
+
+    addr = args.master_addr.strip() if args.master_addr else None
+    port = parse_port(args.master_port, "--master-port") if args.master_port else None
+    if args.rdzv_endpoint:
+        text = args.rdzv_endpoint.strip()
+        host, sep, port_text = text.rpartition(":")
+        if not sep or "]" in port_text or (host.count(":") and not host.endswith("]")):
+            host, port_text = text, ""
+        host = host.strip("[]")
+        end_port = parse_port(port_text, "--rdzv-endpoint") if port_text else None
+        for name, given, from_end in (("--master-addr", addr, host),
+                                      ("--master-port", port, end_port)):
+            if given is not None and from_end is not None and given != from_end:
+                raise ConfigError(
+                    f"disagrees with --rdzv-endpoint {text}", variable=name, value=str(given),
+                    hint="give node 0's address once: --rdzv-endpoint HOST:PORT or "
+                    "--master-addr/--master-port",
+                )
+        addr = addr or host or None
+        port = port or end_port
+    return addr, port
+
+
+def _check_rdzv_backend(value: str) -> None:
+    if value.strip().lower() not in ("static", "c10d"):
+        raise ConfigError(
+            "is not a rendezvous unirank run provides", variable="--rdzv-backend", value=value,
+            hint="use static or c10d (both mean unirank's own rendezvous on node 0)",
+        )
+
+
+def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str]) -> str | None:
+    if not args.rdzv_conf:
+        return None
+    timeout = None
+    for item in args.rdzv_conf.split(","):
+        key, _sep, value = item.partition("=")
+        if key.strip() == "join_timeout":
+            timeout = value.strip()
+        elif key.strip():
+            notes.append(f"--rdzv-conf {key.strip()} is ignored: unirank's rendezvous "
+                         "is static")
+    return timeout
+
+
+def _parse_signals(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    found = []
+    for part in text.split(","):
+        name = part.strip().upper()
+        if not name:
+            continue
+        name = name if name.startswith("SIG") else "SIG" + name
+        try:
+            found.append(int(signal.Signals[name]))
+        except KeyError:
+            raise ConfigError("names no signal", variable="--signals-to-handle", value=text,
+                              hint="e.g. SIGTERM,SIGINT,SIGUSR1") from None
+        if name in ("SIGKILL", "SIGSTOP", "SIGCHLD"):
+            raise ConfigError(f"cannot forward {name}", variable="--signals-to-handle",
+                              value=text, hint="e.g. SIGTERM,SIGINT,SIGUSR1")
+    return tuple(found)
+
+
+def build_request(args: argparse.Namespace, environ: Mapping[str, str],
+                  notes: list[str] | None = None) -> LaunchRequest:
+    """The validated :class:`LaunchRequest` for the parsed options.
 
     Reads: UNIRANK_INIT_TIMEOUT, CUDA_VISIBLE_DEVICES.
     """
-    from unirank.rendezvous import parse_port
+    from unirank.contract import resolve_init_timeout
     from unirank.supervisor.devices import visible_gpu_count
-    from unirank.supervisor.plan import (
-        parse_nnodes,
-        parse_nproc,
-        parse_seconds,
-        resolve_init_timeout,
-    )
+    from unirank.supervisor.plan import parse_nnodes, parse_nproc
 
+    notes = [] if notes is None else notes
     nproc_text = str(args.nproc_per_node)
+    auto = nproc_text.strip().lower() == "auto"
     needs_gpus = nproc_text.strip().lower() in ("auto", "gpu")
     nproc = parse_nproc(
         nproc_text,
         gpu_count=visible_gpu_count(environ) if needs_gpus else 0,
         cpu_count=os.cpu_count(),
     )
-    return RunRequest(
-        nproc_per_node=nproc,
+    _check_rdzv_backend(str(args.rdzv_backend))
+    addr, port = _endpoint(args)
+    join_timeout = _rdzv_conf_timeout(args, notes)
+    init_timeout = (resolve_init_timeout(args.init_timeout, environ)
+                    if args.init_timeout is not None or join_timeout is None
+                    else resolve_init_timeout(join_timeout, environ,
+                                              option="--rdzv-conf join_timeout"))
+    return LaunchRequest(
+        nproc_per_node=None if auto else nproc,
+        spawn_default=nproc,
         nnodes=parse_nnodes(args.nnodes) if args.nnodes is not None else None,
         node_rank=_int_option(args.node_rank, "--node-rank",
                               "give this node's rank, 0 to --nnodes - 1"),
-        master_addr=args.master_addr.strip() if args.master_addr else None,
-        master_port=(parse_port(args.master_port, "--master-port")
-                     if args.master_port is not None else None),
+        master_addr=addr,
+        master_port=port,
         standalone=bool(args.standalone),
-        init_timeout=resolve_init_timeout(args.init_timeout, environ),
-        tag_output=bool(args.tag_output),
-        grace_period=parse_seconds(str(args.grace_period), "--grace-period", allow_zero=True),
+        init_timeout=init_timeout,
+        max_restarts=_int_option(args.max_restarts, "--max-restarts",
+                                 "give how many times to restart, 0 or more") or 0,
+        run_id=args.rdzv_id or None,
+        role=args.role,
+        virtual_local_rank=bool(args.virtual_local_rank),
     )
 
 
+def engine_options(args: argparse.Namespace) -> EngineOptions:
+    """How to run the workers: grace period, signals and where their output goes."""
+    from unirank.contract import DEFAULT_GRACE_PERIOD, parse_seconds
+    from unirank.supervisor.output import (
+        TAG_TEMPLATE,
+        OutputOptions,
+        parse_ranks_filter,
+        parse_std,
+    )
+    from unirank.supervisor.procs import DEFAULT_SIGNALS, EngineOptions
+
+    grace = (parse_seconds(str(args.grace_period), "--grace-period", allow_zero=True)
+             if args.grace_period is not None else DEFAULT_GRACE_PERIOD)
+    output = OutputOptions(
+        prefix_template=TAG_TEMPLATE if args.tag_output else None,
+        redirects=parse_std(str(args.redirects), "--redirects"),
+        tee=parse_std(str(args.tee), "--tee"),
+        log_dir=args.log_dir or None,
+        ranks_filter=(parse_ranks_filter(args.local_ranks_filter)
+                      if args.local_ranks_filter else None),
+    )
+    signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
+    return EngineOptions(grace_period=grace, output=output, signals=signals)
+
+
 def target_of(args: argparse.Namespace) -> list[str]:
-    """``[SCRIPT, ARGS...]`` or ``["-m", MODULE, ARGS...]``."""
+    """What follows the bootstrap: ``[SCRIPT, ARGS...]``, ``["-m", MODULE, ARGS...]`` or
+    ``["--exec", PROGRAM, ARGS...]``."""
     program_args = list(args.program_args)
     if program_args and program_args[0] == "--":
         program_args = program_args[1:]
+    if args.no_python:
+        if args.module:
+            raise ConfigError("cannot be combined with -m/--module", variable="--no-python",
+                              value=None, hint="drop one of the two")
+        return ["--exec", args.program, *program_args]
     if args.module:
         return ["-m", args.program, *program_args]
     return [args.program, *program_args]
 
 
-def inner_command(args: argparse.Namespace, request: RunRequest, nnodes: int) -> list[str]:
-    """This ``unirank run`` as a command line for each node of an srun step."""
-    command = [sys.executable, "-m", "unirank", "run",
-               "--nproc-per-node", str(request.nproc_per_node),
-               "--nnodes", str(nnodes),
-               "--init-timeout", f"{request.init_timeout:g}",
-               "--grace-period", f"{request.grace_period:g}"]
-    if request.master_addr:
-        command += ["--master-addr", request.master_addr]
-    if request.master_port:
-        command += ["--master-port", str(request.master_port)]
-    if request.tag_output:
-        command.append("--tag-output")
-    target = target_of(args)
-    if target[0] != "-m" and target[0].startswith("-"):
-        command.append("--")
-    return [*command, *target]
+def inner_command(args: argparse.Namespace, nproc: int, nnodes: int) -> list[str]:
+    """This ``unirank run`` as a command line for each node of an srun step: the user's own
+    options, after the node count and the number of workers (so the user's win)."""
+    raw = list(getattr(args, "raw_argv", None) or [])
+    return [sys.executable, "-m", "unirank", "run", "--nnodes", str(nnodes),
+            "--nproc-per-node", str(nproc), *raw]
 
 
-def _nproc_in_allocation(args: argparse.Namespace, request: RunRequest, outer: DistEnv) -> int:
+def _nproc_in_allocation(args: argparse.Namespace, request: LaunchRequest,
+                         outer: DistEnv) -> int:
     """``-n`` for the nodes of an allocation: as given, else the allocation's tasks per node
     when it planned several (``sbatch --ntasks-per-node=4``), else ``auto``'s answer."""
-    if str(args.nproc_per_node).strip().lower() != "auto" or not outer.planned_tasks:
+    default = request.spawn_default or 1
+    if request.nproc_per_node is not None:
         return request.nproc_per_node
+    if not outer.planned_tasks:
+        return default
     nodes = max(1, outer.num_nodes)
     per_node, rest = divmod(outer.planned_tasks, nodes)
     if rest == 0 and per_node > 1:
         return per_node
-    return request.nproc_per_node
+    return default
 
 
 def main(args: argparse.Namespace) -> int:
     """Plan, start and supervise this node's workers; returns the exit code."""
-    from dataclasses import replace
-
     from unirank.supervisor.plan import make_plan
 
     if args.program is None:
@@ -169,27 +331,30 @@ def main(args: argparse.Namespace) -> int:
             hint="unirank run [options] script.py [args...]  or  unirank run [options] -m module",
         )
     environ = dict(os.environ)
-    request = build_request(args, environ)
+    notes: list[str] = []
+    request = build_request(args, environ, notes)
+    options = engine_options(args)
+    target = target_of(args)
+    notes += [f"{name} is accepted but has no effect: {why}" for name, why in _NOTED.items()
+              if getattr(args, "noted_" + name[2:].replace("-", "_"), None) is not None]
+    for note in notes:
+        print(f"unirank run: note: {note}", file=sys.stderr, flush=True)
     outer = _detect(environ)
     if outer.launch_required and not request.standalone:
         from unirank.supervisor.reexec import reexec_through_srun
 
         nnodes = request.nnodes if request.nnodes is not None else max(1, outer.num_nodes)
-        request = replace(request, nproc_per_node=_nproc_in_allocation(args, request, outer))
-        reexec_through_srun(nnodes, inner_command(args, request, nnodes), environ)
-    if request.standalone:
-        outer = DistEnv(launcher="local", node_name=outer.node_name)
+        nproc = _nproc_in_allocation(args, request, outer)
+        reexec_through_srun(nnodes, inner_command(args, nproc, nnodes), environ)
     plan = make_plan(request, outer, environ, hostname=socket.gethostname(),
                      run_id_fallback=uuid.uuid4().hex)
 
     from unirank.supervisor.procs import run_plan
     from unirank.supervisor.summary import format_summary
 
-    result = run_plan(plan, target_of(args), environ=environ, tag_output=request.tag_output,
-                      grace_period=request.grace_period)
+    result = run_plan(plan, target, environ=environ, options=options)
     summary = format_summary(result)
     if summary:
         sys.stderr.write(summary)
         sys.stderr.flush()
     return result.exit_code
-

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from unirank.contract import node_name as contract_node_name
 from unirank.rendezvous import derive_port, explicit_master
 
 __all__ = ["Context", "Master", "node_name", "resolve_master"]
@@ -70,14 +71,8 @@ def resolve_master(
 
 
 def node_name(environ: Mapping[str, str], ctx: Context) -> tuple[str, str]:
-    """This node's name and where it came from: Slurm's name for it, else the host name.
-
-    Under Slurm every node of the testbed (and of some clusters) has the same host name, and an
-    srun task inherits the batch shell's HOSTNAME, so SLURMD_NODENAME is preferred.
+    """This node's name and where it came from (:func:`unirank.contract.node_name`).
 
     Reads: SLURMD_NODENAME.
     """
-    name = environ.get("SLURMD_NODENAME", "").strip()
-    if name:
-        return name, "SLURMD_NODENAME"
-    return ctx.hostname, "socket.gethostname()"
+    return contract_node_name(environ, ctx.hostname)

@@ -2,8 +2,9 @@
 collectives and helpers. ``import unirank as ur`` serves these names lazily.
 
 Modules: :mod:`.backend` (backend and device choice, pure), :mod:`.state` (the cached DistEnv
-and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel` and :mod:`.spawn`
-(``Parallel`` and its local workers), :mod:`.collectives`, :mod:`.helpers`.
+and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel`
+(``Parallel``, which spawns through :mod:`unirank.supervisor.procs`), :mod:`.collectives`,
+:mod:`.helpers`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 from unirank.runtime.collectives import all_gather, all_reduce, barrier, broadcast
 from unirank.runtime.helpers import get_logger, one_rank_first, one_rank_only, print0
 from unirank.runtime.lifecycle import InitError, finalize, init
-from unirank.runtime.parallel import Parallel
-from unirank.runtime.spawn import WorkerFailedError
+from unirank.runtime.parallel import Parallel, WorkerFailedError
 from unirank.runtime.state import (
     backend,
     device,

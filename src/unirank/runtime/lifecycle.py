@@ -3,13 +3,12 @@
 :func:`init` creates the rendezvous store itself (a ``TCPStore`` on the master address and port;
 rank 0 serves it unless ``TORCHELASTIC_USE_AGENT_STORE=True`` says an agent already does, as
 ``torchrun``, ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` arrange), has every
-rank announce itself so that ranks that never join are named within the init timeout, then calls
-``torch.distributed.init_process_group`` on that store.
+rank announce itself so that ranks that never join are named within the init timeout, then has the
+chosen backend's entry (:mod:`unirank.runtime.backends`) start its group on that store.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import shlex
 import sys
@@ -17,13 +16,13 @@ from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
+from unirank import contract
+from unirank.contract import DEFAULT_INIT_TIMEOUT
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
-from unirank.runtime import state
-from unirank.runtime.backend import choose_backend, choose_device, cuda_facts, gpus_bound_per_task
+from unirank.runtime import backends, state
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT",
@@ -35,43 +34,15 @@ __all__ = [
     "resolve_init_timeout",
 ]
 
-#: seconds every rank waits for the others to join when nothing else says how long
-DEFAULT_INIT_TIMEOUT = 300.0
-
-
 class InitError(RuntimeError):
     """The process group could not be started (the rendezvous store is unreachable...)."""
 
 
 def resolve_init_timeout(timeout: float | None, environ: Mapping[str, str]) -> float:
-    """The init timeout in seconds: ``timeout`` if given, else ``UNIRANK_INIT_TIMEOUT``, else 300.
-
-    Reads: UNIRANK_INIT_TIMEOUT.
+    """The init timeout in seconds: ``timeout`` if given, else ``UNIRANK_INIT_TIMEOUT``, else 300
+    (:func:`unirank.contract.resolve_init_timeout`). Reads: UNIRANK_INIT_TIMEOUT.
     """
-    if timeout is not None:
-        if not (isinstance(timeout, (int, float)) and math.isfinite(timeout) and timeout > 0):
-            raise ConfigError(
-                "must be a positive number of seconds",
-                variable="init_timeout",
-                value=str(timeout),
-                hint="pass e.g. timeout=120",
-            )
-        return float(timeout)
-    raw = environ.get("UNIRANK_INIT_TIMEOUT")
-    if raw is None or not raw.strip():
-        return DEFAULT_INIT_TIMEOUT
-    try:
-        value = float(raw.strip())
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ConfigError(
-            "is not a positive number of seconds",
-            variable="UNIRANK_INIT_TIMEOUT",
-            value=raw,
-            hint="export UNIRANK_INIT_TIMEOUT=300 (seconds), or unset it",
-        )
-    return value
+    return contract.resolve_init_timeout(timeout, environ, option="init_timeout")
 
 
 def launch_command(argv: Sequence[str], executable: str) -> str:
@@ -138,11 +109,6 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
         ) from exc
 
 
-def _set_cuda_device(device_name: str) -> None:
-    if device_name.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device_name))
-
-
 def init(backend: str | None = None, timeout: float | None = None) -> None:
     """Start the default process group for this process's launcher context.
 
@@ -156,7 +122,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
 
     Reads: the launcher's variables (see :func:`unirank.launchers.detect`),
     UNIRANK_INIT_TIMEOUT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
-    SLURM_GPUS_PER_TASK, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
+    SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
     """
     if state.is_initialized():
         return
@@ -164,14 +130,16 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
     env = state.dist_env()
     require_launched(env, sys.argv, sys.executable)
     init_timeout = resolve_init_timeout(timeout, environ)
-    facts = cuda_facts()
-    name = choose_backend(
-        backend,
-        facts,
-        local_world_size=env.local_world_size,
-        per_task_gpus=gpus_bound_per_task(environ),
+    facts = backends.cuda_facts()
+    entry = backends.get(
+        backends.choose_backend(
+            backend,
+            facts,
+            local_world_size=env.local_world_size,
+            per_task_gpus=backends.gpus_bound_per_task(environ),
+        )
     )
-    _set_cuda_device(choose_device(env.local_rank, facts))
+    device_name = entry.device(env.local_rank, facts)
     generation = state.STATE.generation
     state.STATE.generation += 1
     if env.world_size == 1:
@@ -190,20 +158,22 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
             timeout=init_timeout,
         )
         base = dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
-    dist.init_process_group(
-        name,
-        store=base,
+    entry.init(
         rank=env.rank,
         world_size=env.world_size,
-        timeout=None if timeout is None else timedelta(seconds=init_timeout),
+        store=base,
+        timeout=None if timeout is None else init_timeout,
+        device=device_name,
     )
     state.STATE.owns_group = True
     state.STATE.stores.append(base)
 
 
 def finalize() -> None:
-    """Destroy the process group unirank created (a group the user created is left alone)."""
-    if state.STATE.owns_group and state.is_initialized():
-        dist.destroy_process_group()
+    """End the process group unirank created through its backend's entry (a group the user
+    created is left alone)."""
+    name = state.backend()
+    if state.STATE.owns_group and name is not None:
+        backends.for_group(name).finalize()
     state.STATE.owns_group = False
     state.STATE.stores.clear()

@@ -1,196 +1,82 @@
 """``with Parallel(...) as p: p.run(fn, *args)``: one script, serial, launched or self-spawning.
 
-What :meth:`Parallel.run` does depends on how the script was started (:func:`make_plan`):
+:class:`Parallel` asks the one planner (:func:`unirank.supervisor.plan.make_plan`) what to do,
+with the same rules as ``unirank run``:
 
-* ``serial`` -- no launcher, no ``nproc_per_node``: ``fn(0, ...)`` runs here; a process group of
-  one is started only when a backend was asked for explicitly.
-* ``external`` -- a launcher (torchrun, srun, mpirun...) started several processes: each one
-  initialises the process group and runs ``fn(local_rank, ...)``.
-* ``spawn`` -- ``nproc_per_node`` given and no launcher already placed several processes on this
-  node: this process starts ``nproc_per_node`` workers itself. Under a launcher that started one
-  process per node (``srun --ntasks-per-node=1``, ``mpirun`` with one rank per node), the
-  launcher's ranks become node ranks, so several nodes work without extra arguments.
+* in place, world of one -- no launcher, no ``nproc_per_node``: ``fn(0, ...)`` runs here; a
+  process group of one is started only when a backend was asked for explicitly;
+* in place -- a launcher (torchrun, srun, mpirun...) started this process as one rank: it
+  initialises the process group and runs ``fn(local_rank, ...)``;
+* spawn -- ``nproc_per_node`` given and no launcher already placed several processes on this
+  node: this process starts ``nproc_per_node`` workers through the one process engine
+  (:func:`unirank.supervisor.procs.run_plan`, as ``unirank run``): ``fn`` and its arguments are
+  pickled to each worker's bootstrap, which sets up ``__main__`` as multiprocessing's ``spawn``
+  does, initialises the process group and calls ``fn(local_rank, ...)``. Workers get torchrun's
+  full environment; a failure stops the others and prints the same root-cause summary as
+  ``unirank run``, then :class:`WorkerFailedError` is raised here.
 """
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing.spawn
 import os
+import pickle
+import signal
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+import tempfile
+import uuid
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from unirank.distenv import DistEnv
+from unirank.contract import resolve_init_timeout
 from unirank.errorfile import record_exception
-from unirank.errors import ConfigError
-from unirank.rendezvous import explicit_master
 from unirank.runtime import lifecycle, state
-from unirank.runtime.spawn import WorkerSpec, host_store, run_workers, worker_environ
+from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
-__all__ = ["Parallel", "Plan", "make_plan", "worker_envs"]
+__all__ = ["Parallel", "WorkerFailedError"]
 
-SERIAL = "serial"
-EXTERNAL = "external"
-SPAWN = "spawn"
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How :class:`Parallel` runs: ``mode`` and, for ``spawn``, the local world's shape."""
-
-    mode: str
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    #: False when a busy port may be swapped for a free one (one node, no port given)
-    port_fixed: bool = True
+#: how the summary of a failed spawn names its author
+PROG = "unirank Parallel"
 
 
-def _check_int(name: str, value: int | None, minimum: int) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(
-            f"must be an integer >= {minimum}",
-            variable=name,
-            value=repr(value),
-            hint=f"pass {name}=<integer >= {minimum}>",
-        )
-    return value
+class WorkerFailedError(RuntimeError):
+    """A spawned worker failed; the root cause (see :mod:`unirank.supervisor.procs`) is named.
 
-
-def _agree(name: str, given: int | None, launched: int, where: str) -> int:
-    if given is not None and given != launched:
-        raise ConfigError(
-            f"disagrees with the launcher, which gives {launched} ({where})",
-            variable=name,
-            value=str(given),
-            hint=f"drop {name}, or launch one task per node accordingly",
-        )
-    return launched
-
-
-def make_plan(
-    env: DistEnv,
-    environ: Mapping[str, str],
-    *,
-    nproc_per_node: int | None = None,
-    nnodes: int | None = None,
-    node_rank: int | None = None,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-) -> Plan:
-    """Decide the mode for a process described by ``env`` (see the module docstring).
-
-    Reads: MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE (from ``environ``).
-    Raises ConfigError for inconsistent arguments.
+    ``exitcode`` is the worker's exit code, or minus the signal that killed it.
     """
-    nproc = _check_int("nproc_per_node", nproc_per_node, 1)
-    nodes = _check_int("nnodes", nnodes, 1)
-    node = _check_int("node_rank", node_rank, 0)
-    port = _check_int("master_port", master_port, 1)
-    if port is not None and port > 65535:
-        raise ConfigError(
-            "is outside 1..65535", variable="master_port", value=str(port),
-            hint="pass a TCP port between 1 and 65535",
-        )
-    if nproc is None:
-        extra = [
-            name
-            for name, value in (
-                ("nnodes", nodes), ("node_rank", node),
-                ("master_addr", master_addr), ("master_port", port),
-            )
-            if value is not None
-        ]
-        if extra:
-            raise ConfigError(
-                "only apply when this process spawns workers",
-                variable=extra[0],
-                value=str({"nnodes": nodes, "node_rank": node, "master_addr": master_addr,
-                           "master_port": port}[extra[0]]),
-                hint="also pass nproc_per_node=<workers per node>, or drop these arguments",
-            )
-        return Plan(EXTERNAL if env.world_size > 1 else SERIAL)
-    if env.world_size > 1 and env.local_world_size > 1:
-        _agree("nproc_per_node", nproc, env.local_world_size,
-               f"{env.launcher} started {env.local_world_size} processes on this node")
-        return Plan(EXTERNAL)
-    if env.world_size > 1:
-        # one launched process per node: the launcher's ranks are node ranks
-        where = f"{env.launcher} started one process on each of {env.world_size} nodes"
-        nodes = _agree("nnodes", nodes, env.world_size, where)
-        node = _agree("node_rank", node, env.rank, where)
-        outer_addr, outer_port = env.require_master()
-        return Plan(SPAWN, nproc, nodes, node, master_addr or outer_addr, port or outer_port, True)
-    nodes = nodes or 1
-    if node is None and nodes > 1:
-        raise ConfigError(
-            f"is needed when nnodes={nodes}", variable="node_rank", value=None,
-            hint="pass node_rank=<index of this node, 0 on the master node>",
-        )
-    node = node or 0
-    if node >= nodes:
-        raise ConfigError(
-            f"must be smaller than nnodes={nodes}", variable="node_rank", value=str(node),
-            hint="node ranks run from 0 to nnodes-1",
-        )
-    env_addr, env_port = explicit_master(environ)
-    addr = master_addr or env_addr
-    if addr is None:
-        if nodes > 1:
-            raise ConfigError(
-                f"is needed when nnodes={nodes}", variable="master_addr", value=None,
-                hint="pass master_addr=<host of node rank 0> (or export MASTER_ADDR)",
-            )
-        addr = env.master_addr or "127.0.0.1"
-    if environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and nodes == 1:
-        env_port = None  # a torchrun agent of one worker serves MASTER_PORT itself: not ours
-    chosen = port or env_port
-    fixed = chosen is not None or nodes > 1
-    return Plan(SPAWN, nproc, nodes, node, addr, chosen or env.master_port or 29500, fixed)
 
-
-def worker_envs(plan: Plan, env: DistEnv, node_name: str) -> list[DistEnv]:
-    """The DistEnv of each worker this node spawns under ``plan``."""
-    world = plan.nnodes * plan.nproc_per_node
-    hosts = env.hosts if len(env.hosts) == plan.nnodes else ()
-    note = "unirank.Parallel"
-    return [
-        DistEnv(
-            launcher="parallel",
-            rank=plan.node_rank * plan.nproc_per_node + local_rank,
-            local_rank=local_rank,
-            world_size=world,
-            local_world_size=plan.nproc_per_node,
-            node_rank=plan.node_rank,
-            num_nodes=plan.nnodes,
-            master_addr=plan.master_addr,
-            master_port=plan.master_port,
-            job_id=env.job_id,
-            step_id=env.step_id,
-            node_name=node_name,
-            hosts=hosts,
-            sources={"launcher": note},
-        )
-        for local_rank in range(plan.nproc_per_node)
-    ]
+    def __init__(self, local_rank: int, rank: int, exitcode: int, last_line: str = "") -> None:
+        self.local_rank = local_rank
+        self.rank = rank
+        self.exitcode = exitcode
+        self.traceback_tail = last_line
+        if exitcode < 0:
+            try:
+                how = f"was killed by signal {signal.Signals(-exitcode).name}"
+            except ValueError:
+                how = f"was killed by signal {-exitcode}"
+        else:
+            how = f"exited with code {exitcode}"
+        message = f"local rank {local_rank} (rank {rank}) {how}"
+        if last_line:
+            message += f": {last_line}"
+        super().__init__(message)
 
 
 class Parallel:
     """Context manager that runs ``fn(local_rank, *args, **kwargs)`` on every rank.
 
     ``backend``: ``None`` (no process group when serial, ``auto`` otherwise), ``"auto"``,
-    ``"gloo"``, ``"nccl"``... ``nproc_per_node``: spawn this many local workers (see
-    :func:`make_plan`); ``nnodes``, ``node_rank``, ``master_addr``, ``master_port`` describe a
-    multi-node spawn when no launcher does. ``init_timeout``: seconds every rank waits for the
-    others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
+    ``"gloo"``, ``"nccl"``... ``nproc_per_node``: spawn this many local workers;
+    ``nnodes``, ``node_rank``, ``master_addr``, ``master_port`` describe a multi-node spawn when
+    no launcher does (see :mod:`unirank.supervisor.plan` for the rules). ``init_timeout``:
+    seconds every rank waits for the others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
 
     Reads: the launcher's variables (through :func:`~unirank.runtime.state.dist_env`),
-    MASTER_ADDR, MASTER_PORT, OMP_NUM_THREADS, UNIRANK_INIT_TIMEOUT, SLURMD_NODENAME.
+    MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, OMP_NUM_THREADS,
+    UNIRANK_INIT_TIMEOUT, SLURMD_NODENAME.
     """
 
     def __init__(
@@ -205,24 +91,22 @@ class Parallel:
     ) -> None:
         self.backend = backend
         self.init_timeout = init_timeout
-        self._spawn_args: dict[str, Any] = {
-            "nproc_per_node": nproc_per_node,
-            "nnodes": nnodes,
-            "node_rank": node_rank,
-            "master_addr": master_addr,
-            "master_port": master_port,
-        }
+        self._request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                             master_addr=master_addr, master_port=master_port)
         self.plan: Plan | None = None
         self._finalize = False
 
     def __enter__(self) -> Parallel:
         env = state.dist_env()
         lifecycle.require_launched(env, sys.argv, sys.executable)
-        if self.init_timeout is not None:
-            lifecycle.resolve_init_timeout(self.init_timeout, os.environ)
-        plan = make_plan(env, os.environ, **self._spawn_args)
+        timeout = resolve_init_timeout(self.init_timeout, os.environ, option="init_timeout")
+        request = LaunchRequest(init_timeout=timeout, spawn_default=None,
+                                **self._request)  # type: ignore[arg-type]
+        plan = make_plan(request, env, os.environ, hostname=state.hostname(),
+                         run_id_fallback=env.job_id or f"unirank-{uuid.uuid4().hex[:12]}")
         self.plan = plan
-        wants_group = plan.mode == EXTERNAL or (plan.mode == SERIAL and self.backend is not None)
+        in_place = plan.mode == IN_PLACE
+        wants_group = in_place and (plan.world_size > 1 or self.backend is not None)
         if wants_group and not state.is_initialized():
             lifecycle.init(self.backend, self.init_timeout)
             self._finalize = True
@@ -239,12 +123,16 @@ class Parallel:
             lifecycle.finalize()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Call ``fn(local_rank, *args, **kwargs)`` on every rank (spawning workers if planned)."""
+        """Call ``fn(local_rank, *args, **kwargs)`` on every rank (spawning workers if planned).
+
+        Spawned, ``fn`` and its arguments must be picklable: a module-level function of an
+        importable module (in a script, under ``if __name__ == "__main__":``).
+        """
         if self.plan is None:
             with self:
                 self.run(fn, *args, **kwargs)
             return
-        if self.plan.mode != SPAWN:
+        if self.plan.mode == IN_PLACE:
             try:
                 fn(state.get_local_rank(), *args, **kwargs)
             except BaseException as exc:
@@ -256,24 +144,35 @@ class Parallel:
     def _spawn(
         self, plan: Plan, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
-        timeout = lifecycle.resolve_init_timeout(self.init_timeout, os.environ)
-        store = None
-        if plan.node_rank == 0:
-            store, port = host_store(
-                plan.master_addr, plan.master_port, port_fixed=plan.port_fixed, timeout=timeout
-            )
-            plan = replace(plan, master_port=port)
-        specs = [
-            WorkerSpec(
-                env=worker,
-                environ=worker_environ(worker, os.environ),
-                backend=self.backend,
-                init_timeout=self.init_timeout,
-                parent_pid=os.getpid(),
-            )
-            for worker in worker_envs(plan, state.dist_env(), state.hostname())
-        ]
+        from unirank.supervisor.procs import EngineOptions, run_plan
+        from unirank.supervisor.summary import format_summary
+
+        payload = pickle.dumps((fn, args, kwargs, self.backend, self.init_timeout))
+        preparation = multiprocessing.spawn.get_preparation_data("unirank-worker")
+        preparation.pop("authkey", None)  # not picklable, and the workers need none
+        folder = tempfile.mkdtemp(prefix="unirank-parallel-")
+        path = os.path.join(folder, "call.pickle")
         try:
-            run_workers(specs, fn, args, kwargs)
+            with open(path, "wb") as fh:
+                pickle.dump((preparation, payload), fh)
+            result = run_plan(plan, ["--call", path], environ=os.environ,
+                              options=EngineOptions(prog=PROG))
         finally:
-            del store
+            with contextlib.suppress(OSError):
+                os.remove(path)
+                os.rmdir(folder)
+        summary = format_summary(result, prog=PROG)
+        if summary:
+            sys.stderr.write(summary)
+            sys.stderr.flush()
+        if result.stop_signal == signal.SIGINT:
+            raise KeyboardInterrupt
+        first = result.first_failure
+        if result.exit_code != 0 and first is not None:
+            code = (first.returncode if first.returncode < 0 and not first.stopped
+                    else first.own_exit_code)
+            last = first.error or next(
+                (line.strip() for line in reversed(first.stderr_tail) if line.strip()), "")
+            raise WorkerFailedError(first.local_rank, first.rank, code, last)
+        if result.exit_code != 0:
+            raise WorkerFailedError(-1, -1, result.exit_code)

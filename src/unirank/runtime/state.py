@@ -8,7 +8,6 @@ launcher) and at world size 1. Once a default process group exists, rank and wor
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,8 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unirank.contract import node_name as contract_node_name
 from unirank.distenv import DistEnv
-from unirank.runtime.backend import choose_device, cuda_facts
+from unirank.runtime import backends
 
 __all__ = [
     "STATE",
@@ -121,14 +121,19 @@ def backend() -> str | None:
 
 
 def device() -> torch.device:
-    """The device this rank computes on: ``cuda:<index>`` (see :mod:`~.backend`) or ``cpu``.
+    """The device this rank computes on: ``cuda:<index>`` or ``cpu``, as the backend's entry says.
 
-    With a CUDA process group it is the current CUDA device, which :func:`init` set.
+    With a process group, its backend's entry (:mod:`~unirank.runtime.backends`) answers: the
+    current CUDA device for nccl (which :func:`init` set), else the entry's device rule. Before
+    any group, the common rule (:func:`~unirank.runtime.backends.choose_device`) answers.
     Reads: CUDA_VISIBLE_DEVICES (through torch).
     """
-    if is_initialized() and backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device(choose_device(get_local_rank(), cuda_facts()))
+    name = backend()
+    entry = None if name is None else backends.for_group(name)
+    if entry is not None and entry.current_device is not None:
+        return torch.device(entry.current_device())
+    rule = backends.choose_device if entry is None else entry.device
+    return torch.device(rule(get_local_rank(), backends.cuda_facts()))
 
 
 def node_name(environ: Mapping[str, str]) -> str:
@@ -136,8 +141,7 @@ def node_name(environ: Mapping[str, str]) -> str:
 
     Reads: SLURMD_NODENAME.
     """
-    name = environ.get("SLURMD_NODENAME", "").strip()
-    return name or socket.gethostname()
+    return contract_node_name(environ)[0]
 
 
 def hostname() -> str:

@@ -1,23 +1,31 @@
 """The first code a ``unirank run`` worker runs: ``python -m unirank.supervisor.bootstrap``.
 
-Usage: ``python -m unirank.supervisor.bootstrap SCRIPT [ARGS...]`` or
-``python -m unirank.supervisor.bootstrap -m MODULE [ARGS...]``.
+Usage: ``python -m unirank.supervisor.bootstrap TARGET`` where TARGET is ``SCRIPT [ARGS...]``,
+``-m MODULE [ARGS...]``, ``--exec PROGRAM [ARGS...]`` (``unirank run --no-python``) or
+``--call FILE`` (a function that :class:`~unirank.runtime.parallel.Parallel` pickled).
 
 In order, it
 
 1. arms the parent-death signal (SIGKILL when the supervisor dies), and exits at once if the
    supervisor is already gone;
-2. on rank 0 of node 0, builds the TCPStore server on the listening socket the supervisor opened
-   (``master_listen_fd``) and keeps it for the life of the process; every rank, rank 0 included,
-   is then a store client (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun;
+2. on rank 0, forks the *store host*: a child that builds the TCPStore server on the listening
+   socket the supervisor opened (``master_listen_fd``) and serves it until the supervisor ends
+   (the supervisor kills it with rank 0's process group). So the store outlives every rank's use
+   of it, even when rank 0's program ends first. Every rank, rank 0 included, is a store client
+   (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun;
 3. announces itself and waits until every rank has joined (:mod:`unirank.joincheck`), failing
-   within the init timeout with the missing ranks named;
-4. removes its private variables from the environment and runs the script as ``python SCRIPT``
-   would (``__main__``, ``sys.argv``, ``__file__``, ``sys.path[0]``), or the module as
-   ``python -m MODULE`` would.
+   within the init timeout with the missing ranks named (not with ``--exec``: the program is
+   not Python, and only rank 0 waits for torch, to host the store);
+4. removes its private variables from the environment and runs the target as ``python SCRIPT``
+   would (``__main__``, ``sys.argv``, ``__file__``, ``sys.path[0]``), as ``python -m MODULE``
+   would, by ``exec`` of the program, or calls the function after :func:`unirank.init`;
+5. on several nodes, counts itself out in the store when the program ends, and rank 0 waits
+   (at most UNIRANK_EXIT_TIMEOUT seconds) until every rank has, so that node 0's store stays up
+   while other nodes still use it (torchrun's agents have the same exit barrier).
 
 Reads: UNIRANK_SUPERVISOR_PID, UNIRANK_STORE_FD, UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES,
-UNIRANK_INIT_TIMEOUT, RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT.
+UNIRANK_INIT_TIMEOUT, UNIRANK_EXIT_TIMEOUT, RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+MASTER_ADDR, MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -33,7 +41,10 @@ if __name__ == "__main__":  # arm the parent-death signal before anything slow
 
         die_with_parent(int(_SUPERVISOR), signal.SIGKILL)
 
+import contextlib
+import pickle
 import runpy
+import select
 import socket
 import time
 import types
@@ -41,15 +52,28 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
+from unirank.contract import (
+    EXIT_TIMEOUT_VAR,
+    NODE_NAME_VAR,
+    NODE_NAMES_VAR,
+    PRIVATE_VARIABLES,
+    STORE_FD_VAR,
+    SUPERVISOR_PID_VAR,
+    parse_seconds,
+    resolve_init_timeout,
+)
 from unirank.errorfile import record_exception
+from unirank.errors import ConfigError
 
 __all__ = ["WorkerInfo", "main", "read_worker_info", "rendezvous", "run_target"]
 
 #: exit code of a worker that could not rendezvous (store unreachable, init timeout)
 RENDEZVOUS_FAILED = 1
-
-_PRIVATE = ("UNIRANK_SUPERVISOR_PID", "UNIRANK_STORE_FD", "UNIRANK_NODE_NAME",
-            "UNIRANK_NODE_NAMES")
+#: store keys of the exit barrier (several nodes only)
+EXIT_COUNT_KEY = "unirank/exit/count"
+EXIT_ALL_KEY = "unirank/exit/all"
+_USAGE = ("usage: python -m unirank.supervisor.bootstrap (SCRIPT | -m MODULE | --exec PROGRAM | "
+          "--call FILE) [ARGS...]")
 
 
 @dataclass(frozen=True)
@@ -66,6 +90,8 @@ class WorkerInfo:
     node_names: tuple[str, ...]
     init_timeout: float
     store_fd: int | None
+    supervisor_pid: int | None = None
+    exit_timeout: float | None = None
 
     def node_of(self, rank: int) -> str:
         """The node that runs ``rank``: its host name where known, else its node rank."""
@@ -94,15 +120,18 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
     """The worker's place and rendezvous settings.
 
     Reads: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-    UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_INIT_TIMEOUT, UNIRANK_STORE_FD.
+    UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_INIT_TIMEOUT, UNIRANK_STORE_FD,
+    UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT.
     """
-    timeout_text = environ.get("UNIRANK_INIT_TIMEOUT", "")
     try:
-        init_timeout = float(timeout_text) if timeout_text.strip() else 300.0
-    except ValueError:
-        init_timeout = 300.0
-    names = environ.get("UNIRANK_NODE_NAMES", "")
-    fd_text = environ.get("UNIRANK_STORE_FD", "")
+        init_timeout = resolve_init_timeout(None, environ)
+        exit_text = environ.get(EXIT_TIMEOUT_VAR, "")
+        exit_timeout = parse_seconds(exit_text, EXIT_TIMEOUT_VAR) if exit_text else None
+    except ConfigError as exc:
+        raise SystemExit(f"unirank bootstrap: {exc}") from None
+    names = environ.get(NODE_NAMES_VAR, "")
+    fd_text = environ.get(STORE_FD_VAR, "")
+    pid_text = environ.get(SUPERVISOR_PID_VAR, "")
     return WorkerInfo(
         rank=_int(environ, "RANK"),
         world_size=_int(environ, "WORLD_SIZE"),
@@ -110,10 +139,12 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
         node_rank=_int(environ, "GROUP_RANK", 0),
         master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
         master_port=_int(environ, "MASTER_PORT"),
-        node_name=environ.get("UNIRANK_NODE_NAME") or socket.gethostname(),
+        node_name=environ.get(NODE_NAME_VAR) or socket.gethostname(),
         node_names=tuple(n for n in names.split(",") if n),
         init_timeout=init_timeout,
         store_fd=int(fd_text) if fd_text.isdigit() else None,
+        supervisor_pid=int(pid_text) if pid_text.isdigit() else None,
+        exit_timeout=exit_timeout,
     )
 
 
@@ -122,11 +153,67 @@ def _fail(info: WorkerInfo, message: str) -> NoReturn:
     raise SystemExit(RENDEZVOUS_FAILED)
 
 
-def rendezvous(info: WorkerInfo) -> Any:
-    """Host the store (node 0, rank 0) or connect to it, then wait for every rank to join.
+def _serve_store(info: WorkerInfo, watched: int) -> NoReturn:
+    """The store host (a forked child of rank 0): serve the store until ``watched`` (the
+    supervisor) is gone. The supervisor kills it with rank 0's process group at its end."""
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
+                    signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_IGN)  # forwarded signals are for the program
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        from datetime import timedelta
 
-    Returns the server store on the hosting rank (keep it alive), else None. On failure prints a
-    one-line message and raises SystemExit(1).
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+        assert info.store_fd is not None
+        server = TCPStore(
+            info.master_addr, info.master_port, None, True,
+            timedelta(seconds=info.init_timeout), wait_for_workers=False,
+            master_listen_fd=info.store_fd, use_libuv=True,
+        )  # the server owns the listening fd now: never close it here
+        try:
+            pidfd = os.pidfd_open(watched)
+        except (OSError, AttributeError):  # pragma: no cover - Linux < 5.3
+            while True:
+                signal.pause()
+        if os.getppid() == watched or _alive(watched):
+            select.select([pidfd], [], [])
+        del server
+    finally:
+        os._exit(0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # pragma: no cover - someone else's pid
+        return True
+    return True
+
+
+def host_store(info: WorkerInfo) -> None:
+    """Fork the store host on the listening socket the supervisor passed (rank 0 only)."""
+    import torch.distributed  # noqa: F401  (imported before the fork, once)
+
+    assert info.store_fd is not None
+    watched = info.supervisor_pid or os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    child = os.fork()
+    if child == 0:
+        _serve_store(info, watched)
+    os.close(info.store_fd)
+
+
+def rendezvous(info: WorkerInfo) -> Any:
+    """Host the store (rank 0) and connect to it, then wait for every rank to join.
+
+    Returns this rank's store client. On failure prints a one-line message and raises
+    SystemExit(1).
     """
     from datetime import timedelta
 
@@ -135,27 +222,20 @@ def rendezvous(info: WorkerInfo) -> Any:
     from unirank.joincheck import InitTimeoutError, announce_and_wait
 
     deadline = time.monotonic() + info.init_timeout
-    server: Any = None
     if info.store_fd is not None:
-        server = TCPStore(
-            info.master_addr, info.master_port, None, True,
+        host_store(info)
+    try:
+        store = TCPStore(
+            info.master_addr, info.master_port, None, False,
             timedelta(seconds=info.init_timeout), wait_for_workers=False,
-            master_listen_fd=info.store_fd, use_libuv=True,
         )
-        store = server
-    else:
-        try:
-            store = TCPStore(
-                info.master_addr, info.master_port, None, False,
-                timedelta(seconds=info.init_timeout), wait_for_workers=False,
-            )
-        except (RuntimeError, TimeoutError) as exc:
-            detail = " ".join(str(exc).split())[:200]
-            _fail(info, f"could not reach the rendezvous store of rank 0 at "
-                  f"{info.master_addr}:{info.master_port} within {info.init_timeout:g} s "
-                  f"(init timeout). Check that node 0 ({info.node_of(0)}) started unirank run "
-                  f"with the same --master-port, and that this node can reach that address "
-                  f"({type(exc).__name__}: {detail})")
+    except (RuntimeError, TimeoutError) as exc:
+        detail = " ".join(str(exc).split())[:200]
+        _fail(info, f"could not reach the rendezvous store of rank 0 at "
+              f"{info.master_addr}:{info.master_port} within {info.init_timeout:g} s "
+              f"(init timeout). Check that node 0 ({info.node_of(0)}) started unirank run "
+              f"with the same --master-port, and that this node can reach that address "
+              f"({type(exc).__name__}: {detail})")
     try:
         announce_and_wait(
             store, rank=info.rank, world_size=info.world_size, node_name=info.node_name,
@@ -167,7 +247,19 @@ def rendezvous(info: WorkerInfo) -> Any:
         detail = " ".join(str(exc).split())[:200]
         _fail(info, f"lost the rendezvous store at {info.master_addr}:{info.master_port} "
               f"(rank 0's node {info.node_of(0)}) while waiting for the other ranks: {detail}")
-    return server
+    return store
+
+
+def exit_barrier(store: Any, info: WorkerInfo, *, wait: bool) -> None:
+    """Count this rank out; with ``wait`` (rank 0, whose node hosts the store), wait until
+    every rank has, at most ``info.exit_timeout`` seconds. Never raises."""
+    from datetime import timedelta
+
+    with contextlib.suppress(Exception):
+        if int(store.add(EXIT_COUNT_KEY, 1)) >= info.world_size:
+            store.set(EXIT_ALL_KEY, "1")
+        if wait and info.exit_timeout:
+            store.wait([EXIT_ALL_KEY], timedelta(seconds=info.exit_timeout))
 
 
 def _hidden(filename: str) -> bool:
@@ -199,12 +291,45 @@ def _trimmed_excepthook(
     return excepthook
 
 
+def call_function(path: str) -> None:
+    """Run the function that :class:`~unirank.runtime.parallel.Parallel` pickled to ``path``:
+    set up ``sys.path`` and ``__main__`` as the parent had them (multiprocessing's ``spawn``
+    preparation), start the process group, call ``fn(local_rank, *args, **kwargs)``, end it."""
+    import multiprocessing.spawn
+
+    with open(path, "rb") as fh:
+        preparation, payload = pickle.load(fh)
+    multiprocessing.spawn.prepare(preparation)
+    fn, args, kwargs, backend, init_timeout = pickle.loads(payload)
+
+    from unirank.runtime import lifecycle, state
+
+    lifecycle.init(backend, init_timeout)
+    try:
+        fn(state.get_local_rank(), *args, **kwargs)
+    except BaseException as exc:
+        record_exception(exc)  # now, before the group goes away and the peers fail too
+        raise
+    lifecycle.finalize()
+
+
 def run_target(argv: Sequence[str]) -> None:
-    """Run ``SCRIPT ARGS...`` or ``-m MODULE ARGS...`` as the ``__main__`` module."""
-    if not argv or (argv[0] == "-m" and len(argv) < 2):
-        raise SystemExit("usage: python -m unirank.supervisor.bootstrap (SCRIPT | -m MODULE) "
-                         "[ARGS...]")
+    """Run ``SCRIPT ARGS...``, ``-m MODULE ARGS...``, ``--exec PROGRAM ARGS...`` or
+    ``--call FILE`` (see the module docstring)."""
+    if not argv or (argv[0] in ("-m", "--exec", "--call") and len(argv) < 2):
+        raise SystemExit(_USAGE)
     sys.excepthook = _trimmed_excepthook(sys.excepthook)
+    if argv[0] == "--exec":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            os.execvp(argv[1], list(argv[1:]))
+        except OSError as exc:
+            raise SystemExit(f"unirank: cannot run {argv[1]!r} (--no-python): "
+                             f"{exc.strerror or exc}") from None
+    if argv[0] == "--call":
+        call_function(argv[1])
+        return
     if argv[0] == "-m":
         module = argv[1]
         sys.argv = [module, *argv[2:]]  # runpy replaces argv[0] with the module's file
@@ -217,7 +342,7 @@ def run_target(argv: Sequence[str]) -> None:
 
 
 def _scrub(environ: MutableMapping[str, str]) -> None:
-    for name in _PRIVATE:
+    for name in PRIVATE_VARIABLES:
         environ.pop(name, None)
 
 
@@ -226,11 +351,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     info = read_worker_info(os.environ)
     _scrub(os.environ)
-    server = rendezvous(info)
+    if args and args[0] == "--exec":
+        if info.store_fd is not None:
+            host_store(info)
+        run_target(args)
+        return
+    store = rendezvous(info)
+    ok = False
     try:
         run_target(args)
+        ok = True
+    except SystemExit as exc:
+        ok = exc.code in (None, 0)
+        raise
     finally:
-        del server  # the store server lives exactly as long as the user's program
+        if info.exit_timeout is not None:
+            exit_barrier(store, info, wait=ok and info.rank == 0)
 
 
 if __name__ == "__main__":

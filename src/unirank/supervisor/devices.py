@@ -8,24 +8,11 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from unirank.contract import count_visible_devices
+
 __all__ = ["NVIDIA_PROC_DIR", "count_visible_devices", "visible_gpu_count"]
 
 NVIDIA_PROC_DIR = "/proc/driver/nvidia/gpus"
-
-
-def count_visible_devices(value: str) -> int:
-    """The number of devices a ``CUDA_VISIBLE_DEVICES`` value selects.
-
-    CUDA stops at the first entry that is not a device (``-1``, ``NoDevFiles``), so an empty value
-    or one starting with ``-1`` selects none.
-    """
-    count = 0
-    for entry in value.split(","):
-        item = entry.strip()
-        if not item or item.startswith("-") or item.lower() == "nodevfiles":
-            break
-        count += 1
-    return count
 
 
 def visible_gpu_count(

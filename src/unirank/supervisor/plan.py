@@ -1,88 +1,123 @@
-"""Planning ``unirank run``: from the options and the outer launcher to each worker's environment.
+"""The one planner: from a launch request and the outer launcher to the layout and each worker's
+environment. ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` both ask it.
 
-Everything here is pure: a :class:`RunRequest` (the command line), the outer :class:`DistEnv`
-(who started ``unirank run``) and an environment mapping go in; a :class:`Plan` comes out, and
-:meth:`Plan.worker_environ` gives the exact environment of one worker. Nothing here starts a
-process, opens a socket or imports torch.
+Everything here is pure: a :class:`LaunchRequest` (``unirank run``'s options or ``Parallel``'s
+arguments), the outer :class:`DistEnv` (who started this process) and an environment mapping go
+in; a :class:`Plan` comes out, and :meth:`Plan.worker_environ` gives the exact environment of one
+worker. Nothing here starts a process, opens a socket or imports torch.
 
-Layout rules:
+The rules, in order (``L`` is the number of processes the outer launcher put on this node):
 
-* No outer launcher (``local``): one node unless ``--nnodes`` says otherwise. On one node the
-  master is ``127.0.0.1`` and, unless a port is given (``--master-port`` or ``MASTER_PORT``), the
-  supervisor picks a free one. Several nodes need ``--master-addr`` (or ``MASTER_ADDR``); the port
-  then defaults to torch's 29500.
-* Inside a launcher that started one ``unirank run`` per node (``srun --ntasks-per-node=1``,
-  ``mpirun --map-by ppr:1:node``, ...): ``unirank run`` is the per-node launcher. The number of
-  nodes, this node's rank and the master address and port come from the launcher's
-  :class:`DistEnv` (Slurm: ``SLURM_NODEID``, the step's first node, the port from
-  :func:`unirank.rendezvous.derive_port`).
-* Command-line options override what the launcher says. ``--standalone`` means one node on its
-  own, with a free port.
+1. ``standalone``: the outer launcher is ignored; one node, master ``127.0.0.1`` (unless given)
+   on a free port (unless given). ``nnodes`` other than 1 is refused.
+2. A Slurm allocation shell where no task was launched is refused (``unirank run`` re-executes
+   itself through srun before planning).
+3. **In place** -- the launcher started several processes per node (``L > 1``, or more processes
+   than nodes): each launched process is one rank, with the launcher's rank, local rank, world
+   size and node. ``nproc_per_node`` must be unset or equal to ``L``. ``Parallel`` then runs the
+   function in this process; ``unirank run`` starts one worker for this rank.
+4. **Per node** -- the launcher started one process per node (``srun --ntasks-per-node=1``,
+   ``mpirun --map-by ppr:1:node``): this process starts ``nproc_per_node`` workers, and the
+   launcher's node count, node rank and master (address, port) are the world's. Without
+   ``nproc_per_node`` it runs in place (``Parallel``) or uses ``spawn_default`` (``unirank run``).
+5. **No launcher** (a world of one process): ``nproc_per_node`` workers (else ``spawn_default``;
+   ``Parallel`` without either runs serially in place). One node unless ``nnodes`` says more;
+   several nodes need ``node_rank`` and ``master_addr`` (or MASTER_ADDR).
+
+Everywhere: ``nnodes`` and ``node_rank`` given while the launcher also knows them must agree with
+it (a ConfigError names both numbers); ``master_addr``/``master_port`` given win over the
+launcher and the environment. The port is, in order: the option, MASTER_PORT (not the one a
+torchrun agent of a single worker serves for itself), a free port when this process starts every
+rank of the world, else the launcher's (Slurm: derived from the job id) or 29500. Workers get
+OMP_NUM_THREADS=1 only when more than one share the node (as torchrun).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from unirank.contract import (
+    DEFAULT_INIT_TIMEOUT,
+    INIT_TIMEOUT_VAR,
+    MAX_RESTARTS_VAR,
+    NODE_NAME_VAR,
+    NODE_NAMES_VAR,
+    PRIVATE_VARIABLES,
+    RESTART_COUNT_VAR,
+    RUN_ID_VAR,
+    SUPERVISOR_PID_VAR,
+    USE_AGENT_STORE_VAR,
+    format_seconds,
+    visible_devices,
+)
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.rendezvous import DEFAULT_PORT, explicit_master
 
 __all__ = [
-    "DEFAULT_GRACE_PERIOD",
-    "DEFAULT_INIT_TIMEOUT",
+    "IN_PLACE",
     "PRIVATE_VARIABLES",
+    "SPAWN",
+    "LaunchRequest",
     "Plan",
-    "RunRequest",
+    "Worker",
     "make_plan",
     "parse_nnodes",
     "parse_nproc",
-    "parse_seconds",
-    "resolve_init_timeout",
 ]
 
-DEFAULT_INIT_TIMEOUT = 300.0
-DEFAULT_GRACE_PERIOD = 5.0
-
-#: variables only the bootstrap reads; it removes them before the user's script starts
-SUPERVISOR_PID_VAR = "UNIRANK_SUPERVISOR_PID"
-STORE_FD_VAR = "UNIRANK_STORE_FD"
-NODE_NAMES_VAR = "UNIRANK_NODE_NAMES"
-NODE_NAME_VAR = "UNIRANK_NODE_NAME"
-PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, NODE_NAME_VAR)
-
-#: the user-facing init timeout, read by ``unirank run`` and passed on to the workers
-INIT_TIMEOUT_VAR = "UNIRANK_INIT_TIMEOUT"
+#: this process starts the workers of its node
+SPAWN = "spawn"
+#: this process is one rank of a world the outer launcher started
+IN_PLACE = "in_place"
 
 _NPROC_HINT = "use a positive integer, 'auto' (GPUs if any, else 1), 'gpu' or 'cpu'"
 
 
 @dataclass(frozen=True)
-class RunRequest:
-    """What the user asked ``unirank run`` for (``None``: not given on the command line)."""
+class LaunchRequest:
+    """What the user asked for (``None``: not given).
 
-    nproc_per_node: int = 1
+    ``spawn_default`` is the number of workers to start when ``nproc_per_node`` is not given and
+    no launcher placed processes here (``unirank run``: ``auto``'s answer); ``None`` runs in place
+    instead (``Parallel``).
+    """
+
+    nproc_per_node: int | None = None
     nnodes: int | None = None
     node_rank: int | None = None
     master_addr: str | None = None
     master_port: int | None = None
     standalone: bool = False
     init_timeout: float = DEFAULT_INIT_TIMEOUT
-    tag_output: bool = False
-    grace_period: float = DEFAULT_GRACE_PERIOD
+    max_restarts: int = 0
+    run_id: str | None = None
+    role: str = "default"
+    spawn_default: int | None = 1
+    virtual_local_rank: bool = False
+
+
+@dataclass(frozen=True)
+class Worker:
+    """One rank this process starts (or is, in place)."""
+
+    rank: int
+    local_rank: int
 
 
 @dataclass(frozen=True)
 class Plan:
-    """The layout of one node's workers, and the rendezvous they share.
+    """The layout of the world, the workers this process starts, and their rendezvous.
 
-    ``master_port`` 0 means "not chosen yet": the supervisor binds a free port on this node (only
-    possible with one node) and calls :meth:`with_port`.
+    ``master_port`` 0 means "not chosen yet": the supervisor binds a free port (only possible
+    when this process starts every rank) and calls :meth:`with_port`.
     """
 
-    nproc_per_node: int
+    mode: str
+    workers: tuple[Worker, ...]
+    world_size: int
+    local_world_size: int
     nnodes: int
     node_rank: int
     master_addr: str
@@ -92,26 +127,27 @@ class Plan:
     hosts: tuple[str, ...] = ()
     init_timeout: float = DEFAULT_INIT_TIMEOUT
     launcher: str = "local"
+    max_restarts: int = 0
+    role: str = "default"
+    virtual_local_rank: bool = False
 
     @property
-    def world_size(self) -> int:
-        """Workers on all nodes together."""
-        return self.nnodes * self.nproc_per_node
+    def nproc_per_node(self) -> int:
+        """Workers this process starts."""
+        return len(self.workers)
 
     @property
     def hosts_store(self) -> bool:
-        """True on node 0, whose supervisor opens the rendezvous port before its workers start."""
-        return self.node_rank == 0
-
-    def global_rank(self, local_rank: int) -> int:
-        """The global rank of this node's worker ``local_rank``."""
-        return self.node_rank * self.nproc_per_node + local_rank
+        """True where rank 0 runs: that process opens the rendezvous port before its workers."""
+        return any(w.rank == 0 for w in self.workers)
 
     def node_of(self, rank: int) -> str | None:
         """The name of the node that runs global ``rank``, where known."""
-        node = rank // self.nproc_per_node
-        if node == self.node_rank:
+        if any(w.rank == rank for w in self.workers):
             return self.node_name
+        if self.world_size != self.nnodes * self.local_world_size:
+            return None  # an uneven layout: the node of another rank is not computable
+        node = rank // self.local_world_size
         if len(self.hosts) == self.nnodes and 0 <= node < self.nnodes:
             return self.hosts[node]
         return None
@@ -120,14 +156,14 @@ class Plan:
         """This plan with the master port fixed (after the supervisor bound a free one)."""
         return replace(self, master_port=port)
 
-    def dist_env(self, local_rank: int) -> DistEnv:
-        """Worker ``local_rank``'s place in the world, as a :class:`DistEnv`."""
+    def dist_env(self, worker: Worker) -> DistEnv:
+        """``worker``'s place in the world, as a :class:`DistEnv`."""
         return DistEnv(
             launcher="torchrun",
-            rank=self.global_rank(local_rank),
-            local_rank=local_rank,
+            rank=worker.rank,
+            local_rank=worker.local_rank,
             world_size=self.world_size,
-            local_world_size=self.nproc_per_node,
+            local_world_size=self.local_world_size,
             node_rank=self.node_rank,
             num_nodes=self.nnodes,
             master_addr=self.master_addr,
@@ -138,51 +174,59 @@ class Plan:
 
     def worker_environ(
         self,
-        local_rank: int,
+        worker: Worker,
         base: Mapping[str, str],
         *,
+        restart_count: int = 0,
         supervisor_pid: int | None = None,
-        tag_output: bool = False,
+        unbuffered: bool = False,
     ) -> dict[str, str]:
-        """The whole environment of worker ``local_rank``: ``base`` plus torchrun's contract.
+        """The whole environment of ``worker``: ``base`` plus torchrun's contract.
 
         Reads (from ``base``): OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING,
         PYTHONUNBUFFERED.
 
         Like torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
         GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT,
-        TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT=0, TORCHELASTIC_MAX_RESTARTS=0,
-        TORCHELASTIC_USE_AGENT_STORE=True (node 0's supervisor hosts the store's port, so every
-        rank is a store client), TORCH_NCCL_ASYNC_ERROR_HANDLING (kept, else 1) and
-        OMP_NUM_THREADS=1 when unset and more than one worker shares the node. unirank adds
-        UNIRANK_INIT_TIMEOUT, PYTHONUNBUFFERED=1 with ``tag_output`` (so tagged lines come out as
-        they are printed) and, for the bootstrap only, the private UNIRANK_SUPERVISOR_PID,
-        UNIRANK_NODE_NAME and UNIRANK_NODE_NAMES.
+        TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
+        TORCHELASTIC_USE_AGENT_STORE=True (rank 0's process hosts the store, so every rank is a
+        store client), TORCH_NCCL_ASYNC_ERROR_HANDLING (kept, else 1) and OMP_NUM_THREADS=1 when
+        unset and more than one worker shares the node; with ``virtual_local_rank``,
+        LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES naming this worker's GPU (reads
+        CUDA_VISIBLE_DEVICES). TORCHELASTIC_ERROR_FILE is the
+        supervisor's (one per worker and attempt). unirank adds UNIRANK_INIT_TIMEOUT,
+        PYTHONUNBUFFERED=1 with ``unbuffered`` (output that the supervisor tags or filters
+        comes out as it is printed) and, for the bootstrap only, the private
+        UNIRANK_SUPERVISOR_PID, UNIRANK_NODE_NAME and UNIRANK_NODE_NAMES.
         """
         if self.master_port == 0:
             raise ValueError("the master port is not chosen yet: call Plan.with_port first")
         env = {k: v for k, v in base.items() if k not in PRIVATE_VARIABLES}
-        env.update(self.dist_env(local_rank).torchrun_environ())
-        env["TORCHELASTIC_RUN_ID"] = self.run_id
-        env["TORCHELASTIC_RESTART_COUNT"] = "0"
-        env["TORCHELASTIC_MAX_RESTARTS"] = "0"
-        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+        env.update(self.dist_env(worker).torchrun_environ())
+        env["ROLE_NAME"] = self.role
+        env[RUN_ID_VAR] = self.run_id
+        env[RESTART_COUNT_VAR] = str(restart_count)
+        env[MAX_RESTARTS_VAR] = str(self.max_restarts)
+        env[USE_AGENT_STORE_VAR] = "True"
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        if "OMP_NUM_THREADS" not in base and self.nproc_per_node > 1:
+        if "OMP_NUM_THREADS" not in base and self.local_world_size > 1:
             env["OMP_NUM_THREADS"] = "1"
-        if tag_output and "PYTHONUNBUFFERED" not in base:
+        if unbuffered and "PYTHONUNBUFFERED" not in base:
             env["PYTHONUNBUFFERED"] = "1"
-        env[INIT_TIMEOUT_VAR] = _format_seconds(self.init_timeout)
+        if self.virtual_local_rank:  # each worker sees only its own GPU, as device 0
+            env["LOCAL_RANK"] = "0"
+            shown = visible_devices(base)
+            if shown:
+                env["CUDA_VISIBLE_DEVICES"] = shown[worker.local_rank % len(shown)]
+            elif shown is None:
+                env["CUDA_VISIBLE_DEVICES"] = str(worker.local_rank)
+        env[INIT_TIMEOUT_VAR] = format_seconds(self.init_timeout)
         env[NODE_NAME_VAR] = self.node_name
         if len(self.hosts) == self.nnodes:
             env[NODE_NAMES_VAR] = ",".join(self.hosts)
         if supervisor_pid is not None:
             env[SUPERVISOR_PID_VAR] = str(supervisor_pid)
         return env
-
-
-def _format_seconds(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
 def parse_nproc(value: str, *, gpu_count: int, cpu_count: int | None) -> int:
@@ -238,147 +282,184 @@ def parse_nnodes(value: str) -> int:
     return count
 
 
-def parse_seconds(value: str, variable: str, *, allow_zero: bool = False) -> float:
-    """A duration in seconds (a positive number, or zero when ``allow_zero``)."""
-    least = "0 or more" if allow_zero else "more than 0"
-    try:
-        seconds = float(value.strip())
-    except ValueError:
-        raise ConfigError("is not a number of seconds", variable=variable, value=value,
-                          hint=f"give a number of seconds, {least}") from None
-    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ConfigError(f"must be a finite number of seconds, {least}", variable=variable,
-                          value=value, hint=f"give a number of seconds, {least}")
-    return seconds
-
-
-def resolve_init_timeout(option: str | None, environ: Mapping[str, str]) -> float:
-    """The init timeout: ``--init-timeout``, else UNIRANK_INIT_TIMEOUT, else 300 s.
-
-    Reads: UNIRANK_INIT_TIMEOUT.
-    """
-    if option is not None:
-        return parse_seconds(option, "--init-timeout")
-    text = environ.get(INIT_TIMEOUT_VAR)
-    if text is not None and text.strip():
-        return parse_seconds(text, INIT_TIMEOUT_VAR)
-    return DEFAULT_INIT_TIMEOUT
-
-
 def _per_node_hint(outer: DistEnv) -> str:
     if outer.launcher.startswith("slurm"):
-        return "start one unirank run per node: srun --ntasks-per-node=1 unirank run -n N ..."
+        return "start one launcher per node: srun --ntasks-per-node=1 ..."
     if outer.launcher in ("openmpi", "pmix"):
-        return "start one unirank run per node: mpirun --map-by ppr:1:node unirank run -n N ..."
+        return "start one launcher per node: mpirun --map-by ppr:1:node ..."
     if outer.launcher in ("mpich", "intelmpi", "mvapich"):
-        return "start one unirank run per node: mpiexec -ppn 1 unirank run -n N ..."
-    return "start unirank run once per node, or run the script directly without unirank run"
+        return "start one launcher per node: mpiexec -ppn 1 ..."
+    return "start one launcher per node, or drop the number of workers"
+
+
+def _check_request(request: LaunchRequest) -> None:
+    for name, value, least in (("nproc_per_node", request.nproc_per_node, 1),
+                               ("nnodes", request.nnodes, 1),
+                               ("node_rank", request.node_rank, 0),
+                               ("max_restarts", request.max_restarts, 0)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < least):
+            raise ConfigError(f"must be an integer >= {least}", variable=name,
+                              value=repr(value), hint=f"pass {name}=<integer >= {least}>")
+    port = request.master_port
+    if port is not None and (isinstance(port, bool) or not isinstance(port, int)
+                             or not 0 < port < 65536):
+        raise ConfigError("is outside 1..65535", variable="master_port", value=repr(port),
+                          hint="pass a TCP port between 1 and 65535")
+
+
+def _agree(name: str, given: int | None, known: int, outer: DistEnv, what: str) -> int:
+    """``known`` (the launcher's), after checking that ``given`` (if any) says the same."""
+    if given is not None and given != known:
+        raise ConfigError(
+            f"disagrees with the {outer.launcher} launcher, which gives {what} {known}",
+            variable=name, value=str(given),
+            hint=f"drop {name} (the launcher's {known} is used), or start the job with "
+            "the layout you meant",
+        )
+    return known
+
+
+def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str) -> str:
+    if request.run_id:
+        return request.run_id
+    if outer.job_id and not request.standalone:
+        return outer.job_id if not outer.step_id else f"{outer.job_id}.{outer.step_id}"
+    return fallback
+
+
+def _master_of_launcher(request: LaunchRequest, outer: DistEnv, starts_all: bool,
+                        environ: Mapping[str, str]) -> tuple[str, int]:
+    addr = request.master_addr or outer.master_addr
+    if addr is None:
+        raise ConfigError(
+            f"the {outer.launcher} launcher does not name the master host of this "
+            f"{outer.num_nodes}-node world",
+            variable="master_addr", value=None,
+            hint="pass --master-addr <first node's host name> (the same on every node), "
+            "or export MASTER_ADDR to every task",
+        )
+    if request.master_port:
+        return addr, request.master_port
+    if starts_all and explicit_master(environ)[1] is None:
+        return addr, 0
+    return addr, outer.master_port or DEFAULT_PORT
 
 
 def make_plan(
-    request: RunRequest,
+    request: LaunchRequest,
     outer: DistEnv,
     environ: Mapping[str, str],
     *,
     hostname: str,
     run_id_fallback: str,
 ) -> Plan:
-    """Lay out this node's workers (see the module docstring for the rules).
+    """Lay out the world and this process's workers (see the module docstring for the rules).
 
-    ``outer`` is what :func:`unirank.launchers.detect` found around ``unirank run``;
-    ``run_id_fallback`` becomes TORCHELASTIC_RUN_ID when the launcher gives no job id.
+    ``outer`` is what :func:`unirank.launchers.detect` found around this process;
+    ``run_id_fallback`` becomes TORCHELASTIC_RUN_ID when neither the request nor the launcher
+    gives one.
 
-    Reads: MASTER_ADDR, MASTER_PORT (only without an outer launcher; a launcher's
-    :class:`DistEnv` already accounts for them).
+    Reads: MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE (only without an outer
+    launcher; a launcher's :class:`DistEnv` already accounts for them).
     """
-    if request.nproc_per_node < 1:
-        raise ConfigError("must be at least 1", variable="--nproc-per-node",
-                          value=str(request.nproc_per_node), hint=_NPROC_HINT)
-    if outer.launch_required:
-        raise ConfigError(
-            f"this is a {outer.launcher} shell where no task was launched",
-            hint="start unirank run through srun --ntasks-per-node=1 (unirank run does so "
-            "itself unless UNIRANK_NO_SRUN=1)",
-        )
-    node_name = outer.node_name or hostname
-    per_node = outer.launcher != "local" and not request.standalone
-    if per_node and outer.local_world_size > 1:
-        raise ConfigError(
-            f"unirank run was started {outer.local_world_size} times on this node by "
-            f"{outer.launcher} (local world size {outer.local_world_size}); it starts the "
-            "workers itself and must run once per node",
-            hint=_per_node_hint(outer),
-        )
-
-    hosts: tuple[str, ...] = ()
-    addr: str | None
-    port: int | None
+    _check_request(request)
     if request.standalone:
         if request.nnodes not in (None, 1):
-            raise ConfigError("--standalone runs on one node", variable="--nnodes",
-                              value=str(request.nnodes), hint="drop --nnodes or --standalone")
-        nnodes, node_rank = 1, 0
-        addr = request.master_addr or "127.0.0.1"
-        port = request.master_port or 0
-    elif per_node:
-        nnodes = request.nnodes if request.nnodes is not None else outer.num_nodes
-        node_rank = request.node_rank if request.node_rank is not None else outer.node_rank
-        addr = request.master_addr or outer.master_addr
-        port = request.master_port or outer.master_port
-        if len(outer.hosts) == nnodes:
-            hosts = tuple(outer.hosts)
-        if addr is None:
-            raise ConfigError(
-                f"the {outer.launcher} launcher does not name the master host of this "
-                f"{nnodes}-node world",
-                variable="--master-addr", value=None,
-                hint="pass --master-addr <first node's host name> (the same on every node), "
-                "or export MASTER_ADDR to every task",
-            )
-        if port is None:
-            port = DEFAULT_PORT
-    else:
-        nnodes = request.nnodes if request.nnodes is not None else 1
-        node_rank = request.node_rank if request.node_rank is not None else 0
-        env_addr, env_port = explicit_master(environ)
-        addr = request.master_addr or env_addr
-        port = request.master_port or env_port
-        if addr is None:
-            if nnodes > 1:
-                raise ConfigError(
-                    f"is needed with --nnodes {nnodes}: the nodes must agree on the host of "
-                    "rank 0",
-                    variable="--master-addr", value=None,
-                    hint="pass --master-addr <node 0's host name or address> on every node",
-                )
-            addr = "127.0.0.1"
-        if port is None:
-            port = 0 if nnodes == 1 else DEFAULT_PORT
-        if nnodes == 1:
-            hosts = (node_name,)
-
-    if not 0 <= node_rank < nnodes:
+            raise ConfigError("must be 1 with --standalone (one node on its own)",
+                              variable="--nnodes", value=str(request.nnodes),
+                              hint="drop --nnodes or --standalone")
+        outer = DistEnv(launcher="local", node_name=outer.node_name or hostname)
+    if outer.launch_required:
         raise ConfigError(
-            f"must be between 0 and {nnodes - 1} (there are {nnodes} nodes)",
-            variable="--node-rank", value=str(node_rank),
-            hint="give each node a distinct --node-rank from 0 to --nnodes - 1",
+            f"this is a {outer.launcher} shell where no task was launched "
+            f"({outer.planned_tasks or 1} planned)",
+            variable="SLURM_STEP_ID", value=None,
+            hint="start the tasks through srun (unirank run does so itself unless "
+            "UNIRANK_NO_SRUN=1)",
         )
-    if port == 0 and node_rank != 0:  # pragma: no cover - nnodes == 1 implies node_rank == 0
-        raise ConfigError("a free port can only be chosen on one node", variable="--master-port",
-                          value="0", hint="pass --master-port <port> on every node")
-    if outer.job_id and not request.standalone:
-        run_id = outer.job_id if not outer.step_id else f"{outer.job_id}.{outer.step_id}"
-    else:
-        run_id = run_id_fallback
-    return Plan(
-        nproc_per_node=request.nproc_per_node,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        master_addr=addr,
-        master_port=port,
-        run_id=run_id,
-        node_name=node_name,
-        hosts=hosts,
-        init_timeout=request.init_timeout,
-        launcher=outer.launcher,
-    )
+    node_name = outer.node_name or hostname
+    common = {"run_id": _run_id(request, outer, run_id_fallback), "node_name": node_name,
+              "init_timeout": request.init_timeout, "launcher": outer.launcher,
+              "max_restarts": request.max_restarts, "role": request.role,
+              "virtual_local_rank": request.virtual_local_rank}
+    hosts = tuple(outer.hosts) if len(outer.hosts) == outer.num_nodes else ()
+
+    if outer.world_size > 1:
+        nnodes = _agree("nnodes", request.nnodes, outer.num_nodes, outer, "a node count of")
+        node_rank = _agree("node_rank", request.node_rank, outer.node_rank, outer,
+                           "this node the rank")
+        one_per_node = outer.local_world_size == 1 and outer.world_size == outer.num_nodes
+        nproc = request.nproc_per_node
+        if not one_per_node or (nproc is None and request.spawn_default is None):
+            if nproc is not None and nproc != outer.local_world_size:
+                raise ConfigError(
+                    f"disagrees with the {outer.launcher} launcher, which started "
+                    f"{outer.local_world_size} processes on this node (each one is a rank)",
+                    variable="nproc_per_node", value=str(nproc),
+                    hint=f"drop it, or pass {outer.local_world_size}, to run each process as "
+                    f"one rank; or {_per_node_hint(outer)}",
+                )
+            addr, port = _master_of_launcher(request, outer, False, environ)
+            return Plan(
+                mode=IN_PLACE, workers=(Worker(outer.rank, outer.local_rank),),
+                world_size=outer.world_size, local_world_size=outer.local_world_size,
+                nnodes=nnodes, node_rank=node_rank, master_addr=addr, master_port=port,
+                hosts=hosts, **common,  # type: ignore[arg-type]
+            )
+        count = nproc if nproc is not None else request.spawn_default
+        assert count is not None
+        addr, port = _master_of_launcher(request, outer, False, environ)
+        return _spawn_plan(count, nnodes, node_rank, addr, port, hosts, common)
+
+    # no launcher: a world of one process
+    nproc = request.nproc_per_node if request.nproc_per_node is not None \
+        else request.spawn_default
+    nnodes = request.nnodes if request.nnodes is not None else 1
+    if nproc is None:
+        if nnodes != 1 or request.node_rank not in (None, 0):
+            raise ConfigError(
+                "only applies when this process starts workers", variable="nnodes",
+                value=str(nnodes), hint="also pass nproc_per_node=<workers per node>",
+            )
+        return Plan(mode=IN_PLACE, workers=(Worker(0, 0),), world_size=1,
+                    local_world_size=1, nnodes=1, node_rank=0,
+                    master_addr=outer.master_addr or "127.0.0.1",
+                    master_port=outer.master_port or DEFAULT_PORT, hosts=(node_name,),
+                    **common)  # type: ignore[arg-type]
+    if request.node_rank is None and nnodes > 1:
+        raise ConfigError(
+            f"is needed with {nnodes} nodes: each node must say which one it is (unirank's "
+            "rendezvous is static, as torchrun's --rdzv-backend static)",
+            variable="node_rank", value=None,
+            hint="pass --node-rank <0..nnodes-1> on every node, or start one launcher per "
+            "node with srun/mpirun, which gives it",
+        )
+    node_rank = request.node_rank or 0
+    if node_rank >= nnodes:
+        raise ConfigError(
+            f"must be smaller than the number of nodes, {nnodes}", variable="node_rank",
+            value=str(node_rank), hint="give each node a distinct node rank from 0 to nnodes-1",
+        )
+    env_addr, env_port = explicit_master(environ)
+    given_addr = request.master_addr or env_addr
+    if given_addr is None and nnodes > 1:
+        raise ConfigError(
+            f"is needed with {nnodes} nodes: they must agree on the host of rank 0",
+            variable="master_addr", value=None,
+            hint="pass --master-addr <node 0's host name or address> on every node "
+            "(or export MASTER_ADDR)",
+        )
+    if environ.get(USE_AGENT_STORE_VAR) == "True" and nnodes == 1:
+        env_port = None  # a torchrun agent of one worker serves MASTER_PORT itself: not ours
+    port = request.master_port or env_port or (0 if nnodes == 1 else DEFAULT_PORT)
+    return _spawn_plan(nproc, nnodes, node_rank, given_addr or "127.0.0.1", port,
+                       (node_name,) if nnodes == 1 else (), common)
+
+
+def _spawn_plan(nproc: int, nnodes: int, node_rank: int, addr: str, port: int,
+                hosts: tuple[str, ...], common: dict[str, object]) -> Plan:
+    workers = tuple(Worker(node_rank * nproc + local, local) for local in range(nproc))
+    return Plan(mode=SPAWN, workers=workers, world_size=nnodes * nproc, local_world_size=nproc,
+                nnodes=nnodes, node_rank=node_rank, master_addr=addr, master_port=port,
+                hosts=hosts, **common)  # type: ignore[arg-type]

@@ -1,19 +1,25 @@
-"""Starting, watching and stopping the workers of one node.
+"""The one process engine: starting, watching and stopping the workers of one node.
 
-One thread, no polling: the supervisor sleeps in ``select`` on the workers' output pipes and on the
-signal wakeup fd, where SIGCHLD and the signals it forwards arrive. Each worker runs in its own
-session (process group), as under torchrun, so that a terminal's Ctrl-C reaches only the
+``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` both start their workers here.
+One thread, no polling: the supervisor sleeps in ``select`` on the workers' output pipes and on
+the signal wakeup fd, where SIGCHLD and the signals it forwards arrive. Each worker runs in its
+own session (process group), as under torchrun, so that a terminal's Ctrl-C reaches only the
 supervisor, which forwards it once, and so that stopping a worker stops its children too.
 
 * When a worker fails (non-zero exit or death by a signal), the others get SIGTERM, then SIGKILL
-  after the grace period; the exit code is the first failure's.
-* SIGINT and SIGTERM reaching the supervisor are forwarded to every worker's process group, then
-  the same grace period applies (a second one kills at once). SIGUSR1 and SIGUSR2 are forwarded
-  to the worker processes only (their children keep the default action, which would kill them).
-* Each worker's stderr goes through the supervisor, which keeps its tail for the failure summary.
-  With ``tag_output`` stdout does too, and every line gets a ``[rankN]:`` prefix.
+  after the grace period. The root cause is the failed worker whose error was recorded first
+  (its ``TORCHELASTIC_ERROR_FILE``) among those that failed on their own; a worker stopped by
+  this teardown is never the root cause. The exit code is the root cause's.
+* The signals to forward (default SIGINT, SIGTERM, SIGUSR1, SIGUSR2) go to every worker; SIGINT
+  and SIGTERM then start the same grace period (a second one kills at once).
+* Each worker's stderr goes through the supervisor, which keeps its tail for the failure summary;
+  stdout does too when it is tagged, filtered (``--local-ranks-filter``) or written to a log
+  file (``--redirects``, ``--tee``, torchrun's ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``).
+* With ``max_restarts`` a failed group is stopped and started again, TORCHELASTIC_RESTART_COUNT
+  counting up; every attempt's root cause goes into the summary.
 * Workers arm PR_SET_PDEATHSIG in their bootstrap, so a supervisor killed by SIGKILL leaves no
-  orphans; when the supervisor ends normally it kills whatever is left in the workers' groups.
+  orphans; when the supervisor ends it kills whatever is left in the workers' groups (rank 0's
+  group holds the rendezvous store, which so outlives every rank's use of it).
 """
 
 from __future__ import annotations
@@ -30,19 +36,28 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Union
 
-from unirank.errorfile import ERROR_FILE_VAR, failure_time
+from unirank.contract import (
+    DEFAULT_GRACE_PERIOD,
+    ERROR_FILE_VAR,
+    EXIT_TIMEOUT_VAR,
+    STORE_FD_VAR,
+    format_seconds,
+)
+from unirank.errorfile import read_failure
 from unirank.supervisor.listen import open_store_socket
-from unirank.supervisor.output import LinePrefixer, tag_for
-from unirank.supervisor.plan import STORE_FD_VAR, Plan
+from unirank.supervisor.output import LinePrefixer, OutputOptions
+from unirank.supervisor.plan import Plan
 from unirank.supervisor.summary import (
     OutputTail,
     RunResult,
     WorkerExit,
     describe_returncode,
+    exit_code_of,
+    signal_name,
 )
 
 if TYPE_CHECKING:
@@ -50,9 +65,10 @@ if TYPE_CHECKING:
 
     _Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
-__all__ = ["FORWARDED_SIGNALS", "Supervisor", "WorkerLaunch", "run_plan", "worker_command"]
+__all__ = ["DEFAULT_SIGNALS", "EngineOptions", "Supervisor", "WorkerLaunch", "run_plan",
+           "worker_command"]
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
+DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: how long to wait for workers to vanish after SIGKILL before giving up on them
 KILL_WAIT = 30.0
@@ -60,8 +76,18 @@ _CHUNK = 65536
 
 
 @dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs a plan (everything but the layout)."""
+
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    output: OutputOptions = field(default_factory=OutputOptions)
+    signals: tuple[int, ...] = tuple(int(s) for s in DEFAULT_SIGNALS)
+    prog: str = "unirank run"
+
+
+@dataclass(frozen=True)
 class WorkerLaunch:
-    """How to start one worker."""
+    """How to start one worker, and where its output goes."""
 
     rank: int
     local_rank: int
@@ -69,15 +95,21 @@ class WorkerLaunch:
     env: Mapping[str, str]
     pass_fds: tuple[int, ...] = ()
     error_file: str | None = None
+    #: where stdout / stderr go besides the tail: console fd (or None) and log file (or None)
+    stdout_console: bool = True
+    stderr_console: bool = True
+    stdout_file: str | None = None
+    stderr_file: str | None = None
+    prefix: bytes | None = None
 
 
 class _Stream:
     """One worker output pipe: where its bytes go, how they are tagged, what is kept."""
 
-    def __init__(self, fd: int, target: int, prefixer: LinePrefixer | None,
+    def __init__(self, fd: int, targets: list[int], prefixer: LinePrefixer | None,
                  tail: OutputTail | None) -> None:
         self.fd = fd
-        self.target = target
+        self.targets = targets
         self.prefixer = prefixer
         self.tail = tail
 
@@ -89,6 +121,8 @@ class _Worker:
         self.pid = proc.pid
         self.returncode: int | None = None
         self.tail = OutputTail()
+        #: when (time.time()) the supervisor first signalled this worker to stop, if it did
+        self.stopped_at: float | None = None
 
     @property
     def alive(self) -> bool:
@@ -99,13 +133,6 @@ def _ignore(signum: int, frame: FrameType | None) -> None:
     """Installed for the signals the loop handles: they arrive through the wakeup fd."""
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 class Supervisor:
     """Runs one node's workers to the end (see the module docstring)."""
 
@@ -114,9 +141,8 @@ class Supervisor:
         launches: Sequence[WorkerLaunch],
         *,
         node_name: str,
-        tag_output: bool = False,
-        grace_period: float = 5.0,
-        close_after_start: Sequence[socket.socket] = (),
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        signals: Sequence[int] = DEFAULT_SIGNALS,
         out_fd: int = 1,
         err_fd: int = 2,
         prog: str = "unirank run",
@@ -124,9 +150,8 @@ class Supervisor:
     ) -> None:
         self._launches = list(launches)
         self._node = node_name
-        self._tag = tag_output
         self._grace = grace_period
-        self._close_after_start = list(close_after_start)
+        self._signals = tuple(int(s) for s in signals)
         self._out_fd = out_fd
         self._err_fd = err_fd
         self._prog = prog
@@ -134,6 +159,7 @@ class Supervisor:
         self._workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._streams: dict[int, _Stream] = {}
+        self._files: list[int] = []
         self._first_failure: _Worker | None = None
         self._stop_signal: int | None = None
         self._deadline: float | None = None
@@ -154,8 +180,8 @@ class Supervisor:
         old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         old_handlers: dict[int, _Handler] = {}
         try:
-            for sig in (signal.SIGCHLD, *FORWARDED_SIGNALS):
-                old_handlers[int(sig)] = signal.signal(sig, _ignore)
+            for sig in {int(signal.SIGCHLD), *self._signals}:
+                old_handlers[sig] = signal.signal(sig, _ignore)
             self._selector.register(wake_r, selectors.EVENT_READ, None)
             self._start_all()
             self._loop(wake_r)
@@ -175,35 +201,44 @@ class Supervisor:
     def _start_all(self) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        try:
-            for launch in self._launches:
-                self._start(launch)
-        finally:
-            for sock in self._close_after_start:
-                sock.close()
+        for launch in self._launches:
+            self._start(launch)
+
+    def _open_log(self, path: str | None) -> list[int]:
+        if path is None:
+            return []
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        self._files.append(fd)
+        return [fd]
 
     def _start(self, launch: WorkerLaunch) -> None:
+        out_targets = ([self._out_fd] if launch.stdout_console else [])
+        out_targets += self._open_log(launch.stdout_file)
+        err_targets = ([self._err_fd] if launch.stderr_console else [])
+        err_targets += self._open_log(launch.stderr_file)
+        pipe_stdout = out_targets != [self._out_fd] or launch.prefix is not None
         proc = subprocess.Popen(
             list(launch.argv),
             env=dict(launch.env),
-            stdout=subprocess.PIPE if self._tag else None,
+            stdout=subprocess.PIPE if pipe_stdout else None,
             stderr=subprocess.PIPE,
             pass_fds=launch.pass_fds,
             start_new_session=True,
         )
         worker = _Worker(launch, proc)
         self._workers.append(worker)
-        prefix = tag_for(launch.rank) if self._tag else None
-        pipes: list[tuple[IO[bytes] | None, int, OutputTail | None]] = [
-            (proc.stderr, self._err_fd, worker.tail)
+        pipes: list[tuple[IO[bytes] | None, list[int], OutputTail | None]] = [
+            (proc.stderr, err_targets, worker.tail)
         ]
         if proc.stdout is not None:
-            pipes.append((proc.stdout, self._out_fd, None))
-        for pipe, target, tail in pipes:
+            pipes.append((proc.stdout, out_targets, None))
+        for pipe, targets, tail in pipes:
             assert pipe is not None
             fd = pipe.fileno()
             os.set_blocking(fd, False)
-            stream = _Stream(fd, target, LinePrefixer(prefix) if prefix else None, tail)
+            prefixer = LinePrefixer(launch.prefix) if launch.prefix else None
+            stream = _Stream(fd, targets, prefixer, tail)
             self._streams[fd] = stream
             self._selector.register(fd, selectors.EVENT_READ, stream)
 
@@ -237,9 +272,9 @@ class Supervisor:
         except BlockingIOError:
             return
         for signum in data:
-            if signum in _STOP_SIGNALS:
+            if signum in _STOP_SIGNALS and signum in self._signals:
                 self._on_stop_signal(signum)
-            elif signum in FORWARDED_SIGNALS:
+            elif signum in self._signals:
                 for worker in self._alive():
                     _send(worker.pid, signum, group=False)
             # SIGCHLD: the loop reaps after every wakeup
@@ -248,8 +283,8 @@ class Supervisor:
         if self._stop_signal is None and self._first_failure is None:
             self._stop_signal = signum
             self._say(
-                f"got {_signal_name(signum)}: forwarded to the workers; SIGKILL in "
-                f"{self._grace:g} s ({_signal_name(signum)} again to kill now)"
+                f"got {signal_name(signum)}: forwarded to the workers; SIGKILL in "
+                f"{self._grace:g} s ({signal_name(signum)} again to kill now)"
             )
             self._signal_all(signum)
         else:
@@ -284,18 +319,31 @@ class Supervisor:
         self._signal_all(signal.SIGTERM)
 
     def _signal_all(self, signum: int) -> None:
+        now = time.time()
         for worker in self._alive():
+            if worker.stopped_at is None:
+                worker.stopped_at = now
             _send(worker.pid, signum, group=True)
         if self._deadline is None:
             self._deadline = time.monotonic() + self._grace
 
     def _kill_all(self) -> None:
+        now = time.time()
         for worker in self._alive():
+            if worker.stopped_at is None:
+                worker.stopped_at = now
             _send(worker.pid, signal.SIGKILL, group=True)
         self._killing = True
         self._deadline = time.monotonic() + self._kill_wait
 
     # -- output -------------------------------------------------------------------------------
+
+    def _feed(self, stream: _Stream, data: bytes) -> None:
+        if stream.tail is not None:
+            stream.tail.feed(data)
+        out = stream.prefixer.feed(data) if stream.prefixer else data
+        for target in stream.targets:
+            self._write(target, out)
 
     def _pump(self, stream: _Stream) -> None:
         try:
@@ -305,13 +353,13 @@ class Supervisor:
         if not data:
             self._close_stream(stream)
             return
-        if stream.tail is not None:
-            stream.tail.feed(data)
-        self._write(stream.target, stream.prefixer.feed(data) if stream.prefixer else data)
+        self._feed(stream, data)
 
     def _close_stream(self, stream: _Stream) -> None:
         if stream.prefixer is not None:
-            self._write(stream.target, stream.prefixer.flush())
+            rest = stream.prefixer.flush()
+            for target in stream.targets:
+                self._write(target, rest)
         self._selector.unregister(stream.fd)
         del self._streams[stream.fd]
         os.close(stream.fd)
@@ -327,10 +375,7 @@ class Supervisor:
                     break
                 if not data:
                     break
-                if stream.tail is not None:
-                    stream.tail.feed(data)
-                self._write(stream.target,
-                            stream.prefixer.feed(data) if stream.prefixer else data)
+                self._feed(stream, data)
             self._close_stream(stream)
 
     def _write(self, fd: int, data: bytes) -> None:
@@ -353,7 +398,7 @@ class Supervisor:
 
     def _cleanup(self) -> None:
         """Leave nothing behind: kill workers still running (an error got us here) and whatever
-        their process groups still hold, then close the pipes."""
+        their process groups still hold (rank 0's store), then close pipes and log files."""
         for worker in self._workers:
             if worker.alive:
                 _send(worker.pid, signal.SIGKILL, group=True)
@@ -368,12 +413,17 @@ class Supervisor:
             self._selector.unregister(stream.fd)
             os.close(stream.fd)
         self._streams.clear()
+        for fd in self._files:
+            os.close(fd)
+        self._files.clear()
 
-    def _root_cause(self) -> _Worker | None:
-        """The failed worker whose error was recorded first (see :mod:`unirank.errorfile`).
+    def _root_cause(self) -> tuple[_Worker, bool] | None:
+        """The root cause, and whether it ended on its own (else it was stopped while failing).
 
-        Peers of a rank that raised fail a moment later and may exit before it; the error files'
-        timestamps name the cause. Without any, the first worker seen to fail is blamed.
+        Candidates are the failed workers that failed on their own: they ended before this
+        supervisor signalled them, or recorded an error (see :mod:`unirank.errorfile`) before
+        it did. Among them the earliest recorded error wins (peers of a rank that raised fail a
+        moment later and may exit first); without records, the first worker seen to fail.
         """
         if self._first_failure is None:
             return None
@@ -381,27 +431,38 @@ class Supervisor:
         for worker in self._workers:
             if worker.returncode in (None, 0) or not worker.launch.error_file:
                 continue
-            when = failure_time(worker.launch.error_file)
-            if when is not None:
-                timed.append((when, worker.launch.rank, worker))
-        return min(timed, key=lambda item: item[:2])[2] if timed else self._first_failure
+            record = read_failure(worker.launch.error_file)
+            if record is None:
+                continue
+            on_its_own = worker.stopped_at is None or record.time <= worker.stopped_at
+            if on_its_own:
+                timed.append((record.time, worker.launch.rank, worker))
+        if not timed:
+            return self._first_failure, True
+        worker = min(timed, key=lambda item: item[:2])[2]
+        return worker, worker.stopped_at is None
 
     def _result(self) -> RunResult:
-        blamed = self._root_cause()
-        exits = tuple(
-            WorkerExit(
+        cause = self._root_cause()
+        blamed = cause[0] if cause else None
+        exits = []
+        for w in self._workers:
+            record = read_failure(w.launch.error_file) if (
+                w.launch.error_file and w.returncode not in (None, 0)) else None
+            exits.append(WorkerExit(
                 rank=w.launch.rank,
                 local_rank=w.launch.local_rank,
                 node=self._node,
                 returncode=w.returncode if w.returncode is not None else -int(signal.SIGKILL),
                 stderr_tail=tuple(w.tail.lines()) if w is blamed else (),
-            )
-            for w in self._workers
-        )
+                error=record.message if record else "",
+                stopped=w.stopped_at is not None,
+                recorded_exit_code=record.exit_code if record else None,
+            ))
         first = None
         if blamed is not None:
             first = next(e for e in exits if e.rank == blamed.launch.rank)
-        return RunResult(exits=exits, first_failure=first, stop_signal=self._stop_signal,
+        return RunResult(exits=tuple(exits), first_failure=first, stop_signal=self._stop_signal,
                          unreaped=self._unreaped)
 
 
@@ -417,8 +478,53 @@ def _send(pid: int, signum: int, *, group: bool) -> None:
 
 
 def worker_command(target: Sequence[str], python: str | None = None) -> tuple[str, ...]:
-    """The command line of a worker: the bootstrap, then ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    """The command line of a worker: the bootstrap, then ``SCRIPT ARGS``, ``-m MODULE ARGS``,
+    ``--exec PROGRAM ARGS`` (``--no-python``) or ``--call FILE`` (``Parallel``)."""
     return (python or sys.executable, "-m", "unirank.supervisor.bootstrap", *target)
+
+
+def _attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
+                      options: EngineOptions, attempt: int, attempt_dir: str,
+                      store_fd: int | None, keep_logs: bool) -> list[WorkerLaunch]:
+    out = options.output
+    launches = []
+    for worker in plan.workers:
+        env = plan.worker_environ(worker, environ, restart_count=attempt,
+                                  supervisor_pid=os.getpid(), unbuffered=out.unbuffered)
+        # torchrun's layout: one folder per local rank, made before the worker starts, so that
+        # torch's @record can write its error file there
+        folder = os.path.join(attempt_dir, str(worker.local_rank))
+        os.makedirs(folder, exist_ok=True)
+        error_file = os.path.join(folder, "error.json")
+        env[ERROR_FILE_VAR] = error_file
+        if plan.nnodes > 1:
+            env[EXIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
+        fds: tuple[int, ...] = ()
+        if store_fd is not None and worker.rank == 0:
+            env[STORE_FD_VAR] = str(store_fd)
+            fds = (store_fd,)
+        files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
+        shown = out.shown(worker.local_rank)
+        launches.append(WorkerLaunch(
+            worker.rank, worker.local_rank, argv, env, fds, error_file,
+            stdout_console=shown and not out.redirected(worker.local_rank, 1),
+            stderr_console=shown and not out.redirected(worker.local_rank, 2),
+            stdout_file=files[0], stderr_file=files[1],
+            prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
+        ))
+    return launches
+
+
+def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[str, bool]:
+    """The run's folder (``<log_dir>/<run_id>``) and whether to keep it afterwards."""
+    out = options.output
+    if out.log_dir:
+        return os.path.join(out.log_dir, plan.run_id), True
+    base = tempfile.mkdtemp(prefix="unirank-run-")
+    if out.writes_files:
+        os.write(err_fd, f"{options.prog}: log files in {base}\n".encode())
+        return base, True
+    return base, False
 
 
 def run_plan(
@@ -426,50 +532,49 @@ def run_plan(
     target: Sequence[str],
     *,
     environ: Mapping[str, str],
-    tag_output: bool = False,
-    grace_period: float = 5.0,
+    options: EngineOptions | None = None,
     out_fd: int = 1,
     err_fd: int = 2,
 ) -> RunResult:
-    """Open the store's port (node 0), start this node's workers and supervise them.
+    """Open the store's port (where rank 0 runs), start this node's workers and supervise them,
+    restarting the group up to ``plan.max_restarts`` times after a failure.
 
-    ``target`` is ``[SCRIPT, ARGS...]`` or ``["-m", MODULE, ARGS...]``; ``environ`` the base of
-    every worker's environment (see :meth:`Plan.worker_environ`).
+    ``target`` is what follows the bootstrap on the worker's command line (see
+    :func:`worker_command`); ``environ`` the base of every worker's environment (see
+    :meth:`Plan.worker_environ`).
     """
-    sockets: list[socket.socket] = []
-    store_fd: int | None = None
+    options = options or EngineOptions()
+    sock: socket.socket | None = None
     if plan.hosts_store:
         sock = open_store_socket(plan.master_port, host=plan.master_addr, option="MASTER_PORT")
-        sockets.append(sock)
-        store_fd = sock.fileno()
         plan = plan.with_port(int(sock.getsockname()[1]))
     argv = worker_command(target)
-    launches = []
-    me = os.getpid()
-    error_dir = tempfile.mkdtemp(prefix="unirank-run-")
+    root, keep = _log_root(plan, options, err_fd)
+    earlier: list[RunResult] = []
     try:
-        for local_rank in range(plan.nproc_per_node):
-            rank = plan.global_rank(local_rank)
-            env = plan.worker_environ(local_rank, environ, supervisor_pid=me,
-                                      tag_output=tag_output)
-            # as torchrun: one error file per worker, where @record / unirank write the failure
-            error_file = os.path.join(error_dir, str(rank), "error.json")
-            env[ERROR_FILE_VAR] = error_file
-            fds: tuple[int, ...] = ()
-            if store_fd is not None and local_rank == 0:
-                env[STORE_FD_VAR] = str(store_fd)
-                fds = (store_fd,)
-            launches.append(WorkerLaunch(rank, local_rank, argv, env, fds, error_file))
-        try:
-            supervisor = Supervisor(
-                launches, node_name=plan.node_name, tag_output=tag_output,
-                grace_period=grace_period, close_after_start=sockets, out_fd=out_fd,
-                err_fd=err_fd,
-            )
-        except BaseException:
-            for sock in sockets:
-                sock.close()
-            raise
-        return supervisor.run()
+        attempt = 0
+        while True:
+            attempt_dir = os.path.join(root, f"attempt_{attempt}")
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            launches = _attempt_launches(plan, argv, environ, options, attempt, attempt_dir,
+                                         sock.fileno() if sock else None, keep)
+            result = Supervisor(
+                launches, node_name=plan.node_name, grace_period=options.grace_period,
+                signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
+            ).run()
+            if (result.exit_code == 0 or result.stop_signal is not None
+                    or attempt >= plan.max_restarts):
+                return replace(result, attempts=tuple(earlier))
+            earlier.append(result)
+            first = result.first_failure
+            cause = (f"rank {first.rank}: {describe_returncode(first.returncode)}"
+                     if first else f"exit code {exit_code_of(result.exit_code)}")
+            os.write(err_fd, (
+                f"{options.prog}: attempt {attempt} failed ({cause}); restarting the workers "
+                f"({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
+            attempt += 1
     finally:
-        shutil.rmtree(error_dir, ignore_errors=True)
+        if sock is not None:
+            sock.close()
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)

@@ -14,6 +14,7 @@ __all__ = [
     "describe_returncode",
     "exit_code_of",
     "format_summary",
+    "signal_name",
     "traceback_excerpt",
 ]
 
@@ -73,7 +74,8 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _signal_name(signum: int) -> str:
+def signal_name(signum: int) -> str:
+    """``SIGTERM``, or ``signal 99`` for a number that names no signal."""
     try:
         return signal.Signals(signum).name
     except ValueError:
@@ -83,7 +85,7 @@ def _signal_name(signum: int) -> str:
 def describe_returncode(returncode: int) -> str:
     """``exit code 3`` or ``killed by SIGKILL (signal 9)``."""
     if returncode < 0:
-        return f"killed by {_signal_name(-returncode)} (signal {-returncode})"
+        return f"killed by {signal_name(-returncode)} (signal {-returncode})"
     return f"exit code {returncode}"
 
 
@@ -96,11 +98,32 @@ class WorkerExit:
     node: str
     returncode: int
     stderr_tail: tuple[str, ...] = ()
+    #: the last line of the error it recorded (TORCHELASTIC_ERROR_FILE), if any
+    error: str = ""
+    #: True when the supervisor signalled it to stop (its end was then the teardown's doing)
+    stopped: bool = False
+    #: the exit code its recorded error means (1, or a SystemExit's code)
+    recorded_exit_code: int | None = None
 
     @property
     def failed(self) -> bool:
         """True for a non-zero exit or death by a signal."""
         return self.returncode != 0
+
+    @property
+    def own_exit_code(self) -> int:
+        """The exit code of this worker's own failure: its status, unless the supervisor
+        stopped it while it was failing (then what its recorded error means)."""
+        if self.stopped and self.recorded_exit_code is not None:
+            return self.recorded_exit_code
+        return exit_code_of(self.returncode)
+
+    def describe(self) -> str:
+        """How it ended, as the summary says it."""
+        if self.stopped and self.recorded_exit_code is not None:
+            return (f"failed (exit code {self.recorded_exit_code}), then was stopped by the "
+                    "teardown while exiting")
+        return describe_returncode(self.returncode)
 
 
 @dataclass(frozen=True)
@@ -111,13 +134,15 @@ class RunResult:
     first_failure: WorkerExit | None = None
     stop_signal: int | None = None
     unreaped: tuple[int, ...] = field(default=())
+    #: the results of earlier attempts that failed (``--max-restarts``)
+    attempts: tuple[RunResult, ...] = field(default=())
 
     @property
     def exit_code(self) -> int:
-        """The first failure's exit code; 128 + signal when a forwarded SIGINT/SIGTERM stopped a
+        """The root cause's exit code; 128 + signal when a forwarded SIGINT/SIGTERM stopped a
         worker; else 0."""
         if self.first_failure is not None:
-            return exit_code_of(self.first_failure.returncode)
+            return self.first_failure.own_exit_code
         if self.unreaped:
             return 1
         if self.stop_signal is not None and any(w.failed for w in self.exits):
@@ -125,18 +150,33 @@ class RunResult:
         return 0
 
 
+def _attempt_line(index: int, result: RunResult) -> str:
+    first = result.first_failure
+    if first is None:
+        return f"  attempt {index}: exit code {result.exit_code}"
+    error = f": {first.error}" if first.error else ""
+    return (f"  attempt {index}: rank {first.rank} (local rank {first.local_rank}) on node "
+            f"{first.node}: {first.describe()}{error}")
+
+
 def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
-    """The failure report for stderr ("" when every worker succeeded)."""
+    """The failure report for stderr ("" when every worker succeeded); after restarts, a line
+    naming each earlier attempt's root cause."""
     if result.exit_code == 0:
-        return ""
+        if not result.attempts:
+            return ""
+        lines = [f"{prog}: succeeded after {len(result.attempts)} restart(s)"]
+        lines += [_attempt_line(i, r) for i, r in enumerate(result.attempts)]
+        return "\n".join(lines) + "\n"
     out: list[str] = []
     first = result.first_failure
     if first is not None:
         out.append(
             f"{prog}: FAILED (exit code {result.exit_code}): rank {first.rank} "
-            f"(local rank {first.local_rank}) on node {first.node}: "
-            f"{describe_returncode(first.returncode)}"
+            f"(local rank {first.local_rank}) on node {first.node}: {first.describe()}"
         )
+        if first.error:
+            out.append(f"  error: {first.error}")
         excerpt = traceback_excerpt(list(first.stderr_tail))
         if excerpt:
             out.append(f"  last lines of rank {first.rank}'s stderr:")
@@ -145,7 +185,7 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
             out.append(f"  rank {first.rank} wrote nothing to stderr")
     elif result.stop_signal is not None:
         out.append(
-            f"{prog}: stopped by {_signal_name(result.stop_signal)} "
+            f"{prog}: stopped by {signal_name(result.stop_signal)} "
             f"(exit code {result.exit_code}), forwarded to the workers"
         )
     else:
@@ -155,9 +195,14 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
         by_state: dict[str, list[int]] = {}
         for worker in others:
             state = "ok" if not worker.failed else describe_returncode(worker.returncode)
+            if worker.failed and worker.stopped:
+                state += ", stopped by the teardown"
             by_state.setdefault(state, []).append(worker.rank)
         states = "; ".join(f"{format_ranks(ranks)}: {state}" for state, ranks in by_state.items())
         out.append(f"  other workers: {states}")
+    if result.attempts:
+        out.append(f"  earlier attempts ({len(result.attempts)} restart(s)):")
+        out.extend(_attempt_line(i, r) for i, r in enumerate(result.attempts))
     if result.unreaped:
         out.append(
             "  still running after SIGKILL (stuck in the kernel?): pids "

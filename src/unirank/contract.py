@@ -1,0 +1,151 @@
+"""The environment contract: every variable unirank reads or writes, its default and its parser.
+
+One home, so that ``unirank run``, :class:`~unirank.runtime.parallel.Parallel`, the worker
+bootstrap and :func:`unirank.init` agree. No torch here.
+
+torchrun's worker contract (what every worker that unirank starts gets, exactly as torchrun
+sets it): RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID,
+TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE,
+TORCHELASTIC_ERROR_FILE, TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS.
+
+unirank's own user-facing variables: UNIRANK_INIT_TIMEOUT, UNIRANK_NO_SRUN, UNIRANK_LAUNCHER.
+The bootstrap's private variables (:data:`PRIVATE_VARIABLES`) are removed before the user's
+program starts.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Mapping
+
+from unirank.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_INIT_TIMEOUT",
+    "ERROR_FILE_VAR",
+    "EXIT_TIMEOUT_VAR",
+    "INIT_TIMEOUT_VAR",
+    "MAX_RESTARTS_VAR",
+    "NODE_NAMES_VAR",
+    "NODE_NAME_VAR",
+    "PRIVATE_VARIABLES",
+    "RESTART_COUNT_VAR",
+    "RUN_ID_VAR",
+    "STORE_FD_VAR",
+    "SUPERVISOR_PID_VAR",
+    "USE_AGENT_STORE_VAR",
+    "count_visible_devices",
+    "format_seconds",
+    "node_name",
+    "parse_seconds",
+    "resolve_init_timeout",
+    "visible_devices",
+]
+
+# -- torchrun's variables ---------------------------------------------------------------------
+ERROR_FILE_VAR = "TORCHELASTIC_ERROR_FILE"
+RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
+MAX_RESTARTS_VAR = "TORCHELASTIC_MAX_RESTARTS"
+RUN_ID_VAR = "TORCHELASTIC_RUN_ID"
+USE_AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
+
+# -- unirank's user-facing variables ----------------------------------------------------------
+INIT_TIMEOUT_VAR = "UNIRANK_INIT_TIMEOUT"
+#: seconds every rank waits for the others to join when nothing else says how long
+DEFAULT_INIT_TIMEOUT = 300.0
+#: seconds between SIGTERM and SIGKILL when workers are stopped (``--grace-period``)
+DEFAULT_GRACE_PERIOD = 5.0
+
+# -- the bootstrap's private variables (set by the supervisor, removed before the program) ----
+SUPERVISOR_PID_VAR = "UNIRANK_SUPERVISOR_PID"
+STORE_FD_VAR = "UNIRANK_STORE_FD"
+NODE_NAMES_VAR = "UNIRANK_NODE_NAMES"
+NODE_NAME_VAR = "UNIRANK_NODE_NAME"
+#: seconds node 0's store waits, at the end of a multi-node job, for the other nodes' ranks
+EXIT_TIMEOUT_VAR = "UNIRANK_EXIT_TIMEOUT"
+PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, NODE_NAME_VAR,
+                     EXIT_TIMEOUT_VAR)
+
+
+def format_seconds(value: float) -> str:
+    """``300`` or ``2.5``: a duration as an environment value."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def parse_seconds(value: str, variable: str, *, allow_zero: bool = False) -> float:
+    """A duration in seconds (a positive number, or zero when ``allow_zero``), else ConfigError
+    naming ``variable``."""
+    least = "0 or more" if allow_zero else "more than 0"
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        raise ConfigError("is not a number of seconds", variable=variable, value=value,
+                          hint=f"give a number of seconds, {least}") from None
+    if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ConfigError(f"must be a finite number of seconds, {least}", variable=variable,
+                          value=value, hint=f"give a number of seconds, {least}")
+    return seconds
+
+
+def resolve_init_timeout(
+    given: str | float | None, environ: Mapping[str, str], *, option: str = "--init-timeout"
+) -> float:
+    """The init timeout: ``given`` (an option's text or a number), else UNIRANK_INIT_TIMEOUT,
+    else 300 s. A bad value in either place is a ConfigError naming where it came from.
+
+    Reads: UNIRANK_INIT_TIMEOUT.
+    """
+    if given is not None:
+        if isinstance(given, bool):
+            raise ConfigError("must be a number of seconds", variable=option, value=str(given),
+                              hint="give a number of seconds, more than 0")
+        return parse_seconds(str(given), option)
+    text = environ.get(INIT_TIMEOUT_VAR)
+    if text is not None and text.strip():
+        return parse_seconds(text, INIT_TIMEOUT_VAR)
+    return DEFAULT_INIT_TIMEOUT
+
+
+def count_visible_devices(value: str) -> int:
+    """The number of devices a ``CUDA_VISIBLE_DEVICES`` value selects (see
+    :func:`visible_devices`)."""
+    return len(_entries(value))
+
+
+def _entries(value: str) -> list[str]:
+    shown: list[str] = []
+    for entry in value.split(","):
+        item = entry.strip()
+        # CUDA stops at the first entry that is not a device: empty, negative, NoDevFiles
+        if not item or item.startswith("-") or item.lower() == "nodevfiles":
+            break
+        shown.append(item)
+    return shown
+
+
+def visible_devices(environ: Mapping[str, str]) -> list[str] | None:
+    """The devices ``CUDA_VISIBLE_DEVICES`` selects, or ``None`` when it is unset.
+
+    CUDA stops at the first entry that is not a device, so an empty value, or one whose first
+    entry is negative (``-1``) or ``NoDevFiles`` (Slurm's marker for a job without GPUs), hides
+    every device. Reads: CUDA_VISIBLE_DEVICES.
+    """
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    return None if value is None else _entries(value)
+
+
+def node_name(environ: Mapping[str, str], hostname: str | None = None) -> tuple[str, str]:
+    """This node's name and where it came from: Slurm's name for it, else the host name.
+
+    Under Slurm every node of the testbed (and of some clusters) has the same host name, and an
+    srun task inherits the batch shell's HOSTNAME, so SLURMD_NODENAME is preferred.
+
+    Reads: SLURMD_NODENAME.
+    """
+    name = environ.get("SLURMD_NODENAME", "").strip()
+    if name:
+        return name, "SLURMD_NODENAME"
+    return (hostname if hostname is not None else socket.gethostname()), "socket.gethostname()"

@@ -1,0 +1,166 @@
+"""What one backend entry is (:class:`Backend`), and the helpers torch.distributed entries share.
+
+Nothing here imports torch at module import time: :func:`torch_init`, :func:`torch_finalize` and
+:func:`set_cuda_device` import it when they run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol
+
+from unirank.runtime.backends.facts import CudaFacts, choose_device
+
+__all__ = [
+    "AUTO",
+    "AutoRule",
+    "Backend",
+    "InitFn",
+    "always",
+    "check_name",
+    "no_problem",
+    "normalize",
+    "set_cuda_device",
+    "torch_backend",
+    "torch_finalize",
+    "torch_init",
+]
+
+#: the name that asks :func:`~unirank.runtime.backends.choose_backend` to pick
+AUTO = "auto"
+
+
+class AutoRule(Protocol):
+    """Whether ``auto`` may pick a backend, given the CUDA facts and the node's layout."""
+
+    def __call__(self, facts: CudaFacts, *, local_world_size: int, per_task_gpus: bool) -> bool:
+        """``local_world_size``: ranks on this node; ``per_task_gpus``: the launcher bound GPUs
+        per task (see :func:`~unirank.runtime.backends.facts.gpus_bound_per_task`)."""
+        ...
+
+
+class InitFn(Protocol):
+    """Start the default process group of a backend on a rendezvous store."""
+
+    def __call__(
+        self, *, rank: int, world_size: int, store: Any, timeout: float | None, device: str
+    ) -> None:
+        """``store``: a torch ``Store`` every rank shares; ``timeout``: the group's collective
+        timeout in seconds (``None``: the backend's default); ``device``: this rank's device,
+        as the entry's :attr:`Backend.device` chose it."""
+        ...
+
+
+def always(facts: CudaFacts, *, local_world_size: int, per_task_gpus: bool) -> bool:
+    """An :class:`AutoRule` that always applies (the fallback backend's)."""
+    return True
+
+
+def no_problem(facts: CudaFacts) -> str | None:
+    """A ``problem`` rule for a backend that runs everywhere."""
+    return None
+
+
+def normalize(name: str) -> str:
+    """A backend name as the registry compares it: stripped, lower case."""
+    return name.strip().lower()
+
+
+def check_name(name: str) -> None:
+    """Raise ValueError unless ``name`` can be registered: lower case, no spaces, ``,`` or ``:``
+    (those mark torch's per-device strings such as ``cpu:gloo,cuda:nccl``), not ``auto``."""
+    if not name or name != normalize(name) or name == AUTO or any(c in name for c in " ,:"):
+        raise ValueError(
+            f"{name!r} is not a usable backend name (lower case, no spaces, commas or colons, "
+            f"not {AUTO!r})"
+        )
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One backend: how it is named, chosen, checked, placed, started and stopped.
+
+    ``name``
+        canonical name (lower case); what :func:`~unirank.runtime.backends.choose_backend`
+        returns for it.
+    ``init(*, rank, world_size, store, timeout, device)`` / ``finalize()``
+        start / end the default process group (see :class:`InitFn`). They import their library
+        (torch, ...) when called, never at module import.
+    ``aliases``
+        other names (lower case) that select this entry.
+    ``auto_priority``
+        ``None``: ``auto`` never picks it; otherwise ``auto`` tries the entries from the highest
+        priority down and picks the first whose ``problem`` is ``None`` and whose
+        ``auto_applies`` is true.
+    ``auto_applies(facts, *, local_world_size, per_task_gpus)``
+        see :class:`AutoRule`; default: always.
+    ``problem(facts)``
+        why the backend cannot run here (a phrase following "the <name> backend"), or ``None``.
+        Asked for explicitly, a problem is a ConfigError naming ``backend`` with ``problem_hint``
+        as its HINT.
+    ``device(local_rank, facts)``
+        the device a rank uses (``"cpu"``, ``"cuda:1"``...); default
+        :func:`~unirank.runtime.backends.facts.choose_device`.
+    ``current_device()``
+        the device of a live group of this backend, when it is not simply ``device(...)``
+        (nccl: the current CUDA device, which init or the user set); ``None``: ask ``device``.
+    """
+
+    name: str
+    init: InitFn
+    finalize: Callable[[], None]
+    aliases: tuple[str, ...] = ()
+    auto_priority: int | None = None
+    auto_applies: AutoRule = always
+    problem: Callable[[CudaFacts], str | None] = no_problem
+    problem_hint: str | None = None
+    device: Callable[[int, CudaFacts], str] = choose_device
+    current_device: Callable[[], str] | None = None
+
+
+def set_cuda_device(device: str) -> None:
+    """Make ``device`` the current CUDA device when it is a CUDA device (imports torch)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.set_device(torch.device(device))
+
+
+def torch_init(name: str) -> InitFn:
+    """The ``init`` of the torch.distributed backend ``name``.
+
+    It makes the rank's device the current CUDA device when it is one (as unirank always did,
+    whatever the backend), then calls ``torch.distributed.init_process_group(name, store=...)``.
+    """
+
+    def init(
+        *, rank: int, world_size: int, store: Any, timeout: float | None, device: str
+    ) -> None:
+        import torch.distributed as dist
+
+        set_cuda_device(device)
+        dist.init_process_group(
+            name,
+            store=store,
+            rank=rank,
+            world_size=world_size,
+            timeout=None if timeout is None else timedelta(seconds=timeout),
+        )
+
+    return init
+
+
+def torch_finalize() -> None:
+    """The ``finalize`` of every torch.distributed backend: destroy the default group."""
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def torch_backend(name: str) -> Backend:
+    """A plain entry for the torch.distributed backend ``name`` (``mpi``, ``ucc``,
+    ``cpu:gloo,cuda:nccl``...): ``init_process_group(name)``, the common device rule, never
+    picked by ``auto``."""
+    return Backend(name=name, init=torch_init(name), finalize=torch_finalize)
