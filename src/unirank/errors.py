@@ -23,6 +23,7 @@ class ConfigError(ValueError):
         value: str | None = None,
         hint: str | None = None,
     ) -> None:
+        self.message = message
         self.variable = variable
         self.value = value
         self.hint = hint
@@ -35,3 +36,11 @@ class ConfigError(ValueError):
         if hint:
             parts.append(f"HINT: {hint}")
         super().__init__(" ".join(" ".join(parts).split()))
+
+    def renamed(self, names: dict[str, str]) -> ConfigError:
+        """This error with its variable spelled as ``names`` says (an API argument's name as
+        the command-line option a user typed), or itself when ``names`` has no entry."""
+        if self.variable not in names:
+            return self
+        return ConfigError(self.message, variable=names[self.variable], value=self.value,
+                           hint=self.hint)

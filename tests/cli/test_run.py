@@ -254,7 +254,15 @@ def test_no_program_is_one_line_error(tmp_path: Path, args: list[str]) -> None:
         (["--nnodes", "1:4"], {}, "--nnodes='1:4': is an elastic range"),
         (["--nnodes", "2", "--node-rank", "1"], {}, "--master-addr=<unset>: is needed"),
         (["--nnodes", "2", "--node-rank", "2", "--master-addr", "h"], {},
-         "--node-rank='2': must be between 0 and 1"),
+         "--node-rank='2': must be smaller than the number of nodes, 2"),
+        (["--nnodes", "2", "--master-addr", "h"], {}, "--node-rank=<unset>: is needed with 2"),
+        (["--rdzv-backend", "etcd"], {}, "--rdzv-backend='etcd': is not a rendezvous"),
+        (["--rdzv-endpoint", "a:1", "--master-port", "2"], {},
+         "--master-port='2': disagrees with --rdzv-endpoint a:1"),
+        (["--max-restarts", "-1"], {}, "--max-restarts='-1': must be at least 0"),
+        (["--redirects", "7"], {}, "--redirects='7': is not 0 (none)"),
+        (["--local-ranks-filter", "a"], {}, "--local-ranks-filter='a': is not a comma"),
+        (["--signals-to-handle", "SIGNOPE"], {}, "--signals-to-handle='SIGNOPE': names no"),
         (["--init-timeout", "-1"], {}, "--init-timeout='-1': must be a finite number"),
         ([], {"UNIRANK_INIT_TIMEOUT": "soon"}, "UNIRANK_INIT_TIMEOUT='soon': is not a number"),
         (["--master-port", "70000"], {}, "--master-port='70000': is outside 1..65535"),
@@ -289,22 +297,19 @@ def _parsed(argv: list[str]) -> argparse.Namespace:
 
 
 def test_inner_command_for_srun_keeps_the_options_and_the_script_args() -> None:
-    from unirank.cli.run import build_request, inner_command
+    from unirank.cli.run import inner_command
     from unirank.supervisor.reexec import srun_command
 
-    args = _parsed(["-n", "4", "--tag-output", "--init-timeout", "30", "--master-port", "2222",
-                    "train.py", "--lr", "0.1", "-n", "3"])
-    request = build_request(args, {})
-    inner = inner_command(args, request, 2)
-    assert inner == [sys.executable, "-m", "unirank", "run", "--nproc-per-node", "4",
-                     "--nnodes", "2", "--init-timeout", "30", "--grace-period", "5",
-                     "--master-port", "2222", "--tag-output", "train.py", "--lr", "0.1", "-n",
-                     "3"]
+    raw = ["-n", "4", "--tag-output", "--init-timeout", "30", "--max-restarts", "2",
+           "--master-port", "2222", "train.py", "--lr", "0.1", "-n", "3"]
+    args = _parsed(raw)
+    args.raw_argv = raw
+    inner = inner_command(args, 4, 2)
+    # the node count and worker count first, then every option the user gave, unchanged
+    assert inner == [sys.executable, "-m", "unirank", "run", "--nnodes", "2",
+                     "--nproc-per-node", "4", *raw]
     assert srun_command(2, ["x"]) == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
                                       "--kill-on-bad-exit=1", "x"]
-    module = _parsed(["-m", "pkg.train", "a"])
-    inner_module = inner_command(module, build_request(module, {}), 1)
-    assert inner_module[-3:] == ["-m", "pkg.train", "a"]
 
 
 def test_allocation_tasks_per_node_become_the_default_worker_count() -> None:

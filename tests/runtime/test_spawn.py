@@ -233,22 +233,3 @@ def test_user_created_group_is_used_under_torchrun() -> None:
     rows = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     # ur.Parallel() adopted the script's group and left it initialised afterwards
     assert rows == ["RESULT 0 2 gloo 2 True", "RESULT 1 2 gloo 2 True"]
-
-
-def test_host_store_falls_back_to_a_free_port_unless_fixed() -> None:
-    from unirank.errors import ConfigError
-    from unirank.runtime.spawn import host_store
-
-    with socket.socket() as busy:
-        busy.bind(("", 0))
-        busy.listen()
-        port = int(busy.getsockname()[1])
-        store: Any
-        store, got = host_store("127.0.0.1", port, port_fixed=False, timeout=5)
-        assert got != port and got > 0
-        store.set("k", "v")
-        assert store.get("k") == b"v"
-        del store
-        with pytest.raises(ConfigError, match=rf"^MASTER_PORT='{port}': cannot be served"):
-            host_store("127.0.0.1", port, port_fixed=True, timeout=5)
-    assert not dist.is_initialized()

@@ -65,12 +65,21 @@ def test_srun_one_task_per_node(slurm_testbed: Any) -> None:
     _assert_two_nodes_of_two(_results(result.stdout))
 
 
-def test_srun_with_several_tasks_per_node_is_refused(slurm_testbed: Any) -> None:
+def test_srun_with_several_tasks_per_node_runs_each_task_as_one_rank(slurm_testbed: Any) -> None:
+    """The planner's rule 3: each task srun started is one rank (as Parallel does in place)."""
     script = _script(slurm_testbed.work_dir)
-    result = slurm_testbed.srun(["-N1", "-n2", sys.executable, "-m", "unirank", "run", "-n", "2",
+    result = slurm_testbed.srun(["-N2", "--ntasks-per-node=2", sys.executable, "-m", "unirank",
+                                 "run", script], timeout=120)
+    _assert_two_nodes_of_two(_results(result.stdout))
+
+
+def test_srun_tasks_per_node_disagreeing_with_nproc_is_refused(slurm_testbed: Any) -> None:
+    script = _script(slurm_testbed.work_dir)
+    result = slurm_testbed.srun(["-N1", "-n2", sys.executable, "-m", "unirank", "run", "-n", "4",
                                  script], timeout=120, check=False)
     assert result.returncode == 2, result.stderr
-    assert "must run once per node" in result.stderr
+    assert "--nproc-per-node='4': disagrees with the slurm launcher, which started 2 " \
+           "processes on this node" in result.stderr
     assert "srun --ntasks-per-node=1" in result.stderr
     assert "RESULT" not in result.stdout
 
@@ -93,7 +102,7 @@ def test_salloc_shell_without_srun_fails_at_once_with_the_command(slurm_testbed:
     errors = [line for line in result.stderr.splitlines() if line.startswith("unirank run:")]
     assert len(errors) == 1
     assert "HINT: run: srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in errors[0]
-    assert "-m unirank run --nproc-per-node 2 --nnodes 2" in errors[0]
+    assert "-m unirank run --nnodes 2 --nproc-per-node 2 -n 2 " in errors[0]
     assert errors[0].endswith(script)
 
 
@@ -117,11 +126,19 @@ def test_mpirun_one_process_per_node(mpirun: list[str], tmp_path: Path) -> None:
     assert {r[0] for r in results.values()} == {"2"} and {r[-1] for r in results.values()} == {"3"}
 
 
-def test_mpirun_two_processes_on_one_node_is_refused(mpirun: list[str], tmp_path: Path) -> None:
+def test_mpirun_two_processes_on_one_node_run_in_place(mpirun: list[str], tmp_path: Path) -> None:
+    """Each of mpirun's two ranks is one rank; a disagreeing -n is refused with the command."""
     script = _script(tmp_path)
-    result = subprocess.run([*mpirun, "-np", "2", sys.executable, "-m", "unirank", "run", "-n",
-                             "2", script], capture_output=True, text=True, timeout=120,
+    result = subprocess.run([*mpirun, "-np", "2", sys.executable, "-m", "unirank", "run",
+                             script], capture_output=True, text=True, timeout=120,
                             stdin=subprocess.DEVNULL)
-    assert result.returncode != 0
-    assert "mpirun --map-by ppr:1:node" in result.stderr
-    assert "RESULT" not in result.stdout
+    assert result.returncode == 0, result.stderr
+    results = _results(result.stdout)
+    assert sorted(results) == [0, 1]
+    assert {r[0] for r in results.values()} == {"2"} and {r[-1] for r in results.values()} == {"3"}
+    refused = subprocess.run([*mpirun, "-np", "2", sys.executable, "-m", "unirank", "run", "-n",
+                              "3", script], capture_output=True, text=True, timeout=120,
+                             stdin=subprocess.DEVNULL)
+    assert refused.returncode != 0
+    assert "mpirun --map-by ppr:1:node" in refused.stderr
+    assert "RESULT" not in refused.stdout

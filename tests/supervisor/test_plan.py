@@ -1,27 +1,42 @@
-"""Planning ``unirank run`` (pure): DistEnv objects and dicts in, layouts and environments out."""
+"""The one planner (pure), for ``unirank run`` and ``Parallel``: DistEnv objects and dicts in,
+layouts and environments out. The rules of :mod:`unirank.supervisor.plan` are tested as tables."""
 
 from __future__ import annotations
 
 import pytest
 
+from typing import Any
+
+from unirank.contract import PRIVATE_VARIABLES, parse_seconds, resolve_init_timeout
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.rendezvous import derive_port
 from unirank.supervisor.plan import (
-    PRIVATE_VARIABLES,
+    IN_PLACE,
+    SPAWN,
+    LaunchRequest,
     Plan,
-    RunRequest,
+    Worker,
     make_plan,
     parse_nnodes,
     parse_nproc,
-    parse_seconds,
-    resolve_init_timeout,
 )
 
 LOCAL = DistEnv(launcher="local", node_name="box")
 
 
-def plan(request: RunRequest, outer: DistEnv = LOCAL, environ: dict[str, str] | None = None
+#: what unirank run asks for (spawn_default: auto's answer) and what Parallel asks for (none)
+RUN = LaunchRequest()
+PARALLEL = LaunchRequest(spawn_default=None)
+
+
+def req(base: LaunchRequest = RUN, **changes: Any) -> LaunchRequest:
+    from dataclasses import replace
+
+    return replace(base, **changes)
+
+
+def plan(request: LaunchRequest, outer: DistEnv = LOCAL, environ: dict[str, str] | None = None
          ) -> Plan:
     return make_plan(request, outer, environ or {}, hostname="host", run_id_fallback="rid")
 
@@ -79,107 +94,154 @@ def test_init_timeout_precedence() -> None:
     assert resolve_init_timeout(None, {}) == 300
     assert resolve_init_timeout(None, {"UNIRANK_INIT_TIMEOUT": "12"}) == 12
     assert resolve_init_timeout("7", {"UNIRANK_INIT_TIMEOUT": "12"}) == 7
-    with pytest.raises(ConfigError, match="UNIRANK_INIT_TIMEOUT='x'"):
-        resolve_init_timeout(None, {"UNIRANK_INIT_TIMEOUT": "x"})
+    assert resolve_init_timeout(2.5, {}) == 2.5
+    # one parser for unirank run, the bootstrap and unirank.init: a bad value is never ignored
+    for bad in ("x", "0", "-3", "nan"):
+        with pytest.raises(ConfigError, match=f"^UNIRANK_INIT_TIMEOUT='{bad}'"):
+            resolve_init_timeout(None, {"UNIRANK_INIT_TIMEOUT": bad})
+    with pytest.raises(ConfigError, match="^init_timeout='0'"):
+        resolve_init_timeout(0, {}, option="init_timeout")
 
 
-# -- layouts ------------------------------------------------------------------------------------
+# -- layouts: one table for unirank run and Parallel -------------------------------------------
 
-def test_local_single_node_picks_a_free_port() -> None:
-    p = plan(RunRequest(nproc_per_node=4))
-    assert (p.nnodes, p.node_rank, p.world_size) == (1, 0, 4)
-    assert (p.master_addr, p.master_port) == ("127.0.0.1", 0)
-    assert p.hosts_store and p.run_id == "rid" and p.node_name == "box"
-    assert [p.global_rank(i) for i in range(4)] == [0, 1, 2, 3]
+SRUN_2_PER_NODE = slurm_per_node(node_rank=0, tasks_per_node=2)
+MPI_ONE_PER_NODE = DistEnv(launcher="openmpi", rank=1, world_size=2, local_world_size=1,
+                           node_rank=1, num_nodes=2, master_addr=None, master_port=None,
+                           node_name="m1")
+TORCHRUN_ONE = DistEnv(launcher="torchrun", node_name="box", master_port=29400)
+
+LAYOUTS = [
+    # (request, outer, environ, mode, (world, local world, nnodes, node rank), ranks, master)
+    (req(RUN, nproc_per_node=4), LOCAL, {}, SPAWN, (4, 4, 1, 0), [0, 1, 2, 3],
+     ("127.0.0.1", 0)),
+    (RUN, LOCAL, {}, SPAWN, (1, 1, 1, 0), [0], ("127.0.0.1", 0)),
+    (PARALLEL, LOCAL, {}, IN_PLACE, (1, 1, 1, 0), [0], ("127.0.0.1", 29500)),
+    (req(PARALLEL, nproc_per_node=2), LOCAL, {"MASTER_PORT": "1234"}, SPAWN, (2, 2, 1, 0),
+     [0, 1], ("127.0.0.1", 1234)),
+    # a single torchrun worker that spawns does not take its agent's port
+    (req(PARALLEL, nproc_per_node=2), TORCHRUN_ONE,
+     {"MASTER_PORT": "29400", "TORCHELASTIC_USE_AGENT_STORE": "True"}, SPAWN, (2, 2, 1, 0),
+     [0, 1], ("127.0.0.1", 0)),
+    (req(RUN, nproc_per_node=2, nnodes=2, node_rank=1, master_addr="head"), LOCAL, {}, SPAWN,
+     (4, 2, 2, 1), [2, 3], ("head", 29500)),
+    (req(PARALLEL, nproc_per_node=2, nnodes=2, node_rank=1), LOCAL, {"MASTER_ADDR": "h"},
+     SPAWN, (4, 2, 2, 1), [2, 3], ("h", 29500)),
+    # one launched process per node: it is the node's launcher
+    (req(RUN, nproc_per_node=4), slurm_per_node(node_rank=1, nodes=3), {}, SPAWN,
+     (12, 4, 3, 1), [4, 5, 6, 7], ("n0", derive_port("4242", "0"))),
+    (req(PARALLEL, nproc_per_node=4), slurm_per_node(node_rank=1, nodes=3), {}, SPAWN,
+     (12, 4, 3, 1), [4, 5, 6, 7], ("n0", derive_port("4242", "0"))),
+    (req(PARALLEL, nproc_per_node=2, master_addr="m0"), MPI_ONE_PER_NODE, {}, SPAWN,
+     (4, 2, 2, 1), [2, 3], ("m0", 29500)),
+    (PARALLEL, slurm_per_node(node_rank=1), {}, IN_PLACE, (2, 1, 2, 1), [1],
+     ("n0", derive_port("4242", "0"))),
+    # several launched processes per node: each is one rank, for both
+    (RUN, SRUN_2_PER_NODE, {}, IN_PLACE, (4, 2, 2, 0), [0], ("n0", derive_port("4242", "0"))),
+    (req(RUN, nproc_per_node=2), SRUN_2_PER_NODE, {}, IN_PLACE, (4, 2, 2, 0), [0],
+     ("n0", derive_port("4242", "0"))),
+    (PARALLEL, SRUN_2_PER_NODE, {}, IN_PLACE, (4, 2, 2, 0), [0],
+     ("n0", derive_port("4242", "0"))),
+    # standalone ignores the outer launcher and the environment
+    (req(RUN, nproc_per_node=2, standalone=True), SRUN_2_PER_NODE,
+     {"MASTER_PORT": "1234", "MASTER_ADDR": "far"}, SPAWN, (2, 2, 1, 0), [0, 1],
+     ("127.0.0.1", 0)),
+]
 
 
-def test_local_master_from_environment_and_options() -> None:
-    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"}
-    assert (plan(RunRequest(), environ=env).master_addr,
-            plan(RunRequest(), environ=env).master_port) == ("10.0.0.1", 1234)
-    p = plan(RunRequest(master_addr="a", master_port=99), environ=env)
-    assert (p.master_addr, p.master_port) == ("a", 99)
+@pytest.mark.parametrize(
+    ("request_", "outer", "environ", "mode", "shape", "ranks", "master"), LAYOUTS)
+def test_layouts(request_: LaunchRequest, outer: DistEnv, environ: dict[str, str], mode: str,
+                 shape: tuple[int, int, int, int], ranks: list[int],
+                 master: tuple[str, int]) -> None:
+    p = plan(request_, outer, environ)
+    assert p.mode == mode
+    assert (p.world_size, p.local_world_size, p.nnodes, p.node_rank) == shape
+    assert [w.rank for w in p.workers] == ranks
+    assert (p.master_addr, p.master_port) == master
+    assert p.hosts_store == (0 in ranks)
 
 
-def test_local_multi_node_needs_master_addr() -> None:
-    with pytest.raises(ConfigError, match="--master-addr") as info:
-        plan(RunRequest(nproc_per_node=2, nnodes=2, node_rank=1))
-    assert "node 0" in str(info.value)
-    p = plan(RunRequest(nproc_per_node=2, nnodes=2, node_rank=1, master_addr="head"))
-    assert (p.master_addr, p.master_port, p.world_size) == ("head", 29500, 4)
-    assert [p.global_rank(i) for i in range(2)] == [2, 3]
-    assert not p.hosts_store
+REFUSALS = [
+    # (request, outer, environ, variable, both numbers (or words) in the message)
+    (req(RUN, nproc_per_node=4), SRUN_2_PER_NODE, {}, "nproc_per_node",
+     ["'4'", "started 2 processes on this node", "--ntasks-per-node=1"]),
+    (req(PARALLEL, nproc_per_node=3), SRUN_2_PER_NODE, {}, "nproc_per_node", ["'3'", "2"]),
+    (req(RUN, nproc_per_node=2, nnodes=3), slurm_per_node(node_rank=1), {}, "nnodes",
+     ["'3'", "a node count of 2"]),
+    (req(PARALLEL, nproc_per_node=2, node_rank=0), slurm_per_node(node_rank=1), {},
+     "node_rank", ["'0'", "this node the rank 1"]),
+    (req(RUN, nproc_per_node=2, nnodes=2), LOCAL, {"MASTER_ADDR": "h"}, "node_rank",
+     ["needed with 2 nodes", "static"]),
+    (req(PARALLEL, nproc_per_node=2, nnodes=2), LOCAL, {"MASTER_ADDR": "h"}, "node_rank",
+     ["needed with 2 nodes"]),
+    (req(RUN, nproc_per_node=2, nnodes=2, node_rank=1), LOCAL, {}, "master_addr",
+     ["needed with 2 nodes"]),
+    (req(RUN, nnodes=2, node_rank=2, master_addr="h"), LOCAL, {}, "node_rank",
+     ["'2'", "smaller than the number of nodes, 2"]),
+    (req(RUN, nproc_per_node=2), MPI_ONE_PER_NODE, {}, "master_addr", ["openmpi"]),
+    (req(RUN, standalone=True, nnodes=2), LOCAL, {}, "--nnodes", ["'2'", "--standalone"]),
+    (req(PARALLEL, nnodes=2), LOCAL, {}, "nnodes", ["nproc_per_node"]),
+    (req(PARALLEL, nproc_per_node=0), LOCAL, {}, "nproc_per_node", [">= 1"]),
+    (req(PARALLEL, master_port=70000, nproc_per_node=1), LOCAL, {}, "master_port",
+     ["1..65535"]),
+    (RUN, DistEnv(launcher="slurm-allocation", num_nodes=2, launch_required=True,
+                  planned_tasks=2), {}, "SLURM_STEP_ID", ["srun", "2 planned"]),
+]
 
 
-def test_node_rank_out_of_range() -> None:
-    with pytest.raises(ConfigError, match="between 0 and 1"):
-        plan(RunRequest(nnodes=2, node_rank=2, master_addr="h"))
+@pytest.mark.parametrize(("request_", "outer", "environ", "variable", "words"), REFUSALS)
+def test_refusals_name_what_disagrees(request_: LaunchRequest, outer: DistEnv,
+                                      environ: dict[str, str], variable: str,
+                                      words: list[str]) -> None:
+    with pytest.raises(ConfigError) as info:
+        plan(request_, outer, environ)
+    assert info.value.variable == variable
+    message = str(info.value)
+    assert "\n" not in message and "HINT:" in message
+    for word in words:
+        assert word in message
 
 
-def test_inside_srun_one_task_per_node_is_the_per_node_launcher() -> None:
-    outer = slurm_per_node(node_rank=1, nodes=3)
-    p = plan(RunRequest(nproc_per_node=4), outer)
-    assert (p.nnodes, p.node_rank, p.world_size) == (3, 1, 12)
-    assert (p.master_addr, p.master_port) == ("n0", derive_port("4242", "0"))
+def test_per_node_plan_names_nodes_and_run_id() -> None:
+    p = plan(req(RUN, nproc_per_node=4), slurm_per_node(node_rank=1, nodes=3))
     assert p.hosts == ("n0", "n1", "n2") and p.node_name == "n1"
     assert p.run_id == "4242.0"
     assert p.node_of(0) == "n0" and p.node_of(11) == "n2" and p.node_of(5) == "n1"
-    assert [p.global_rank(i) for i in range(4)] == [4, 5, 6, 7]
 
 
-def test_options_override_the_outer_launcher() -> None:
-    outer = slurm_per_node(node_rank=1)
-    p = plan(RunRequest(nproc_per_node=2, master_addr="x", master_port=5, node_rank=0,
-                        nnodes=2), outer)
-    assert (p.master_addr, p.master_port, p.node_rank) == ("x", 5, 0)
+def test_options_win_over_the_launcher_s_master_and_the_rdzv_id_is_the_run_id() -> None:
+    p = plan(req(RUN, nproc_per_node=2, master_addr="x", master_port=5, node_rank=1,
+                 nnodes=2, run_id="job7"), slurm_per_node(node_rank=1))
+    assert (p.master_addr, p.master_port, p.node_rank, p.run_id) == ("x", 5, 1, "job7")
 
 
-def test_mpi_one_process_per_node_without_master_needs_an_address() -> None:
-    outer = DistEnv(launcher="openmpi", rank=1, world_size=2, local_world_size=1, node_rank=1,
-                    num_nodes=2, master_addr=None, master_port=None, node_name="m1")
-    with pytest.raises(ConfigError, match="--master-addr") as info:
-        plan(RunRequest(nproc_per_node=2), outer)
-    assert "openmpi" in str(info.value)
-    p = plan(RunRequest(nproc_per_node=2, master_addr="m0"), outer)
-    assert (p.master_addr, p.master_port, p.node_rank, p.nnodes) == ("m0", 29500, 1, 2)
-
-
-def test_several_tasks_per_node_is_refused_with_the_right_command() -> None:
-    with pytest.raises(ConfigError, match="--ntasks-per-node=1"):
-        plan(RunRequest(), slurm_per_node(node_rank=0, tasks_per_node=4))
-    mpi = DistEnv(launcher="openmpi", world_size=4, local_world_size=2, num_nodes=2)
-    with pytest.raises(ConfigError, match="ppr:1:node"):
-        plan(RunRequest(), mpi)
-
-
-def test_allocation_shell_is_not_planned() -> None:
-    alloc = DistEnv(launcher="slurm-allocation", num_nodes=2, launch_required=True,
-                    planned_tasks=2)
-    with pytest.raises(ConfigError, match="srun"):
-        plan(RunRequest(), alloc)
-
-
-def test_standalone_ignores_everything_else() -> None:
-    p = plan(RunRequest(nproc_per_node=2, standalone=True), DistEnv(launcher="local"),
-             environ={"MASTER_PORT": "1234", "MASTER_ADDR": "far"})
-    assert (p.nnodes, p.master_addr, p.master_port, p.run_id) == (1, "127.0.0.1", 0, "rid")
-    with pytest.raises(ConfigError, match="--standalone runs on one node"):
-        plan(RunRequest(standalone=True, nnodes=2))
+def test_in_place_keeps_the_launcher_s_own_ranks() -> None:
+    """srun -m cyclic: ranks on a node need not be contiguous."""
+    outer = DistEnv(launcher="slurm", rank=3, local_rank=1, world_size=4, local_world_size=2,
+                    node_rank=1, num_nodes=2, master_addr="n0", master_port=2000,
+                    node_name="n1", hosts=("n0", "n1"))
+    p = plan(RUN, outer)
+    assert p.workers == (Worker(3, 1),)
+    env = p.with_port(2000).worker_environ(p.workers[0], {})
+    assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["LOCAL_WORLD_SIZE"]) == (
+        "3", "1", "1", "2")
 
 
 # -- worker environments ------------------------------------------------------------------------
 
 def test_worker_environ_is_torchrun_s_contract() -> None:
-    p = plan(RunRequest(nproc_per_node=2, init_timeout=60), slurm_per_node(node_rank=1))
+    p = plan(req(RUN, nproc_per_node=2, init_timeout=60, max_restarts=3, role="trainer"),
+             slurm_per_node(node_rank=1))
     base = {"PATH": "/bin", "UNIRANK_STORE_FD": "9", "UNIRANK_NODE_NAMES": "stale"}
-    env = p.worker_environ(1, base, supervisor_pid=77)
+    env = p.worker_environ(p.workers[1], base, supervisor_pid=77, restart_count=2)
     assert env["PATH"] == "/bin"
     expected = {
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
         "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4",
-        "ROLE_NAME": "default", "MASTER_ADDR": "n0", "MASTER_PORT": str(derive_port("4242", "0")),
-        "TORCHELASTIC_RUN_ID": "4242.0", "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "ROLE_NAME": "trainer", "MASTER_ADDR": "n0", "MASTER_PORT": str(derive_port("4242", "0")),
+        "TORCHELASTIC_RUN_ID": "4242.0", "TORCHELASTIC_RESTART_COUNT": "2",
+        "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1",
         "UNIRANK_INIT_TIMEOUT": "60", "UNIRANK_SUPERVISOR_PID": "77",
         "UNIRANK_NODE_NAME": "n1", "UNIRANK_NODE_NAMES": "n0,n1",
@@ -190,22 +252,38 @@ def test_worker_environ_is_torchrun_s_contract() -> None:
 
 
 def test_worker_environ_keeps_user_settings() -> None:
-    p = plan(RunRequest(nproc_per_node=2)).with_port(4000)
+    p = plan(req(RUN, nproc_per_node=2)).with_port(4000)
     base = {"OMP_NUM_THREADS": "8", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
-    env = p.worker_environ(0, base, tag_output=True)
+    env = p.worker_environ(p.workers[0], base, unbuffered=True)
     assert env["OMP_NUM_THREADS"] == "8"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["MASTER_PORT"] == "4000"
-    one = plan(RunRequest(nproc_per_node=1)).with_port(4000).worker_environ(0, {})
-    assert "OMP_NUM_THREADS" not in one  # torchrun sets it only for several workers
+
+
+@pytest.mark.parametrize(("request_", "omp"), [
+    (req(RUN, nproc_per_node=1), None), (req(RUN, nproc_per_node=2), "1"),
+    (req(PARALLEL, nproc_per_node=1), None), (req(PARALLEL, nproc_per_node=3), "1"),
+])
+def test_omp_num_threads_only_when_workers_share_the_node(request_: LaunchRequest,
+                                                          omp: str | None) -> None:
+    p = plan(request_).with_port(4000)
+    assert p.worker_environ(p.workers[0], {}).get("OMP_NUM_THREADS") == omp
+
+
+def test_virtual_local_rank_gives_each_worker_its_own_gpu() -> None:
+    p = plan(req(RUN, nproc_per_node=2, virtual_local_rank=True)).with_port(4000)
+    env = p.worker_environ(p.workers[1], {"CUDA_VISIBLE_DEVICES": "4,5"})
+    assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"], env["RANK"]) == ("0", "5", "1")
 
 
 def test_worker_environ_needs_a_port() -> None:
+    p = plan(RUN)
     with pytest.raises(ValueError, match="with_port"):
-        plan(RunRequest()).worker_environ(0, {})
+        p.worker_environ(p.workers[0], {})
 
 
 def test_private_variables_are_the_bootstrap_s() -> None:
     assert set(PRIVATE_VARIABLES) == {"UNIRANK_SUPERVISOR_PID", "UNIRANK_STORE_FD",
-                                      "UNIRANK_NODE_NAMES", "UNIRANK_NODE_NAME"}
+                                      "UNIRANK_NODE_NAMES", "UNIRANK_NODE_NAME",
+                                      "UNIRANK_EXIT_TIMEOUT"}

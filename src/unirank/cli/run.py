@@ -126,6 +126,12 @@ _NOTED = {
 _NOTED_FLAGS = {"--run-path"}
 
 
+#: the planner's argument names as unirank run's options
+_OPTION_NAMES = {"nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes",
+                 "node_rank": "--node-rank", "master_addr": "--master-addr",
+                 "master_port": "--master-port", "max_restarts": "--max-restarts"}
+
+
 def _detect(environ: Mapping[str, str]) -> DistEnv:
     from unirank.launchers import detect
 
@@ -346,8 +352,11 @@ def main(args: argparse.Namespace) -> int:
         nnodes = request.nnodes if request.nnodes is not None else max(1, outer.num_nodes)
         nproc = _nproc_in_allocation(args, request, outer)
         reexec_through_srun(nnodes, inner_command(args, nproc, nnodes), environ)
-    plan = make_plan(request, outer, environ, hostname=socket.gethostname(),
-                     run_id_fallback=uuid.uuid4().hex)
+    try:
+        plan = make_plan(request, outer, environ, hostname=socket.gethostname(),
+                         run_id_fallback=uuid.uuid4().hex)
+    except ConfigError as exc:
+        raise exc.renamed(_OPTION_NAMES) from None
 
     from unirank.supervisor.procs import run_plan
     from unirank.supervisor.summary import format_summary

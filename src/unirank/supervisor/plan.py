@@ -370,6 +370,7 @@ def make_plan(
                               variable="--nnodes", value=str(request.nnodes),
                               hint="drop --nnodes or --standalone")
         outer = DistEnv(launcher="local", node_name=outer.node_name or hostname)
+        environ = {}  # nor MASTER_ADDR / MASTER_PORT: a free port on this host
     if outer.launch_required:
         raise ConfigError(
             f"this is a {outer.launcher} shell where no task was launched "

@@ -175,9 +175,9 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
             f"{prog}: FAILED (exit code {result.exit_code}): rank {first.rank} "
             f"(local rank {first.local_rank}) on node {first.node}: {first.describe()}"
         )
-        if first.error:
-            out.append(f"  error: {first.error}")
         excerpt = traceback_excerpt(list(first.stderr_tail))
+        if first.error and not any(first.error in line for line in excerpt):
+            out.append(f"  error: {first.error}")
         if excerpt:
             out.append(f"  last lines of rank {first.rank}'s stderr:")
             out.extend(f"    | {line}" for line in excerpt)
