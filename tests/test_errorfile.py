@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from unirank.errorfile import ERROR_FILE_VAR, failure_time, record_exception
+from unirank.errorfile import ERROR_FILE_VAR, failure_time, read_failure, record_exception
 
 
 def test_records_the_first_exception_only(tmp_path: Path) -> None:
@@ -34,11 +34,18 @@ def test_clean_exit_and_missing_variable_write_nothing(tmp_path: Path) -> None:
 
 
 def test_failure_time_reads_torchelastic_files(tmp_path: Path) -> None:
-    """A file written by torch.distributed.elastic's @record has only a whole-second time."""
+    """A file written by torch.distributed.elastic's @record has only a whole-second time: the
+    file's own (sub-second) modification time orders failures instead."""
+    import os
+
     path = tmp_path / "error.json"
-    path.write_text(json.dumps({"message": {"message": "x", "extraInfo": {
+    path.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {
         "py_callstack": "", "timestamp": "1700000000"}}}))
-    assert failure_time(path) == 1700000000.0
+    os.utime(path, (1700000000.25, 1700000000.25))
+    assert failure_time(path) == 1700000000.25
+    record = read_failure(path)
+    assert record is not None
+    assert (record.message, record.exit_code) == ("ValueError: x", 1)
     assert failure_time(tmp_path / "missing.json") is None
     (tmp_path / "bad.json").write_text("{")
     assert failure_time(tmp_path / "bad.json") is None

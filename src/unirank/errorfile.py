@@ -23,7 +23,13 @@ from pathlib import Path
 
 from unirank.contract import ERROR_FILE_VAR
 
-__all__ = ["ERROR_FILE_VAR", "RecordedFailure", "failure_time", "read_failure", "record_exception"]
+__all__ = [
+    "ERROR_FILE_VAR",
+    "RecordedFailure",
+    "failure_time",
+    "read_failure",
+    "record_exception",
+]
 
 
 
@@ -90,7 +96,9 @@ def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
             stamp = message.get("extraInfo", {}).get("timestamp")
         else:
             text, stamp = str(message), None
-        when = float(data["unirank_time"]) if "unirank_time" in data else float(stamp)
+        # torch's @record keeps whole seconds only: the file's own time says when it failed
+        when = (float(data["unirank_time"]) if "unirank_time" in data
+                else os.stat(path).st_mtime if stamp is not None else float("nan"))
         code = int(data.get("unirank_exit_code", 1))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -100,12 +108,8 @@ def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
 def failure_time(path: str | os.PathLike[str]) -> float | None:
     """When the failure recorded in ``path`` happened (seconds since the epoch), or None.
 
-    Reads ``unirank_time``, else torchelastic's whole-second ``timestamp``.
+    Reads ``unirank_time``; for a file torch's ``@record`` wrote (whole seconds only), the
+    file's modification time.
     """
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-        if "unirank_time" in data:
-            return float(data["unirank_time"])
-        return float(data["message"]["extraInfo"]["timestamp"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    record = read_failure(path)
+    return None if record is None else record.time

@@ -14,7 +14,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -210,7 +209,6 @@ def test_init_timeout_names_the_rank_that_never_started(tmp_path: Path) -> None:
     port = str(_free_port())
     common = ["--nnodes", "3", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", port,
               "--init-timeout", "5"]
-    start = time.monotonic()
     procs = [
         subprocess.Popen([sys.executable, "-m", "unirank", "run", *common, "--node-rank",
                           str(node), "allreduce.py"], cwd=tmp_path, env=_env(),
@@ -218,14 +216,12 @@ def test_init_timeout_names_the_rank_that_never_started(tmp_path: Path) -> None:
         for node in (0, 1)
     ]
     outputs = [proc.communicate(timeout=TIMEOUT) for proc in procs]
-    elapsed = time.monotonic() - start
     for node, (proc, (_out, err)) in enumerate(zip(procs, outputs)):
         assert proc.returncode == 1, err
         assert f"unirank: rank {node}: init timeout: 1 of 3 ranks did not join within 5 s: " \
                "rank 2 (on node rank 2)." in err
         assert f"unirank run: FAILED (exit code 1): rank {node}" in err
     assert "sum" not in outputs[0][0] + outputs[1][0]
-    assert elapsed < 60  # far below torch's own 30-minute default
 
 
 def test_init_timeout_from_the_environment(tmp_path: Path) -> None:
