@@ -21,7 +21,7 @@ import pytest
 from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_run import _env, _free_port, run  # noqa: E402
+from test_run import _env, _free_port, run
 
 pytestmark = pytest.mark.integration
 
@@ -98,7 +98,7 @@ def test_ranks_that_only_print_succeed_pinned_to_one_core(tmp_path: Path) -> Non
             cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120,
             stdin=subprocess.DEVNULL)
         assert result.returncode == 0, result.stderr
-        assert sorted(result.stdout.split()) == sorted("rank 0 rank 1 rank 2 rank 3".split())
+        assert sorted(result.stdout.split()) == sorted(["rank", "0", "rank", "1", "rank", "2", "rank", "3"])
 
 
 ALL_FAIL = """

@@ -17,10 +17,9 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pytest
-import torch.distributed as dist
 
 from _procs import wait_gone
 

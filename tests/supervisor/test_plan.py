@@ -3,9 +3,9 @@ layouts and environments out. The rules of :mod:`unirank.supervisor.plan` are te
 
 from __future__ import annotations
 
-import pytest
-
 from typing import Any
+
+import pytest
 
 from unirank.contract import PRIVATE_VARIABLES, parse_seconds, resolve_init_timeout
 from unirank.distenv import DistEnv
