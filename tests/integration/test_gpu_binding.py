@@ -2,7 +2,7 @@
 
 There is no CUDA behind ``/dev/fakegpu*``, so CUDA's answers are *simulated* in each real srun
 task (``scripts/gpu_choice.py``: "CUDA available, as many devices as CUDA_VISIBLE_DEVICES lists,
-NCCL built in"); the pure choice functions of ``unirank.runtime.backend`` then run on the task's
+NCCL built in"); the pure choice functions of ``unirank.runtime.backends`` then run on the task's
 real environment and detected layout. One srun per binding style; its records feed several tests.
 """
 

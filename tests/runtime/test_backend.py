@@ -19,7 +19,8 @@ import pytest
 
 from unirank.errors import ConfigError
 from unirank.runtime import backends
-from unirank.runtime.backend import (
+from unirank.runtime.backends import (
+    Backend,
     CudaFacts,
     choose_backend,
     choose_device,
@@ -28,7 +29,6 @@ from unirank.runtime.backend import (
     planned_device,
     visible_devices,
 )
-from unirank.runtime.backends import Backend
 
 NO_CUDA = CudaFacts(available=False, device_count=0, nccl_available=False)
 CPU_BUILD_NCCL = CudaFacts(available=False, device_count=0, nccl_available=True)
@@ -349,21 +349,10 @@ def test_backend_modules_do_not_import_torch() -> None:
         "stub = types.ModuleType('unirank.runtime')\n"
         f"stub.__path__ = [{runtime_dir!r}]\n"
         "sys.modules['unirank.runtime'] = stub\n"
-        "import unirank.runtime.backends as b, unirank.runtime.backend as c\n"
-        "assert b.choose_backend(None, c.CudaFacts(False, 0, False)) == 'gloo'\n"
+        "import unirank.runtime.backends as b\n"
+        "assert b.choose_backend(None, b.CudaFacts(False, 0, False)) == 'gloo'\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-
-
-def test_compat_module_does_not_shadow_the_backend_getter() -> None:
-    """Importing ``unirank.runtime.backend`` (done above) leaves ``unirank.runtime.backend``, the
-    getter, a function: the module is loaded while the package is, before the getter is bound."""
-    import unirank
-    import unirank.runtime as runtime
-
-    assert callable(runtime.backend)
-    assert unirank.backend is runtime.backend
-    assert sys.modules["unirank.runtime.backend"].choose_backend is backends.choose_backend

@@ -17,7 +17,7 @@ import json
 import os
 
 from unirank.launchers import detect
-from unirank.runtime.backend import (
+from unirank.runtime.backends import (
     CudaFacts,
     choose_backend,
     choose_device,

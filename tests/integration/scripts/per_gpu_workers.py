@@ -17,7 +17,7 @@ import sys
 import torch
 
 import unirank as ur
-from unirank.runtime.backend import planned_device
+from unirank.runtime.backends import planned_device
 from unirank.supervisor.devices import visible_gpu_count
 
 

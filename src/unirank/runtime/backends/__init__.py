@@ -219,9 +219,3 @@ def _register_builtins() -> None:
 
 
 _register_builtins()
-
-# Load the compatibility module unirank.runtime.backend now, while unirank.runtime is being
-# imported (its state module imports this package): the first import of a submodule sets the
-# package attribute of that name, and unirank.runtime.backend is the backend() getter, which
-# unirank.runtime binds after this. Loaded later, the module would replace the getter.
-importlib.import_module("unirank.runtime.backend")

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from unirank.contract import visible_devices
+
 __all__ = [
     "CudaFacts",
     "choose_device",
@@ -47,32 +49,6 @@ def cuda_facts() -> CudaFacts:
     count = int(torch.cuda.device_count()) if available else 0
     nccl = bool(dist.is_nccl_available())
     return CudaFacts(available=available, device_count=count, nccl_available=nccl)
-
-
-def _ends_list(entry: str) -> bool:
-    """True for a ``CUDA_VISIBLE_DEVICES`` entry at which CUDA stops reading the list."""
-    return not entry or entry.startswith("-") or entry.lower() == "nodevfiles"
-
-
-def visible_devices(environ: Mapping[str, str]) -> list[str] | None:
-    """The entries of ``CUDA_VISIBLE_DEVICES``, or ``None`` when it is unset.
-
-    CUDA stops at the first entry that is empty, negative (starts with ``-``, as ``-1``) or
-    ``NoDevFiles`` (any case; Slurm's marker for a job with no GPU): an empty value, or one
-    starting with such an entry, hides every device (``[]``).
-
-    Reads: CUDA_VISIBLE_DEVICES.
-    """
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    if value is None:
-        return None
-    shown: list[str] = []
-    for part in value.split(","):
-        entry = part.strip()
-        if _ends_list(entry):
-            break
-        shown.append(entry)
-    return shown
 
 
 def gpus_bound_per_task(environ: Mapping[str, str]) -> bool:
