@@ -25,9 +25,11 @@ from unirank.errors import ConfigError
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_INIT_TIMEOUT",
+    "DONE_FD_VAR",
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
     "INIT_TIMEOUT_VAR",
+    "LINGER_FD_VAR",
     "MAX_RESTARTS_VAR",
     "NODE_NAMES_VAR",
     "NODE_NAME_VAR",
@@ -66,8 +68,12 @@ NODE_NAMES_VAR = "UNIRANK_NODE_NAMES"
 NODE_NAME_VAR = "UNIRANK_NODE_NAME"
 #: seconds node 0's store waits, at the end of a multi-node job, for the other nodes' ranks
 EXIT_TIMEOUT_VAR = "UNIRANK_EXIT_TIMEOUT"
+#: a pipe the store's host reads at its end: EOF once its node's other workers have ended
+LINGER_FD_VAR = "UNIRANK_LINGER_FD"
+#: a pipe every other worker closes when its program ends (before the interpreter's teardown)
+DONE_FD_VAR = "UNIRANK_DONE_FD"
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, NODE_NAME_VAR,
-                     EXIT_TIMEOUT_VAR)
+                     EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR)
 
 
 def format_seconds(value: float) -> str:

@@ -55,24 +55,21 @@ def test_record_decorated_trainer_shows_the_rank_s_real_exception(tmp_path: Path
     assert "ValueError: real failure of rank 1" in summary
 
 
-# Rank 0 ends at once; rank 1 uses the store only after rank 0's process is gone.
+# Rank 0's program ends at once; rank 1 uses the store only after that.
 STORE_AFTER_RANK_0 = """
 import os, sys, time, datetime
 rank = int(os.environ["RANK"])
-flag = os.path.join(sys.argv[1], "rank0.pid")
+flag = os.path.join(sys.argv[1], "rank0.done")
 if rank == 0:
     with open(flag + ".tmp", "w") as fh:
         fh.write(str(os.getpid()))
-    os.rename(flag + ".tmp", flag)
+    os.rename(flag + ".tmp", flag)  # the last thing rank 0's program does
     sys.exit(0)
 import select
 deadline = time.monotonic() + 60
 while not os.path.exists(flag):
-    assert time.monotonic() < deadline, "rank 0 never wrote its pid"
+    assert time.monotonic() < deadline, "rank 0 never finished"
     select.select([], [], [], 0.05)
-pid = int(open(flag).read())
-fd = os.pidfd_open(pid)
-assert select.select([fd], [], [], 60)[0], "rank 0 did not end"
 import torch.distributed as dist
 store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                       datetime.timedelta(seconds=30))
@@ -81,10 +78,20 @@ print("late rank used the store:", store.get("late").decode(), flush=True)
 """
 
 
-def test_store_outlives_rank_0(tmp_path: Path) -> None:
-    """Defect 2 made deterministic: rank 1 touches the store after rank 0's process ended."""
+def test_store_outlives_rank_0_s_program(tmp_path: Path) -> None:
+    """Defect 2: rank 1 joins the store only after rank 0's program ended."""
     (tmp_path / "late.py").write_text(STORE_AFTER_RANK_0)
     result = run(tmp_path, ["-n", "2", "late.py", str(tmp_path)])
+    assert result.returncode == 0, result.stderr
+    assert "late rank used the store: ok" in result.stdout
+
+
+def test_store_outlives_rank_0_s_program_with_no_python(tmp_path: Path) -> None:
+    """With --no-python rank 0's program replaces the bootstrap: a store host serves instead."""
+    (tmp_path / "late.py").write_text(STORE_AFTER_RANK_0)
+    (tmp_path / "late.sh").write_text(f"#!/bin/sh\nexec {sys.executable} late.py \"$@\"\n")
+    (tmp_path / "late.sh").chmod(0o755)
+    result = run(tmp_path, ["-n", "2", "--no-python", "./late.sh", str(tmp_path)])
     assert result.returncode == 0, result.stderr
     assert "late rank used the store: ok" in result.stdout
 

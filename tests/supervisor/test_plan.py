@@ -286,4 +286,5 @@ def test_worker_environ_needs_a_port() -> None:
 def test_private_variables_are_the_bootstrap_s() -> None:
     assert set(PRIVATE_VARIABLES) == {"UNIRANK_SUPERVISOR_PID", "UNIRANK_STORE_FD",
                                       "UNIRANK_NODE_NAMES", "UNIRANK_NODE_NAME",
-                                      "UNIRANK_EXIT_TIMEOUT"}
+                                      "UNIRANK_EXIT_TIMEOUT", "UNIRANK_LINGER_FD",
+                                      "UNIRANK_DONE_FD"}

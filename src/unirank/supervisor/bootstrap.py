@@ -8,24 +8,28 @@ In order, it
 
 1. arms the parent-death signal (SIGKILL when the supervisor dies), and exits at once if the
    supervisor is already gone;
-2. on rank 0, forks the *store host*: a child that builds the TCPStore server on the listening
-   socket the supervisor opened (``master_listen_fd``) and serves it until the supervisor ends
-   (the supervisor kills it with rank 0's process group). So the store outlives every rank's use
-   of it, even when rank 0's program ends first. Every rank, rank 0 included, is a store client
-   (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun;
+2. on rank 0, builds the TCPStore server on the listening socket the supervisor opened
+   (``master_listen_fd``). Every rank, rank 0 included, is a store client
+   (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun. So that the store outlives every
+   rank's use of it, rank 0 does not end before its node's other workers' programs: at the end
+   of its program it waits until the supervisor closes the linger pipe (UNIRANK_LINGER_FD),
+   which it does once every other worker closed its done pipe (UNIRANK_DONE_FD, closed when
+   the program ends, before the interpreter's slow teardown) or ended. With
+   ``--exec`` it forks a store host instead, which serves until the supervisor ends;
 3. announces itself and waits until every rank has joined (:mod:`unirank.joincheck`), failing
    within the init timeout with the missing ranks named (not with ``--exec``: the program is
    not Python, and only rank 0 waits for torch, to host the store);
 4. removes its private variables from the environment and runs the target as ``python SCRIPT``
    would (``__main__``, ``sys.argv``, ``__file__``, ``sys.path[0]``), as ``python -m MODULE``
    would, by ``exec`` of the program, or calls the function after :func:`unirank.init`;
-5. on several nodes, counts itself out in the store when the program ends, and rank 0 waits
-   (at most UNIRANK_EXIT_TIMEOUT seconds) until every rank has, so that node 0's store stays up
-   while other nodes still use it (torchrun's agents have the same exit barrier).
+5. when ranks run under other supervisors too (several nodes, or one ``unirank run`` per task),
+   counts itself out in the store when the program ends, and rank 0 waits (at most
+   UNIRANK_EXIT_TIMEOUT seconds) until every rank has, so that the store stays up while others
+   still use it (torchrun's agents have the same exit barrier).
 
 Reads: UNIRANK_SUPERVISOR_PID, UNIRANK_STORE_FD, UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES,
-UNIRANK_INIT_TIMEOUT, UNIRANK_EXIT_TIMEOUT, RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-MASTER_ADDR, MASTER_PORT.
+UNIRANK_INIT_TIMEOUT, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD, UNIRANK_DONE_FD, RANK, WORLD_SIZE,
+LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT.
 """
 
 from __future__ import annotations
@@ -53,7 +57,9 @@ from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from unirank.contract import (
+    DONE_FD_VAR,
     EXIT_TIMEOUT_VAR,
+    LINGER_FD_VAR,
     NODE_NAME_VAR,
     NODE_NAMES_VAR,
     PRIVATE_VARIABLES,
@@ -92,6 +98,8 @@ class WorkerInfo:
     store_fd: int | None
     supervisor_pid: int | None = None
     exit_timeout: float | None = None
+    linger_fd: int | None = None
+    done_fd: int | None = None
 
     def node_of(self, rank: int) -> str:
         """The node that runs ``rank``: its host name where known, else its node rank."""
@@ -121,7 +129,7 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
 
     Reads: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_INIT_TIMEOUT, UNIRANK_STORE_FD,
-    UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT.
+    UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD, UNIRANK_DONE_FD.
     """
     try:
         init_timeout = resolve_init_timeout(None, environ)
@@ -132,6 +140,8 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
     names = environ.get(NODE_NAMES_VAR, "")
     fd_text = environ.get(STORE_FD_VAR, "")
     pid_text = environ.get(SUPERVISOR_PID_VAR, "")
+    linger_text = environ.get(LINGER_FD_VAR, "")
+    done_text = environ.get(DONE_FD_VAR, "")
     return WorkerInfo(
         rank=_int(environ, "RANK"),
         world_size=_int(environ, "WORLD_SIZE"),
@@ -145,6 +155,8 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
         store_fd=int(fd_text) if fd_text.isdigit() else None,
         supervisor_pid=int(pid_text) if pid_text.isdigit() else None,
         exit_timeout=exit_timeout,
+        linger_fd=int(linger_text) if linger_text.isdigit() else None,
+        done_fd=int(done_text) if done_text.isdigit() else None,
     )
 
 
@@ -196,7 +208,9 @@ def _alive(pid: int) -> bool:
 
 
 def host_store(info: WorkerInfo) -> None:
-    """Fork the store host on the listening socket the supervisor passed (rank 0 only)."""
+    """Fork the store host on the listening socket the supervisor passed (rank 0 with
+    ``--exec``, whose program replaces this process). Not used otherwise: after a fork, both
+    processes pay for copying every page Python touches (measured: 60 ms a run)."""
     import torch.distributed  # noqa: F401  (imported before the fork, once)
 
     assert info.store_fd is not None
@@ -210,10 +224,10 @@ def host_store(info: WorkerInfo) -> None:
 
 
 def rendezvous(info: WorkerInfo) -> Any:
-    """Host the store (rank 0) and connect to it, then wait for every rank to join.
+    """Host the store (rank 0) or connect to it, then wait for every rank to join.
 
-    Returns this rank's store client. On failure prints a one-line message and raises
-    SystemExit(1).
+    Returns this rank's store (the server itself on rank 0: keep it alive). On failure prints a
+    one-line message and raises SystemExit(1).
     """
     from datetime import timedelta
 
@@ -222,12 +236,11 @@ def rendezvous(info: WorkerInfo) -> Any:
     from unirank.joincheck import InitTimeoutError, announce_and_wait
 
     deadline = time.monotonic() + info.init_timeout
-    if info.store_fd is not None:
-        host_store(info)
     try:
         store = TCPStore(
-            info.master_addr, info.master_port, None, False,
+            info.master_addr, info.master_port, None, info.store_fd is not None,
             timedelta(seconds=info.init_timeout), wait_for_workers=False,
+            master_listen_fd=info.store_fd, use_libuv=True,
         )
     except (RuntimeError, TimeoutError) as exc:
         detail = " ".join(str(exc).split())[:200]
@@ -248,6 +261,32 @@ def rendezvous(info: WorkerInfo) -> Any:
         _fail(info, f"lost the rendezvous store at {info.master_addr}:{info.master_port} "
               f"(rank 0's node {info.node_of(0)}) while waiting for the other ranks: {detail}")
     return store
+
+
+def _private_fds(info: WorkerInfo) -> None:
+    """The supervisor's pipes are not for the program's own children (exec'd or spawned)."""
+    for fd in (info.linger_fd, info.done_fd):
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.set_inheritable(fd, False)
+
+
+def done(info: WorkerInfo) -> None:
+    """Tell the supervisor this worker's program ended (close the done pipe)."""
+    if info.done_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(info.done_fd)
+
+
+def linger(info: WorkerInfo) -> None:
+    """Rank 0 at the end of its program: wait until the supervisor closed the linger pipe (its
+    node's other workers have ended, or it is gone), so the store this process serves outlives
+    their use of it."""
+    if info.linger_fd is None:
+        return
+    with contextlib.suppress(OSError):
+        while os.read(info.linger_fd, 4096):
+            pass
 
 
 def exit_barrier(store: Any, info: WorkerInfo, *, wait: bool) -> None:
@@ -351,6 +390,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     info = read_worker_info(os.environ)
     _scrub(os.environ)
+    _private_fds(info)
     if args and args[0] == "--exec":
         if info.store_fd is not None:
             host_store(info)
@@ -365,8 +405,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         ok = exc.code in (None, 0)
         raise
     finally:
+        done(info)
         if info.exit_timeout is not None:
             exit_barrier(store, info, wait=ok and info.rank == 0)
+        if ok:
+            linger(info)
+        del store  # a server lives exactly as long as the program and its linger
 
 
 if __name__ == "__main__":

@@ -18,8 +18,10 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
 * With ``max_restarts`` a failed group is stopped and started again, TORCHELASTIC_RESTART_COUNT
   counting up; every attempt's root cause goes into the summary.
 * Workers arm PR_SET_PDEATHSIG in their bootstrap, so a supervisor killed by SIGKILL leaves no
-  orphans; when the supervisor ends it kills whatever is left in the workers' groups (rank 0's
-  group holds the rendezvous store, which so outlives every rank's use of it).
+  orphans; when the supervisor ends it kills whatever is left in the workers' groups.
+* The worker that hosts the rendezvous store (rank 0) gets the read end of a *linger pipe*; the
+  supervisor closes it once every other worker has ended, and the host's bootstrap waits for
+  that before it ends, so the store outlives every local rank's use of it.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ from typing import IO, TYPE_CHECKING, Any, Union
 
 from unirank.contract import (
     DEFAULT_GRACE_PERIOD,
+    DONE_FD_VAR,
     ERROR_FILE_VAR,
     EXIT_TIMEOUT_VAR,
+    LINGER_FD_VAR,
     STORE_FD_VAR,
     format_seconds,
 )
@@ -101,6 +105,8 @@ class WorkerLaunch:
     stdout_file: str | None = None
     stderr_file: str | None = None
     prefix: bytes | None = None
+    #: this worker hosts the store: it gets the read end of the linger pipe
+    hosts_store: bool = False
 
 
 class _Stream:
@@ -123,6 +129,8 @@ class _Worker:
         self.tail = OutputTail()
         #: when (time.time()) the supervisor first signalled this worker to stop, if it did
         self.stopped_at: float | None = None
+        #: its program ended (it closed its done pipe), though the process may still be exiting
+        self.program_done = False
 
     @property
     def alive(self) -> bool:
@@ -166,6 +174,10 @@ class Supervisor:
         self._killing = False
         self._unreaped: tuple[int, ...] = ()
         self._broken: set[int] = set()
+        #: the write end of the store host's linger pipe, closed when the others have ended
+        self._linger: int | None = None
+        #: read ends of the other workers' done pipes
+        self._done_pipes: dict[int, _Worker] = {}
 
     # -- public -------------------------------------------------------------------------------
 
@@ -203,6 +215,15 @@ class Supervisor:
         sys.stderr.flush()
         for launch in self._launches:
             self._start(launch)
+        self._release_store_host()
+
+    def _release_store_host(self) -> None:
+        """Close the linger pipe once every worker but the store's host has ended."""
+        if self._linger is not None and not any(
+                w.alive and not w.program_done for w in self._workers
+                if not w.launch.hosts_store):
+            os.close(self._linger)
+            self._linger = None
 
     def _open_log(self, path: str | None) -> list[int]:
         if path is None:
@@ -218,16 +239,40 @@ class Supervisor:
         err_targets = ([self._err_fd] if launch.stderr_console else [])
         err_targets += self._open_log(launch.stderr_file)
         pipe_stdout = out_targets != [self._out_fd] or launch.prefix is not None
-        proc = subprocess.Popen(
-            list(launch.argv),
-            env=dict(launch.env),
-            stdout=subprocess.PIPE if pipe_stdout else None,
-            stderr=subprocess.PIPE,
-            pass_fds=launch.pass_fds,
-            start_new_session=True,
-        )
+        env = dict(launch.env)
+        fds = launch.pass_fds
+        linger_read = done_write = done_read = None
+        if launch.hosts_store:
+            linger_read, self._linger = os.pipe()
+            env[LINGER_FD_VAR] = str(linger_read)
+            fds = (*fds, linger_read)
+        else:
+            done_read, done_write = os.pipe()
+            env[DONE_FD_VAR] = str(done_write)
+            fds = (*fds, done_write)
+        try:
+            proc = subprocess.Popen(
+                list(launch.argv),
+                env=env,
+                stdout=subprocess.PIPE if pipe_stdout else None,
+                stderr=subprocess.PIPE,
+                pass_fds=fds,
+                start_new_session=True,
+            )
+        except BaseException:
+            if done_read is not None:
+                os.close(done_read)
+            raise
+        finally:
+            for fd in (linger_read, done_write):
+                if fd is not None:
+                    os.close(fd)
         worker = _Worker(launch, proc)
         self._workers.append(worker)
+        if done_read is not None:
+            os.set_blocking(done_read, False)
+            self._done_pipes[done_read] = worker
+            self._selector.register(done_read, selectors.EVENT_READ, worker)
         pipes: list[tuple[IO[bytes] | None, list[int], OutputTail | None]] = [
             (proc.stderr, err_targets, worker.tail)
         ]
@@ -263,8 +308,24 @@ class Supervisor:
             for key, _events in self._selector.select(timeout):
                 if key.data is None:
                     self._on_wakeup(wake_r)
+                elif isinstance(key.data, _Worker):
+                    self._on_done(key.fd)
                 else:
                     self._pump(key.data)
+
+    def _on_done(self, fd: int) -> None:
+        """A worker closed its done pipe (or ended): its program no longer uses the store."""
+        try:
+            if os.read(fd, 512):
+                return  # nobody writes; ignore stray bytes
+        except BlockingIOError:
+            return
+        except OSError:
+            pass
+        self._done_pipes.pop(fd).program_done = True
+        self._selector.unregister(fd)
+        os.close(fd)
+        self._release_store_host()
 
     def _on_wakeup(self, wake_r: int) -> None:
         try:
@@ -306,6 +367,7 @@ class Supervisor:
             if code != 0 and self._first_failure is None and self._stop_signal is None:
                 self._first_failure = worker
                 self._on_first_failure(worker)
+        self._release_store_host()
 
     def _on_first_failure(self, worker: _Worker) -> None:
         others = self._alive()
@@ -416,6 +478,13 @@ class Supervisor:
         for fd in self._files:
             os.close(fd)
         self._files.clear()
+        if self._linger is not None:
+            os.close(self._linger)
+            self._linger = None
+        for fd in self._done_pipes:
+            self._selector.unregister(fd)
+            os.close(fd)
+        self._done_pipes.clear()
 
     def _root_cause(self) -> tuple[_Worker, bool] | None:
         """The root cause, and whether it ended on its own (else it was stopped while failing).
@@ -497,7 +566,7 @@ def _attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, s
         os.makedirs(folder, exist_ok=True)
         error_file = os.path.join(folder, "error.json")
         env[ERROR_FILE_VAR] = error_file
-        if plan.nnodes > 1:
+        if plan.world_size > plan.nproc_per_node:  # ranks under other supervisors
             env[EXIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
         fds: tuple[int, ...] = ()
         if store_fd is not None and worker.rank == 0:
@@ -511,6 +580,7 @@ def _attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, s
             stderr_console=shown and not out.redirected(worker.local_rank, 2),
             stdout_file=files[0], stderr_file=files[1],
             prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
+            hosts_store=bool(fds),
         ))
     return launches
 
