@@ -1,5 +1,6 @@
-"""Waiting for processes to be gone, on pidfds (no polling): the shared helper of the tests that
-prove no worker outlives its supervisor, its parent or its failed step.
+"""Process helpers shared by the tests: waiting for processes to be gone, on pidfds (no
+polling), for the tests that prove no worker outlives its supervisor, its parent or its failed
+step; and running a Python snippet in a fresh interpreter.
 
 Importable from any test module: tests/conftest.py puts this folder on ``sys.path``.
 """
@@ -8,6 +9,8 @@ from __future__ import annotations
 
 import os
 import selectors
+import subprocess
+import sys
 import time
 from collections.abc import Iterable
 from typing import Optional
@@ -56,3 +59,11 @@ def wait_gone(pids: Iterable[int], timeout: float = 30.0,
         for fd in fds:
             os.close(fd)
     return [pid for pid in pids if is_live(pid, mark)]
+
+
+def assert_snippet_runs(code: str, timeout: float = 60) -> None:
+    """Run ``code`` with this interpreter in a fresh process; fail with its stderr unless it
+    exits 0 (for checks of what an import pulls in, which the test process has already done)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr

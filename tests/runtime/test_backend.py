@@ -10,13 +10,12 @@ GPU current needs a GPU. The registry tests register a dummy entry and unregiste
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from _procs import assert_snippet_runs
 from unirank.errors import ConfigError
 from unirank.runtime import backends
 from unirank.runtime.backends import (
@@ -353,6 +352,4 @@ def test_backend_modules_do_not_import_torch() -> None:
         "assert b.choose_backend(None, b.CudaFacts(False, 0, False)) == 'gloo'\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    assert_snippet_runs(code)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import unirank
 import unirank.runtime as runtime
+from _procs import assert_snippet_runs
 
 
 def test_every_lazy_name_is_exported_by_the_runtime() -> None:
@@ -22,6 +20,4 @@ def test_import_unirank_does_not_import_torch_until_a_runtime_name_is_used() -> 
         "assert 'torch' not in sys.modules, 'import unirank imported torch'\n"
         "ur.get_rank\nassert 'torch' in sys.modules\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    assert_snippet_runs(code)
