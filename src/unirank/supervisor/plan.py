@@ -328,8 +328,8 @@ def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str) -> str:
     return fallback
 
 
-def _master_of_launcher(request: LaunchRequest, outer: DistEnv, starts_all: bool,
-                        environ: Mapping[str, str]) -> tuple[str, int]:
+def _master_of_launcher(request: LaunchRequest, outer: DistEnv) -> tuple[str, int]:
+    """The master of a world the outer launcher laid out: the options, else the launcher's."""
     addr = request.master_addr or outer.master_addr
     if addr is None:
         raise ConfigError(
@@ -339,11 +339,7 @@ def _master_of_launcher(request: LaunchRequest, outer: DistEnv, starts_all: bool
             hint="pass --master-addr <first node's host name> (the same on every node), "
             "or export MASTER_ADDR to every task",
         )
-    if request.master_port:
-        return addr, request.master_port
-    if starts_all and explicit_master(environ)[1] is None:
-        return addr, 0
-    return addr, outer.master_port or DEFAULT_PORT
+    return addr, request.master_port or outer.master_port or DEFAULT_PORT
 
 
 def make_plan(
@@ -401,7 +397,7 @@ def make_plan(
                     hint=f"drop it, or pass {outer.local_world_size}, to run each process as "
                     f"one rank; or {_per_node_hint(outer)}",
                 )
-            addr, port = _master_of_launcher(request, outer, False, environ)
+            addr, port = _master_of_launcher(request, outer)
             return Plan(
                 mode=IN_PLACE, workers=(Worker(outer.rank, outer.local_rank),),
                 world_size=outer.world_size, local_world_size=outer.local_world_size,
@@ -410,7 +406,7 @@ def make_plan(
             )
         count = nproc if nproc is not None else request.spawn_default
         assert count is not None
-        addr, port = _master_of_launcher(request, outer, False, environ)
+        addr, port = _master_of_launcher(request, outer)
         return _spawn_plan(count, nnodes, node_rank, addr, port, hosts, common)
 
     # no launcher: a world of one process
