@@ -7,6 +7,8 @@ Targets (2-core machine):
   cli      `unirank --help`, `unirank info` cold start / `python -c pass`              <= 4x
   reduce   per-call `ur.all_reduce` / `dist.all_reduce` on a 4-byte tensor            <= 1.03x
   init16   init latency of 16 local ranks under `unirank run`, worst of 5             <= 150 ms
+  train    samples/s of examples/train.py's loop with ur.auto_* / the same written by hand
+           (DDP + DistributedSampler), 2 local ranks, interleaved runs                  >= 0.98
            (init latency = last rank leaving init_process_group - last rank entering it, i.e.
            the cost of the rendezvous itself, not the wait for slower ranks' `import torch`)
 """
@@ -118,11 +120,30 @@ def bench_init16(repeat: int) -> bool:
     return report("init of 16 local ranks (worst of 5)", worst * 1000, 150, " ms")
 
 
+def bench_train(repeat: int) -> bool:
+    rates: dict[str, list[float]] = {"auto": [], "hand": []}
+    for _ in range(repeat):
+        for mode in rates:
+            out = subprocess.run([PY, "-m", "unirank", "run", "-n", "2",
+                                  str(HERE / "_train_worker.py"), mode], env=clean_env(),
+                                 check=True, timeout=600, capture_output=True, text=True).stdout
+            rates[mode].append(float(next(line.split()[1] for line in out.splitlines()
+                                          if line.startswith("SAMPLES_PER_S"))))
+    auto, hand = statistics.median(rates["auto"]), statistics.median(rates["hand"])
+    print(f"train: ur.auto_* {auto:.0f} samples/s, by hand {hand:.0f} samples/s "
+          f"(medians of {repeat}, 2 local ranks)")
+    ok = auto / hand >= 0.98
+    print(f"  {'auto_* / by hand (samples/s)':<52} {auto / hand:8.3f}x  target >= 0.98x  "
+          f"{'OK' if ok else 'MISS'}")
+    return ok
+
+
 BENCHES: dict[str, Callable[[int], bool]] = {
     "start": bench_start,
     "cli": bench_cli,
     "reduce": bench_reduce,
     "init16": bench_init16,
+    "train": bench_train,
 }
 
 

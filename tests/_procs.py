@@ -1,19 +1,27 @@
 """Process helpers shared by the tests: waiting for processes to be gone, on pidfds (no
 polling), for the tests that prove no worker outlives its supervisor, its parent or its failed
-step; and running a Python snippet in a fresh interpreter.
+step; running a Python snippet in a fresh interpreter; and running a job script that prints
+``RESULT {json}`` lines, without the launcher variables of the shell running pytest.
 
 Importable from any test module: tests/conftest.py puts this folder on ``sys.path``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from typing import Optional
+from pathlib import Path
+from typing import Any, Optional
+
+#: prefixes of the launcher variables a job script must not inherit from the shell
+LAUNCHER_VARS = ("SLURM", "OMPI_", "PMI", "MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "RANK",
+                 "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_",
+                 "TORCHELASTIC_", "UNIRANK_")
 
 
 def is_live(pid: int, mark: Optional[bytes] = None) -> bool:
@@ -67,3 +75,16 @@ def assert_snippet_runs(code: str, timeout: float = 60) -> None:
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=timeout)
     assert proc.returncode == 0, proc.stderr
+
+
+def run_job(script: Path, *args: str, timeout: float = 120) -> list[dict[str, Any]]:
+    """Run ``script`` (which prints one ``RESULT {json}`` line per rank) with this interpreter,
+    without launcher variables; fail with its stderr unless it exits 0; return the results
+    sorted by their ``rank``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
+               if line.startswith("RESULT ")]
+    return sorted(results, key=lambda result: int(result.get("rank", 0)))

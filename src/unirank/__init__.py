@@ -1,7 +1,7 @@
 """unirank: one PyTorch distributed script, unchanged, under any launcher.
 
-``import unirank`` does not import torch; the runtime API (``init``, ``Parallel``, collectives)
-loads it on first use.
+``import unirank`` does not import torch; the runtime API (``init``, ``Parallel``, collectives,
+``auto_model``/``auto_dataloader``...) loads it on first use.
 """
 
 from __future__ import annotations
@@ -38,6 +38,13 @@ _RUNTIME_NAMES = frozenset(
         "print0",
         "get_logger",
         "dist_env",
+        "auto_model",
+        "auto_optim",
+        "auto_dataloader",
+        "DistributedProxySampler",
+        "manual_seed",
+        "save",
+        "load",
     }
 )
 

@@ -1,15 +1,22 @@
 """The idist-style runtime API (imports torch): ``init``/``finalize``/``Parallel``, getters,
-collectives and helpers. ``import unirank as ur`` serves these names lazily.
+collectives, helpers and training helpers. ``import unirank as ur`` serves these names lazily.
 
-Modules: :mod:`.backend` (backend and device choice, pure), :mod:`.state` (the cached DistEnv
+Modules: :mod:`.backends` (the backend registry), :mod:`.state` (the cached DistEnv
 and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel`
 (``Parallel``, which spawns through :mod:`unirank.supervisor.procs`), :mod:`.collectives`,
-:mod:`.helpers`.
+:mod:`.helpers`, :mod:`.training` (auto_model, auto_optim, manual_seed, save, load),
+:mod:`.data` (auto_dataloader).
 """
 
 from __future__ import annotations
 
 from unirank.runtime.collectives import all_gather, all_reduce, barrier, broadcast
+from unirank.runtime.data import (
+    AutoDataLoader,
+    AutoDistributedSampler,
+    DistributedProxySampler,
+    auto_dataloader,
+)
 from unirank.runtime.helpers import get_logger, one_rank_first, one_rank_only, print0
 from unirank.runtime.lifecycle import InitError, finalize, init
 from unirank.runtime.parallel import Parallel, WorkerFailedError
@@ -26,13 +33,20 @@ from unirank.runtime.state import (
     hostname,
     is_initialized,
 )
+from unirank.runtime.training import auto_model, auto_optim, load, manual_seed, save
 
 __all__ = [
+    "AutoDataLoader",
+    "AutoDistributedSampler",
+    "DistributedProxySampler",
     "InitError",
     "Parallel",
     "WorkerFailedError",
     "all_gather",
     "all_reduce",
+    "auto_dataloader",
+    "auto_model",
+    "auto_optim",
     "backend",
     "barrier",
     "broadcast",
@@ -49,7 +63,10 @@ __all__ = [
     "hostname",
     "init",
     "is_initialized",
+    "load",
+    "manual_seed",
     "one_rank_first",
     "one_rank_only",
     "print0",
+    "save",
 ]

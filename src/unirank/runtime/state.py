@@ -23,6 +23,7 @@ from unirank.runtime import backends
 __all__ = [
     "STATE",
     "backend",
+    "backend_entry",
     "device",
     "dist_env",
     "get_local_rank",
@@ -120,6 +121,13 @@ def backend() -> str | None:
     return None
 
 
+def backend_entry() -> backends.Backend | None:
+    """The registry entry of the default process group's backend (a plain torch.distributed
+    entry for a backend without one of its own), ``None`` without a group."""
+    name = backend()
+    return None if name is None else backends.for_group(name)
+
+
 def device() -> torch.device:
     """The device this rank computes on: ``cuda:<index>`` or ``cpu``, as the backend's entry says.
 
@@ -128,8 +136,7 @@ def device() -> torch.device:
     any group, the common rule (:func:`~unirank.runtime.backends.choose_device`) answers.
     Reads: CUDA_VISIBLE_DEVICES (through torch).
     """
-    name = backend()
-    entry = None if name is None else backends.for_group(name)
+    entry = backend_entry()
     if entry is not None and entry.current_device is not None:
         return torch.device(entry.current_device())
     rule = backends.choose_device if entry is None else entry.device

@@ -18,6 +18,9 @@ __all__ = [
     "AutoRule",
     "Backend",
     "InitFn",
+    "WrapLoader",
+    "WrapModel",
+    "WrapOptimizer",
     "always",
     "check_name",
     "no_problem",
@@ -50,6 +53,31 @@ class InitFn(Protocol):
         """``store``: a torch ``Store`` every rank shares; ``timeout``: the group's collective
         timeout in seconds (``None``: the backend's default); ``device``: this rank's device,
         as the entry's :attr:`Backend.device` chose it."""
+        ...
+
+
+class WrapModel(Protocol):
+    """A backend's ``auto_model`` step (see :attr:`Backend.wrap_model`)."""
+
+    def __call__(self, model: Any, *, sync_bn: bool, **kwargs: Any) -> Any:
+        """``model``: already on the rank's device; ``sync_bn`` and ``kwargs``: the user's
+        ``auto_model`` arguments. Returns the model to train (wrapped or not)."""
+        ...
+
+
+class WrapOptimizer(Protocol):
+    """A backend's ``auto_optim`` step (see :attr:`Backend.wrap_optimizer`)."""
+
+    def __call__(self, optimizer: Any, **kwargs: Any) -> Any:
+        """``kwargs``: the user's ``auto_optim`` keyword arguments. Returns the optimizer to use."""
+        ...
+
+
+class WrapLoader(Protocol):
+    """A backend's last ``auto_dataloader`` step (see :attr:`Backend.wrap_loader`)."""
+
+    def __call__(self, loader: Any) -> Any:
+        """``loader``: the generic distributed DataLoader. Returns what the user iterates."""
         ...
 
 
@@ -106,6 +134,19 @@ class Backend:
     ``current_device()``
         the device of a live group of this backend, when it is not simply ``device(...)``
         (nccl: the current CUDA device, which init or the user set); ``None``: ask ``device``.
+
+    Training hooks (:mod:`unirank.runtime.training`, :mod:`unirank.runtime.data`), each ``None``
+    for the generic torch.distributed behaviour; a backend such as Horovod or XLA sets the ones
+    it needs:
+
+    ``wrap_model(model, *, sync_bn, **kwargs)``
+        replaces ``auto_model``'s step after the move to the device (generic: SyncBatchNorm and
+        DistributedDataParallel when the world is larger than 1); called at every world size.
+    ``wrap_optimizer(optimizer, **kwargs)``
+        replaces ``auto_optim``'s step (generic: the optimizer unchanged).
+    ``wrap_loader(loader)``
+        applied to the DataLoader ``auto_dataloader`` built (generic: none), e.g. to return a
+        device loader.
     """
 
     name: str
@@ -118,6 +159,9 @@ class Backend:
     problem_hint: str | None = None
     device: Callable[[int, CudaFacts], str] = choose_device
     current_device: Callable[[], str] | None = None
+    wrap_model: WrapModel | None = None
+    wrap_optimizer: WrapOptimizer | None = None
+    wrap_loader: WrapLoader | None = None
 
 
 def set_cuda_device(device: str) -> None:

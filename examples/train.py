@@ -1,0 +1,153 @@
+"""The seeds' training snippet: one training loop, unchanged under every launcher.
+
+A small CNN learns a random dataset of 3x32x32 images with labels in [0, 100), both made from
+``--seed``; ``ur.auto_dataloader``, ``ur.auto_model`` and ``ur.auto_optim`` do the distributed
+parts. Every rank logs, every ``--log_interval`` batches, the seed's line::
+
+    Process R/W Train Epoch: E [N/M]	Loss: L
+
+and, at the end, a fingerprint of its parameters (equal on all ranks: the replicas agree).
+
+Run it unchanged with::
+
+    python examples/train.py --nproc_per_node 2                      # spawns 2 local workers
+    torchrun --nproc_per_node 2 examples/train.py
+    unirank run -n 2 examples/train.py
+    srun -N2 --ntasks-per-node=1 python examples/train.py
+    sbatch -N2 --ntasks-per-node=1 --wrap "srun python examples/train.py"
+    mpirun -np 2 python examples/train.py
+
+With ``--checkpoint PATH`` the model and optimizer are saved (``ur.save``: rank 0, atomically) at
+the end of every epoch, and a run that finds the file resumes after the epoch it holds.
+
+The loss is ``CrossEntropyLoss`` on the model's logits. The seed applies a softmax over the
+*batch* dimension and then ``NLLLoss``: that normalises each class's scores across the samples of
+a batch (so the loss depends on the batch size and on which samples share a batch), and NLLLoss
+expects log-probabilities, not probabilities. ``CrossEntropyLoss`` is the log-softmax over the
+classes plus NLLLoss in one numerically stable step: what the seed meant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import os
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import unirank as ur
+
+NUM_CLASSES = 100
+
+
+class SmallCNN(nn.Module):
+    """Two convolutions and a linear classifier for 3x32x32 images."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.classifier = nn.Linear(32 * 8 * 8, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def random_dataset(nb_samples: int, seed: int) -> TensorDataset:
+    """``nb_samples`` random images and labels, the same for a given seed on every rank."""
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randn(nb_samples, 3, 32, 32, generator=generator)
+    labels = torch.randint(0, NUM_CLASSES, (nb_samples,), generator=generator)
+    return TensorDataset(images, labels)
+
+
+def _unwrapped(model: nn.Module) -> nn.Module:
+    inner = getattr(model, "module", model)
+    return inner if isinstance(inner, nn.Module) else model
+
+
+def training(local_rank: int, config: dict[str, Any]) -> None:
+    """The training loop (the seeds' ``training`` function)."""
+    ur.manual_seed(config["seed"])
+    dataset = random_dataset(config["nb_samples"], config["seed"])
+    train_loader = ur.auto_dataloader(dataset, batch_size=config["batch_size"], shuffle=True)
+    model = ur.auto_model(SmallCNN())
+    optimizer = ur.auto_optim(torch.optim.SGD(model.parameters(), lr=0.01))
+    criterion = nn.CrossEntropyLoss()
+    device = ur.device()
+
+    first_epoch = 0
+    checkpoint = config["checkpoint"]
+    if checkpoint and os.path.exists(checkpoint):
+        state = ur.load(checkpoint)
+        _unwrapped(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        first_epoch = int(state["epoch"]) + 1
+        set_epoch = getattr(train_loader.sampler, "set_epoch", None)
+        if callable(set_epoch):  # the loader counts on from here: the same shuffles as unbroken
+            set_epoch(first_epoch)
+        ur.print0(f"resumed from {checkpoint} after epoch {state['epoch']}")
+
+    rank, world = ur.get_rank(), ur.get_world_size()
+    for epoch in range(first_epoch, first_epoch + config["epochs"]):
+        model.train()
+        for batch_idx, (data, target) in enumerate(train_loader):
+            data, target = data.to(device), target.to(device)
+            optimizer.zero_grad()
+            loss = criterion(model(data), target)
+            loss.backward()
+            optimizer.step()
+            if batch_idx % config["log_interval"] == 0:
+                print(f"Process {rank}/{world} Train Epoch: {epoch} "
+                      f"[{batch_idx * len(data)}/{len(train_loader.dataset)}]"  # type: ignore[arg-type]
+                      f"\tLoss: {loss.item()}", flush=True)
+        if checkpoint:
+            ur.save({"model": _unwrapped(model).state_dict(),
+                     "optimizer": optimizer.state_dict(), "epoch": epoch}, checkpoint)
+    print(f"Process {rank}/{world} parameters {parameters_digest(model)}", flush=True)
+
+
+def parameters_digest(model: nn.Module) -> str:
+    """A fingerprint of the parameters' exact bytes: equal on every rank when replicas agree."""
+    digest = hashlib.sha256()
+    for tensor in _unwrapped(model).state_dict().values():
+        flat = tensor.detach().cpu().contiguous()
+        digest.update(ctypes.string_at(flat.data_ptr(), flat.numel() * flat.element_size()))
+    return digest.hexdigest()[:16]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The seed's options, plus ``--epochs``, ``--seed`` and ``--checkpoint``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", default=None,
+                        help="gloo, nccl, ... (default: auto: nccl with a GPU per rank, else gloo)")
+    parser.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=None,
+                        help="spawn this many local workers (default: as launched)")
+    parser.add_argument("--log_interval", type=int, default=4)
+    parser.add_argument("--nb_samples", type=int, default=128)
+    parser.add_argument("--batch_size", type=int, default=16, help="over all ranks together")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--checkpoint", default=None, metavar="PATH")
+    # torch.distributed.launch without --use_env passes --local_rank=N; detection reads it
+    parser.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    config = {k: getattr(args, k) for k in ("log_interval", "nb_samples", "batch_size",
+                                            "epochs", "seed", "checkpoint")}
+    try:
+        with ur.Parallel(backend=args.backend or "auto",
+                         nproc_per_node=args.nproc_per_node) as parallel:
+            parallel.run(training, config)
+    except ur.ConfigError as exc:  # a launch mistake: one line that says what to do
+        sys.exit(f"train.py: error: {exc}")

@@ -1,0 +1,109 @@
+"""``examples/train.py`` is launcher-independent: with ``--seed 7`` and world size 2 the last
+logged loss of rank 0 is the same (within 1e-5, relative) spawned from python, under torchrun,
+under ``unirank run``, under srun on the testbed's two nodes, under sbatch and under mpirun; and
+after training the parameters are bit-identical on every rank of a run.
+
+Real launchers, real processes, real gloo.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_examples import EXAMPLES, run
+
+pytestmark = pytest.mark.integration
+
+TRAIN = str(EXAMPLES / "train.py")
+ARGS = ["--seed", "7", "--nb_samples", "64", "--batch_size", "16", "--log_interval", "1"]
+# workers may share one stdout unbuffered: a line can be glued to the next, so match the number
+LOG = re.compile(r"Process (\d+)/(\d+) Train Epoch: (\d+) \[(\d+)/(\d+)\]\t"
+                 r"Loss: (\d+\.\d+(?:e[-+]?\d+)?)")
+DIGEST = re.compile(r"Process (\d+)/(\d+) parameters ([0-9a-f]{16})")
+
+_reference: dict[str, float] = {}
+
+
+def _check(stdout: str, world: int = 2) -> float:
+    """The run's last rank-0 loss, after checking the seed's lines and the replicas' digests."""
+    logs = LOG.findall(stdout)
+    assert logs, stdout
+    assert {(r, w) for r, w, *_ in logs} == {(str(r), str(world)) for r in range(world)}
+    # 64 samples, 16 per step over 2 ranks: batches 0..3 of 8, [N/M] as the seed prints it
+    rank0 = [entry for entry in logs if entry[0] == "0"]
+    assert [(n, m) for _, _, _, n, m, _ in rank0] == [("0", "64"), ("8", "64"), ("16", "64"),
+                                                      ("24", "64")]
+    digests = {rank: digest for rank, _, digest in DIGEST.findall(stdout)}
+    assert sorted(digests) == [str(r) for r in range(world)]
+    assert len(set(digests.values())) == 1, digests  # bit-identical replicas
+    return float(rank0[-1][5])
+
+
+def _same_loss(name: str, loss: float) -> None:
+    reference = _reference.setdefault("spawned", _spawned())
+    assert math.isclose(loss, reference, rel_tol=1e-5), (name, loss, reference)
+
+
+def _spawned() -> float:
+    return _check(run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS]).stdout)
+
+
+def test_spawned_from_python() -> None:
+    _same_loss("spawned", _spawned())
+
+
+def test_under_torchrun() -> None:
+    torchrun = shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    out = run([torchrun, "--standalone", "--nproc_per_node", "2", TRAIN, *ARGS]).stdout
+    _same_loss("torchrun", _check(out))
+
+
+def test_under_unirank_run() -> None:
+    out = run([sys.executable, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS]).stdout
+    _same_loss("unirank run", _check(out))
+
+
+def test_under_mpirun(mpirun: list[str]) -> None:
+    out = run([*mpirun, "-np", "2", sys.executable, TRAIN, *ARGS]).stdout
+    _same_loss("mpirun", _check(out))
+
+
+def test_under_srun_on_two_nodes(slurm_testbed: Any) -> None:
+    out = slurm_testbed.srun(["-N2", "--ntasks-per-node=1", sys.executable, TRAIN, *ARGS],
+                             timeout=180).stdout
+    _same_loss("srun", _check(out))
+
+
+def test_under_sbatch(slurm_testbed: Any) -> None:
+    result = slurm_testbed.sbatch_and_wait(
+        f"srun {sys.executable} {TRAIN} {' '.join(ARGS)}\n", timeout=180,
+        args=["-N2", "--ntasks-per-node=1"],
+    )
+    assert result.exit_code == 0, result.output
+    _same_loss("sbatch", _check(result.output))
+
+
+def test_checkpoint_resumes_after_the_saved_epoch(tmp_path: Path) -> None:
+    """Two epochs in one run end where one epoch, then a resumed epoch, end."""
+    checkpoint = tmp_path / "ckpt.pt"
+    whole = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS, "--epochs", "2"]).stdout
+    first = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS,
+                 "--checkpoint", str(checkpoint)]).stdout
+    assert checkpoint.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name != "ckpt.pt"]  # no temporary left
+    second = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS,
+                  "--checkpoint", str(checkpoint)]).stdout
+    assert "resumed from" in second and "after epoch 0" in second
+    assert {e for *_, e, _n, _m, _l in LOG.findall(first)} == {"0"}
+    assert {e for *_, e, _n, _m, _l in LOG.findall(second)} == {"1"}
+    digest = DIGEST.findall(whole)[0][2]
+    assert {d for *_, d in DIGEST.findall(second)} == {digest}
