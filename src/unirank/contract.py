@@ -38,6 +38,8 @@ __all__ = [
     "RUN_ID_VAR",
     "STORE_FD_VAR",
     "SUPERVISOR_PID_VAR",
+    "TIMELINE_FILE_VAR",
+    "TIMELINE_VAR",
     "USE_AGENT_STORE_VAR",
     "count_visible_devices",
     "format_seconds",
@@ -72,8 +74,13 @@ EXIT_TIMEOUT_VAR = "UNIRANK_EXIT_TIMEOUT"
 LINGER_FD_VAR = "UNIRANK_LINGER_FD"
 #: a pipe every other worker closes when its program ends (before the interpreter's teardown)
 DONE_FD_VAR = "UNIRANK_DONE_FD"
+#: ``--timeline``: the time the supervisor started this worker (set only when on)
+TIMELINE_VAR = "UNIRANK_TIMELINE"
+#: ``--timeline``, rank 0 only: where to write every rank's gathered times
+TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, NODE_NAME_VAR,
-                     EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR)
+                     EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
+                     TIMELINE_FILE_VAR)
 
 
 def format_seconds(value: float) -> str:

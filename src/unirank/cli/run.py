@@ -90,6 +90,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="LOCAL_RANK=0 in every worker, each seeing only its own GPU")
     _option(parser, "--tag-output", dest="tag_output", action="store_true",
             help="prefix every line of output with [rankN]:")
+    _option(parser, "--timeline", action="store_true",
+            help="after the job, print when each start-up phase was reached (min / median / "
+            "max over ranks, the slowest rank and its node); rank 0's node prints it")
+    _option(parser, "--timeline-json", dest="timeline_json", default=None, metavar="FILE",
+            help="also write every rank's raw phase times to FILE (implies --timeline)")
     _option(parser, "--log-dir", dest="log_dir", default=None, metavar="DIR",
             help="log folder: DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log, error.json")
     _option(parser, "-r", "--redirects", dest="redirects", default="0", metavar="0-3|R:V,...",
@@ -284,7 +289,9 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
                       if args.local_ranks_filter else None),
     )
     signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
-    return EngineOptions(grace_period=grace, output=output, signals=signals)
+    return EngineOptions(grace_period=grace, output=output, signals=signals,
+                         timeline=bool(args.timeline or args.timeline_json),
+                         timeline_json=args.timeline_json or None)
 
 
 def target_of(args: argparse.Namespace) -> list[str]:

@@ -39,6 +39,7 @@ import signal
 import sys
 
 if __name__ == "__main__":  # arm the parent-death signal before anything slow
+    ENTERED_AT = __import__("time").time()  # the timeline's "bootstrap entered"
     _SUPERVISOR = os.environ.get("UNIRANK_SUPERVISOR_PID")
     if _SUPERVISOR and _SUPERVISOR.isdigit():
         from unirank.supervisor.pdeathsig import die_with_parent
@@ -65,6 +66,8 @@ from unirank.contract import (
     PRIVATE_VARIABLES,
     STORE_FD_VAR,
     SUPERVISOR_PID_VAR,
+    TIMELINE_FILE_VAR,
+    TIMELINE_VAR,
     parse_seconds,
     resolve_init_timeout,
 )
@@ -385,9 +388,33 @@ def _scrub(environ: MutableMapping[str, str]) -> None:
         environ.pop(name, None)
 
 
+def _recorder(info: WorkerInfo) -> Any:
+    """The timeline's recorder when ``--timeline`` is on (UNIRANK_TIMELINE), else None."""
+    started = _TIMELINE_START
+    if not started:
+        return None
+    from unirank.supervisor.timeline import Recorder
+
+    try:
+        recorder = Recorder(info.rank, info.node_name, float(started))
+    except ValueError:
+        return None
+    recorder.times["bootstrap"] = float(globals().get("ENTERED_AT", time.time()))
+    import torch.distributed  # noqa: F401  (what rendezvous imports first)
+
+    recorder.mark("torch")
+    return recorder
+
+
+_TIMELINE_START = ""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Rendezvous, then run the user's program (see the module docstring)."""
+    global _TIMELINE_START
     args = list(sys.argv[1:] if argv is None else argv)
+    _TIMELINE_START = os.environ.get(TIMELINE_VAR, "")
+    timeline_file = os.environ.get(TIMELINE_FILE_VAR, "")
     info = read_worker_info(os.environ)
     _scrub(os.environ)
     _private_fds(info)
@@ -396,7 +423,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             host_store(info)
         run_target(args)
         return
+    recorder = _recorder(info)
     store = rendezvous(info)
+    if recorder is not None:
+        recorder.mark("joined")
+        recorder.install_hooks()
+        recorder.mark("script")
     ok = False
     try:
         run_target(args)
@@ -405,11 +437,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         ok = exc.code in (None, 0)
         raise
     finally:
+        if recorder is not None:
+            recorder.publish(store)
         done(info)
         if info.exit_timeout is not None:
             exit_barrier(store, info, wait=ok and info.rank == 0)
         if ok:
             linger(info)
+            if recorder is not None and timeline_file:
+                from unirank.supervisor.timeline import gather
+
+                gather(store, info.world_size, timeline_file)
         del store  # a server lives exactly as long as the program and its linger
 
 

@@ -26,6 +26,7 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import selectors
@@ -49,6 +50,8 @@ from unirank.contract import (
     EXIT_TIMEOUT_VAR,
     LINGER_FD_VAR,
     STORE_FD_VAR,
+    TIMELINE_FILE_VAR,
+    TIMELINE_VAR,
     format_seconds,
 )
 from unirank.errorfile import read_failure
@@ -87,6 +90,9 @@ class EngineOptions:
     output: OutputOptions = field(default_factory=OutputOptions)
     signals: tuple[int, ...] = tuple(int(s) for s in DEFAULT_SIGNALS)
     prog: str = "unirank run"
+    #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
+    timeline: bool = False
+    timeline_json: str | None = None
 
 
 @dataclass(frozen=True)
@@ -240,6 +246,8 @@ class Supervisor:
         err_targets += self._open_log(launch.stderr_file)
         pipe_stdout = out_targets != [self._out_fd] or launch.prefix is not None
         env = dict(launch.env)
+        if TIMELINE_VAR in env:  # the timeline's "worker process started"
+            env[TIMELINE_VAR] = repr(time.time())
         fds = launch.pass_fds
         linger_read = done_write = done_read = None
         if launch.hosts_store:
@@ -572,6 +580,10 @@ def _attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, s
         if store_fd is not None and worker.rank == 0:
             env[STORE_FD_VAR] = str(store_fd)
             fds = (store_fd,)
+        if options.timeline:
+            env[TIMELINE_VAR] = "0"  # the supervisor writes the start time at launch
+            if worker.rank == 0:
+                env[TIMELINE_FILE_VAR] = os.path.join(attempt_dir, "timeline.json")
         files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)
         launches.append(WorkerLaunch(
@@ -595,6 +607,21 @@ def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[str, boo
         os.write(err_fd, f"{options.prog}: log files in {base}\n".encode())
         return base, True
     return base, False
+
+
+def _report_timeline(path: str, options: EngineOptions, err_fd: int) -> None:
+    """Print the start-up timeline rank 0 gathered (where rank 0 ran), and write its JSON."""
+    from unirank.supervisor.timeline import format_table
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            records = json.load(fh)
+    except (OSError, ValueError):
+        return  # rank 0 runs elsewhere, or did not finish: its node prints the table
+    os.write(err_fd, format_table(records).encode())
+    if options.timeline_json:
+        with open(options.timeline_json, "w", encoding="utf-8") as fh:
+            json.dump(records, fh, indent=1)
 
 
 def run_plan(
@@ -634,6 +661,9 @@ def run_plan(
             ).run()
             if (result.exit_code == 0 or result.stop_signal is not None
                     or attempt >= plan.max_restarts):
+                if options.timeline:
+                    _report_timeline(os.path.join(attempt_dir, "timeline.json"), options,
+                                     err_fd)
                 return replace(result, attempts=tuple(earlier))
             earlier.append(result)
             first = result.first_failure
