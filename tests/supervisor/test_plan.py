@@ -244,11 +244,21 @@ def test_worker_environ_is_torchrun_s_contract() -> None:
         "TORCHELASTIC_MAX_RESTARTS": "3", "TORCHELASTIC_USE_AGENT_STORE": "True",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "OMP_NUM_THREADS": "1",
         "UNIRANK_INIT_TIMEOUT": "60", "UNIRANK_SUPERVISOR_PID": "77",
-        "UNIRANK_NODE_NAME": "n1", "UNIRANK_NODE_NAMES": "n0,n1",
+        "UNIRANK_NODE_NAME": "n1", "UNIRANK_NODE_NAMES": "n[0-1]",
     }
     assert {k: env.get(k) for k in expected} == expected
     assert "UNIRANK_STORE_FD" not in env  # only the supervisor sets it, for rank 0
     assert "PYTHONUNBUFFERED" not in env
+
+
+def test_node_names_stay_small_at_any_node_count() -> None:
+    """Every worker gets the node list for the watchdog's message: compressed, not O(nodes)."""
+    hosts = tuple(f"nid{i:05d}" for i in range(12500))
+    outer = DistEnv(launcher="slurm", rank=7, world_size=12500, node_rank=7, num_nodes=12500,
+                    master_addr=hosts[0], master_port=2000, node_name=hosts[7], hosts=hosts)
+    p = plan(req(RUN, nproc_per_node=8), outer)
+    env = p.worker_environ(p.workers[0], {})
+    assert env["UNIRANK_NODE_NAMES"] == "nid[00000-12499]"
 
 
 def test_worker_environ_keeps_user_settings() -> None:
@@ -287,4 +297,5 @@ def test_private_variables_are_the_bootstrap_s() -> None:
     assert set(PRIVATE_VARIABLES) == {"UNIRANK_SUPERVISOR_PID", "UNIRANK_STORE_FD",
                                       "UNIRANK_NODE_NAMES", "UNIRANK_NODE_NAME",
                                       "UNIRANK_EXIT_TIMEOUT", "UNIRANK_LINGER_FD",
-                                      "UNIRANK_DONE_FD"}
+                                      "UNIRANK_DONE_FD", "UNIRANK_TIMELINE",
+                                      "UNIRANK_TIMELINE_FILE"}

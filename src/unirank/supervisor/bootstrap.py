@@ -47,6 +47,7 @@ if __name__ == "__main__":  # arm the parent-death signal before anything slow
         die_with_parent(int(_SUPERVISOR), signal.SIGKILL)
 
 import contextlib
+import functools
 import pickle
 import runpy
 import select
@@ -96,7 +97,8 @@ class WorkerInfo:
     master_addr: str
     master_port: int
     node_name: str
-    node_names: tuple[str, ...]
+    #: the nodes in node-rank order, as a compressed host list (expanded only to name a node)
+    node_names: str
     init_timeout: float
     store_fd: int | None
     supervisor_pid: int | None = None
@@ -109,8 +111,9 @@ class WorkerInfo:
         node = rank // max(1, self.local_world_size)
         if node == self.node_rank and self.node_name:
             return self.node_name
-        if 0 <= node < len(self.node_names):
-            return self.node_names[node]
+        names = _expand_names(self.node_names)
+        if 0 <= node < len(names):
+            return names[node]
         return f"node rank {node}"
 
 
@@ -125,6 +128,17 @@ def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> i
         return int(text)
     except ValueError:
         raise SystemExit(f"unirank bootstrap: {name}={text!r} is not an integer") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _expand_names(hostlist: str) -> tuple[str, ...]:
+    """The node names of a compressed host list (on the failure path only)."""
+    from unirank.hostlist import expand
+
+    try:
+        return tuple(expand(hostlist)) if hostlist else ()
+    except ConfigError:
+        return ()
 
 
 def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
@@ -153,7 +167,7 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
         master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
         master_port=_int(environ, "MASTER_PORT"),
         node_name=environ.get(NODE_NAME_VAR) or socket.gethostname(),
-        node_names=tuple(n for n in names.split(",") if n),
+        node_names=names,
         init_timeout=init_timeout,
         store_fd=int(fd_text) if fd_text.isdigit() else None,
         supervisor_pid=int(pid_text) if pid_text.isdigit() else None,

@@ -53,6 +53,7 @@ from unirank.contract import (
 )
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
+from unirank.hostlist import compress
 from unirank.rendezvous import DEFAULT_PORT, explicit_master
 
 __all__ = [
@@ -197,7 +198,8 @@ class Plan:
         supervisor's (one per worker and attempt). unirank adds UNIRANK_INIT_TIMEOUT,
         PYTHONUNBUFFERED=1 with ``unbuffered`` (output that the supervisor tags or filters
         comes out as it is printed) and, for the bootstrap only, the private
-        UNIRANK_SUPERVISOR_PID, UNIRANK_NODE_NAME and UNIRANK_NODE_NAMES.
+        UNIRANK_SUPERVISOR_PID, UNIRANK_NODE_NAME and UNIRANK_NODE_NAMES (the nodes as a compressed
+        Slurm-style host list).
         """
         if self.master_port == 0:
             raise ValueError("the master port is not chosen yet: call Plan.with_port first")
@@ -223,7 +225,7 @@ class Plan:
         env[INIT_TIMEOUT_VAR] = format_seconds(self.init_timeout)
         env[NODE_NAME_VAR] = self.node_name
         if len(self.hosts) == self.nnodes:
-            env[NODE_NAMES_VAR] = ",".join(self.hosts)
+            env[NODE_NAMES_VAR] = compress(self.hosts)  # node[1-4096]: not O(nodes) a rank
         if supervisor_pid is not None:
             env[SUPERVISOR_PID_VAR] = str(supervisor_pid)
         return env
