@@ -1,11 +1,18 @@
 """The init watchdog against a real torch TCPStore: ranks are threads of this process, each with its
-own store client, as they would be separate processes."""
+own store client, as they would be separate processes.
+
+The tests of how many store calls each rank makes at 64, 256 and 1,024 ranks use
+:class:`_MemoryStore`, an in-memory store with torch's semantics, instead: 1,024 TCPStore clients
+in one process are slow to open (each connection can stall on this machine's name look-up of
+``::ffff:127.0.0.1``), and what is measured is the calls and keys each rank names, which do not
+depend on the transport. One real-store test checks the same profile through torch's client."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -13,6 +20,9 @@ from typing import Any
 import pytest
 
 from unirank.joincheck import (
+    ALL_KEY,
+    COORDINATOR_KEY,
+    COUNT_KEY,
     JOIN_PREFIX,
     RESULT_KEY,
     InitTimeoutError,
@@ -66,21 +76,41 @@ class _Recorder:
     def get(self, key: str) -> Any:
         return self._store.get(key)
 
+    def add(self, key: str, value: int) -> int:
+        return int(self._store.add(key, value))
+
 
 def _run_ranks(server: Any, ranks: list[int], world_size: int, timeout: float,
                log: list[tuple[int, str, Any, str]] | None = None
                ) -> dict[int, BaseException | None]:
     """Run announce_and_wait for ``ranks`` in threads; returns each rank's exception or None.
     With ``log``, each rank's store calls are recorded there (see :class:`_Recorder`)."""
+
+    def store_for(rank: int) -> Any:
+        store = _client(server)
+        return store if log is None else _Recorder(store, rank, log)
+
+    return _run_threads(store_for, ranks, world_size, timeout, NODES.get)
+
+
+def _run_threads(store_for: Callable[[int], Any], ranks: list[int], world_size: int,
+                 timeout: float, rank_to_node: Callable[[int], str | None]
+                 ) -> dict[int, BaseException | None]:
+    """Run announce_and_wait for ``ranks`` in threads, rank ``r`` on ``store_for(r)``.
+
+    Every thread opens its store first and then waits at a barrier, so that no rank's clock
+    starts while another is still connecting. Returns each rank's exception or None.
+    """
     results: dict[int, BaseException | None] = {}
+    barrier = threading.Barrier(len(ranks))
 
     def one(rank: int) -> None:
         try:
-            store = _client(server)
-            if log is not None:
-                store = _Recorder(store, rank, log)
+            store = store_for(rank)
+            barrier.wait(timeout=120)
             announce_and_wait(store, rank=rank, world_size=world_size,
-                              node_name=NODES[rank], timeout=timeout, rank_to_node=NODES.get)
+                              node_name=rank_to_node(rank) or "", timeout=timeout,
+                              rank_to_node=rank_to_node)
             results[rank] = None
         except BaseException as exc:
             results[rank] = exc
@@ -89,7 +119,7 @@ def _run_ranks(server: Any, ranks: list[int], world_size: int, timeout: float,
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=timeout + 60)
+        thread.join(timeout=timeout + 120)
         assert not thread.is_alive(), "announce_and_wait did not return"
     return results
 
@@ -125,7 +155,7 @@ def test_missing_rank_is_named_by_every_rank_that_started(server: Any) -> None:
     # because it ran out (its first wait, for the join keys, did run out)
     waits = [(keys, outcome) for rank, op, keys, outcome in log if rank == 0 and op == "wait"]
     assert len(waits) == 2
-    assert waits[0][0] == tuple(join_key(r) for r in range(4)) and waits[0][1] != "ok"
+    assert waits[0][0] == (ALL_KEY,) and waits[0][1] != "ok"
     assert waits[1] == (tuple(seen), "ok")
 
 
@@ -202,3 +232,206 @@ def test_rank_outside_the_world_is_refused(server: Any) -> None:
     check: Callable[..., None] = announce_and_wait
     with pytest.raises(ValueError, match="outside the world"):
         check(server, rank=4, world_size=4, node_name="n", timeout=1)
+
+
+class _StoreTimeout(RuntimeError):
+    """What :class:`_MemoryStore`'s ``wait`` raises when it runs out (torch raises
+    ``DistStoreError``, also a ``RuntimeError``)."""
+
+
+class _MemoryStore:
+    """An in-memory store shared by threads, with torch's semantics for the calls the watchdog
+    makes: values come back as bytes, ``add`` returns the new count, ``wait`` blocks until every
+    key is set or raises at its timeout, ``get`` blocks until the key is set. Each key has a
+    ``threading.Event`` that ``set`` and ``add`` raise, so a ``wait`` of a thousand threads on one
+    key wakes them once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[str, bytes] = {}
+        self._events: dict[str, threading.Event] = {}
+
+    def _event(self, key: str) -> threading.Event:
+        with self._lock:
+            return self._events.setdefault(key, threading.Event())
+
+    def set(self, key: str, value: Any) -> None:
+        data = value if isinstance(value, bytes) else str(value).encode()
+        with self._lock:
+            self._data[key] = data
+        self._event(key).set()
+
+    def add(self, key: str, value: int) -> int:
+        with self._lock:
+            count = int(self._data.get(key, b"0")) + value
+            self._data[key] = str(count).encode()
+        self._event(key).set()
+        return count
+
+    def check(self, keys: list[str]) -> bool:
+        with self._lock:
+            return all(key in self._data for key in keys)
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        deadline = time.monotonic() + timeout.total_seconds()
+        for key in keys:
+            if not self._event(key).wait(max(0.0, deadline - time.monotonic())):
+                raise _StoreTimeout(f"wait timeout after {timeout}, keys: {keys}")
+
+    def get(self, key: str) -> bytes:
+        self.wait([key], timedelta(seconds=30))
+        with self._lock:
+            return self._data[key]
+
+
+#: one rank's store calls: (operation, the keys it named)
+Calls = list[tuple[str, tuple[str, ...]]]
+
+
+class _Counting:
+    """Wraps a store for one rank and records each call it makes and the keys the call names."""
+
+    def __init__(self, store: Any, calls: Calls) -> None:
+        self._store = store
+        self.calls = calls
+
+    def set(self, key: str, value: Any) -> Any:
+        self.calls.append(("set", (key,)))
+        return self._store.set(key, value)
+
+    def add(self, key: str, value: int) -> int:
+        self.calls.append(("add", (key,)))
+        return int(self._store.add(key, value))
+
+    def check(self, keys: list[str]) -> bool:
+        self.calls.append(("check", tuple(keys)))
+        return bool(self._store.check(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta) -> Any:
+        self.calls.append(("wait", tuple(keys)))
+        return self._store.wait(keys, timeout)
+
+    def get(self, key: str) -> Any:
+        self.calls.append(("get", (key,)))
+        return self._store.get(key)
+
+
+def _node_of(rank: int) -> str:
+    return f"node{rank // 8}"
+
+
+def _counted_run(store: Any, world_size: int, missing: set[int], timeout: float
+                 ) -> tuple[dict[int, BaseException | None], dict[int, Calls]]:
+    """Run the ranks not in ``missing`` on ``store``, each through its own :class:`_Counting`."""
+    calls: dict[int, Calls] = {rank: [] for rank in range(world_size) if rank not in missing}
+    results = _run_threads(lambda rank: _Counting(store, calls[rank]), sorted(calls),
+                           world_size, timeout, _node_of)
+    return results, calls
+
+
+def _keys_named(calls: Calls) -> int:
+    """The most keys one call named."""
+    return max(len(keys) for _, keys in calls)
+
+
+def _join_keys_checked(calls: Calls) -> int:
+    """How many join keys (``unirank/join/<rank>``) this rank's ``check`` calls named."""
+    return sum(1 for op, keys in calls if op == "check" for key in keys
+               if key.removeprefix(JOIN_PREFIX).isdigit())
+
+
+def _success_profile(world_size: int) -> tuple[set[int], int]:
+    store = _MemoryStore()
+    results, calls = _counted_run(store, world_size, set(), timeout=120)
+    assert results == dict.fromkeys(range(world_size))
+    assert store.check([ALL_KEY]) and not store.check([RESULT_KEY])
+    assert store.get(COUNT_KEY) == str(world_size).encode()
+    # every rank: set its key, count itself, wait for "all"; the last one sets "all" instead
+    sequences = sorted(tuple(op for op, _ in rank_calls) for rank_calls in calls.values())
+    assert sequences == [("set", "add", "set")] + [("set", "add", "wait")] * (world_size - 1)
+    finals = [rank_calls[-1] for rank_calls in calls.values()]
+    assert finals.count(("set", (ALL_KEY,))) == 1
+    assert finals.count(("wait", (ALL_KEY,))) == world_size - 1
+    return {len(rank_calls) for rank_calls in calls.values()}, \
+        max(_keys_named(rank_calls) for rank_calls in calls.values())
+
+
+def test_success_costs_every_rank_the_same_few_calls_at_any_world_size() -> None:
+    calls_64, keys_64 = _success_profile(64)
+    calls_1024, keys_1024 = _success_profile(1024)
+    assert calls_64 == calls_1024 == {3}
+    assert keys_64 == keys_1024 == 1
+
+
+def test_success_on_a_real_store_costs_the_same(server: Any) -> None:
+    calls: dict[int, Calls] = {rank: [] for rank in range(8)}
+    prefixed = [torch_dist.PrefixStore("/attempt_0/join", _client(server)) for _ in range(8)]
+    results = _run_threads(lambda rank: _Counting(prefixed[rank], calls[rank]), list(range(8)),
+                           8, 30, _node_of)
+    assert results == dict.fromkeys(range(8))
+    assert {len(c) for c in calls.values()} == {3}
+    assert max(_keys_named(c) for c in calls.values()) == 1
+    assert server.get(f"/attempt_0/join/{COUNT_KEY}") == b"8"
+
+
+def test_failure_is_scanned_by_rank_0_alone() -> None:
+    store = _MemoryStore()
+    missing = {5, 100, 201}
+    results, calls = _counted_run(store, 256, missing, timeout=1.5)
+    for rank, exc in results.items():
+        assert isinstance(exc, InitTimeoutError), (rank, exc)
+        assert exc.missing_ranks == [5, 100, 201]
+        assert exc.nodes == {5: "node0", 100: "node12", 201: "node25"}
+        assert str(exc).startswith(f"rank {rank}: init timeout: 3 of 256 ranks did not join "
+                                   "within 2 s: rank 5 (on node0); rank 100 (on node12); "
+                                   "rank 201 (on node25).")
+    # rank 0 checked every join key (a few of them more than once, bisecting) ...
+    assert _join_keys_checked(calls[0]) >= 256
+    # ... every other rank only whether rank 0 joined, in the same few calls of one key each
+    followers = [rank_calls for rank, rank_calls in calls.items() if rank != 0]
+    assert {_join_keys_checked(c) for c in followers} == {1}
+    assert {_keys_named(c) for c in followers} == {1}
+    assert {tuple(op for op, _ in c) for c in followers} == {
+        ("set", "add", "wait", "check", "check", "wait", "get", "set")}
+    assert not any(op == "add" and keys == (COORDINATOR_KEY,) for c in calls.values()
+                   for op, keys in c)
+
+
+def test_failure_without_rank_0_is_scanned_by_one_stand_in() -> None:
+    store = _MemoryStore()
+    missing = {0, 17, 255}
+    results, calls = _counted_run(store, 256, missing, timeout=1.5)
+    for rank, exc in results.items():
+        assert isinstance(exc, InitTimeoutError), (rank, exc)
+        assert exc.missing_ranks == [0, 17, 255]
+        assert "3 of 256 ranks did not join within 2 s: rank 0 (on node0); rank 17 (on node2); " \
+            "rank 255 (on node31)." in str(exc)
+    checked = {rank: _join_keys_checked(c) for rank, c in calls.items()}
+    scanners = [rank for rank, count in checked.items() if count > 1]
+    assert len(scanners) == 1
+    assert checked[scanners[0]] >= 256
+    others = [c for rank, c in calls.items() if rank != scanners[0]]
+    assert {_join_keys_checked(c) for c in others} == {1}
+    assert {_keys_named(c) for c in others} == {1}
+    assert {len(c) for c in others} == {10}
+    assert store.get(COORDINATOR_KEY) == b"253"
+
+
+def test_a_second_init_on_the_same_store_starts_afresh(server: Any) -> None:
+    """The bootstrap's check on the raw store, then two inits under their own prefixes (as
+    lifecycle.py's PrefixStore), the second with a rank missing: counts never mix."""
+    assert _run_ranks(server, [0, 1, 2, 3], 4, timeout=30) == dict.fromkeys(range(4))
+    for prefix, ranks in (("/unirank/attempt_0/init_0/join", [0, 1, 2, 3]),
+                          ("/unirank/attempt_1/init_0/join", [0, 1, 3])):
+        clients = {rank: torch_dist.PrefixStore(prefix, _client(server)) for rank in ranks}
+        results = _run_threads(clients.__getitem__, ranks, 4, 2, NODES.get)
+        if len(ranks) == 4:
+            assert results == dict.fromkeys(range(4))
+            continue
+        for rank in ranks:
+            exc = results[rank]
+            assert isinstance(exc, InitTimeoutError), exc
+            assert exc.missing_ranks == [2]
+            assert "1 of 4 ranks did not join within 2 s: rank 2 (on nodeC)." in str(exc)
+    assert server.get(COUNT_KEY) == b"4"
+    assert server.get(f"/unirank/attempt_1/init_0/join/{COUNT_KEY}") == b"3"

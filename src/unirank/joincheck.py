@@ -5,10 +5,39 @@ When some ranks never start (a node that failed to boot, a wrong task count, a t
 rank that did start fails within the init timeout with a one-line message that names the missing
 ranks and, where known, their nodes.
 
-Used by ``unirank run``'s worker bootstrap and by :func:`unirank.init`. This module does not
-import torch: it only calls the store's ``set``, ``get``, ``wait`` and ``check``. Keys (all under
-``unirank/join/``): ``<rank>`` (the rank's node name), and after a timeout ``result`` (rank 0's
-verdict) and ``seen/<rank>`` (a rank read it).
+Used by ``unirank run``'s worker bootstrap (on the raw store, once per store) and by
+:func:`unirank.init` (under a ``PrefixStore`` per attempt and init, so a restart or a second init
+starts from fresh keys). This module does not import torch: it only calls the store's ``set``,
+``get``, ``add``, ``wait`` and ``check``.
+
+The protocol costs every rank a constant number of store calls, each naming one key, when all
+ranks join (a wait naming all ``world_size`` keys on every rank would cost the store server
+``world_size`` squared key look-ups). Keys, all under ``unirank/join/``:
+
+``<rank>``
+    the rank's node name; set first, so that a scan after a timeout can tell who is missing.
+``count``
+    a counter: each rank adds 1 to it (``add``) after setting ``<rank>``.
+``all``
+    set by the rank whose ``add`` returned ``world_size``; every other rank waits on this one key
+    until its deadline. Success path: ``set <rank>``, ``add count``, then ``wait all`` (or, on
+    the last rank, ``set all``): three calls of one key each.
+``result``
+    the verdict after a timeout: ``missing:`` and the missing ranks, comma-separated (empty: all
+    joined after all). Rank 0 scans the join keys once (bisecting over ``check`` calls, so a few
+    missing ranks cost a few calls) and publishes it. The others first look whether rank 0 joined
+    (``check <0>``): if so they wait (at most ``min(LINGER, timeout)``) for its verdict.
+``coordinator``
+    a counter for the case where rank 0 never joined, or gave no verdict in that time: the rank
+    whose ``add`` returns 1 scans and publishes instead, the others wait (as long again) for its
+    verdict and otherwise report that the store could not tell which ranks are missing. So one
+    rank scans, the others make O(1) calls naming one key each.
+``seen/<rank>``
+    a rank other than 0 read (or wrote) the verdict; rank 0, which usually hosts the store,
+    lingers until the ranks that joined have set it.
+
+Assumption: each rank calls :func:`announce_and_wait` once per store (or prefix). A rank that
+called twice would count twice and could release the others before everyone joined.
 """
 
 from __future__ import annotations
@@ -21,6 +50,9 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 __all__ = [
+    "ALL_KEY",
+    "COORDINATOR_KEY",
+    "COUNT_KEY",
     "JOIN_PREFIX",
     "RESULT_KEY",
     "InitTimeoutError",
@@ -33,10 +65,19 @@ __all__ = [
 JOIN_PREFIX = "unirank/join/"
 #: rank 0's verdict after a timeout: "missing:" and the missing ranks, comma-separated
 RESULT_KEY = "unirank/join/result"
-#: after a timeout, rank 0 waits at most this long for the others to read its verdict
+#: the number of ranks that have set their join key (each rank adds 1 once)
+COUNT_KEY = "unirank/join/count"
+#: set by the rank that brought ``COUNT_KEY`` to the world size: everyone has joined
+ALL_KEY = "unirank/join/all"
+#: after a timeout without rank 0's verdict, the rank that adds 1 here first scans instead
+COORDINATOR_KEY = "unirank/join/coordinator"
+#: after a timeout, rank 0 waits at most this long for the others to read its verdict, and the
+#: others at most this long (twice, when they elect a coordinator) for a verdict
 LINGER = 10.0
 #: at most this many groups of missing ranks are listed in the message
 _MAX_GROUPS = 8
+#: a scan's first checks name at most this many join keys each
+_SCAN_CHUNK = 1024
 
 
 class StoreLike(Protocol):
@@ -49,6 +90,8 @@ class StoreLike(Protocol):
     def check(self, keys: list[str]) -> bool: ...
 
     def get(self, key: str) -> Any: ...
+
+    def add(self, key: str, value: int) -> int: ...
 
 
 def join_key(rank: int) -> str:
@@ -138,11 +181,36 @@ class InitTimeoutError(RuntimeError):
 
 
 def _missing(store: StoreLike, world_size: int) -> list[int] | None:
-    """The ranks whose join key is absent, or None when the store cannot be asked."""
+    """The ranks whose join key is absent, or None when the store cannot be asked.
+
+    Checks chunks of at most ``_SCAN_CHUNK`` keys and bisects only those that are incomplete, so
+    with ``k`` ranks missing it takes about ``world_size / _SCAN_CHUNK + 2 k log2(_SCAN_CHUNK)``
+    calls. Only one rank scans per timeout (see the module's docstring).
+    """
+    missing: list[int] = []
+    pending = [(lo, min(lo + _SCAN_CHUNK, world_size)) for lo in range(0, world_size, _SCAN_CHUNK)]
+    pending.reverse()
     try:
-        return [r for r in range(world_size) if not store.check([join_key(r)])]
+        while pending:
+            lo, hi = pending.pop()
+            if store.check([join_key(r) for r in range(lo, hi)]):
+                continue
+            if hi - lo == 1:
+                missing.append(lo)
+                continue
+            mid = (lo + hi) // 2
+            pending += [(mid, hi), (lo, mid)]
     except (RuntimeError, OSError):
         return None
+    return sorted(missing)
+
+
+def _has(store: StoreLike, key: str) -> bool:
+    """Whether ``key`` is set; False when the store cannot be asked."""
+    try:
+        return bool(store.check([key]))
+    except (RuntimeError, OSError):
+        return False
 
 
 def _expired(exc: BaseException, deadline: float, timeout: float) -> None:
@@ -165,15 +233,39 @@ def _timeout_error(
     )
 
 
-def _wait_all(store: StoreLike, world_size: int, timeout: float, deadline: float) -> bool:
-    """Wait for every rank's join key: True when all came, False at the deadline."""
-    keys = [join_key(r) for r in range(world_size)]
+def _join(store: StoreLike, *, rank: int, world_size: int, node_name: str) -> bool:
+    """Set this rank's join key and count it: True when it was the last (it then sets
+    ``ALL_KEY``). Store errors propagate."""
+    store.set(join_key(rank), node_name)
+    if int(store.add(COUNT_KEY, 1)) == world_size:
+        store.set(ALL_KEY, "1")
+        return True
+    return False
+
+
+def _wait_all(store: StoreLike, timeout: float, deadline: float) -> bool:
+    """Wait for ``ALL_KEY`` until the deadline: True when it came, False when time ran out."""
     try:
-        store.wait(keys, timedelta(seconds=max(timeout, 0.001)))
+        store.wait([ALL_KEY], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
         return True
     except (RuntimeError, TimeoutError) as exc:
         _expired(exc, deadline, timeout)
     return False
+
+
+def _publish(store: StoreLike, missing: list[int]) -> None:
+    store.set(RESULT_KEY, "missing:" + ",".join(str(r) for r in missing))
+
+
+def _await_verdict(store: StoreLike, seconds: float) -> list[int] | None:
+    """The published verdict, waiting at most ``seconds`` for it; None when none came (or the
+    store could not be read)."""
+    try:
+        store.wait([RESULT_KEY], timedelta(seconds=seconds))
+        verdict = bytes(store.get(RESULT_KEY)).decode()
+        return [int(r) for r in verdict.removeprefix("missing:").split(",") if r]
+    except (RuntimeError, OSError, TimeoutError, ValueError):
+        return None
 
 
 def _coordinate(
@@ -184,18 +276,38 @@ def _coordinate(
     rank_to_node: Callable[[int], str | None] | None,
 ) -> None:
     """Rank 0 after its wait ran out: publish the verdict, wait for the others to read it."""
-    missing = _missing(store, world_size)
-    if missing == []:  # the last rank arrived as the wait ran out
+    if _has(store, ALL_KEY):  # the last rank arrived as the wait ran out
         return
-    store.set(RESULT_KEY, "missing:" + ",".join(str(r) for r in missing or []))
+    missing = _missing(store, world_size)
+    if missing is not None:
+        _publish(store, missing)
+    if missing == []:  # every rank has set its key; the last one is about to set ALL_KEY
+        return
     # This process may host the store: stay until the ranks that joined have read the verdict.
-    joined = [r for r in range(1, world_size) if r not in (missing or [])]
-    if joined:
+    absent = set(missing or [])
+    joined = [r for r in range(1, world_size) if r not in absent]
+    if missing is not None and joined:
         with contextlib.suppress(RuntimeError, TimeoutError):
             store.wait([_seen_key(r) for r in joined],
                        timedelta(seconds=min(LINGER, max(timeout, 0.001))))
     raise _timeout_error(missing, rank=0, world_size=world_size, timeout=timeout,
                          rank_to_node=rank_to_node)
+
+
+def _stand_in(store: StoreLike, world_size: int, grace: float) -> list[int] | None:
+    """No verdict from rank 0: the first rank to count itself at ``COORDINATOR_KEY`` scans and
+    publishes; the others wait at most ``grace`` for that verdict. None: no verdict."""
+    try:
+        first = int(store.add(COORDINATOR_KEY, 1)) == 1
+    except (RuntimeError, OSError):
+        return None
+    if not first:
+        return _await_verdict(store, grace)
+    missing = _missing(store, world_size)
+    if missing is not None:
+        with contextlib.suppress(RuntimeError, OSError):
+            _publish(store, missing)
+    return missing
 
 
 def _follow(
@@ -206,20 +318,22 @@ def _follow(
     timeout: float,
     rank_to_node: Callable[[int], str | None] | None,
 ) -> None:
-    """Any other rank after its wait ran out: take rank 0's verdict, or look for itself."""
+    """Any other rank after its wait ran out: take rank 0's verdict, or a stand-in's."""
+    if _has(store, ALL_KEY):
+        return
+    grace = min(LINGER, max(timeout, 0.001))
     missing: list[int] | None = None
-    try:
-        if store.check([RESULT_KEY]):
-            verdict = bytes(store.get(RESULT_KEY)).decode()
-            missing = [int(r) for r in verdict.removeprefix("missing:").split(",") if r]
-    except (RuntimeError, OSError, ValueError):
-        missing = None
+    if _has(store, join_key(0)):  # rank 0 joined: it gives the verdict at its own deadline
+        missing = _await_verdict(store, grace)
     if missing is None:
-        missing = _missing(store, world_size)
-        if missing == []:
+        if _has(store, ALL_KEY):  # everyone joined while we waited for a verdict
             return
-    with contextlib.suppress(RuntimeError, OSError):
-        store.set(_seen_key(rank), "1")
+        missing = _stand_in(store, world_size, grace)
+    if missing == []:
+        return
+    if missing is not None:
+        with contextlib.suppress(RuntimeError, OSError):
+            store.set(_seen_key(rank), "1")
     raise _timeout_error(missing, rank=rank, world_size=world_size, timeout=timeout,
                          rank_to_node=rank_to_node)
 
@@ -235,19 +349,25 @@ def announce_and_wait(
 ) -> None:
     """Set ``unirank/join/<rank>`` = ``node_name`` in ``store``, then wait for every rank.
 
-    Returns when all ``world_size`` ranks have joined. Raises :class:`InitTimeoutError` when
+    Returns when all ``world_size`` ranks have joined: each rank counts itself at
+    ``unirank/join/count``, the last one sets ``unirank/join/all``, the others wait on that key,
+    so each rank makes three store calls of one key each. Raises :class:`InitTimeoutError` when
     they have not after ``timeout`` seconds, naming the missing ranks and (through
-    ``rank_to_node``) their nodes. On a timeout rank 0 publishes which ranks are missing
-    (``unirank/join/result``) and, as it usually hosts the store, stays (at most 10 s) until the
-    ranks that joined have read it (``unirank/join/seen/<rank>``); the others take that verdict,
-    or look at the keys themselves when it is not there yet. Other store errors before the
-    deadline (the store's host went away) propagate.
+    ``rank_to_node``) their nodes. On a timeout rank 0 scans the join keys, publishes which ranks
+    are missing (``unirank/join/result``) and, as it usually hosts the store, stays (at most
+    10 s) until the ranks that joined have read it (``unirank/join/seen/<rank>``); the others
+    take that verdict. When rank 0 never joined (or gave no verdict within ``min(10 s,
+    timeout)``) one of the others, elected through ``unirank/join/coordinator``, scans and
+    publishes instead; a rank that gets no verdict at all says the store could not tell which
+    ranks are missing. Other store errors before the deadline (the store's host went away)
+    propagate. Each rank must call this once per store (or ``PrefixStore`` prefix).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside the world of {world_size}")
     deadline = time.monotonic() + timeout
-    store.set(join_key(rank), node_name)
-    if _wait_all(store, world_size, timeout, deadline):
+    if _join(store, rank=rank, world_size=world_size, node_name=node_name):
+        return
+    if _wait_all(store, timeout, deadline):
         return
     if rank == 0:
         _coordinate(store, world_size=world_size, timeout=timeout, rank_to_node=rank_to_node)
