@@ -30,16 +30,6 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 DATASET = TensorDataset(torch.arange(32))
 
 
-@pytest.fixture
-def use_env() -> Iterator[None]:
-    """Restore the cached DistEnv after a test replaced it."""
-    saved = state.STATE.env
-    try:
-        yield
-    finally:
-        state.set_dist_env(saved)
-
-
 def as_rank(rank: int, world_size: int = 2, local_world_size: int | None = None) -> None:
     """This process seen as ``rank`` of ``world_size`` (all on one node unless told)."""
     local = world_size if local_world_size is None else local_world_size

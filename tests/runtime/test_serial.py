@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -11,23 +10,6 @@ import torch
 import unirank as ur
 from unirank.distenv import DistEnv
 from unirank.runtime import state
-
-
-@pytest.fixture
-def use_env() -> Iterator[None]:
-    """Restore the cached DistEnv after a test replaced it."""
-    saved = state.STATE.env
-    try:
-        yield
-    finally:
-        state.set_dist_env(saved)
-
-
-@pytest.fixture
-def serial(use_env: None) -> DistEnv:
-    env = DistEnv(launcher="local", node_name="box")
-    state.set_dist_env(env)
-    return env
 
 
 def test_getters_before_init_answer_from_the_launcher(use_env: None) -> None:

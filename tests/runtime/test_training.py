@@ -8,7 +8,6 @@ import fractions
 import os
 import pickle
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,24 +21,6 @@ from unirank.distenv import DistEnv
 from unirank.runtime import state, training
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-
-
-@pytest.fixture
-def use_env() -> Iterator[None]:
-    """Restore the cached DistEnv after a test replaced it."""
-    saved = state.STATE.env
-    try:
-        yield
-    finally:
-        state.set_dist_env(saved)
-
-
-@pytest.fixture
-def serial(use_env: None) -> DistEnv:
-    """This process as a serial run, whatever the shell running pytest carries."""
-    env = DistEnv(launcher="local", node_name="box")
-    state.set_dist_env(env)
-    return env
 
 
 def test_auto_model_at_world_one_returns_the_same_module_on_the_device(serial: DistEnv) -> None:
