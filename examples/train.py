@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gc
 import hashlib
 import os
 import sys
@@ -112,6 +113,10 @@ def training(local_rank: int, config: dict[str, Any]) -> None:
             ur.save({"model": _unwrapped(model).state_dict(),
                      "optimizer": optimizer.state_dict(), "epoch": epoch}, checkpoint)
     print(f"Process {rank}/{world} parameters {parameters_digest(model)}", flush=True)
+    # Free the DDP model while the process group lives: left to interpreter exit, torch 2.13
+    # may abort there ("terminate called without an active exception", pytorch#190489).
+    del model, optimizer, train_loader, loss
+    gc.collect()
 
 
 def parameters_digest(model: nn.Module) -> str:
