@@ -9,16 +9,18 @@ Precedence, and why:
 1. ``UNIRANK_LAUNCHER=<name>`` forces a launcher; ``UNIRANK_LAUNCHER=none`` turns detection off.
 2. ``torchrun`` - its workers (and ``unirank run``'s) often also carry the Slurm or MPI variables
    of the agent that started them; the torchrun variables describe the worker itself.
-3. MPI launchers: ``openmpi``, ``mvapich``, ``mpich``/``intelmpi``, ``lsf`` (jsrun), ``pmix`` -
+3. ``horovodrun`` - its gloo workers run inside a batch job (Slurm variables of the job, not
+   of the workers) and its MPI mode runs mpirun (the MPI variables agree with Horovod's).
+4. MPI launchers: ``openmpi``, ``mvapich``, ``mpich``/``intelmpi``, ``lsf`` (jsrun), ``pmix`` -
    an mpirun inside a Slurm job starts its daemons through srun, so its ranks also see a Slurm step
    whose numbers describe the daemons, not the ranks. Only the PMI flavours (``mpich``, ``pmix``)
    can also come from srun itself (``srun --mpi=pmi2|pmix``): when their numbers equal the step's,
    ``slurm`` is reported, since it also knows the nodes.
-4. ``slurm`` - a task of an srun step.
-5. ``pbs`` - a pbsdsh task.
-6. ``kubeflow`` - RANK/WORLD_SIZE/MASTER_ADDR without LOCAL_RANK.
-7. ``slurm-allocation`` - an sbatch or salloc shell with no step (``launch_required``).
-8. ``local`` - none of the above: rank 0 of 1.
+5. ``slurm`` - a task of an srun step.
+6. ``pbs`` - a pbsdsh task.
+7. ``kubeflow`` - RANK/WORLD_SIZE/MASTER_ADDR without LOCAL_RANK.
+8. ``slurm-allocation`` - an sbatch or salloc shell with no step (``launch_required``).
+9. ``local`` - none of the above: rank 0 of 1.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from types import ModuleType
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.launchers import (
+    horovodrun,
     kubeflow,
     local,
     lsf,
@@ -52,6 +55,7 @@ __all__ = ["LAUNCHER_NAMES", "PRECEDENCE", "Candidate", "detect", "explain"]
 #: launcher modules in the order they are tried
 PRECEDENCE: tuple[ModuleType, ...] = (
     torchrun,
+    horovodrun,
     openmpi,
     mvapich,
     mpich,

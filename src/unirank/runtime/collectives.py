@@ -8,7 +8,10 @@
   value (the other ranks' values are ignored).
 * :func:`barrier`.
 
-Without a process group every call returns at once with this process's own data.
+Without a process group every call returns at once with this process's own data. When the live
+backend is not a torch.distributed group (Horovod, XLA), its entry's
+:class:`~unirank.runtime.backends.Collectives` do the work; they have no sub-groups, so a
+``group`` other than ``None`` is a ValueError there.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, TypeVar, Union
 import torch
 import torch.distributed as dist
 
-from unirank.runtime import state
+from unirank.runtime import backends, state
 
 __all__ = ["REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
 
@@ -61,7 +64,28 @@ def _active() -> bool:
     return state.is_initialized()
 
 
+def _own(group: Any) -> backends.Collectives | None:
+    """The live backend's own collectives (Horovod, XLA), or None for torch.distributed."""
+    active = state.STATE.active
+    if active is None or active.collectives is None:
+        return None
+    if group is not None:
+        raise ValueError(
+            f"the {active.name} backend has no torch.distributed process groups: pass group=None"
+        )
+    return active.collectives
+
+
 def _reduce_tensor(tensor: torch.Tensor, name: str, group: Any) -> torch.Tensor:
+    own = _own(group)
+    if own is not None:
+        if name == "MEAN" and not (tensor.is_floating_point() or tensor.is_complex()):
+            raise TypeError(
+                f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}; "
+                "convert it first (tensor.float())"
+            )
+        result: torch.Tensor = own.all_reduce(tensor, name)
+        return result
     if name == "MEAN":
         if not (tensor.is_floating_point() or tensor.is_complex()):
             raise TypeError(
@@ -110,11 +134,18 @@ def all_gather(data: Any, *, group: Any = None) -> Any:
         flat = data.unsqueeze(0) if data.dim() == 0 else data
         if not _active():
             return flat
+        own = _own(group)
+        if own is not None:
+            gathered_tensor: torch.Tensor = own.all_gather(flat.contiguous())
+            return gathered_tensor
         parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, flat.contiguous(), group=group)
         return torch.cat(parts, dim=0)
     if not _active():
         return [data]
+    own = _own(group)
+    if own is not None:
+        return own.all_gather_object(data)
     gathered: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, data, group=group)
     return gathered
@@ -124,6 +155,13 @@ def broadcast(data: T, src: int = 0, *, group: Any = None) -> T:
     """``src``'s ``data`` on every rank (a tensor is filled in place and returned)."""
     if not _active():
         return data
+    own = _own(group)
+    if own is not None:
+        if isinstance(data, torch.Tensor):
+            own.broadcast(data, src)
+            return data
+        value: T = own.broadcast_object(data, src)
+        return value
     if isinstance(data, torch.Tensor):
         dist.broadcast(data, src=src, group=group)
         return data
@@ -136,4 +174,8 @@ def broadcast(data: T, src: int = 0, *, group: Any = None) -> T:
 def barrier(*, group: Any = None) -> None:
     """Wait until every rank gets here (returns at once without a process group)."""
     if _active():
-        dist.barrier(group=group)
+        own = _own(group)
+        if own is not None:
+            own.barrier()
+        else:
+            dist.barrier(group=group)

@@ -112,7 +112,9 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
 def init(backend: str | None = None, timeout: float | None = None) -> None:
     """Start the default process group for this process's launcher context.
 
-    ``backend``: ``None`` or ``"auto"`` (nccl with a GPU per local rank, else gloo), or a name.
+    ``backend``: ``None`` or ``"auto"`` (horovod under horovodrun, else nccl with a GPU per
+    local rank, else gloo), or a name: ``"gloo"``, ``"nccl"``, ``"horovod"``, ``"xla-tpu"``
+    (alias ``"xla"``), or another torch.distributed backend.
     ``timeout``: seconds to wait for every rank to join (default ``UNIRANK_INIT_TIMEOUT``, else
     300); when given, it is also the process group's collective timeout (else torch's default).
 
@@ -137,6 +139,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
             facts,
             local_world_size=env.local_world_size,
             per_task_gpus=backends.gpus_bound_per_task(environ),
+            launcher=env.launcher,
         )
     )
     device_name = entry.device(env.local_rank, facts)
@@ -144,6 +147,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
     state.STATE.generation += 1
     if env.world_size == 1:
         base: Any = dist.HashStore()  # type: ignore[attr-defined]
+    elif not entry.uses_store(environ):
+        base = None
     else:
         base = _connect_store(env, init_timeout, environ)
         restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -165,15 +170,21 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
         timeout=None if timeout is None else init_timeout,
         device=device_name,
     )
+    if entry.collectives is not None:
+        state.STATE.active = entry
     state.STATE.owns_group = True
-    state.STATE.stores.append(base)
+    if base is not None:
+        state.STATE.stores.append(base)
 
 
 def finalize() -> None:
-    """End the process group unirank created through its backend's entry (a group the user
-    created is left alone)."""
-    name = state.backend()
-    if state.STATE.owns_group and name is not None:
-        backends.for_group(name).finalize()
-    state.STATE.owns_group = False
-    state.STATE.stores.clear()
+    """End the process group (or Horovod/XLA backend) unirank started, through its backend's
+    entry (a group the user created is left alone)."""
+    entry = state.backend_entry()
+    try:
+        if state.STATE.owns_group and entry is not None:
+            entry.finalize()
+    finally:
+        state.STATE.active = None
+        state.STATE.owns_group = False
+        state.STATE.stores.clear()

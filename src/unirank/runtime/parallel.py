@@ -13,12 +13,16 @@ with the same rules as ``unirank run``:
   pickled to each worker's bootstrap, which sets up ``__main__`` as multiprocessing's ``spawn``
   does, initialises the process group and calls ``fn(local_rank, ...)``. Workers get torchrun's
   full environment; a failure stops the others and prints the same root-cause summary as
-  ``unirank run``, then :class:`WorkerFailedError` is raised here.
+  ``unirank run``, then :class:`WorkerFailedError` is raised here;
+* a backend's own launcher -- a backend that brings one (``xla-tpu``: torch_xla's
+  ``xmp.spawn``), named explicitly, with ``nproc_per_node`` and no launcher around: that
+  launcher starts the workers, and each initialises the backend and calls ``fn(local_rank, ...)``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing.spawn
 import os
 import pickle
@@ -32,7 +36,7 @@ from typing import Any
 
 from unirank.contract import resolve_init_timeout
 from unirank.errorfile import record_exception
-from unirank.runtime import lifecycle, state
+from unirank.runtime import backends, lifecycle, state
 from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
 __all__ = ["Parallel", "WorkerFailedError"]
@@ -95,10 +99,27 @@ class Parallel:
                              master_addr=master_addr, master_port=master_port)
         self.plan: Plan | None = None
         self._finalize = False
+        self._own: backends.Backend | None = None
+
+    def _own_launcher(self, env: Any) -> backends.Backend | None:
+        """The backend entry whose own launcher starts the workers (XLA's ``xmp.spawn``): an
+        explicitly named backend with a ``spawn`` hook, ``nproc_per_node`` given, and no
+        launcher that already placed several processes."""
+        if self.backend is None or self._request["nproc_per_node"] is None:
+            return None
+        entry = backends.find(self.backend)
+        if entry is None or entry.spawn is None or env.world_size > 1:
+            return None
+        return entry
 
     def __enter__(self) -> Parallel:
         env = state.dist_env()
         lifecycle.require_launched(env, sys.argv, sys.executable)
+        own = self._own_launcher(env)
+        if own is not None:
+            backends.choose_backend(self.backend, backends.cuda_facts())  # installed at all?
+            self._own = own
+            return self
         timeout = resolve_init_timeout(self.init_timeout, os.environ, option="init_timeout")
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
                                 **self._request)  # type: ignore[arg-type]
@@ -128,6 +149,12 @@ class Parallel:
         Spawned, ``fn`` and its arguments must be picklable: a module-level function of an
         importable module (in a script, under ``if __name__ == "__main__":``).
         """
+        if self._own is not None and self._own.spawn is not None:
+            nprocs = int(self._request["nproc_per_node"] or 1)
+            target = functools.partial(_own_launch_worker, fn, args, kwargs, self.backend,
+                                       self.init_timeout)
+            self._own.spawn(nprocs, target)
+            return
         if self.plan is None:
             with self:
                 self.run(fn, *args, **kwargs)
@@ -176,3 +203,19 @@ class Parallel:
             raise WorkerFailedError(first.local_rank, first.rank, code, last)
         if result.exit_code != 0:
             raise WorkerFailedError(-1, -1, result.exit_code)
+
+
+def _own_launch_worker(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    backend: str | None,
+    init_timeout: float | None,
+    local_rank: int,
+) -> None:
+    """One process started by a backend's own launcher: start the backend, run ``fn``, end it."""
+    lifecycle.init(backend, init_timeout)
+    try:
+        fn(local_rank, *args, **kwargs)
+    finally:
+        lifecycle.finalize()

@@ -36,6 +36,7 @@ __all__ = [
     "is_initialized",
     "node_name",
     "set_dist_env",
+    "torch_group_exists",
 ]
 
 
@@ -50,6 +51,8 @@ class RuntimeState:
     stores: list[Any] = field(default_factory=list)
     #: how many groups this process has initialised; part of the store key prefix
     generation: int = 0
+    #: the live backend when it is not a torch.distributed group (horovod, xla), else None
+    active: backends.Backend | None = None
 
 
 STATE = RuntimeState()
@@ -75,21 +78,33 @@ def set_dist_env(env: DistEnv | None) -> None:
     STATE.env = env
 
 
-def is_initialized() -> bool:
+def torch_group_exists() -> bool:
     """True when a default ``torch.distributed`` process group exists (unirank's or the user's)."""
     return dist.is_available() and dist.is_initialized()
 
 
+def is_initialized() -> bool:
+    """True when a backend is live: a default ``torch.distributed`` process group (unirank's or
+    the user's), or a backend of unirank's that is not one (Horovod, XLA) after ``init``."""
+    return STATE.active is not None or torch_group_exists()
+
+
 def get_rank() -> int:
-    """Global rank: from the process group when there is one, else from the launcher."""
-    if is_initialized():
+    """Global rank: from the live backend when there is one, else from the launcher."""
+    active = STATE.active
+    if active is not None and active.rank_and_size is not None:
+        return active.rank_and_size()[0]
+    if torch_group_exists():
         return int(dist.get_rank())
     return dist_env().rank
 
 
 def get_world_size() -> int:
-    """Number of processes: from the process group when there is one, else from the launcher."""
-    if is_initialized():
+    """Number of processes: from the live backend when there is one, else from the launcher."""
+    active = STATE.active
+    if active is not None and active.rank_and_size is not None:
+        return active.rank_and_size()[1]
+    if torch_group_exists():
         return int(dist.get_world_size())
     return dist_env().world_size
 
@@ -115,15 +130,20 @@ def get_nnodes() -> int:
 
 
 def backend() -> str | None:
-    """The backend of the default process group (``"gloo"``, ``"nccl"``...), ``None`` without."""
-    if is_initialized():
+    """The live backend's name: unirank's Horovod or XLA backend, else the default process
+    group's (``"gloo"``, ``"nccl"``...); ``None`` without either."""
+    if STATE.active is not None:
+        return STATE.active.name
+    if torch_group_exists():
         return str(dist.get_backend())
     return None
 
 
 def backend_entry() -> backends.Backend | None:
-    """The registry entry of the default process group's backend (a plain torch.distributed
-    entry for a backend without one of its own), ``None`` without a group."""
+    """The registry entry of the live backend (a plain torch.distributed entry for a backend
+    without one of its own), ``None`` without one."""
+    if STATE.active is not None:
+        return STATE.active
     name = backend()
     return None if name is None else backends.for_group(name)
 

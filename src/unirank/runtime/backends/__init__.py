@@ -11,10 +11,13 @@ Code outside unirank may :func:`register` (and :func:`unregister`) entries at ru
 
 Choice (:func:`choose_backend`):
 
-* ``None``/``"auto"``: the registered entries with an ``auto_priority``, highest first; the first
+* ``None``/``"auto"``: an entry that names the launcher that started this process in its
+  ``launchers`` (horovod under ``horovodrun``) when it can run here; else the registered
+  entries with an ``auto_priority``, highest first; the first
   whose ``problem(facts)`` is ``None`` and whose ``auto_applies(...)`` holds. With the built-ins:
   ``"nccl"`` when CUDA and NCCL are available and every local rank has a GPU of its own (as many
-  visible GPUs as local ranks, or a launcher that binds GPUs per task), else ``"gloo"``.
+  visible GPUs as local ranks, or a launcher that binds GPUs per task), else ``"gloo"``;
+  ``"horovod"`` under horovodrun. ``auto`` never picks ``"xla-tpu"``.
 * A registered name or alias: that entry's name, or a
   :class:`~unirank.errors.ConfigError` naming ``backend`` when its ``problem(facts)`` is not
   ``None`` (``"nccl"`` without CUDA or NCCL).
@@ -37,6 +40,7 @@ from unirank.runtime.backends.base import (
     AUTO,
     AutoRule,
     Backend,
+    Collectives,
     InitFn,
     WrapLoader,
     WrapModel,
@@ -61,6 +65,7 @@ __all__ = [
     "TORCH_BACKENDS",
     "AutoRule",
     "Backend",
+    "Collectives",
     "CudaFacts",
     "InitFn",
     "WrapLoader",
@@ -81,7 +86,7 @@ __all__ = [
 ]
 
 #: modules of this package whose ``BACKEND`` is registered on import, in this order
-BUILTIN_MODULES = ("gloo", "nccl")
+BUILTIN_MODULES = ("gloo", "nccl", "horovod", "xla")
 #: other torch.distributed backends passed through by name, without an entry of their own
 TORCH_BACKENDS = ("mpi", "ucc", "xccl")
 #: backends torch.distributed knows by name (``"cpu:gloo,cuda:nccl"`` style strings also pass)
@@ -178,16 +183,21 @@ def choose_backend(
     *,
     local_world_size: int = 1,
     per_task_gpus: bool = False,
+    launcher: str | None = None,
 ) -> str:
     """The backend name for ``requested`` (``None``/``"auto"``/a backend name).
 
     ``facts`` are the CUDA facts of this process (simulated in tests); ``local_world_size`` the
     number of ranks on this node; ``per_task_gpus`` whether the launcher bound GPUs per task
-    (see :func:`gpus_bound_per_task`). Raises ConfigError for an unusable explicit choice or an
-    unknown name. Rules: see this module's docstring.
+    (see :func:`gpus_bound_per_task`); ``launcher`` the launcher that started this process
+    (an entry that names it in ``launchers`` wins ``auto``). Raises ConfigError for an
+    unusable explicit choice or an unknown name. Rules: see this module's docstring.
     """
     name = AUTO if requested is None else normalize(requested)
     if name == AUTO:
+        for candidate in _ENTRIES.values():
+            if launcher in candidate.launchers and candidate.problem(facts) is None:
+                return candidate.name
         for candidate in _auto_order():
             if candidate.problem(facts) is None and candidate.auto_applies(
                 facts, local_world_size=local_world_size, per_task_gpus=per_task_gpus

@@ -6,7 +6,7 @@ Nothing here imports torch at module import time: :func:`torch_init`, :func:`tor
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -17,6 +17,7 @@ __all__ = [
     "AUTO",
     "AutoRule",
     "Backend",
+    "Collectives",
     "InitFn",
     "WrapLoader",
     "WrapModel",
@@ -78,6 +79,38 @@ class WrapLoader(Protocol):
 
     def __call__(self, loader: Any) -> Any:
         """``loader``: the generic distributed DataLoader. Returns what the user iterates."""
+        ...
+
+
+class Collectives(Protocol):
+    """A backend's own collectives, for a backend that is not a torch.distributed group
+    (:attr:`Backend.collectives`). :mod:`unirank.runtime.collectives` checks the arguments and
+    handles numbers, so these see tensors (or picklable objects for the ``_object`` ones) only.
+    """
+
+    def all_reduce(self, tensor: Any, op: str) -> Any:
+        """Reduce ``tensor`` over every rank in place and return it; ``op`` is one of ``SUM``,
+        ``MEAN``, ``MIN``, ``MAX``, ``PRODUCT``."""
+        ...
+
+    def all_gather(self, tensor: Any) -> Any:
+        """Every rank's ``tensor`` (at least 1-d) concatenated along dim 0, in rank order."""
+        ...
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj``, in rank order."""
+        ...
+
+    def broadcast(self, tensor: Any, src: int) -> Any:
+        """Fill ``tensor`` in place with rank ``src``'s and return it."""
+        ...
+
+    def broadcast_object(self, obj: Any, src: int) -> Any:
+        """Rank ``src``'s ``obj``."""
+        ...
+
+    def barrier(self) -> None:
+        """Wait until every rank gets here."""
         ...
 
 
@@ -147,6 +180,27 @@ class Backend:
     ``wrap_loader(loader)``
         applied to the DataLoader ``auto_dataloader`` built (generic: none), e.g. to return a
         device loader.
+
+    Backends that are not a torch.distributed process group (Horovod, XLA) also set:
+
+    ``collectives``
+        their own collectives (:class:`Collectives`); while such an entry is live (its ``init``
+        returned), :mod:`unirank.runtime.collectives` uses them and ``state.backend()`` is its
+        name. ``None``: a torch.distributed backend (``init`` makes the default group).
+    ``rank_and_size()``
+        the live backend's own global rank and world size, which the getters then report.
+    ``launchers``
+        launcher names (:attr:`~unirank.distenv.DistEnv.launcher`) under which ``auto`` picks
+        this entry before any other (``horovodrun``: horovod).
+    ``uses_store(environ)``
+        whether :func:`~unirank.runtime.lifecycle.init` must first connect unirank's rendezvous
+        store (and run its join check) for this entry at a world larger than 1; default: yes.
+        ``False`` gives ``init`` a ``store`` of ``None`` (the launcher brought its own
+        rendezvous, as horovodrun does).
+    ``spawn(nprocs, target)``
+        the backend's own launcher, which :class:`~unirank.runtime.parallel.Parallel` uses
+        instead of unirank's engine for ``nproc_per_node`` with no launcher around (XLA:
+        ``xmp.spawn``); it runs ``target(local_rank)`` in each process. ``None``: unirank's.
     """
 
     name: str
@@ -162,6 +216,11 @@ class Backend:
     wrap_model: WrapModel | None = None
     wrap_optimizer: WrapOptimizer | None = None
     wrap_loader: WrapLoader | None = None
+    collectives: Collectives | None = None
+    rank_and_size: Callable[[], tuple[int, int]] | None = None
+    launchers: tuple[str, ...] = ()
+    uses_store: Callable[[Mapping[str, str]], bool] = lambda environ: True
+    spawn: Callable[[int, Callable[[int], None]], None] | None = None
 
 
 def set_cuda_device(device: str) -> None:
