@@ -409,3 +409,44 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.sections.append(("slurm testbed logs", _testbed_logs(_default_log_dir())))
         except (OSError, subprocess.SubprocessError) as exc:
             report.sections.append(("slurm testbed logs", f"could not read logs: {exc}"))
+
+
+XLA_PYTHON = REPO_ROOT / ".venv-xla" / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def horovodrun() -> str:
+    """The ``horovodrun`` of the Horovod that ``scripts/setup --horovod`` installs in this Python.
+
+    Fails in CI and skips elsewhere when Horovod is not installed.
+    """
+    probe = subprocess.run([sys.executable, "-c", "import horovod.torch"], capture_output=True,
+                           text=True, timeout=120, stdin=subprocess.DEVNULL)
+    if probe.returncode != 0:
+        unavailable("Horovod is not installed in this Python: run scripts/setup --horovod",
+                    probe.stderr[-2000:])
+    exe = Path(sys.executable).parent / "horovodrun"
+    if not exe.exists():
+        found = shutil.which("horovodrun")
+        if found is None:
+            unavailable("horovodrun not found next to this Python: run scripts/setup --horovod")
+        return found
+    return str(exe)
+
+
+@pytest.fixture(scope="session")
+def xla_python() -> str:
+    """The Python of ``.venv-xla`` (torch 2.9.0 and torch_xla 2.9.0, ``scripts/setup --xla``).
+
+    Fails in CI and skips elsewhere when it is missing or cannot import torch_xla and unirank.
+    """
+    if not XLA_PYTHON.exists():
+        unavailable(f"{XLA_PYTHON.relative_to(REPO_ROOT)} is missing: run scripts/setup --xla")
+    probe = subprocess.run(
+        [str(XLA_PYTHON), "-c", "import torch_xla, unirank"], capture_output=True, text=True,
+        timeout=300, stdin=subprocess.DEVNULL, env={**clean_environ(), "PJRT_DEVICE": "CPU"},
+    )
+    if probe.returncode != 0:
+        unavailable(".venv-xla cannot import torch_xla and unirank: run scripts/setup --xla",
+                    probe.stderr[-2000:])
+    return str(XLA_PYTHON)

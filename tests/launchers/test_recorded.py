@@ -1,6 +1,6 @@
 """detect() on environments recorded from the real srun, sbatch, salloc, mpirun and torchrun.
 
-The files in tests/fixtures/envs were written by scripts/record-envs on the two-node testbed;
+The files in tests/fixtures/envs were written by scripts/record-envs on the two-node testbed (the horovodrun ones after scripts/setup --horovod);
 their README says which command produced each.
 """
 
@@ -48,6 +48,12 @@ EXPECTED: dict[str, tuple[str, int, int, int, int, int, int, str, str]] = {
     "sbatch_N2_n4_mpirun_np4_rank1": ("openmpi", 1, 1, 4, 2, 0, 2, "node1", "node1"),
     "sbatch_N2_n4_mpirun_np4_rank2": ("openmpi", 2, 0, 4, 2, 1, 2, "node1", "node2"),
     "sbatch_N2_n4_mpirun_np4_rank3": ("openmpi", 3, 1, 4, 2, 1, 2, "node1", "node2"),
+    # horovodrun: the master is its rendezvous host; the node is HOROVOD_HOSTNAME (-H's name)
+    "horovodrun_np2_rank0": ("horovodrun", 0, 0, 2, 2, 0, 1, "127.0.0.1", "localhost"),
+    "horovodrun_np2_rank1": ("horovodrun", 1, 1, 2, 2, 0, 1, "127.0.0.1", "localhost"),
+    # inside an allocation horovodrun's variables, not the allocation's, describe the worker
+    "salloc_N2_horovodrun_np2_rank0": ("horovodrun", 0, 0, 2, 2, 0, 1, "127.0.0.1", "localhost"),
+    "salloc_N2_horovodrun_np2_rank1": ("horovodrun", 1, 1, 2, 2, 0, 1, "127.0.0.1", "localhost"),
 }
 
 ALLOCATION_SHELLS = {"sbatch_batch_shell": 4, "salloc_N2_n4_shell": 4}
