@@ -16,6 +16,9 @@ Run it unchanged with::
     srun -N2 --ntasks-per-node=1 python examples/train.py
     sbatch -N2 --ntasks-per-node=1 --wrap "srun python examples/train.py"
     mpirun -np 2 python examples/train.py
+    horovodrun --gloo -np 2 -H localhost:2 python examples/train.py   # Horovod
+    srun -N2 --ntasks-per-node=1 python examples/train.py --backend horovod
+    PJRT_DEVICE=CPU .venv-xla/bin/python examples/train.py --backend xla-tpu   # one XLA device
 
 With ``--checkpoint PATH`` the model and optimizer are saved (``ur.save``: rank 0, atomically) at
 the end of every epoch, and a run that finds the file resumes after the epoch it holds.
@@ -132,7 +135,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The seed's options, plus ``--epochs``, ``--seed`` and ``--checkpoint``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=None,
-                        help="gloo, nccl, ... (default: auto: nccl with a GPU per rank, else gloo)")
+                        help="gloo, nccl, horovod, xla-tpu (default: auto: horovod under "
+                        "horovodrun, else nccl with a GPU per rank, else gloo)")
     parser.add_argument("--nproc_per_node", "--nproc-per-node", type=int, default=None,
                         help="spawn this many local workers (default: as launched)")
     parser.add_argument("--log_interval", type=int, default=4)

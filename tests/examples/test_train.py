@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import math
 import re
-import subprocess
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from conftest import clean_environ as _clean
 from test_examples import EXAMPLES, run
+
+from conftest import clean_environ as _clean
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,8 @@
-"""detect() on environments recorded from the real srun, sbatch, salloc, mpirun and torchrun.
+"""detect() on environments recorded from the real srun, sbatch, salloc, mpirun, torchrun and
+horovodrun.
 
-The files in tests/fixtures/envs were written by scripts/record-envs on the two-node testbed (the horovodrun ones after scripts/setup --horovod);
-their README says which command produced each.
+The files in tests/fixtures/envs were written by scripts/record-envs on the two-node testbed (the
+horovodrun ones after scripts/setup --horovod); their README says which command produced each.
 """
 
 from __future__ import annotations

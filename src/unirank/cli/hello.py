@@ -23,8 +23,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         default="auto",
-        help="process-group backend: gloo, nccl or auto (nccl with a GPU per local rank, "
-        "else gloo); default: auto",
+        help="backend: gloo, nccl, horovod, xla-tpu or auto (horovod under horovodrun, else "
+        "nccl with a GPU per local rank, else gloo); default: auto",
     )
     parser.add_argument(
         "-n",

@@ -32,7 +32,7 @@ import functools
 import importlib.util
 import os
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from unirank.errors import ConfigError
@@ -46,12 +46,13 @@ HINT = ("run scripts/setup --xla and use .venv-xla/bin/python "
         "(torch_xla 2.9.0 needs its own environment with torch 2.9.0)")
 
 
-def device_type() -> str:
-    """The XLA device type: ``PJRT_DEVICE`` when set (upper case), else torch_xla's answer.
+def device_type(environ: Mapping[str, str] | None = None) -> str:
+    """The XLA device type: ``PJRT_DEVICE`` of ``environ`` (default ``os.environ``) when set
+    (upper case), else torch_xla's answer.
 
     Reads: PJRT_DEVICE.
     """
-    named = os.environ.get("PJRT_DEVICE", "").strip().upper()
+    named = (os.environ if environ is None else environ).get("PJRT_DEVICE", "").strip().upper()
     if named:
         return named
     import torch_xla.runtime as xr
@@ -59,14 +60,15 @@ def device_type() -> str:
     return str(xr.device_type()).upper()
 
 
-def check_world(world_size: int) -> None:
+def check_world(world_size: int, environ: Mapping[str, str] | None = None) -> None:
     """Raise ConfigError when ``world_size`` XLA processes cannot work here (more than one on
-    XLA:CPU, pytorch/xla#9089). Reads: PJRT_DEVICE."""
-    if world_size > 1 and device_type() == "CPU":
+    XLA:CPU, pytorch/xla#9089). ``environ`` defaults to ``os.environ``. Reads: PJRT_DEVICE."""
+    environ = os.environ if environ is None else environ
+    if world_size > 1 and device_type(environ) == "CPU":
         raise ConfigError(
             f"asks for {world_size} XLA processes on the CPU, but collectives between XLA:CPU "
             f"devices are not supported by torch_xla ({UPSTREAM_ISSUE}; they abort after 10 s)",
-            variable="PJRT_DEVICE", value=os.environ.get("PJRT_DEVICE", "CPU"),
+            variable="PJRT_DEVICE", value=environ.get("PJRT_DEVICE", "CPU"),
             hint="use one process on the CPU (no --nproc_per_node), or run on TPUs "
             "(PJRT_DEVICE=TPU), where several processes work",
         )

@@ -1,0 +1,92 @@
+"""The xla-tpu backend with the real torch_xla 2.9.0 on XLA:CPU (``.venv-xla``, ``scripts/setup
+--xla``), and unirank on the low end of its torch requirement (torch 2.9.0 in that environment).
+
+What runs here: one XLA:CPU process (world size 1) through ``ur.init``/``Parallel``, the
+collectives and training helpers on the XLA device, ``unirank hello``; and the refusal of more
+than one XLA:CPU process. What cannot run here (no TPU): several XLA processes, torch_xla's
+``xmp.spawn`` with more than one process, the ``xla://`` group; those paths are not exercised.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import REPO_ROOT, clean_environ
+
+pytestmark = pytest.mark.integration
+
+JOB = str(Path(__file__).parent / "scripts" / "backend_job.py")
+CPU = {"PJRT_DEVICE": "CPU"}
+
+
+def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None,
+        check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
+                          stdin=subprocess.DEVNULL, env=clean_environ({**CPU, **(env or {})}))
+    if check:
+        assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def job_result(stdout: str) -> dict[str, Any]:
+    found = re.findall(r"RESULT (\{.*\})", stdout)
+    assert len(found) == 1, stdout
+    result: dict[str, Any] = json.loads(found[0])
+    return result
+
+
+@pytest.mark.parametrize("how", [["xla-tpu"], ["xla", "1"]], ids=["as-launched", "Parallel-1"])
+def test_collectives_and_helpers_on_the_xla_device(xla_python: str, how: list[str]) -> None:
+    r = job_result(run([xla_python, JOB, *how]).stdout)
+    assert (r["backend"], r["device"], r["rank"], r["world"]) == ("xla-tpu", "xla:0", 0, 1)
+    assert (r["sum"], r["mean"], r["min"], r["max"], r["product"]) == (1, 1.0, 1.5, 1, 1)
+    assert (r["gather_tensor"], r["gather_obj"], r["bcast_obj"]) == (
+        [0, 0], [{"rank": 0, "t": [0, "x"]}], {"who": 0})
+    # auto_model: not wrapped; auto_optim: the same SGD object, its step through xm.optimizer_step
+    assert r["model"] == "Linear"
+    assert r["optimizer"] == "torch.optim.sgd.SGD" and r["plain_optimizer"] is False
+    weight_step, bias_step = r["step"]
+    assert weight_step == pytest.approx([-0.1] * 6, abs=1e-6)  # x = 1 on the one rank
+    assert bias_step == pytest.approx([-0.1, -0.1], abs=1e-6)
+    assert r["shard"] == [0, 1, 2, 3]  # batches came through the XLA loader, all of them
+
+
+def test_hello_prints_the_seed_line_with_xla_tpu(xla_python: str) -> None:
+    unirank = str(Path(xla_python).parent / "unirank")
+    out = run([unirank, "hello", "--backend", "xla-tpu"]).stdout
+    assert re.fullmatch(r"\[http://127\.0\.0\.1:\d+\] hello from \[[^:\]]+:xla-tpu\] "
+                        r"process 0/1\n", out), out
+
+
+@pytest.mark.parametrize("cmd", [["hello", "-n", "2", "--backend", "xla-tpu"],
+                                 ["run", "-n", "2", JOB, "xla"]], ids=["hello", "run"])
+def test_two_xla_cpu_processes_are_refused_in_one_line(xla_python: str, cmd: list[str]) -> None:
+    proc = run([xla_python, "-m", "unirank", *cmd], check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "asks for 2 XLA processes on the CPU" in proc.stderr
+    assert "pytorch/xla/issues/9089" in proc.stderr
+    assert "Expected 2 threads to join the rendezvous" not in proc.stderr  # never XLA's abort
+
+
+def test_unirank_passes_its_unit_tests_on_torch_2_9(xla_python: str) -> None:
+    """The low end of ``torch>=2.1`` that CI proves: the launcher, planner, runtime and CLI
+    tests run again under .venv-xla's torch 2.9.0 (pytest inside pytest)."""
+    version = run([xla_python, "-c", "import torch; print(torch.__version__)"]).stdout
+    assert version.startswith("2.9."), version
+    proc = run([xla_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
+                "not slurm and not mpi", *LOW_END_TESTS], timeout=1200, check=False)
+    tail = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    assert " passed" in tail and "failed" not in tail, tail
+
+
+#: the suites re-run on torch 2.9 (the integration lanes need this Python's extras)
+LOW_END_TESTS = ["tests/launchers", "tests/runtime", "tests/supervisor", "tests/cli",
+                 "tests/test_hostlist.py", "tests/test_joincheck.py", "tests/test_rendezvous.py",
+                 "tests/test_errorfile.py"]
