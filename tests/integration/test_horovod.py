@@ -1,6 +1,7 @@
 """The horovod backend with the real Horovod 0.28.1 (gloo controller, ``scripts/setup --horovod``):
 spawned by ``Parallel``/``unirank hello``, under ``horovodrun``, under ``unirank run``, and under
-``srun`` on the testbed's two nodes with neither horovodrun nor MPI (unirank's own rendezvous).
+``srun`` on the testbed's two nodes with neither horovodrun nor MPI (unirank's own rendezvous),
+under torchrun and under mpirun.
 
 Every job runs ``scripts/backend_job.py``: collectives, ``auto_model`` (rank 0's weights win),
 ``auto_optim`` (one averaged step), ``auto_dataloader`` (shards by rank), each checked exactly.
@@ -142,3 +143,16 @@ def test_a_failing_rank_ends_the_horovod_job(horovodrun: str, tmp_path: Path) ->
     assert proc.returncode == 1, proc.stderr
     assert "ValueError: rank 1 gives up" in proc.stderr
     assert "local rank 1 (rank 1)" in proc.stderr
+
+
+def test_under_torchrun(horovodrun: str) -> None:
+    """torchrun's agent serves the store: the ranks meet there, then in Horovod."""
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", "2", JOB, "horovod"]).stdout
+    check_job(out, world=2, local_world=2)
+
+
+def test_under_mpirun_with_a_gloo_only_horovod(horovodrun: str, mpirun: list[str]) -> None:
+    """This Horovod has no MPI controller: under mpirun unirank's gloo rendezvous is used."""
+    out = run([*mpirun, "-np", "2", sys.executable, JOB, "horovod"]).stdout
+    check_job(out, world=2, local_world=2)
