@@ -6,7 +6,10 @@ Nothing here imports torch at module import time: :func:`torch_init`, :func:`tor
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
@@ -24,6 +27,7 @@ __all__ = [
     "WrapOptimizer",
     "always",
     "check_name",
+    "gloo_banner_hidden",
     "no_problem",
     "normalize",
     "set_cuda_device",
@@ -244,15 +248,44 @@ def torch_init(name: str) -> InitFn:
         import torch.distributed as dist
 
         set_cuda_device(device)
-        dist.init_process_group(
-            name,
-            store=store,
-            rank=rank,
-            world_size=world_size,
-            timeout=None if timeout is None else timedelta(seconds=timeout),
-        )
+        with gloo_banner_hidden(name):
+            dist.init_process_group(
+                name,
+                store=store,
+                rank=rank,
+                world_size=world_size,
+                timeout=None if timeout is None else timedelta(seconds=timeout),
+            )
 
     return init
+
+
+#: torch releases whose gloo writes "[Gloo] Rank R is connected to N peer ranks..." to stdout
+#: (file descriptor 1, from C++) whenever a group starts (seen with 2.9; 2.13 does not)
+GLOO_BANNER_TORCH = ((2, 9),)
+
+
+@contextlib.contextmanager
+def gloo_banner_hidden(name: str) -> Iterator[None]:
+    """Send file descriptor 1 to /dev/null while a gloo group starts on a torch release that
+    prints a connection banner there (:data:`GLOO_BANNER_TORCH`): the banner would land between,
+    or inside, the program's own lines (``unirank hello``'s, a script's data). Elsewhere, or for
+    another backend, nothing changes."""
+    import torch
+
+    release = tuple(int(part) for part in torch.__version__.split(".")[:2] if part.isdigit())
+    if "gloo" not in name or release not in GLOO_BANNER_TORCH:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def torch_finalize() -> None:
