@@ -20,11 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from unirank.contract import node_name as contract_node_name
 from unirank.distenv import DistEnv
 from unirank.envvars import check_rank, read_int
 from unirank.errors import ConfigError
-from unirank.launchers._base import Context, resolve_master
+from unirank.launchers._base import Context, node_name, resolve_master
 
 NAME = "horovodrun"
 KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
@@ -82,7 +81,7 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         job_source=RENDEZVOUS_PORT,
     )
     if environ.get("SLURMD_NODENAME", "").strip() or not environ.get(HOSTNAME, "").strip():
-        node, sources["node_name"] = contract_node_name(environ, ctx.hostname)
+        node, sources["node_name"] = node_name(environ, ctx)
     else:
         node, sources["node_name"] = environ[HOSTNAME].strip(), HOSTNAME
     sources.update(master_addr=master.addr_source, master_port=master.port_source)
