@@ -23,6 +23,10 @@ pytestmark = pytest.mark.integration
 
 JOB = str(Path(__file__).parent / "scripts" / "backend_job.py")
 CPU = {"PJRT_DEVICE": "CPU"}
+#: the suites re-run on torch 2.9 (the integration lanes need this Python's extras)
+LOW_END_TESTS = ["tests/launchers", "tests/runtime", "tests/supervisor", "tests/cli",
+                 "tests/test_hostlist.py", "tests/test_joincheck.py", "tests/test_rendezvous.py",
+                 "tests/test_errorfile.py"]
 
 
 def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None,
@@ -85,8 +89,3 @@ def test_unirank_passes_its_unit_tests_on_torch_2_9(xla_python: str) -> None:
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert " passed" in tail and "failed" not in tail, tail
 
-
-#: the suites re-run on torch 2.9 (the integration lanes need this Python's extras)
-LOW_END_TESTS = ["tests/launchers", "tests/runtime", "tests/supervisor", "tests/cli",
-                 "tests/test_hostlist.py", "tests/test_joincheck.py", "tests/test_rendezvous.py",
-                 "tests/test_errorfile.py"]

@@ -77,21 +77,12 @@ def _own(group: Any) -> backends.Collectives | None:
 
 
 def _reduce_tensor(tensor: torch.Tensor, name: str, group: Any) -> torch.Tensor:
+    """Reduce in place on the live backend (a MEAN tensor's dtype was checked by the caller)."""
     own = _own(group)
     if own is not None:
-        if name == "MEAN" and not (tensor.is_floating_point() or tensor.is_complex()):
-            raise TypeError(
-                f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}; "
-                "convert it first (tensor.float())"
-            )
         result: torch.Tensor = own.all_reduce(tensor, name)
         return result
     if name == "MEAN":
-        if not (tensor.is_floating_point() or tensor.is_complex()):
-            raise TypeError(
-                f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}; "
-                "convert it first (tensor.float())"
-            )
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
         tensor.div_(dist.get_world_size(group))
     else:
@@ -111,11 +102,12 @@ def all_reduce(tensor: Any, op: Any = _SUM, *, group: Any = None) -> Any:
         return tensor
     name = _op_name(op)
     if isinstance(tensor, torch.Tensor):
-        if _active():
-            return _reduce_tensor(tensor, name, group)
         if name == "MEAN" and not (tensor.is_floating_point() or tensor.is_complex()):
-            raise TypeError(f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}")
-        return tensor
+            raise TypeError(
+                f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}; "
+                "convert it first (tensor.float())"
+            )
+        return _reduce_tensor(tensor, name, group) if _active() else tensor
     if isinstance(tensor, (bool, int, float)):
         if not _active():
             return float(tensor) if name == "MEAN" else tensor

@@ -99,26 +99,27 @@ class Parallel:
                              master_addr=master_addr, master_port=master_port)
         self.plan: Plan | None = None
         self._finalize = False
-        self._own: backends.Backend | None = None
+        #: the backend's own launcher, when it starts the workers (see :meth:`_own_launcher`)
+        self._own_spawn: Callable[[int, Callable[[int], None]], None] | None = None
 
-    def _own_launcher(self, env: Any) -> backends.Backend | None:
-        """The backend entry whose own launcher starts the workers (XLA's ``xmp.spawn``): an
-        explicitly named backend with a ``spawn`` hook, ``nproc_per_node`` given, and no
+    def _own_launcher(self, env: Any) -> Callable[[int, Callable[[int], None]], None] | None:
+        """The ``spawn`` hook of the backend whose own launcher starts the workers (XLA's
+        ``xmp.spawn``): an explicitly named backend with one, ``nproc_per_node`` given, and no
         launcher that already placed several processes."""
         if self.backend is None or self._request["nproc_per_node"] is None:
             return None
         entry = backends.find(self.backend)
-        if entry is None or entry.spawn is None or env.world_size > 1:
+        if entry is None or env.world_size > 1:
             return None
-        return entry
+        return entry.spawn
 
     def __enter__(self) -> Parallel:
         env = state.dist_env()
         lifecycle.require_launched(env, sys.argv, sys.executable)
-        own = self._own_launcher(env)
-        if own is not None:
+        own_spawn = self._own_launcher(env)
+        if own_spawn is not None:
             backends.choose_backend(self.backend, backends.cuda_facts())  # installed at all?
-            self._own = own
+            self._own_spawn = own_spawn
             return self
         timeout = resolve_init_timeout(self.init_timeout, os.environ, option="init_timeout")
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
@@ -149,11 +150,11 @@ class Parallel:
         Spawned, ``fn`` and its arguments must be picklable: a module-level function of an
         importable module (in a script, under ``if __name__ == "__main__":``).
         """
-        if self._own is not None and self._own.spawn is not None:
+        if self._own_spawn is not None:
             nprocs = int(self._request["nproc_per_node"] or 1)
             target = functools.partial(_own_launch_worker, fn, args, kwargs, self.backend,
                                        self.init_timeout)
-            self._own.spawn(nprocs, target)
+            self._own_spawn(nprocs, target)
             return
         if self.plan is None:
             with self:

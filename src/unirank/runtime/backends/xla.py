@@ -88,10 +88,8 @@ def rank_and_size() -> tuple[int, int]:
 
 def init(*, rank: int, world_size: int, store: Any, timeout: float | None, device: str) -> None:
     """Check the world can run here, then start torch_xla (and, at a world larger than 1, the
-    ``xla`` torch.distributed group through ``xla://``). Reads: PJRT_DEVICE."""
-    if importlib.util.find_spec("torch_xla") is None:
-        raise ConfigError("needs torch_xla, which is not installed in this Python",
-                          variable="backend", value="xla-tpu", hint=HINT)
+    ``xla`` torch.distributed group through ``xla://``). That torch_xla is installed was checked
+    before, by :func:`problem` (the registry's choice). Reads: PJRT_DEVICE."""
     check_world(world_size)
     import torch_xla
 
