@@ -1,6 +1,6 @@
 """Report the configuration: torch, CUDA, Slurm, the detected launcher, NCCL/GLOO/TORCH settings.
 
-Prints the seed's lines (``torch version : X``, ``torch git version : X``, the CUDA devices or
+Prints the classic lines (``torch version : X``, ``torch git version : X``, the CUDA devices or
 ``no cuda available``, and inside a Slurm job SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
 SLURM_JOB_NODELIST and the host names), then the launcher unirank detected with every field of
 its DistEnv, and every NCCL_*/GLOO_*/TORCH_* variable (secrets masked). ``--json`` for machines.

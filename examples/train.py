@@ -1,8 +1,8 @@
-"""The seeds' training snippet: one training loop, unchanged under every launcher.
+"""A classic training snippet: one training loop, unchanged under every launcher.
 
 A small CNN learns a random dataset of 3x32x32 images with labels in [0, 100), both made from
 ``--seed``; ``ur.auto_dataloader``, ``ur.auto_model`` and ``ur.auto_optim`` do the distributed
-parts. Every rank logs, every ``--log_interval`` batches, the seed's line::
+parts. Every rank logs, every ``--log_interval`` batches, one line::
 
     Process R/W Train Epoch: E [N/M]	Loss: L
 
@@ -23,11 +23,10 @@ Run it unchanged with::
 With ``--checkpoint PATH`` the model and optimizer are saved (``ur.save``: rank 0, atomically) at
 the end of every epoch, and a run that finds the file resumes after the epoch it holds.
 
-The loss is ``CrossEntropyLoss`` on the model's logits. The seed applies a softmax over the
-*batch* dimension and then ``NLLLoss``: that normalises each class's scores across the samples of
-a batch (so the loss depends on the batch size and on which samples share a batch), and NLLLoss
-expects log-probabilities, not probabilities. ``CrossEntropyLoss`` is the log-softmax over the
-classes plus NLLLoss in one numerically stable step: what the seed meant.
+The loss is ``CrossEntropyLoss`` on the model's logits: the log-softmax over the classes plus
+``NLLLoss`` in one numerically stable step. (A softmax over the *batch* dimension followed by
+``NLLLoss``, seen in some snippets, normalises each class's scores across the samples of a batch and
+feeds probabilities where log-probabilities are expected.)
 """
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def _unwrapped(model: nn.Module) -> nn.Module:
 
 
 def training(local_rank: int, config: dict[str, Any]) -> None:
-    """The training loop (the seeds' ``training`` function)."""
+    """The training loop (``training``)."""
     ur.manual_seed(config["seed"])
     dataset = random_dataset(config["nb_samples"], config["seed"])
     train_loader = ur.auto_dataloader(dataset, batch_size=config["batch_size"], shuffle=True)
@@ -132,7 +131,7 @@ def parameters_digest(model: nn.Module) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The seed's options, plus ``--epochs``, ``--seed`` and ``--checkpoint``."""
+    """The training options, plus ``--epochs``, ``--seed`` and ``--checkpoint``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default=None,
                         help="gloo, nccl, horovod, xla-tpu (default: auto: horovod under "

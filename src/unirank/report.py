@@ -1,6 +1,6 @@
 """The configuration report of ``unirank check``: pure functions of facts and an environment.
 
-Lines follow the seed's ``check_config.py`` (``torch version : X``, ``torch git version : X``, the
+Lines follow the classic ``check_config.py`` (``torch version : X``, ``torch git version : X``, the
 CUDA lines or ``no cuda available``, then the Slurm variables and host names inside a Slurm job),
 then what unirank adds: the detected launcher with every DistEnv field, and every ``NCCL_*``,
 ``GLOO_*`` and ``TORCH_*`` variable, masked when its name suggests a secret.
@@ -168,7 +168,7 @@ def _variable_lines(variables: Mapping[str, str]) -> list[str]:
 
 
 def format_report(report: Mapping[str, Any]) -> Sequence[str]:
-    """The report's lines, the seed's first, then unirank's additions."""
+    """The report's lines, the classic ones first, then unirank's additions."""
     return [
         *_torch_lines(report),
         *_slurm_lines(report["slurm"]),

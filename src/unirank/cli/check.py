@@ -1,6 +1,6 @@
 """``unirank check``: report torch, CUDA, Slurm, the detected launcher and NCCL/GLOO/TORCH settings.
 
-The report's text is the seed's ``check_config.py`` output followed by unirank's additions (see
+The report's text is the classic ``check_config.py`` output followed by unirank's additions (see
 :mod:`unirank.report`); ``--json`` prints the same as one JSON object. Exit code 1 when launcher
 detection fails (the report still prints, with the error). No torch at import.
 """

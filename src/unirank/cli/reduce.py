@@ -1,7 +1,7 @@
 """``unirank reduce``: all_reduce a tensor of ones; every rank prints the sum.
 
-Each rank prints ``[http://ADDR:PORT] [NODE:BACKEND] process R/W has data tensor([W.])`` (the
-seed's line; on CUDA the tensor shows its device), in rank order. Options as ``unirank hello``.
+Each rank prints ``[http://ADDR:PORT] [NODE:BACKEND] process R/W has data tensor([W.])`` (on CUDA
+the tensor shows its device), in rank order. Options as ``unirank hello``.
 No torch at import.
 """
 

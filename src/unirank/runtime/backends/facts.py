@@ -55,7 +55,7 @@ def gpus_bound_per_task(environ: Mapping[str, str]) -> bool:
     """True when the launcher gave each task its own GPU(s) (``srun --gpus-per-task``).
 
     Slurm 22.05's srun does not export SLURM_GPUS_PER_TASK to the tasks; it does export
-    ``SLURMD_TRES_BIND=gpu:per_task:N`` (seen on the testbed), so both are read.
+    ``SLURMD_TRES_BIND=gpu:per_task:N`` (as Slurm 22.05 sets it), so both are read.
 
     Reads: SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND.
     """
