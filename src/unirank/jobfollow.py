@@ -90,12 +90,13 @@ class Interrupt:
         os.close(self._read)
         os.close(self._write)
 
-    def wait(self, seconds: float) -> None:
-        """Wait ``seconds``, or less when a signal arrives."""
+    def wait(self, seconds: float) -> bool:
+        """Wait ``seconds``, or less when a signal arrives; True when one did."""
         ready, _, _ = select.select([self._read], [], [], seconds)
         if ready:
             with contextlib.suppress(BlockingIOError):
                 os.read(self._read, 512)
+        return bool(ready)
 
 
 def failed_tasks(lines: list[str]) -> list[str]:
