@@ -81,8 +81,7 @@ def _toml() -> ModuleType:
         try:
             import tomli as tomllib  # type: ignore[no-redef,import-not-found,unused-ignore]
         except ImportError:
-            raise ConfigError("needs Python 3.11's tomllib or the tomli package",
-                              variable="--config", value=None,
+            raise ConfigError("--config needs Python 3.11's tomllib or the tomli package",
                               hint="pip install tomli, or give the options as flags") from None
     return tomllib
 

@@ -152,3 +152,12 @@ def test_render_is_pure() -> None:
     spec = check_spec(JobSpec(program="train.py", nodes=3, tasks_per_node=2, requeue=True))
     assert render(spec) == render(spec)
     assert "#SBATCH --job-name=train\n" in render(spec)
+
+
+def test_docs_show_the_recorded_script() -> None:
+    """docs/slurm-jobs.md shows the golden node-launch script verbatim."""
+    doc = (REPO / "docs" / "slurm-jobs.md").read_text()
+    marker = "<!-- golden: node_2x4_nccl_requeue.sh -->\n```bash\n"
+    start = doc.index(marker) + len(marker)
+    shown = doc[start:doc.index("```\n", start)]
+    assert shown == (GOLDEN / "node_2x4_nccl_requeue.sh").read_text()
