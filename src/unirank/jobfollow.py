@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import BinaryIO, Optional, TextIO
 
-from unirank.slurmjob import JobInfo, cancel, exit_status, job_info
+from unirank.slurmjob import REQUEUE_STATES, JobInfo, cancel, exit_status, job_info
 
 __all__ = ["POLL_MAX_S", "POLL_MIN_S", "FileStream", "Interrupt", "failed_tasks", "follow"]
 
@@ -30,6 +30,8 @@ POLL_MIN_S = 0.25
 POLL_MAX_S = 5.0
 #: how many times in a row the job may be unknown to Slurm before --follow gives up
 UNKNOWN_LIMIT = 5
+#: polls a requeueable job may stay PREEMPTED/NODE_FAIL before that is taken as its end
+SETTLE_POLLS = 20
 _SRUN_ERROR = re.compile(r"srun: error: (?P<node>[^:\s]+): tasks? (?P<tasks>[0-9,\-]+): "
                          r"(?P<what>.+?)\s*$")
 _KEEP_LINES = 200
@@ -117,6 +119,13 @@ class _Follower:
     err: BinaryIO
     streams: dict[str, FileStream] = field(default_factory=dict)
     last: tuple[str, int] = ("", -1)
+    settling: int = 0
+
+    def ended(self, info: JobInfo) -> bool:
+        """True when ``info`` is the job's end: done, or still preempted after the polls that
+        Slurm gets to requeue it."""
+        self.settling = self.settling + 1 if info.state in REQUEUE_STATES else 0
+        return info.done or self.settling > SETTLE_POLLS
 
     def attach(self, info: JobInfo) -> None:
         for path, sink in ((info.stdout, self.out), (info.stderr, self.err)):
@@ -189,7 +198,7 @@ def follow(job_id: str, *, ranks: str = "rank", interactive: Optional[bool] = No
                 return 1
             if info is not None:
                 follower.attach(info)
-                if info.done:
+                if follower.ended(info):
                     return _finish(follower, info, ranks)
                 follower.report(info)
             grew = follower.pump()

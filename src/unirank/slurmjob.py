@@ -16,6 +16,7 @@ from unirank.errors import ConfigError
 
 __all__ = [
     "COMMAND_TIMEOUT_S",
+    "REQUEUE_STATES",
     "TERMINAL_STATES",
     "JobInfo",
     "cancel",
@@ -34,6 +35,8 @@ TERMINAL_STATES = frozenset({
     "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
     "PREEMPTED", "TIMEOUT",
 })
+#: states after which Slurm requeues a job that may be requeued (``Requeue=1``)
+REQUEUE_STATES = frozenset({"NODE_FAIL", "PREEMPTED"})
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
@@ -49,10 +52,14 @@ class JobInfo:
     nodes: str = ""
     stdout: Optional[str] = None
     stderr: Optional[str] = None
+    requeue: bool = False
 
     @property
     def done(self) -> bool:
-        """True once the job ended for good."""
+        """True once the job ended for good (a preempted or node-failed job that may be
+        requeued is not done yet)."""
+        if self.requeue and self.state in REQUEUE_STATES:
+            return False
         return self.state in TERMINAL_STATES
 
 
@@ -90,7 +97,7 @@ def parse_scontrol(text: str) -> Optional[JobInfo]:
         state=fields.get("JobState", "UNKNOWN"), exit_code=code, signal=sig,
         restarts=int(fields.get("Restarts", "0") or 0), reason=fields.get("Reason", ""),
         nodes=fields.get("NodeList", ""), stdout=fields.get("StdOut") or None,
-        stderr=fields.get("StdErr") or None,
+        stderr=fields.get("StdErr") or None, requeue=fields.get("Requeue") == "1",
     )
 
 

@@ -33,7 +33,8 @@ SCONTROL = (
 def test_scontrol_record() -> None:
     assert parse_scontrol(SCONTROL + "\n") == JobInfo(
         state="FAILED", exit_code=1, signal=0, restarts=2, reason="NonZeroExitCode",
-        nodes="node[1-2]", stdout="/work/logs/train-15.out", stderr="/work/logs/train-15.err")
+        nodes="node[1-2]", stdout="/work/logs/train-15.out", stderr="/work/logs/train-15.err",
+        requeue=True)
     assert parse_scontrol("") is None
 
 
@@ -128,3 +129,11 @@ def test_explicit_env_keeps_a_master_the_user_set(capsys: pytest.CaptureFixture[
     assert capsys.readouterr().out == "29999\nnode1\n"
     assert jobenv_main(["MASTER_ADDR"], {}) == 2
     assert jobenv_main(["OTHER"], environ) == 2
+
+
+def test_a_preempted_job_that_may_be_requeued_is_not_done() -> None:
+    preempted = parse_scontrol(SCONTROL.replace("FAILED", "PREEMPTED"))
+    assert preempted is not None and preempted.requeue and not preempted.done
+    final = parse_scontrol(SCONTROL.replace("FAILED", "PREEMPTED").replace("Requeue=1",
+                                                                          "Requeue=0"))
+    assert final is not None and final.done
