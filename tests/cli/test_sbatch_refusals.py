@@ -113,6 +113,13 @@ ARGPARSE_REFUSALS = {
         "--error --explicit-env --follow --gpus-per-node --help --job-name --launch --mem "
         "--module --nodes --ntasks-per-node --output --parsable --partition --python --qos "
         "--requeue --sbatch-arg --setup --signal --submit --time"),
+    "no_abbreviations": (
+        ["--ntasks", "8", HELLO],
+        "unknown option --ntasks (did you mean --ntasks-per-node?) HINT: options go before "
+        "SCRIPT; the valid ones: --account --backend --config --constraint --cpus-per-task "
+        "--dry-run --env --error --explicit-env --follow --gpus-per-node --help --job-name "
+        "--launch --mem --module --nodes --ntasks-per-node --output --parsable --partition "
+        "--python --qos --requeue --sbatch-arg --setup --signal --submit --time"),
     "sbatch_arg_without_equals": (
         ["--sbatch-arg", "--exclusive", HELLO],
         "argument --sbatch-arg: expected one argument HINT: write the sbatch option after '=': "

@@ -97,6 +97,7 @@ def _job_options(parser: argparse.ArgumentParser) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``unirank sbatch`` (sbatch's names) and the script with its arguments."""
     parser.epilog = _EPILOG
+    parser.allow_abbrev = False  # sbatch's --ntasks must not pass for --ntasks-per-node
     _slurm_options(parser)
     _job_options(parser)
     parser.add_argument("program", metavar="SCRIPT|MODULE", nargs="?",
