@@ -1,0 +1,165 @@
+"""Submitting a batch script and asking Slurm how the job is doing (``sbatch``, ``scontrol``,
+``sacct``, ``scancel``). The parsers are pure; the other functions run one Slurm command each,
+always with a timeout.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Optional
+
+from unirank.errors import ConfigError
+
+__all__ = [
+    "COMMAND_TIMEOUT_S",
+    "REQUEUE_STATES",
+    "TERMINAL_STATES",
+    "JobInfo",
+    "cancel",
+    "exit_status",
+    "job_info",
+    "parse_sacct",
+    "parse_scontrol",
+    "require_program",
+    "submit",
+]
+
+#: how long one Slurm command may take before unirank gives up on it
+COMMAND_TIMEOUT_S = 60.0
+#: job states after which the job will not run again by itself
+TERMINAL_STATES = frozenset({
+    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "PREEMPTED", "TIMEOUT",
+})
+#: states after which Slurm requeues a job that may be requeued (``Requeue=1``)
+REQUEUE_STATES = frozenset({"NODE_FAIL", "PREEMPTED"})
+_FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What Slurm says of a job: its state and the batch script's exit code and signal."""
+
+    state: str
+    exit_code: int = 0
+    signal: int = 0
+    restarts: int = 0
+    reason: str = ""
+    nodes: str = ""
+    stdout: Optional[str] = None
+    stderr: Optional[str] = None
+    requeue: bool = False
+
+    @property
+    def done(self) -> bool:
+        """True once the job ended for good (a preempted or node-failed job that may be
+        requeued is not done yet)."""
+        if self.requeue and self.state in REQUEUE_STATES:
+            return False
+        return self.state in TERMINAL_STATES
+
+
+def require_program(name: str) -> str:
+    """The path of Slurm's ``name`` command, or a ConfigError with the login-node hint.
+
+    Reads: PATH.
+    """
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(
+            f"{name} is not on PATH: this machine cannot submit to Slurm",
+            hint="run unirank sbatch on a login node of the cluster, or use --dry-run to print "
+            "the script",
+        )
+    return found
+
+
+def _exit_pair(text: str) -> tuple[int, int]:
+    code, _, sig = text.partition(":")
+    try:
+        return int(code or 0), int(sig or 0)
+    except ValueError:
+        return 1, 0
+
+
+def parse_scontrol(text: str) -> Optional[JobInfo]:
+    """``scontrol show job -o ID`` output as a JobInfo (its first record); None when empty."""
+    first = next((line for line in text.splitlines() if "JobState=" in line), None)
+    if first is None:
+        return None
+    fields = dict(_FIELD.findall(first))
+    code, sig = _exit_pair(fields.get("ExitCode", "0:0"))
+    return JobInfo(
+        state=fields.get("JobState", "UNKNOWN"), exit_code=code, signal=sig,
+        restarts=int(fields.get("Restarts", "0") or 0), reason=fields.get("Reason", ""),
+        nodes=fields.get("NodeList", ""), stdout=fields.get("StdOut") or None,
+        stderr=fields.get("StdErr") or None, requeue=fields.get("Requeue") == "1",
+    )
+
+
+def parse_sacct(text: str) -> Optional[JobInfo]:
+    """``sacct -X -n -P -o State,ExitCode,NodeList -j ID`` output as a JobInfo, or None."""
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 2 and parts[0]:
+            code, sig = _exit_pair(parts[1])
+            state = parts[0].split()[0]  # "CANCELLED by 0" -> CANCELLED
+            return JobInfo(state=state, exit_code=code, signal=sig,
+                           nodes=parts[2] if len(parts) > 2 else "")
+    return None
+
+
+def _run(cmd: list[str], environ: Optional[Mapping[str, str]] = None,
+         stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(cmd, input=stdin, capture_output=True, text=True,
+                              timeout=COMMAND_TIMEOUT_S,
+                              env=dict(environ) if environ is not None else None,
+                              stdin=None if stdin is not None else subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]} did not answer in "
+                                           f"{COMMAND_TIMEOUT_S:g} s")
+
+
+def job_info(job_id: str) -> Optional[JobInfo]:
+    """The job's state from ``scontrol``, else (once the controller forgot it) ``sacct``."""
+    shown = _run(["scontrol", "show", "job", "-o", job_id])
+    info = parse_scontrol(shown.stdout) if shown.returncode == 0 else None
+    if info is not None or shutil.which("sacct") is None:
+        return info
+    acct = _run(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode,NodeList", "-j", job_id])
+    return parse_sacct(acct.stdout) if acct.returncode == 0 else None
+
+
+def exit_status(info: JobInfo) -> int:
+    """The exit code ``--follow`` ends with: the batch script's, 128 + N for signal N, else 1
+    for a job that ended badly with code 0 (cancelled, timed out)."""
+    if info.state == "COMPLETED" and info.exit_code == 0:
+        return 0
+    if info.exit_code:
+        return info.exit_code
+    return 128 + info.signal if info.signal else 1
+
+
+def submit(script: str, environ: Mapping[str, str], sbatch: str = "sbatch") -> tuple[str, str]:
+    """Submit ``script`` (on sbatch's stdin): ``(job id, sbatch's --parsable answer)``.
+
+    A refusal by sbatch is a ConfigError carrying sbatch's own message.
+    """
+    done = _run([sbatch, "--parsable"], environ=environ, stdin=script)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()] or ["(no message)"]
+        raise ConfigError(f"sbatch refused the job: {lines[-1].strip()}",
+                          hint="fix the option it names (unirank sbatch --dry-run shows the "
+                          "script)")
+    answer = done.stdout.strip()
+    return answer.split(";", 1)[0], answer
+
+
+def cancel(job_id: str) -> bool:
+    """``scancel JOB``; True when Slurm accepted it."""
+    return _run(["scancel", job_id]).returncode == 0

@@ -1,0 +1,163 @@
+"""``unirank sbatch --dry-run``: the rendered script of each layout against its golden file, and
+the pure pieces (time and signal formats, --env, config merge) it is built from.
+
+Regenerate the golden files with ``UNIRANK_REGEN_JOBSCRIPTS=1`` (see tests/fixtures/jobscripts).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from unirank.cli.main import main
+from unirank.errors import ConfigError
+from unirank.jobconfig import merge, validate_config
+from unirank.jobscript import render
+from unirank.jobspec import JobSpec, check_spec, parse_env, parse_signal, parse_time
+from unirank.requeue import REQUEUE_EXIT_CODE
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = REPO / "tests" / "fixtures" / "jobscripts"
+REGEN = os.environ.get("UNIRANK_REGEN_JOBSCRIPTS", "") not in ("", "0")
+
+LAYOUTS = {
+    "tasks_2x2_gloo.sh": ["-N", "2", "--ntasks-per-node", "2", "--backend", "gloo",
+                          "examples/helloworld.py", "--backend", "gloo"],
+    "node_2x4_nccl_requeue.sh": [
+        "--nodes", "2", "--ntasks-per-node", "4", "--gpus-per-node", "4", "-c", "8",
+        "--mem", "200G", "-t", "12:00:00", "-p", "gpu", "-A", "proj42", "-q", "high",
+        "-J", "train", "-o", "logs/%x-%j.out", "-C", "a100", "--launch", "node",
+        "--backend", "nccl", "--requeue", "--setup", "module load cuda/12.4",
+        "--setup", "source ~/venv/bin/activate", "--env", "NCCL_DEBUG=INFO",
+        "--env", "WANDB_API_KEY", "--sbatch-arg=--exclusive", "--",
+        "examples/train.py", "--epochs", "10", "--checkpoint", "ckpt/model.pt",
+    ],
+    "explicit_env.sh": ["-N", "2", "--ntasks-per-node", "2", "--explicit-env",
+                        "--python", "/opt/venv/bin/python", "-m", "pkg.train", "--lr", "0.1"],
+    "config_merge.sh": ["--config", "tests/fixtures/jobscripts/job.toml", "--nodes", "2",
+                        "-t", "2:00:00", "--env", "NCCL_DEBUG=INFO", "--setup",
+                        "source ~/venv/bin/activate", "--signal", "USR1@300",
+                        "examples/train.py"],
+}
+
+
+def dry_run(args: list[str], capsys: pytest.CaptureFixture[str],
+            monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.chdir(REPO)
+    code = main(["sbatch", *args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_rendered_script_matches_golden_file(
+    name: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = dry_run(LAYOUTS[name], capsys, monkeypatch)
+    path = GOLDEN / name
+    if REGEN:
+        path.write_text(script)
+    assert script == path.read_text(), f"{name} differs; see tests/fixtures/jobscripts/README.md"
+
+
+def test_golden_scripts_are_valid_bash() -> None:
+    for name in LAYOUTS:
+        checked = subprocess.run(["bash", "-n", str(GOLDEN / name)], capture_output=True,
+                                 text=True, timeout=30)
+        assert checked.returncode == 0, f"{name}: {checked.stderr}"
+
+
+def test_tasks_layout_is_one_srun_task_per_rank(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = dry_run(LAYOUTS["tasks_2x2_gloo.sh"], capsys, monkeypatch)
+    assert "#SBATCH --ntasks-per-node=2\n" in script
+    assert "\nsrun python examples/helloworld.py --backend gloo\n" in script
+    assert "MASTER_ADDR=" not in script and "MASTER_PORT=" not in script
+    assert "--requeue" not in script and "--signal" not in script
+
+
+def test_node_layout_runs_unirank_run_per_node_with_the_cpus_of_its_ranks(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = dry_run(LAYOUTS["node_2x4_nccl_requeue.sh"], capsys, monkeypatch)
+    assert "#SBATCH --ntasks-per-node=1\n#SBATCH --cpus-per-task=32\n" in script
+    assert "export OMP_NUM_THREADS=8\n" in script
+    assert "\nsrun python -m unirank run --nproc-per-node 4 examples/train.py" in script
+    for line in ("#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=USR2@120",
+                 "#SBATCH --export=ALL,WANDB_API_KEY", "#SBATCH --exclusive",
+                 f'if [ "$status" -eq {REQUEUE_EXIT_CODE} ]; then'):
+        assert line + "\n" in script, line
+
+
+def test_setup_lines_come_in_order_before_the_launch(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = dry_run(LAYOUTS["node_2x4_nccl_requeue.sh"], capsys, monkeypatch)
+    load, activate = script.index("module load cuda/12.4"), script.index("source ~/venv")
+    assert load < activate < script.index("\nsrun ")
+
+
+def test_config_file_is_under_the_flags(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = dry_run(LAYOUTS["config_merge.sh"], capsys, monkeypatch)
+    assert "#SBATCH --nodes=2\n" in script  # flag over the file's 4
+    assert "#SBATCH --time=2:00:00\n" in script
+    assert "#SBATCH --partition=gpu\n#SBATCH --account=proj42\n" in script  # from the file
+    assert "#SBATCH --signal=USR1@300\n" in script
+    assert "export NCCL_DEBUG=INFO\n" in script and "NCCL_DEBUG=WARN" not in script
+    assert "#SBATCH --export=ALL,HF_TOKEN\n" in script
+    assert script.index("module load cuda/12.4") < script.index("source ~/venv/bin/activate")
+
+
+@pytest.mark.parametrize("text,seconds", [
+    ("30", 1800), ("0", 0), ("5:30", 330), ("1:02:03", 3723), ("2-12", 216000),
+    ("1-01:30", 91800), ("1-00:00:10", 86410),
+])
+def test_sbatch_time_formats(text: str, seconds: int) -> None:
+    assert parse_time(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["1h", "1:2:3:4", "-5", "1-", "", "1.5"])
+def test_bad_time_formats_are_refused(text: str) -> None:
+    with pytest.raises(ConfigError, match="is not a time limit"):
+        parse_time(text)
+
+
+@pytest.mark.parametrize("text,lead", [
+    ("USR2@120", 120), ("B:TERM", 60), ("SIGUSR1@90", 90), ("R:10@5", 5), ("RB:USR2", 60),
+])
+def test_sbatch_signal_syntax(text: str, lead: int) -> None:
+    assert parse_signal(text) == (text, lead)
+
+
+def test_env_items_pass_names_and_later_items_win() -> None:
+    assert parse_env(("A=1", "HF_TOKEN", "A=2", "B=")) == (("HF_TOKEN", None), ("A", "2"),
+                                                          ("B", ""))
+
+
+def test_merge_adds_lists_and_lets_flags_win() -> None:
+    file = validate_config({"nodes": 4, "setup": ["a"], "sbatch_args": ["--x"], "time": 30},
+                           "job.toml")
+    merged = merge(file, {"nodes": 2, "setup": ("b",), "sbatch_args": None, "qos": None})
+    assert merged == {"nodes": 2, "setup": ("a", "b"), "sbatch_args": ("--x",), "time": "30"}
+
+
+def test_render_is_pure() -> None:
+    spec = check_spec(JobSpec(program="train.py", nodes=3, tasks_per_node=2, requeue=True))
+    assert render(spec) == render(spec)
+    assert "#SBATCH --job-name=train\n" in render(spec)
+
+
+def test_docs_show_the_recorded_script() -> None:
+    """docs/slurm-jobs.md shows the golden node-launch script verbatim."""
+    doc = (REPO / "docs" / "slurm-jobs.md").read_text()
+    marker = "<!-- golden: node_2x4_nccl_requeue.sh -->\n```bash\n"
+    start = doc.index(marker) + len(marker)
+    shown = doc[start:doc.index("```\n", start)]
+    assert shown == (GOLDEN / "node_2x4_nccl_requeue.sh").read_text()

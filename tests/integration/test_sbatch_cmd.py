@@ -1,0 +1,217 @@
+"""``unirank sbatch --submit --follow`` on the two-node testbed: real sbatch, real jobs.
+
+Each test runs the ``unirank`` command in a clean environment (no outer job's variables) from
+the repository root, with a job name that carries the session's prefix (the testbed fixture
+cancels and reports anything left queued), a ``--time`` limit, an output file in the fixture's
+work folder, and a subprocess timeout after which the job is cancelled.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import pytest
+
+from unirank.requeue import REQUEUE_EXIT_CODE
+
+if TYPE_CHECKING:
+    from conftest import SlurmTestbed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _outputs import REPO, check_world, local_env, parse_hello, slurm_port
+
+pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+
+TIMEOUT = 180.0
+#: Slurm holds a requeued job for its credential lifetime (120 s by default) before it may start
+REQUEUE_TIMEOUT = 360.0
+_SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
+
+
+def _conftest(testbed: SlurmTestbed) -> Any:
+    """tests/conftest.py as loaded (it cannot be imported: --import-mode=importlib)."""
+    return sys.modules[type(testbed).__module__]
+
+
+def _prefix(testbed: SlurmTestbed) -> str:
+    """The session's job-name prefix: the fixture cancels and reports jobs left with it."""
+    return str(_conftest(testbed).JOB_NAME_PREFIX)
+
+
+def _command(testbed: SlurmTestbed, args: Sequence[str], minutes: int = 3) -> tuple[list[str], str]:
+    name = f"{_prefix(testbed)}{uuid.uuid4().hex[:8]}"
+    output = testbed.work_dir / "%x-%j.out"
+    cmd = [sys.executable, "-m", "unirank", "sbatch", "-J", name, "-t", str(minutes),
+           "-o", str(output), "--submit", *args]
+    return cmd, name
+
+
+def _env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
+    env = local_env(extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"),
+                                                      os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def submit(testbed: SlurmTestbed, args: Sequence[str], timeout: float = TIMEOUT,
+           minutes: int = 3) -> subprocess.CompletedProcess[str]:
+    """``unirank sbatch ... --submit ARGS`` to its end; the job is cancelled on a timeout."""
+    cmd, name = _command(testbed, args, minutes)
+    try:
+        return subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        _conftest(testbed)._cancel_by_name(name)  # scancel, then wait until it left the queue
+        raise AssertionError(f"{' '.join(cmd)} did not end in {timeout:g} s; job cancelled\n"
+                             f"stdout:\n{exc.stdout!r}\nstderr:\n{exc.stderr!r}") from None
+
+
+def job_id_of(done: subprocess.CompletedProcess[str]) -> int:
+    match = _SUBMITTED.search(done.stdout)
+    assert match, f"no job id in:\n{done.stdout}\n{done.stderr}"
+    return int(match.group(1))
+
+
+def _described(done: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {done.returncode}\n--- stdout ---\n{done.stdout}\n--- stderr ---\n{done.stderr}"
+
+
+def _script(testbed: SlurmTestbed, name: str, text: str) -> str:
+    path = testbed.work_dir / name
+    path.write_text(text)
+    return str(path)
+
+
+def test_follow_prints_the_four_hellos_of_two_nodes_and_exits_0(
+    slurm_testbed: SlurmTestbed,
+) -> None:
+    done = submit(slurm_testbed, ["--nodes", "2", "--ntasks-per-node", "2", "--follow", "--",
+                                  "examples/helloworld.py", "--backend", "gloo"])
+    assert done.returncode == 0, _described(done)
+    job = job_id_of(done)
+    check_world(parse_hello(done.stdout), 4, addr="node1", port=slurm_port(job, 0),
+                nodes=["node1", "node1", "node2", "node2"], context=_described(done))
+    assert f"unirank sbatch: job {job} COMPLETED, exit code 0" in done.stderr
+
+
+FAILING = """\
+import unirank as ur
+
+env = ur.dist_env()
+if env.rank == 1:
+    raise RuntimeError("rank 1 fails on purpose")
+print(f"rank {env.rank} done", flush=True)
+"""
+
+
+def test_follow_exits_non_zero_naming_the_rank_that_raised(slurm_testbed: SlurmTestbed) -> None:
+    script = _script(slurm_testbed, "fails_on_rank1.py", FAILING)
+    done = submit(slurm_testbed, ["-N", "2", "--ntasks-per-node", "2", "--follow", script])
+    assert done.returncode == 1, _described(done)
+    job = job_id_of(done)
+    assert "RuntimeError: rank 1 fails on purpose" in done.stdout, _described(done)
+    assert (f"unirank sbatch: job {job} FAILED, exit code 1: rank 1 (node1): Exited with exit "
+            "code 1") in done.stderr, _described(done)
+
+
+def test_node_launch_with_explicit_env_runs_unirank_run_per_node(
+    slurm_testbed: SlurmTestbed,
+) -> None:
+    """``--launch node``: one ``unirank run --nproc-per-node 2`` per node; the written-out
+    MASTER_ADDR/MASTER_PORT are the values the ranks use, and those unirank derives itself."""
+    done = submit(slurm_testbed, ["-N", "2", "--ntasks-per-node", "2", "--launch", "node",
+                                  "--explicit-env", "--follow", "examples/helloworld.py"])
+    assert done.returncode == 0, _described(done)
+    job = job_id_of(done)
+    port = slurm_port(job, 0)
+    assert f"unirank sbatch: MASTER_ADDR=node1 MASTER_PORT={port}\n" in done.stdout
+    check_world(parse_hello(done.stdout), 4, addr="node1", port=port,
+                nodes=["node1", "node1", "node2", "node2"], context=_described(done))
+
+
+REQUEUE_ONCE = f"""\
+import os
+import sys
+
+restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+print(f"task {{os.environ['SLURM_PROCID']}} run {{restart}}", flush=True)
+sys.exit({REQUEUE_EXIT_CODE} if restart == 0 else 0)
+"""
+
+
+def test_requeue_exit_code_requeues_from_the_batch_shell_and_follow_spans_both_runs(
+    slurm_testbed: SlurmTestbed,
+) -> None:
+    """Every task exits with REQUEUE_EXIT_CODE on the first run: the batch shell requeues the
+    job (Restarts=1); the second run ends 0. ``--follow`` streams both runs from the one
+    appended log and ends 0. (Slurm delays a requeued job by its credential lifetime.)"""
+    script = _script(slurm_testbed, "requeue_once.py", REQUEUE_ONCE)
+    done = submit(slurm_testbed, ["-N", "2", "--requeue", "--signal", "USR2@30", "--follow",
+                                  script], timeout=REQUEUE_TIMEOUT, minutes=6)
+    assert done.returncode == 0, _described(done)
+    job = job_id_of(done)
+    runs = sorted(re.findall(r"^task (\d) run (\d)$", done.stdout, re.MULTILINE))
+    assert runs == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], _described(done)
+    assert f"requeueing job {job}" in done.stdout
+    assert f"unirank sbatch: job {job} was requeued (restart 1)" in done.stderr
+    shown = subprocess.run(["scontrol", "show", "job", "-o", str(job)], capture_output=True,
+                           text=True, timeout=30).stdout
+    assert " Restarts=1 " in shown, shown
+
+
+WAITS = """\
+import threading
+
+print("job is running", flush=True)
+threading.Event().wait(300)
+"""
+
+
+def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
+    """stderr of ``proc`` up to the line holding ``marker`` (fails after ``timeout``)."""
+    assert proc.stderr is not None
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} after {timeout:g} s; stderr so far:\n{seen}"
+        ready, _, _ = select.select([proc.stderr], [], [], left)
+        if ready:
+            line = proc.stderr.readline()
+            assert line, f"stderr closed before {marker!r}:\n{seen}"
+            seen += line
+    return seen
+
+
+def test_ctrl_c_without_a_terminal_detaches_and_the_job_keeps_running(
+    slurm_testbed: SlurmTestbed,
+) -> None:
+    script = _script(slurm_testbed, "waits.py", WAITS)
+    cmd, name = _command(slurm_testbed, ["--follow", script])
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _read_until(proc, "RUNNING", TIMEOUT)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.returncode == 0, f"{stdout}\n{stderr}"
+        job = job_id_of(subprocess.CompletedProcess(cmd, 0, stdout, stderr))
+        assert f"detached; job {job} keeps running (scancel {job} to stop it)" in stderr
+        state = subprocess.run(["squeue", "-h", "-o", "%T", "-j", str(job)],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+        assert state == "RUNNING", state
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        _conftest(slurm_testbed)._cancel_by_name(name)  # scancel, then wait until it is gone
