@@ -22,14 +22,13 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from unirank.errors import ConfigError
-from unirank.runtime import backends, groups, lifecycle, state
+from unirank.runtime import backends, groups, ignite_options, lifecycle, state
 from unirank.runtime.collectives import all_gather
 from unirank.runtime.helpers import get_logger
 from unirank.runtime.parallel import Parallel
@@ -92,31 +91,6 @@ def model_name() -> str:
     return MODEL_NAMES.get(name, NATIVE)
 
 
-def _seconds(timeout: Any) -> float | None:
-    if timeout is None or isinstance(timeout, (int, float)):
-        return timeout
-    if isinstance(timeout, timedelta):
-        return timeout.total_seconds()
-    raise TypeError(f"timeout takes a datetime.timedelta or seconds, not {type(timeout).__name__}")
-
-
-def _init_timeout(options: dict[str, Any], what: str) -> float | None:
-    """The init timeout among ignite's options (``timeout``; ``init_method`` None or env://,
-    which is what unirank does); a TypeError names any option unirank does not take."""
-    init_method = options.pop("init_method", None)
-    if init_method not in (None, "env://"):
-        raise ConfigError(
-            "is not supported: unirank starts the group on its own rendezvous store",
-            variable="init_method",
-            value=str(init_method),
-            hint="leave init_method out; MASTER_ADDR/MASTER_PORT (or the launcher) place the store",
-        )
-    timeout = _seconds(options.pop("timeout", None))
-    if options:
-        raise TypeError(f"{what}() got options unirank does not take: {', '.join(sorted(options))}")
-    return timeout
-
-
 def initialize(backend: str, **kwargs: Any) -> None:
     """ignite's ``initialize``: start ``backend`` (``"gloo"``, ``"nccl"``, ``"horovod"``,
     ``"xla-tpu"``...) for this process's launcher, through :func:`unirank.runtime.init`.
@@ -136,20 +110,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
                 value=str(given),
                 hint=f"leave {field} out: unirank takes it from the launcher",
             )
-    lifecycle.init(backend, _init_timeout(options, "initialize"))
-
-
-def _spawn_options(options: dict[str, Any]) -> None:
-    """Take out ignite's process-starting options: workers are always fresh interpreters whose
-    end is awaited (``start_method="spawn"``, ``join=True``); ``daemon`` has no meaning there."""
-    options.pop("daemon", None)
-    if not options.pop("join", True):
-        raise ConfigError("is not supported: spawn waits for its workers", variable="join",
-                          value="False", hint="leave join out")
-    method = options.pop("start_method", "spawn")
-    if method != "spawn":
-        warnings.warn(f"start_method={method!r} is ignored: unirank starts each worker as a fresh "
-                      "interpreter (as 'spawn' does)", stacklevel=3)
+    lifecycle.init(backend, ignite_options.take_init_timeout(options, "initialize"))
 
 
 def spawn(
@@ -173,8 +134,8 @@ def spawn(
     ``join``, ``daemon``. Reads: what :class:`~unirank.runtime.parallel.Parallel` reads.
     """
     options = dict(kwargs)
-    _spawn_options(options)
-    timeout = _init_timeout(options, "spawn")
+    ignite_options.take_spawn_options(options)
+    timeout = ignite_options.take_init_timeout(options, "spawn")
     backends.choose_backend(backend, backends.cuda_facts())  # an unusable backend fails here
     runner = Parallel(backend, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, init_timeout=timeout)
