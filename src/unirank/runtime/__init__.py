@@ -12,6 +12,8 @@ model_name, show_config...).
 
 from __future__ import annotations
 
+from typing import Any
+
 from unirank.runtime.collectives import all_gather, all_reduce, barrier, broadcast
 from unirank.runtime.data import (
     AutoDataLoader,
@@ -25,9 +27,7 @@ from unirank.runtime.idist import (
     all_gather_tensors_with_shapes,
     available_backends,
     get_nproc_per_node,
-    has_hvd_support,
     has_native_dist_support,
-    has_xla_support,
     initialize,
     model_name,
     set_local_rank,
@@ -100,3 +100,13 @@ __all__ = [
     "spawn",
     "sync",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``has_hvd_support`` and ``has_xla_support``, answered on first use by
+    :mod:`unirank.runtime.idist` (so that importing the runtime asks CUDA nothing)."""
+    from unirank.runtime import idist
+
+    if name in idist.LAZY_FLAGS:
+        return getattr(idist, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,6 +20,7 @@ collectives live in :mod:`.groups` and :mod:`.collectives`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -58,15 +59,26 @@ LOGGER_NAME = "unirank.idist"
 get_nproc_per_node = state.get_local_world_size
 
 
+#: whether torch.distributed can be used by this Python
+has_native_dist_support: bool = dist.is_available()
+#: the flags answered on first use (no CUDA query at import), by the registry entry they ask
+LAZY_FLAGS = {"has_hvd_support": "horovod", "has_xla_support": "xla-tpu"}
+has_hvd_support: bool  # served by __getattr__ below
+has_xla_support: bool  # served by __getattr__ below
+
+
+@functools.cache
 def _usable(name: str) -> bool:
-    """True when the registry's entry ``name`` can start here (its ``problem`` says nothing)."""
+    """True when the registry's entry ``name`` can start here (its ``problem`` says nothing).
+    Reads: CUDA_VISIBLE_DEVICES (through torch)."""
     return backends.get(name).problem(backends.cuda_facts()) is None
 
 
-#: whether torch.distributed, Horovod and torch_xla can be used by this Python
-has_native_dist_support: bool = dist.is_available()
-has_hvd_support: bool = _usable("horovod")
-has_xla_support: bool = _usable("xla-tpu")
+def __getattr__(name: str) -> Any:
+    """``has_hvd_support`` (Horovod is usable here) and ``has_xla_support`` (torch_xla is)."""
+    if name in LAZY_FLAGS:
+        return _usable(LAZY_FLAGS[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def available_backends() -> tuple[str, ...]:
