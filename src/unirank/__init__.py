@@ -1,7 +1,8 @@
 """unirank: one PyTorch distributed script, unchanged, under any launcher.
 
 ``import unirank`` does not import torch; the runtime API (``init``, ``Parallel``, collectives,
-``auto_model``/``auto_dataloader``...) loads it on first use.
+``auto_model``/``auto_dataloader``...) loads it on first use. Every public name of
+pytorch-ignite's ``ignite.distributed`` is here too: ``import unirank as idist`` (docs/ignite.md).
 """
 
 from __future__ import annotations
@@ -45,6 +46,20 @@ _RUNTIME_NAMES = frozenset(
         "manual_seed",
         "save",
         "load",
+        # the rest of pytorch-ignite's ignite.distributed names (runtime/idist.py, groups.py)
+        "initialize",
+        "spawn",
+        "sync",
+        "model_name",
+        "available_backends",
+        "show_config",
+        "get_nproc_per_node",
+        "set_local_rank",
+        "new_group",
+        "all_gather_tensors_with_shapes",
+        "has_native_dist_support",
+        "has_hvd_support",
+        "has_xla_support",
     }
 )
 

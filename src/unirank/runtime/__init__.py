@@ -5,10 +5,14 @@ Modules: :mod:`.backends` (the backend registry), :mod:`.state` (the cached Dist
 and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel`
 (``Parallel``, which spawns through :mod:`unirank.supervisor.procs`), :mod:`.collectives`,
 :mod:`.helpers`, :mod:`.training` (auto_model, auto_optim, manual_seed, save, load),
-:mod:`.data` (auto_dataloader).
+:mod:`.data` (auto_dataloader), :mod:`.groups` (new_group, the ``group=`` argument),
+:mod:`.idist` (the rest of pytorch-ignite's ``ignite.distributed`` names: initialize, spawn,
+model_name, show_config...).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from unirank.runtime.collectives import all_gather, all_reduce, barrier, broadcast
 from unirank.runtime.data import (
@@ -17,7 +21,20 @@ from unirank.runtime.data import (
     DistributedProxySampler,
     auto_dataloader,
 )
+from unirank.runtime.groups import new_group
 from unirank.runtime.helpers import get_logger, one_rank_first, one_rank_only, print0
+from unirank.runtime.idist import (
+    all_gather_tensors_with_shapes,
+    available_backends,
+    get_nproc_per_node,
+    has_native_dist_support,
+    initialize,
+    model_name,
+    set_local_rank,
+    show_config,
+    spawn,
+    sync,
+)
 from unirank.runtime.lifecycle import InitError, finalize, init
 from unirank.runtime.parallel import Parallel, WorkerFailedError
 from unirank.runtime.state import (
@@ -43,10 +60,12 @@ __all__ = [
     "Parallel",
     "WorkerFailedError",
     "all_gather",
+    "all_gather_tensors_with_shapes",
     "all_reduce",
     "auto_dataloader",
     "auto_model",
     "auto_optim",
+    "available_backends",
     "backend",
     "barrier",
     "broadcast",
@@ -58,15 +77,36 @@ __all__ = [
     "get_logger",
     "get_nnodes",
     "get_node_rank",
+    "get_nproc_per_node",
     "get_rank",
     "get_world_size",
+    "has_hvd_support",
+    "has_native_dist_support",
+    "has_xla_support",
     "hostname",
     "init",
+    "initialize",
     "is_initialized",
     "load",
     "manual_seed",
+    "model_name",
+    "new_group",
     "one_rank_first",
     "one_rank_only",
     "print0",
     "save",
+    "set_local_rank",
+    "show_config",
+    "spawn",
+    "sync",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``has_hvd_support`` and ``has_xla_support``, answered on first use by
+    :mod:`unirank.runtime.idist` (so that importing the runtime asks CUDA nothing)."""
+    from unirank.runtime import idist
+
+    if name in idist.LAZY_FLAGS:
+        return getattr(idist, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

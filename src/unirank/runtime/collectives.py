@@ -1,27 +1,31 @@
 """Collectives that also work at world size 1 and before (or without) a process group.
 
 * :func:`all_reduce` reduces a tensor in place (and returns it) or a number (returns the result);
-  ops ``SUM``, ``MEAN``, ``MIN``, ``MAX``, ``PRODUCT`` (strings, any case, or ``dist.ReduceOp``).
+  ops ``SUM``, ``MEAN`` (alias ``AVERAGE``), ``MIN``, ``MAX``, ``PRODUCT``, and the bitwise
+  ``AND``/``OR`` of integer tensors (strings, any case, or ``dist.ReduceOp``).
 * :func:`all_gather` of a tensor concatenates along dim 0 (0-d tensors are stacked); of anything
   else (number, str, picklable object) returns the list of every rank's value, in rank order.
 * :func:`broadcast` of a tensor fills it in place from ``src``; of anything else returns ``src``'s
-  value (the other ranks' values are ignored).
+  value (the other ranks' values are ignored). ``safe_mode=True`` lets the other ranks pass
+  anything (``None``) even when ``src`` broadcasts a tensor.
 * :func:`barrier`.
 
+``group`` (ignite's meaning): ``None`` for every rank, a process group, or a list of global ranks
+(see :mod:`unirank.runtime.groups`); a rank outside the group gets its own data back.
 Without a process group every call returns at once with this process's own data. When the live
 backend is not a torch.distributed group (Horovod, XLA), its entry's
 :class:`~unirank.runtime.backends.Collectives` do the work; they have no sub-groups, so a
-``group`` other than ``None`` is a ValueError there.
+``group`` other than ``None`` is a ValueError there, and so are the bitwise ops.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar, Union, cast
 
 import torch
 import torch.distributed as dist
 
-from unirank.runtime import backends, state
+from unirank.runtime import backends, groups, state
 
 __all__ = ["REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
 
@@ -40,8 +44,12 @@ REDUCE_OPS: dict[str, Any] = {
     "MIN": dist.ReduceOp.MIN,
     "MAX": dist.ReduceOp.MAX,
     "PRODUCT": dist.ReduceOp.PRODUCT,
+    "AND": dist.ReduceOp.BAND,
+    "OR": dist.ReduceOp.BOR,
 }
-_OP_ALIASES = {"AVG": "MEAN", "PROD": "PRODUCT"}
+_OP_ALIASES = {"AVG": "MEAN", "AVERAGE": "MEAN", "PROD": "PRODUCT", "BAND": "AND", "BOR": "OR"}
+#: the ops the backends that are not a torch.distributed group (Horovod, XLA) do not have
+_TORCH_ONLY_OPS = ("AND", "OR")
 
 
 def _op_name(op: Any) -> str:
@@ -80,6 +88,8 @@ def _reduce_tensor(tensor: torch.Tensor, name: str, group: Any) -> torch.Tensor:
     """Reduce in place on the live backend (a MEAN tensor's dtype was checked by the caller)."""
     own = _own(group)
     if own is not None:
+        if name in _TORCH_ONLY_OPS:
+            raise ValueError(f"the {state.backend()} backend has no {name} reduction")
         result: torch.Tensor = own.all_reduce(tensor, name)
         return result
     if name == "MEAN":
@@ -90,17 +100,21 @@ def _reduce_tensor(tensor: torch.Tensor, name: str, group: Any) -> torch.Tensor:
     return tensor
 
 
-def all_reduce(tensor: Any, op: Any = _SUM, *, group: Any = None) -> Any:
+def all_reduce(tensor: Any, op: Any = _SUM, group: Any = None) -> Any:
     """Reduce ``tensor`` (a tensor, in place, returned) or a number (the result is returned).
 
     A number becomes a tensor on :func:`~unirank.runtime.state.device`; ``int`` results stay
     ``int`` except for ``MEAN``, which always gives a ``float``. Unknown ops raise ValueError.
+    ``group``: see this module's docstring; a rank outside it gets ``tensor`` back unchanged.
     """
-    # fast path: the common call costs two checks more than dist.all_reduce
-    if tensor.__class__ is _Tensor and op is _SUM and _is_initialized():
-        _dist_all_reduce(tensor, group=group)
+    # fast path: the common call costs three checks more than dist.all_reduce
+    if group is None and tensor.__class__ is _Tensor and op is _SUM and _is_initialized():
+        _dist_all_reduce(tensor)
         return tensor
     name = _op_name(op)
+    group = groups.resolve(group) if _active() else group
+    if groups.not_member(group):
+        return tensor
     if isinstance(tensor, torch.Tensor):
         if name == "MEAN" and not (tensor.is_floating_point() or tensor.is_complex()):
             raise TypeError(
@@ -120,8 +134,15 @@ def all_reduce(tensor: Any, op: Any = _SUM, *, group: Any = None) -> Any:
     raise TypeError(f"all_reduce takes a tensor or a number, not {type(tensor).__name__}")
 
 
-def all_gather(data: Any, *, group: Any = None) -> Any:
-    """Every rank's ``data``: a tensor concatenated along dim 0, or a list in rank order."""
+def all_gather(tensor: Any, group: Any = None) -> Any:
+    """Every rank's ``tensor`` (any picklable data): a tensor concatenated along dim 0, or a list
+    in rank order. ``group``: see this module's docstring; a rank outside it gets ``tensor``
+    back as it is."""
+    data = tensor
+    if _active():
+        group = groups.resolve(group)
+        if groups.not_member(group):
+            return data
     if isinstance(data, torch.Tensor):
         flat = data.unsqueeze(0) if data.dim() == 0 else data
         if not _active():
@@ -143,20 +164,41 @@ def all_gather(data: Any, *, group: Any = None) -> Any:
     return gathered
 
 
-def broadcast(data: T, src: int = 0, *, group: Any = None) -> T:
-    """``src``'s ``data`` on every rank (a tensor is filled in place and returned)."""
-    if not _active():
+def _placeholder(data: Any, src: int, group: Any) -> Any:
+    """``data`` on ``src``; elsewhere an empty tensor shaped as ``src``'s tensor, or ``None``
+    when ``src`` does not broadcast a tensor (one object broadcast of the shape and dtype)."""
+    is_src = state.get_rank() == src
+    shape = (tuple(data.shape), data.dtype) if is_src and isinstance(data, torch.Tensor) else None
+    shape = broadcast(shape, src, group=group)
+    if is_src:
         return data
+    return None if shape is None else torch.empty(shape[0], dtype=shape[1], device=state.device())
+
+
+def broadcast(tensor: T, src: int = 0, safe_mode: bool = False, *, group: Any = None) -> T:
+    """``src``'s ``tensor`` (any picklable data) on every rank (a tensor is filled in place and
+    returned). Ranks other than ``src`` pass a tensor of the same shape and dtype when ``src``
+    broadcasts a tensor, unless ``safe_mode=True``: then they may pass anything (``None``), at
+    the cost of one more broadcast. ``group``: see this module's docstring (``src`` is a global
+    rank); a rank outside it gets ``tensor`` back as it is."""
+    data: Any = tensor
+    if not _active():
+        return tensor
+    group = groups.resolve(group)
+    if groups.not_member(group):
+        return tensor
+    if safe_mode:
+        data = _placeholder(data, src, group)
     own = _own(group)
     if own is not None:
         if isinstance(data, torch.Tensor):
             own.broadcast(data, src)
-            return data
+            return cast(T, data)
         value: T = own.broadcast_object(data, src)
         return value
     if isinstance(data, torch.Tensor):
         dist.broadcast(data, src=src, group=group)
-        return data
+        return cast(T, data)
     box: list[Any] = [data if dist.get_rank() == src else None]
     dist.broadcast_object_list(box, src=src, group=group)
     result: T = box[0]
@@ -164,8 +206,12 @@ def broadcast(data: T, src: int = 0, *, group: Any = None) -> T:
 
 
 def barrier(*, group: Any = None) -> None:
-    """Wait until every rank gets here (returns at once without a process group)."""
+    """Wait until every rank gets here (returns at once without a process group).
+    ``group``: see this module's docstring; a rank outside it does not wait."""
     if _active():
+        group = groups.resolve(group)
+        if groups.not_member(group):
+            return
         own = _own(group)
         if own is not None:
             own.barrier()

@@ -27,7 +27,7 @@ LOG_FORMAT = "%(asctime)s [rank %(rank)d/%(world_size)d] %(levelname)s %(name)s:
 
 
 def one_rank_only(
-    rank: int = 0, *, with_barrier: bool = False
+    rank: int = 0, with_barrier: bool = False
 ) -> Callable[[Callable[..., R]], Callable[..., Optional[R]]]:
     """Decorator: the function runs on global rank ``rank`` only; the others get ``None``.
 
@@ -52,13 +52,17 @@ def one_rank_only(
 
 
 @contextmanager
-def one_rank_first(rank: int = 0, *, local: bool = False) -> Iterator[None]:
+def one_rank_first(rank: int = 0, local: bool = False) -> Iterator[None]:
     """Context manager: rank ``rank`` runs the block first, then all the others (together).
 
     With ``local=True`` it is the local rank ``rank`` of every node that goes first (e.g. to
-    download a data set once per node). Every rank must enter the block.
+    download a data set once per node). Every rank must enter the block. A ``rank`` outside the
+    world (or the node) is a ValueError, raised on every rank before anyone waits.
     """
     me = state.get_local_rank() if local else state.get_rank()
+    size = state.get_local_world_size() if local else state.get_world_size()
+    if not 0 <= rank < size:
+        raise ValueError(f"rank should be between 0 and {size - 1}, but given {rank}")
     if me != rank:
         barrier()
     try:

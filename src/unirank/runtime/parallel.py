@@ -36,7 +36,7 @@ from typing import Any
 
 from unirank.contract import resolve_init_timeout
 from unirank.errorfile import record_exception
-from unirank.runtime import backends, lifecycle, state
+from unirank.runtime import backends, ignite_options, lifecycle, state
 from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
 __all__ = ["Parallel", "WorkerFailedError"]
@@ -77,6 +77,8 @@ class Parallel:
     ``nnodes``, ``node_rank``, ``master_addr``, ``master_port`` describe a multi-node spawn when
     no launcher does (see :mod:`unirank.supervisor.plan` for the rules). ``init_timeout``:
     seconds every rank waits for the others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
+    ``init_method`` and ``spawn_kwargs``: pytorch-ignite's options, as
+    :mod:`~unirank.runtime.ignite_options` reads them (``timeout`` is an init timeout).
 
     Reads: the launcher's variables (through :func:`~unirank.runtime.state.dist_env`),
     MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, OMP_NUM_THREADS,
@@ -92,9 +94,15 @@ class Parallel:
         master_addr: str | None = None,
         master_port: int | None = None,
         init_timeout: float | None = None,
+        init_method: str | None = None,
+        **spawn_kwargs: Any,
     ) -> None:
+        # pytorch-ignite's Parallel options (init_method, timeout, start_method, join, daemon)
+        ignite = {**spawn_kwargs, "init_method": init_method}
+        ignite_options.take_spawn_options(ignite)
+        timeout = ignite_options.take_init_timeout(ignite, "Parallel")
         self.backend = backend
-        self.init_timeout = init_timeout
+        self.init_timeout = init_timeout if init_timeout is not None else timeout
         self._request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                              master_addr=master_addr, master_port=master_port)
         self.plan: Plan | None = None

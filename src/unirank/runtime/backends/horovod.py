@@ -252,7 +252,9 @@ class HorovodCollectives:
     def all_gather_object(self, obj: Any) -> list[Any]:
         import horovod.torch as hvd
 
-        return list(hvd.allgather_object(obj))
+        # one name on every rank: Horovod's default is the object's type, so ranks passing
+        # objects of different types (None on some) would wait for each other forever
+        return list(hvd.allgather_object(obj, name="unirank.all_gather_object"))
 
     def broadcast(self, tensor: Any, src: int) -> Any:
         import horovod.torch as hvd
@@ -262,7 +264,8 @@ class HorovodCollectives:
     def broadcast_object(self, obj: Any, src: int) -> Any:
         import horovod.torch as hvd
 
-        return hvd.broadcast_object(obj, root_rank=src)
+        # one name on every rank (see all_gather_object): the others may pass None
+        return hvd.broadcast_object(obj, root_rank=src, name="unirank.broadcast_object")
 
     def barrier(self) -> None:
         import horovod.torch as hvd
