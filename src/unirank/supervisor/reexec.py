@@ -15,13 +15,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
+from unirank.contract import NO_SRUN_VAR
+from unirank.contract import SRUN_REEXEC_VAR as REEXEC_VAR
 from unirank.errors import ConfigError
 
 __all__ = ["NO_SRUN_VAR", "REEXEC_VAR", "reexec_through_srun", "srun_command"]
-
-NO_SRUN_VAR = "UNIRANK_NO_SRUN"
-#: set in the srun step's environment; a step that still looks like a bare allocation is a bug
-REEXEC_VAR = "UNIRANK_SRUN_REEXEC"
 
 
 def srun_command(nnodes: int, inner: Sequence[str]) -> list[str]:
