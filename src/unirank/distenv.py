@@ -82,7 +82,8 @@ class DistEnv:
         return self.world_size > 1
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict of every field."""
+        """A JSON-ready dict of every field but ``master_addr_given``/``master_port_given``
+        (``sources`` says where the master came from)."""
         return {
             "launcher": self.launcher,
             "rank": self.rank,
@@ -93,8 +94,6 @@ class DistEnv:
             "num_nodes": self.num_nodes,
             "master_addr": self.master_addr,
             "master_port": self.master_port,
-            "master_addr_given": self.master_addr_given,
-            "master_port_given": self.master_port_given,
             "job_id": self.job_id,
             "step_id": self.step_id,
             "node_name": self.node_name,

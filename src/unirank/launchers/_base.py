@@ -122,20 +122,22 @@ def node_name(environ: Mapping[str, str], ctx: Context,
 
     1. ``SLURMD_NODENAME``: under Slurm, slurmd's name for the node (on some clusters every node
        has the same host name, and an srun task inherits the batch shell's ``HOSTNAME``);
-    2. ``UNIRANK_NODE_NAME``: the name ``unirank run`` or ``Parallel`` gave the node of the
-       workers it started (so a worker names its node as its supervisor does);
-    3. ``own``: the launcher's own name for the node, with its source (a PBS_NODEFILE line,
+    2. ``own``: the launcher's own name for the node, with its source (a PBS_NODEFILE line,
        ``HOROVOD_HOSTNAME``, a Slurm step's host list entry);
+    3. ``UNIRANK_NODE_NAME``: the name ``unirank run`` or ``Parallel`` gave the node of the
+       workers it started (so a worker names its node as its supervisor does);
     4. the host name (``ctx.hostname``: ``socket.gethostname()``).
 
     Reads: SLURMD_NODENAME, UNIRANK_NODE_NAME.
     """
-    for variable in (slurm_vars.NODENAME, NODE_NAME_VAR):
-        name = environ.get(variable, "").strip()
-        if name:
-            return name, variable
+    slurm_name = environ.get(slurm_vars.NODENAME, "").strip()
+    if slurm_name:
+        return slurm_name, slurm_vars.NODENAME
     if own is not None and own[0].strip():
         return own[0].strip(), own[1]
+    given = environ.get(NODE_NAME_VAR, "").strip()
+    if given:
+        return given, NODE_NAME_VAR
     return ctx.hostname, "socket.gethostname()"
 
 
