@@ -164,4 +164,4 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     )
 
 
-LAUNCHER = Launcher(NAME, detect, keys=("SLURM_STEP_ID", V.PROCID))
+LAUNCHER = Launcher(NAME, detect, keys=(V.STEP_ID[0], V.PROCID))

@@ -73,4 +73,4 @@ def _absent_reason(environ: Mapping[str, str]) -> str | None:
     return "inside an srun step" if slurm.in_step(environ) else None
 
 
-LAUNCHER = Launcher(NAME, detect, keys=("SLURM_JOB_ID",), absent_reason=_absent_reason)
+LAUNCHER = Launcher(NAME, detect, keys=(V.JOB_ID[0],), absent_reason=_absent_reason)
