@@ -2,7 +2,10 @@
 
 :func:`detect` is a pure function of an environment mapping (and the command line). It tries the
 launchers in :data:`PRECEDENCE` order and returns the first match as a :class:`DistEnv`; bad
-values raise :class:`ConfigError`, and nothing else is ever raised.
+values raise :class:`ConfigError`, and nothing else is ever raised. Each launcher is a typed
+entry (:class:`Launcher`, ``LAUNCHER`` in its module) whose ``detect`` reads its variables into a
+layout and ends with the common :func:`~unirank.launchers._base.finish` (master, node name by
+:func:`node_name`, ids, sources).
 
 Precedence, and why:
 
