@@ -10,14 +10,16 @@ TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_ST
 TORCHELASTIC_ERROR_FILE, TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS.
 
 unirank's own user-facing variables: UNIRANK_INIT_TIMEOUT, UNIRANK_NO_SRUN, UNIRANK_LAUNCHER.
-The bootstrap's private variables (:data:`PRIVATE_VARIABLES`) are removed before the user's
-program starts.
+``unirank run`` marks the srun step it starts from an allocation shell with UNIRANK_SRUN_REEXEC,
+and gives every worker UNIRANK_NODE_NAME, its node's name (kept for the program, so that the
+worker's own detection names the node as its supervisor did). The bootstrap's private variables
+(:data:`PRIVATE_VARIABLES`) are removed before the user's program starts. Every ``UNIRANK_*``
+name is defined here and nowhere else.
 """
 
 from __future__ import annotations
 
 import math
-import socket
 from collections.abc import Mapping
 
 from unirank.errors import ConfigError
@@ -29,13 +31,16 @@ __all__ = [
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
     "INIT_TIMEOUT_VAR",
+    "LAUNCHER_VAR",
     "LINGER_FD_VAR",
     "MAX_RESTARTS_VAR",
     "NODE_NAMES_VAR",
     "NODE_NAME_VAR",
+    "NO_SRUN_VAR",
     "PRIVATE_VARIABLES",
     "RESTART_COUNT_VAR",
     "RUN_ID_VAR",
+    "SRUN_REEXEC_VAR",
     "STORE_FD_VAR",
     "SUPERVISOR_PID_VAR",
     "TIMELINE_FILE_VAR",
@@ -43,7 +48,6 @@ __all__ = [
     "USE_AGENT_STORE_VAR",
     "count_visible_devices",
     "format_seconds",
-    "node_name",
     "parse_seconds",
     "resolve_init_timeout",
     "visible_devices",
@@ -58,6 +62,14 @@ USE_AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 
 # -- unirank's user-facing variables ----------------------------------------------------------
 INIT_TIMEOUT_VAR = "UNIRANK_INIT_TIMEOUT"
+#: ``<name>`` forces a launcher (:mod:`unirank.launchers`), ``none`` turns detection off
+LAUNCHER_VAR = "UNIRANK_LAUNCHER"
+#: ``1``: ``unirank run`` in an allocation shell fails with the srun command instead of running it
+NO_SRUN_VAR = "UNIRANK_NO_SRUN"
+#: set by ``unirank run`` in the srun step it starts from an allocation shell
+SRUN_REEXEC_VAR = "UNIRANK_SRUN_REEXEC"
+#: the node's name as the supervisor knows it (see :func:`unirank.launchers.node_name`)
+NODE_NAME_VAR = "UNIRANK_NODE_NAME"
 #: seconds every rank waits for the others to join when nothing else says how long
 DEFAULT_INIT_TIMEOUT = 300.0
 #: seconds between SIGTERM and SIGKILL when workers are stopped (``--grace-period``)
@@ -67,7 +79,6 @@ DEFAULT_GRACE_PERIOD = 5.0
 SUPERVISOR_PID_VAR = "UNIRANK_SUPERVISOR_PID"
 STORE_FD_VAR = "UNIRANK_STORE_FD"
 NODE_NAMES_VAR = "UNIRANK_NODE_NAMES"
-NODE_NAME_VAR = "UNIRANK_NODE_NAME"
 #: seconds node 0's store waits, at the end of a multi-node job, for the other nodes' ranks
 EXIT_TIMEOUT_VAR = "UNIRANK_EXIT_TIMEOUT"
 #: a pipe the store's host reads at its end: EOF once its node's other workers have ended
@@ -78,9 +89,8 @@ DONE_FD_VAR = "UNIRANK_DONE_FD"
 TIMELINE_VAR = "UNIRANK_TIMELINE"
 #: ``--timeline``, rank 0 only: where to write every rank's gathered times
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
-PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, NODE_NAME_VAR,
-                     EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
-                     TIMELINE_FILE_VAR)
+PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, EXIT_TIMEOUT_VAR,
+                     LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR, TIMELINE_FILE_VAR)
 
 
 def format_seconds(value: float) -> str:
@@ -149,16 +159,3 @@ def visible_devices(environ: Mapping[str, str]) -> list[str] | None:
     value = environ.get("CUDA_VISIBLE_DEVICES")
     return None if value is None else _entries(value)
 
-
-def node_name(environ: Mapping[str, str], hostname: str | None = None) -> tuple[str, str]:
-    """This node's name and where it came from: Slurm's name for it, else the host name.
-
-    Under Slurm every node of the testbed (and of some clusters) has the same host name, and an
-    srun task inherits the batch shell's HOSTNAME, so SLURMD_NODENAME is preferred.
-
-    Reads: SLURMD_NODENAME.
-    """
-    name = environ.get("SLURMD_NODENAME", "").strip()
-    if name:
-        return name, "SLURMD_NODENAME"
-    return (hostname if hostname is not None else socket.gethostname()), "socket.gethostname()"

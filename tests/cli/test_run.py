@@ -69,8 +69,9 @@ names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "
          "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
          "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
          "TORCHELASTIC_USE_AGENT_STORE", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS",
-         "UNIRANK_INIT_TIMEOUT", "TORCHELASTIC_ERROR_FILE"]
-private = sorted(k for k in os.environ if k.startswith("UNIRANK_") and k != "UNIRANK_INIT_TIMEOUT")
+         "UNIRANK_INIT_TIMEOUT", "TORCHELASTIC_ERROR_FILE", "UNIRANK_NODE_NAME"]
+private = sorted(k for k in os.environ if k.startswith("UNIRANK_")
+                 and k not in ("UNIRANK_INIT_TIMEOUT", "UNIRANK_NODE_NAME"))
 main = sys.modules["__main__"]
 print("ENV " + json.dumps({
     "env": {n: os.environ.get(n) for n in names}, "private": private,
@@ -116,6 +117,8 @@ def test_worker_environment_is_torchrun_s(tmp_path: Path) -> None:
         assert env["OMP_NUM_THREADS"] == "1"
         assert env["UNIRANK_INIT_TIMEOUT"] == "77"
         assert str(env["TORCHELASTIC_ERROR_FILE"]).endswith(f"/{rank}/error.json")
+        # the node's name as the supervisor knows it, so the program's detection agrees
+        assert env["UNIRANK_NODE_NAME"] == socket.gethostname()
         run_ids.add(env["TORCHELASTIC_RUN_ID"])
         assert info["private"] == []
         # as `python env.py --backend gloo -n 5` would see it
@@ -301,9 +304,17 @@ def test_inner_command_for_srun_keeps_the_options_and_the_script_args() -> None:
     args = _parsed(raw)
     args.raw_argv = raw
     inner = inner_command(args, 4, 2)
-    # the node count and worker count first, then every option the user gave, unchanged
-    assert inner == [sys.executable, "-m", "unirank", "run", "--nnodes", "2",
-                     "--nproc-per-node", "4", *raw]
+    # the node count (not given), then every option the user gave, unchanged and once each
+    assert inner == [sys.executable, "-m", "unirank", "run", "--nnodes", "2", *raw]
+    bare = ["train.py", "-n", "3"]
+    args = _parsed(bare)
+    args.raw_argv = bare
+    assert inner_command(args, 2, 1) == [sys.executable, "-m", "unirank", "run", "--nnodes", "1",
+                                         "--nproc-per-node", "2", *bare]
+    given = ["--nnodes", "1", "--nproc_per_node=2", "train.py"]
+    args = _parsed(given)
+    args.raw_argv = given
+    assert inner_command(args, 2, 1) == [sys.executable, "-m", "unirank", "run", *given]
     assert srun_command(2, ["x"]) == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
                                       "--kill-on-bad-exit=1", "x"]
 

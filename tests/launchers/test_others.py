@@ -47,8 +47,10 @@ KUBEFLOW = {"MASTER_ADDR": "pytorch-job-master-0", "MASTER_PORT": "23456", "WORL
 
 
 def test_kubeflow_pytorchjob() -> None:
-    """Variables as Kubeflow's training operator documents them (no Kubernetes here)."""
-    env = detect(KUBEFLOW, argv=[])
+    """Variables as Kubeflow's training operator documents them (no Kubernetes here). The node
+    is named by the common rule (the pod's host name), not by an inherited HOSTNAME variable."""
+    env = detect({**KUBEFLOW, "HOSTNAME": "stale-shell-name"}, argv=[],
+                 hostname="pytorch-job-worker-1")
     assert env.launcher == "kubeflow"
     assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (2, 3, 0, 1)
     assert (env.node_rank, env.num_nodes) == (2, 3)
@@ -86,7 +88,7 @@ def test_explain_names_chosen_outranked_and_absent() -> None:
     assert by_name["slurm-allocation"].status == "outranked"
     assert by_name["openmpi"].status == "absent"
     assert "OMPI_COMM_WORLD_RANK" in by_name["openmpi"].reason
-    assert [c.name for c in explain({}, argv=[])] == [m.NAME for m in PRECEDENCE]
+    assert [c.name for c in explain({}, argv=[])] == [entry.name for entry in PRECEDENCE]
 
 
 _NAMES = st.sampled_from(

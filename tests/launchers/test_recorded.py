@@ -58,6 +58,8 @@ EXPECTED: dict[str, tuple[str, int, int, int, int, int, int, str, str]] = {
 }
 
 ALLOCATION_SHELLS = {"sbatch_batch_shell": 4, "salloc_N2_n4_shell": 4}
+#: a batch script runs on the job's first node; an salloc shell where salloc was typed ("vm")
+ALLOCATION_SHELL_NODES = {"sbatch_batch_shell": "node1", "salloc_N2_n4_shell": "vm"}
 
 
 def load(stem: str) -> dict[str, str]:
@@ -84,6 +86,8 @@ def test_recorded_allocation_shell_is_not_rank_0_of_n(stem: str) -> None:
     assert env.launcher == "slurm-allocation"
     assert (env.rank, env.world_size, env.launch_required) == (0, 1, True)
     assert env.planned_tasks == ALLOCATION_SHELLS[stem]
+    assert env.must_launch
+    assert env.node_name == ALLOCATION_SHELL_NODES[stem]
 
 
 def test_steps_of_one_job_share_master_and_port() -> None:

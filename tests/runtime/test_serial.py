@@ -31,12 +31,13 @@ def test_dist_env_detects_once_and_caches(use_env: None) -> None:
     assert ur.dist_env() is first
 
 
-def test_node_name_prefers_slurmd_nodename() -> None:
-    import socket
-
-    assert state.node_name({"SLURMD_NODENAME": "node7"}) == "node7"
-    assert state.node_name({}) == socket.gethostname()
-    assert state.node_name({"SLURMD_NODENAME": ""}) == socket.gethostname()
+def test_hostname_is_the_detected_node_name() -> None:
+    """The runtime names the node as detection did (the rule: tests/launchers/test_node_name)."""
+    state.set_dist_env(DistEnv(launcher="slurm", node_name="node7"))
+    try:
+        assert ur.hostname() == "node7"
+    finally:
+        state.set_dist_env(None)
 
 
 @pytest.mark.parametrize(

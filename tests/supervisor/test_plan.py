@@ -10,6 +10,7 @@ import pytest
 from unirank.contract import PRIVATE_VARIABLES, parse_seconds, resolve_init_timeout
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
+from unirank.launchers import detect
 from unirank.rendezvous import derive_port
 from unirank.supervisor.plan import (
     IN_PLACE,
@@ -18,11 +19,14 @@ from unirank.supervisor.plan import (
     Plan,
     Worker,
     make_plan,
-    parse_nnodes,
-    parse_nproc,
 )
 
 LOCAL = DistEnv(launcher="local", node_name="box")
+
+
+def local(environ: dict[str, str]) -> DistEnv:
+    """No launcher, with ``environ``'s MASTER_ADDR/MASTER_PORT, as detection describes it."""
+    return detect(environ, argv=[], hostname="box")
 
 
 #: what unirank run asks for (spawn_default: auto's answer) and what Parallel asks for (none)
@@ -38,7 +42,7 @@ def req(base: LaunchRequest = RUN, **changes: Any) -> LaunchRequest:
 
 def plan(request: LaunchRequest, outer: DistEnv = LOCAL, environ: dict[str, str] | None = None
          ) -> Plan:
-    return make_plan(request, outer, environ or {}, hostname="host", run_id_fallback="rid")
+    return make_plan(request, outer, environ or {}, run_id_fallback="rid")
 
 
 def slurm_per_node(node_rank: int, nodes: int = 2, tasks_per_node: int = 1) -> DistEnv:
@@ -52,35 +56,6 @@ def slurm_per_node(node_rank: int, nodes: int = 2, tasks_per_node: int = 1) -> D
 
 
 # -- option values ------------------------------------------------------------------------------
-
-@pytest.mark.parametrize(
-    ("value", "gpus", "cpus", "expected"),
-    [("4", 0, 2, 4), ("auto", 0, 2, 1), ("auto", 8, 2, 8), ("gpu", 2, 64, 2), ("cpu", 4, 64, 64),
-     (" AUTO ", 3, 1, 3), ("cpu", 0, None, 1)],
-)
-def test_parse_nproc(value: str, gpus: int, cpus: int | None, expected: int) -> None:
-    assert parse_nproc(value, gpu_count=gpus, cpu_count=cpus) == expected
-
-
-@pytest.mark.parametrize(
-    ("value", "message"),
-    [("0", "must be at least 1"), ("-2", "must be at least 1"), ("two", "not a number"),
-     ("gpu", "no GPU is visible")],
-)
-def test_parse_nproc_errors(value: str, message: str) -> None:
-    with pytest.raises(ConfigError, match=message) as info:
-        parse_nproc(value, gpu_count=0, cpu_count=8)
-    assert info.value.variable == "--nproc-per-node"
-    assert info.value.hint
-
-
-def test_parse_nnodes() -> None:
-    assert parse_nnodes("3") == 3
-    assert parse_nnodes("2:2") == 2
-    for bad, message in (("1:4", "elastic"), ("0", "at least 1"), ("x", "not a number")):
-        with pytest.raises(ConfigError, match=message):
-            parse_nnodes(bad)
-
 
 def test_parse_seconds() -> None:
     assert parse_seconds("2.5", "--init-timeout") == 2.5
@@ -109,7 +84,11 @@ SRUN_2_PER_NODE = slurm_per_node(node_rank=0, tasks_per_node=2)
 MPI_ONE_PER_NODE = DistEnv(launcher="openmpi", rank=1, world_size=2, local_world_size=1,
                            node_rank=1, num_nodes=2, master_addr=None, master_port=None,
                            node_name="m1")
-TORCHRUN_ONE = DistEnv(launcher="torchrun", node_name="box", master_port=29400)
+TORCHRUN_ONE = DistEnv(launcher="torchrun", node_name="box", master_port=29400,
+                       master_port_given=True)
+#: an sbatch -n1 script / salloc -n1 shell: one task, none launched; it runs in place
+ALLOC_ONE = DistEnv(launcher="slurm-allocation", node_name="node1", launch_required=True,
+                    planned_tasks=1, master_port=derive_port("77"), job_id="77")
 
 LAYOUTS = [
     # (request, outer, environ, mode, (world, local world, nnodes, node rank), ranks, master)
@@ -117,7 +96,7 @@ LAYOUTS = [
      ("127.0.0.1", 0)),
     (RUN, LOCAL, {}, SPAWN, (1, 1, 1, 0), [0], ("127.0.0.1", 0)),
     (PARALLEL, LOCAL, {}, IN_PLACE, (1, 1, 1, 0), [0], ("127.0.0.1", 29500)),
-    (req(PARALLEL, nproc_per_node=2), LOCAL, {"MASTER_PORT": "1234"}, SPAWN, (2, 2, 1, 0),
+    (req(PARALLEL, nproc_per_node=2), local({"MASTER_PORT": "1234"}), {}, SPAWN, (2, 2, 1, 0),
      [0, 1], ("127.0.0.1", 1234)),
     # a single torchrun worker that spawns does not take its agent's port
     (req(PARALLEL, nproc_per_node=2), TORCHRUN_ONE,
@@ -125,8 +104,13 @@ LAYOUTS = [
      [0, 1], ("127.0.0.1", 0)),
     (req(RUN, nproc_per_node=2, nnodes=2, node_rank=1, master_addr="head"), LOCAL, {}, SPAWN,
      (4, 2, 2, 1), [2, 3], ("head", 29500)),
-    (req(PARALLEL, nproc_per_node=2, nnodes=2, node_rank=1), LOCAL, {"MASTER_ADDR": "h"},
+    (req(PARALLEL, nproc_per_node=2, nnodes=2, node_rank=1), local({"MASTER_ADDR": "h"}), {},
      SPAWN, (4, 2, 2, 1), [2, 3], ("h", 29500)),
+    # a one-task allocation shell is a world of one process, for both
+    (PARALLEL, ALLOC_ONE, {}, IN_PLACE, (1, 1, 1, 0), [0], ("127.0.0.1", derive_port("77"))),
+    (req(PARALLEL, nproc_per_node=2), ALLOC_ONE, {}, SPAWN, (2, 2, 1, 0), [0, 1],
+     ("127.0.0.1", 0)),
+    (RUN, ALLOC_ONE, {}, SPAWN, (1, 1, 1, 0), [0], ("127.0.0.1", 0)),
     # one launched process per node: it is the node's launcher
     (req(RUN, nproc_per_node=4), slurm_per_node(node_rank=1, nodes=3), {}, SPAWN,
      (12, 4, 3, 1), [4, 5, 6, 7], ("n0", derive_port("4242", "0"))),
@@ -171,9 +155,9 @@ REFUSALS = [
      ["'3'", "a node count of 2"]),
     (req(PARALLEL, nproc_per_node=2, node_rank=0), slurm_per_node(node_rank=1), {},
      "node_rank", ["'0'", "this node the rank 1"]),
-    (req(RUN, nproc_per_node=2, nnodes=2), LOCAL, {"MASTER_ADDR": "h"}, "node_rank",
+    (req(RUN, nproc_per_node=2, nnodes=2), local({"MASTER_ADDR": "h"}), {}, "node_rank",
      ["needed with 2 nodes", "static"]),
-    (req(PARALLEL, nproc_per_node=2, nnodes=2), LOCAL, {"MASTER_ADDR": "h"}, "node_rank",
+    (req(PARALLEL, nproc_per_node=2, nnodes=2), local({"MASTER_ADDR": "h"}), {}, "node_rank",
      ["needed with 2 nodes"]),
     (req(RUN, nproc_per_node=2, nnodes=2, node_rank=1), LOCAL, {}, "master_addr",
      ["needed with 2 nodes"]),
@@ -186,7 +170,9 @@ REFUSALS = [
     (req(PARALLEL, master_port=70000, nproc_per_node=1), LOCAL, {}, "master_port",
      ["1..65535"]),
     (RUN, DistEnv(launcher="slurm-allocation", num_nodes=2, launch_required=True,
-                  planned_tasks=2), {}, "SLURM_STEP_ID", ["srun", "2 planned"]),
+                  planned_tasks=2), {}, "SLURM_STEP_ID", ["srun", "holding 2 tasks"]),
+    (PARALLEL, DistEnv(launcher="slurm-allocation", num_nodes=2, launch_required=True),
+     {}, "SLURM_STEP_ID", ["srun", "holding 2 nodes"]),
 ]
 
 
@@ -295,7 +281,7 @@ def test_worker_environ_needs_a_port() -> None:
 
 def test_private_variables_are_the_bootstrap_s() -> None:
     assert set(PRIVATE_VARIABLES) == {"UNIRANK_SUPERVISOR_PID", "UNIRANK_STORE_FD",
-                                      "UNIRANK_NODE_NAMES", "UNIRANK_NODE_NAME",
+                                      "UNIRANK_NODE_NAMES",
                                       "UNIRANK_EXIT_TIMEOUT", "UNIRANK_LINGER_FD",
                                       "UNIRANK_DONE_FD", "UNIRANK_TIMELINE",
                                       "UNIRANK_TIMELINE_FILE"}

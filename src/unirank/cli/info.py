@@ -44,12 +44,15 @@ def main(args: argparse.Namespace) -> int:
             value = "-"
         source = env.sources.get(name, "")
         print(f"  {name:<{width}} = {value}" + (f"   [{source}]" if source else ""))
-    if env.launch_required:
+    if env.must_launch:
         tasks = env.planned_tasks or 1
         print(
             f"note: this is a Slurm allocation shell with {tasks} task(s) but no srun step; "
             "start the tasks with `srun python script.py` or `unirank run script.py`."
         )
+    elif env.launch_required:
+        print("note: this is a Slurm allocation shell holding one task and no srun step; "
+              "a program started here runs as that task, at world size 1.")
     print("launchers (in precedence order):")
     for cand in candidates:
         print(f"  {cand.name:<16} {cand.status:<9} {cand.reason}")

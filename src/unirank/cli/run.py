@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import sys
 import uuid
 from collections.abc import Mapping
@@ -47,7 +46,7 @@ def _option(parser: argparse.ArgumentParser, *names: str, **kwargs: Any) -> None
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``unirank run``: every option of torchrun 2.13, and unirank's own."""
     parser.epilog = _EPILOG
-    _option(parser, "-n", "--nproc-per-node", dest="nproc_per_node", default="auto",
+    _option(parser, "-n", "--nproc-per-node", dest="nproc_per_node", default=None,
             metavar="N|auto|gpu|cpu",
             help="workers on this node: a number, 'auto' (the default: under a launcher that "
             "started several processes per node, each is one rank; else the GPUs, or 1), "
@@ -229,12 +228,12 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
 
     Reads: UNIRANK_INIT_TIMEOUT, CUDA_VISIBLE_DEVICES.
     """
+    from unirank.cli.counts import parse_nnodes, parse_nproc
     from unirank.contract import resolve_init_timeout
     from unirank.supervisor.devices import visible_gpu_count
-    from unirank.supervisor.plan import parse_nnodes, parse_nproc
 
     notes = [] if notes is None else notes
-    nproc_text = str(args.nproc_per_node)
+    nproc_text = "auto" if args.nproc_per_node is None else str(args.nproc_per_node)
     auto = nproc_text.strip().lower() == "auto"
     needs_gpus = nproc_text.strip().lower() in ("auto", "gpu")
     nproc = parse_nproc(
@@ -311,11 +310,13 @@ def target_of(args: argparse.Namespace) -> list[str]:
 
 
 def inner_command(args: argparse.Namespace, nproc: int, nnodes: int) -> list[str]:
-    """This ``unirank run`` as a command line for each node of an srun step: the user's own
-    options, after the node count and the number of workers (so the user's win)."""
+    """This ``unirank run`` as a command line for each node of an srun step: the node count and
+    the number of workers where the user gave none, then the user's own options, each once."""
     raw = list(getattr(args, "raw_argv", None) or [])
-    return [sys.executable, "-m", "unirank", "run", "--nnodes", str(nnodes),
-            "--nproc-per-node", str(nproc), *raw]
+    added = [] if args.nnodes is not None else ["--nnodes", str(nnodes)]
+    if args.nproc_per_node is None:
+        added += ["--nproc-per-node", str(nproc)]
+    return [sys.executable, "-m", "unirank", "run", *added, *raw]
 
 
 def _nproc_in_allocation(args: argparse.Namespace, request: LaunchRequest,
@@ -360,8 +361,7 @@ def main(args: argparse.Namespace) -> int:
         nproc = _nproc_in_allocation(args, request, outer)
         reexec_through_srun(nnodes, inner_command(args, nproc, nnodes), environ)
     try:
-        plan = make_plan(request, outer, environ, hostname=socket.gethostname(),
-                         run_id_fallback=uuid.uuid4().hex)
+        plan = make_plan(request, outer, environ, run_id_fallback=uuid.uuid4().hex)
     except ConfigError as exc:
         raise exc.renamed(_OPTION_NAMES) from None
 

@@ -2,7 +2,10 @@
 
 :func:`detect` is a pure function of an environment mapping (and the command line). It tries the
 launchers in :data:`PRECEDENCE` order and returns the first match as a :class:`DistEnv`; bad
-values raise :class:`ConfigError`, and nothing else is ever raised.
+values raise :class:`ConfigError`, and nothing else is ever raised. Each launcher is a typed
+entry (:class:`Launcher`, ``LAUNCHER`` in its module) whose ``detect`` reads its variables into a
+layout and ends with the common :func:`~unirank.launchers._base.finish` (master, node name by
+:func:`node_name`, ids, sources).
 
 Precedence, and why:
 
@@ -30,8 +33,8 @@ import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 
+from unirank.contract import LAUNCHER_VAR
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.launchers import (
@@ -48,30 +51,30 @@ from unirank.launchers import (
     slurm_allocation,
     torchrun,
 )
-from unirank.launchers._base import Context
+from unirank.launchers._base import Context, Launcher, node_name
 
-__all__ = ["LAUNCHER_NAMES", "PRECEDENCE", "Candidate", "detect", "explain"]
+__all__ = ["LAUNCHER_NAMES", "PRECEDENCE", "Candidate", "Launcher", "detect", "explain",
+           "node_name"]
 
-#: launcher modules in the order they are tried
-PRECEDENCE: tuple[ModuleType, ...] = (
-    torchrun,
-    horovodrun,
-    openmpi,
-    mvapich,
-    mpich,
-    lsf,
-    pmix,
-    slurm,
-    pbs,
-    kubeflow,
-    slurm_allocation,
-    local,
+#: the launchers in the order they are tried
+PRECEDENCE: tuple[Launcher, ...] = (
+    torchrun.LAUNCHER,
+    horovodrun.LAUNCHER,
+    openmpi.LAUNCHER,
+    mvapich.LAUNCHER,
+    mpich.LAUNCHER,
+    lsf.LAUNCHER,
+    pmix.LAUNCHER,
+    slurm.LAUNCHER,
+    pbs.LAUNCHER,
+    kubeflow.LAUNCHER,
+    slurm_allocation.LAUNCHER,
+    local.LAUNCHER,
 )
-#: launchers whose variables srun itself may set (srun --mpi=pmi2 / --mpi=pmix)
-_SRUN_PMI = (mpich, pmix)
-#: every name UNIRANK_LAUNCHER accepts (besides "none"), mapped to its module
-LAUNCHER_NAMES: dict[str, ModuleType] = {m.NAME: m for m in PRECEDENCE}
-LAUNCHER_NAMES[mpich.INTEL_NAME] = mpich
+#: every name UNIRANK_LAUNCHER accepts (besides "none"), mapped to its launcher
+LAUNCHER_NAMES: dict[str, Launcher] = {
+    name: entry for entry in PRECEDENCE for name in (entry.name, *entry.aliases)
+}
 
 
 @dataclass(frozen=True)
@@ -85,13 +88,11 @@ class Candidate:
 
 def _context(argv: Sequence[str] | None, read_text: Callable[[str], str] | None,
              hostname: str | None) -> Context:
-    kwargs: dict[str, object] = {
-        "argv": tuple(sys.argv[1:] if argv is None else argv),
-        "hostname": hostname if hostname is not None else socket.gethostname(),
-    }
-    if read_text is not None:
-        kwargs["read_text"] = read_text
-    return Context(**kwargs)  # type: ignore[arg-type]
+    name = hostname if hostname is not None else socket.gethostname()
+    args = tuple(sys.argv[1:] if argv is None else argv)
+    if read_text is None:
+        return Context(argv=args, hostname=name)
+    return Context(argv=args, read_text=read_text, hostname=name)
 
 
 def _agrees_with_slurm(env: DistEnv, environ: Mapping[str, str], ctx: Context) -> DistEnv:
@@ -111,19 +112,19 @@ def _agrees_with_slurm(env: DistEnv, environ: Mapping[str, str], ctx: Context) -
 def _forced(name: str, environ: Mapping[str, str], ctx: Context) -> DistEnv:
     if name == "none":
         return local.detect(environ, ctx)
-    module = LAUNCHER_NAMES.get(name)
-    if module is None:
+    entry = LAUNCHER_NAMES.get(name)
+    if entry is None:
         raise ConfigError(
-            "is not a launcher unirank knows", variable="UNIRANK_LAUNCHER", value=name,
+            "is not a launcher unirank knows", variable=LAUNCHER_VAR, value=name,
             hint=f"use one of: none, {', '.join(sorted(LAUNCHER_NAMES))}",
         )
-    env: DistEnv | None = module.detect(environ, ctx)
+    env = entry.detect(environ, ctx)
     if env is None:
-        keys = ", ".join(k for k in module.KEYS if not k.startswith("-"))
+        keys = ", ".join(k for k in entry.keys if not k.startswith("-"))
         raise ConfigError(
             f"forces the {name} launcher but its variables ({keys}) are not set",
-            variable="UNIRANK_LAUNCHER", value=name,
-            hint="unset UNIRANK_LAUNCHER to detect the launcher, or start the job with that one",
+            variable=LAUNCHER_VAR, value=name,
+            hint=f"unset {LAUNCHER_VAR} to detect the launcher, or start the job with that one",
         )
     return env
 
@@ -146,13 +147,13 @@ def detect(
     env_map: Mapping[str, str] = os.environ if environ is None else environ
     try:
         ctx = _context(argv, read_text, hostname)
-        forced = env_map.get("UNIRANK_LAUNCHER", "").strip().lower()
+        forced = env_map.get(LAUNCHER_VAR, "").strip().lower()
         if forced:
             return _forced(forced, env_map, ctx)
-        for module in PRECEDENCE:
-            found: DistEnv | None = module.detect(env_map, ctx)
+        for entry in PRECEDENCE:
+            found = entry.detect(env_map, ctx)
             if found is not None:
-                return _agrees_with_slurm(found, env_map, ctx) if module in _SRUN_PMI else found
+                return _agrees_with_slurm(found, env_map, ctx) if entry.srun_pmi else found
     except ConfigError:
         raise
     except Exception as exc:  # a bug must not look like a hang or a traceback to users
@@ -177,25 +178,29 @@ def explain(
         chosen: str | None = detect(env_map, argv, read_text=read_text, hostname=hostname).launcher
     except ConfigError:
         chosen = None
-    forced = env_map.get("UNIRANK_LAUNCHER", "").strip().lower()
+    forced = env_map.get(LAUNCHER_VAR, "").strip().lower()
     out: list[Candidate] = []
-    for module in PRECEDENCE:
-        keys = [k for k in module.KEYS if not k.startswith("-")]
+    for entry in PRECEDENCE:
         try:
-            found = module.detect(env_map, ctx)
+            found = entry.detect(env_map, ctx)
         except ConfigError as exc:
-            out.append(Candidate(module.NAME, "error", str(exc)))
+            out.append(Candidate(entry.name, "error", str(exc)))
             continue
         if found is None:
-            missing = [k for k in keys if k not in env_map]
-            reason = f"not set: {', '.join(missing)}" if missing else "its variables are incomplete"
-            if module is slurm_allocation and slurm.in_step(env_map):
-                reason = "inside an srun step"
-            out.append(Candidate(module.NAME, "absent", reason))
-        elif found.launcher == chosen or (chosen == "slurm" and module is slurm):
-            why = f"forced by UNIRANK_LAUNCHER={forced}" if forced else "first match in precedence"
+            out.append(Candidate(entry.name, "absent", _absent(entry, env_map)))
+        elif found.launcher == chosen:
+            why = f"forced by {LAUNCHER_VAR}={forced}" if forced else "first match in precedence"
             out.append(Candidate(found.launcher, "chosen", why))
         else:
-            why = f"UNIRANK_LAUNCHER={forced}" if forced else f"outranked by {chosen}"
+            why = f"{LAUNCHER_VAR}={forced}" if forced else f"outranked by {chosen}"
             out.append(Candidate(found.launcher, "outranked", f"variables present, but {why}"))
     return out
+
+
+def _absent(entry: Launcher, environ: Mapping[str, str]) -> str:
+    """Why ``entry`` did not match: its missing variables, or its own reason."""
+    own = entry.absent_reason(environ) if entry.absent_reason is not None else None
+    if own:
+        return own
+    missing = [k for k in entry.keys if not k.startswith("-") and k not in environ]
+    return f"not set: {', '.join(missing)}" if missing else "its variables are incomplete"

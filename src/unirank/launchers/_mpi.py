@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from unirank.distenv import DistEnv
 from unirank.envvars import check_rank, first_set, read_int
 from unirank.errors import ConfigError
-from unirank.hostlist import expand
-from unirank.launchers._base import Context, node_name, resolve_master
+from unirank.launchers import slurm_vars as V
+from unirank.launchers._base import Context, Layout, MasterHint, by_slot, finish
+from unirank.launchers.slurm import hosts_of
 
 __all__ = ["MpiVars", "batch_hosts", "build"]
 
@@ -38,9 +39,9 @@ def batch_hosts(environ: Mapping[str, str], ctx: Context) -> tuple[tuple[str, ..
 
     Reads: SLURM_JOB_NODELIST / SLURM_NODELIST, LSB_MCPU_HOSTS, PBS_NODEFILE (reads the file).
     """
-    slurm_var = first_set(environ, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    if slurm_var:
-        return tuple(expand(environ[slurm_var], variable=slurm_var)), slurm_var
+    found = hosts_of(environ, V.JOB_NODELIST)
+    if found[1]:
+        return found
     if environ.get("LSB_MCPU_HOSTS", "").strip():
         words = environ["LSB_MCPU_HOSTS"].split()
         return tuple(dict.fromkeys(words[0::2])), "LSB_MCPU_HOSTS"
@@ -53,29 +54,14 @@ def batch_hosts(environ: Mapping[str, str], ctx: Context) -> tuple[tuple[str, ..
 
 
 def _scheduler_job_id(environ: Mapping[str, str]) -> tuple[str | None, str]:
-    name = first_set(environ, "SLURM_JOB_ID", "SLURM_JOBID", "LSB_JOBID", "PBS_JOBID")
+    name = first_set(environ, *V.JOB_ID, "LSB_JOBID", "PBS_JOBID")
     return (environ[name], name) if name else (None, "")
 
 
-def build(
-    name: str,
-    names: MpiVars,
-    environ: Mapping[str, str],
-    ctx: Context,
-    *,
-    hosts: tuple[str, ...] | None = None,
-    hosts_var: str = "",
-) -> DistEnv:
-    """A DistEnv for an MPI rank whose flavour uses the variable names ``names``.
-
-    ``hosts`` overrides the batch system's host list (:func:`batch_hosts`); when it is given and
-    the flavour has no local size variable, ranks are taken to be spread evenly over it.
-
-    Reads: the four rank variables of ``names``, its job id variables, the batch system's host
-    variables (:func:`batch_hosts`), SLURM_STEP_ID, SLURMD_NODENAME, MASTER_ADDR, MASTER_PORT.
-    """
-    if hosts is None:
-        hosts, hosts_var = batch_hosts(environ, ctx)
+def _layout(names: MpiVars, environ: Mapping[str, str], hosts: tuple[str, ...],
+            hosts_var: str) -> Layout:
+    """Ranks from the flavour's four variables; without local ones, spread evenly over
+    ``hosts`` or all on one node. Reads: the variables ``names`` lists."""
     rank = read_int(environ, names.rank)
     world = read_int(environ, names.size, minimum=1)
     check_rank(rank, world, rank_var=names.rank, size_var=names.size)
@@ -106,46 +92,44 @@ def build(
             variable=local_size_var, value=str(local_world),
             hint="the launcher's variables disagree; variables left over from an outer job?",
         )
-    num_nodes = -(-world // local_world)
-    node_rank = min(rank // local_world, num_nodes - 1)
+    node_rank, num_nodes = by_slot(rank, world, local_world)
     sources.update(
         num_nodes=f"derived: {names.size} / local size",
         node_rank=f"derived: {names.rank} // local size (ranks placed by slot)",
     )
     if hosts:
         sources["hosts"] = hosts_var
+    return Layout(rank, local_rank, world, local_world, node_rank, num_nodes, sources)
+
+
+def build(
+    name: str,
+    names: MpiVars,
+    environ: Mapping[str, str],
+    ctx: Context,
+    *,
+    hosts: tuple[str, ...] | None = None,
+    hosts_var: str = "",
+) -> DistEnv:
+    """A DistEnv for an MPI rank whose flavour uses the variable names ``names``.
+
+    ``hosts`` overrides the batch system's host list (:func:`batch_hosts`); when it is given and
+    the flavour has no local size variable, ranks are taken to be spread evenly over it.
+
+    Reads: the four rank variables of ``names``, its job id variables, the batch system's host
+    variables (:func:`batch_hosts`), SLURM_STEP_ID, SLURMD_NODENAME, UNIRANK_NODE_NAME,
+    MASTER_ADDR, MASTER_PORT.
+    """
+    if hosts is None:
+        hosts, hosts_var = batch_hosts(environ, ctx)
+    layout = _layout(names, environ, hosts, hosts_var)
     jid_var = first_set(environ, *names.job_id)
     if jid_var:
-        jid: str | None = environ[jid_var]
+        jid: tuple[str | None, str] = (environ[jid_var], jid_var)
         step = None
     else:
-        jid, jid_var = _scheduler_job_id(environ)
-        step = environ.get("SLURM_STEP_ID")
-    if jid is not None:
-        sources["job_id"] = jid_var
-    master = resolve_master(
-        environ,
-        hosts=hosts,
-        hosts_source=hosts_var,
-        single_node=num_nodes == 1,
-        job_id=jid,
-        step_id=step,
-        job_source=jid_var,
-    )
-    node, sources["node_name"] = node_name(environ, ctx)
-    sources.update(master_addr=master.addr_source, master_port=master.port_source)
-    return DistEnv(
-        launcher=name,
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        local_world_size=local_world,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        master_addr=master.addr,
-        master_port=master.port,
-        job_id=jid,
-        node_name=node,
-        hosts=hosts,
-        sources=sources,
-    )
+        jid = _scheduler_job_id(environ)
+        step = environ.get(V.STEP_ID[0])
+    return finish(name, environ, ctx, layout,
+                  master=MasterHint(hosts, hosts_var, jid[0], step, jid[1]),
+                  hosts=hosts, job_id=jid)

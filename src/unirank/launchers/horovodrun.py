@@ -23,34 +23,23 @@ from collections.abc import Mapping
 from unirank.distenv import DistEnv
 from unirank.envvars import check_rank, read_int
 from unirank.errors import ConfigError
-from unirank.launchers._base import Context, node_name, resolve_master
+from unirank.launchers._base import Context, Launcher, Layout, MasterHint, by_slot, finish
 
 NAME = "horovodrun"
 KEYS = ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE")
 #: what horovodrun always sets besides KEYS; read when present
 CROSS_RANK, CROSS_SIZE = "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE"
 HOSTNAME = "HOROVOD_HOSTNAME"
+#: the gloo rendezvous server horovodrun runs (the runtime's horovod backend reads them too)
 RENDEZVOUS_ADDR, RENDEZVOUS_PORT = "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"
 
 
-def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
-    """A horovodrun worker, or None.
+def _layout(environ: Mapping[str, str]) -> Layout:
+    """Ranks from HOROVOD_*; nodes from the cross communicator, else by slot.
 
     Reads: HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE,
-    HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE, HOROVOD_HOSTNAME, HOROVOD_GLOO_RENDEZVOUS_ADDR,
-    HOROVOD_GLOO_RENDEZVOUS_PORT, SLURMD_NODENAME, MASTER_ADDR, MASTER_PORT.
+    HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE.
     """
-    if "HOROVOD_RANK" not in environ and "HOROVOD_SIZE" not in environ:
-        return None
-    missing = [key for key in KEYS if key not in environ]
-    if missing:
-        raise ConfigError(
-            f"is set but {', '.join(missing)} is not",
-            variable="HOROVOD_RANK" if "HOROVOD_RANK" in environ else "HOROVOD_SIZE",
-            value=environ.get("HOROVOD_RANK", environ.get("HOROVOD_SIZE")),
-            hint="start the workers with horovodrun (or unset the HOROVOD_* variables left over "
-            "from another job)",
-        )
     rank = read_int(environ, "HOROVOD_RANK")
     world = read_int(environ, "HOROVOD_SIZE", minimum=1)
     check_rank(rank, world, rank_var="HOROVOD_RANK", size_var="HOROVOD_SIZE")
@@ -66,35 +55,37 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         check_rank(node_rank, num_nodes, rank_var=CROSS_RANK, size_var=CROSS_SIZE)
         sources.update(node_rank=CROSS_RANK, num_nodes=CROSS_SIZE)
     else:
-        num_nodes = -(-world // local_world)
-        node_rank = min(rank // local_world, num_nodes - 1)
+        node_rank, num_nodes = by_slot(rank, world, local_world)
         sources.update(node_rank="derived: HOROVOD_RANK // HOROVOD_LOCAL_SIZE",
                        num_nodes="derived: HOROVOD_SIZE / HOROVOD_LOCAL_SIZE")
+    return Layout(rank, local_rank, world, local_world, node_rank, num_nodes, sources)
+
+
+def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
+    """A horovodrun worker, or None.
+
+    Reads: HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE,
+    HOROVOD_CROSS_RANK, HOROVOD_CROSS_SIZE, HOROVOD_HOSTNAME, HOROVOD_GLOO_RENDEZVOUS_ADDR,
+    HOROVOD_GLOO_RENDEZVOUS_PORT, SLURMD_NODENAME, UNIRANK_NODE_NAME, MASTER_ADDR, MASTER_PORT.
+    """
+    if "HOROVOD_RANK" not in environ and "HOROVOD_SIZE" not in environ:
+        return None
+    missing = [key for key in KEYS if key not in environ]
+    if missing:
+        raise ConfigError(
+            f"is set but {', '.join(missing)} is not",
+            variable="HOROVOD_RANK" if "HOROVOD_RANK" in environ else "HOROVOD_SIZE",
+            value=environ.get("HOROVOD_RANK", environ.get("HOROVOD_SIZE")),
+            hint="start the workers with horovodrun (or unset the HOROVOD_* variables left over "
+            "from another job)",
+        )
     rendezvous_host = environ.get(RENDEZVOUS_ADDR, "").strip()
     rendezvous_port = environ.get(RENDEZVOUS_PORT, "").strip() or None
-    master = resolve_master(
-        environ,
-        hosts=(rendezvous_host,) if rendezvous_host else (),
-        hosts_source=RENDEZVOUS_ADDR,
-        single_node=num_nodes == 1,
-        job_id=rendezvous_port,
-        job_source=RENDEZVOUS_PORT,
-    )
-    if environ.get("SLURMD_NODENAME", "").strip() or not environ.get(HOSTNAME, "").strip():
-        node, sources["node_name"] = node_name(environ, ctx)
-    else:
-        node, sources["node_name"] = environ[HOSTNAME].strip(), HOSTNAME
-    sources.update(master_addr=master.addr_source, master_port=master.port_source)
-    return DistEnv(
-        launcher=NAME,
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        local_world_size=local_world,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        master_addr=master.addr,
-        master_port=master.port,
-        node_name=node,
-        sources=sources,
-    )
+    master = MasterHint(hosts=(rendezvous_host,) if rendezvous_host else (),
+                        hosts_source=RENDEZVOUS_ADDR, job_id=rendezvous_port,
+                        job_source=RENDEZVOUS_PORT)
+    return finish(NAME, environ, ctx, _layout(environ), master=master,
+                  own_node=(environ.get(HOSTNAME, ""), HOSTNAME))
+
+
+LAUNCHER = Launcher(NAME, detect, keys=KEYS)

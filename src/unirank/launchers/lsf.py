@@ -13,11 +13,10 @@ from collections.abc import Mapping
 
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
-from unirank.launchers._base import Context
+from unirank.launchers._base import Context, Launcher
 from unirank.launchers._mpi import MpiVars, build
 
 NAME = "lsf"
-KEYS = ("JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE")
 VARS = MpiVars(
     rank="JSM_NAMESPACE_RANK",
     size="JSM_NAMESPACE_SIZE",
@@ -68,3 +67,6 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         return None
     hosts, hosts_var = compute_hosts(environ, ctx)
     return build(NAME, VARS, environ, ctx, hosts=hosts, hosts_var=hosts_var)
+
+
+LAUNCHER = Launcher(NAME, detect, keys=(VARS.rank, VARS.size))

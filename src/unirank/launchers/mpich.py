@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from unirank.distenv import DistEnv
-from unirank.launchers._base import Context
+from unirank.launchers._base import Context, Launcher
 from unirank.launchers._mpi import MpiVars, build
 
 NAME = "mpich"
 INTEL_NAME = "intelmpi"
-KEYS = ("PMI_RANK",)
 VARS = MpiVars(
     rank="PMI_RANK",
     size="PMI_SIZE",
@@ -40,3 +39,6 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     if VARS.rank not in environ:  # PMI_SIZE alone is also a companion of PMIX_RANK
         return None
     return build(INTEL_NAME if is_intel(environ) else NAME, VARS, environ, ctx)
+
+
+LAUNCHER = Launcher(NAME, detect, keys=(VARS.rank,), aliases=(INTEL_NAME,), srun_pmi=True)

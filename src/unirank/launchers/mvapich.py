@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from unirank.distenv import DistEnv
-from unirank.launchers._base import Context
+from unirank.launchers._base import Context, Launcher
 from unirank.launchers._mpi import MpiVars, build
 
 NAME = "mvapich"
-KEYS = ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE")
 VARS = MpiVars(
     rank="MV2_COMM_WORLD_RANK",
     size="MV2_COMM_WORLD_SIZE",
@@ -27,3 +26,6 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     if VARS.rank not in environ and VARS.size not in environ:
         return None
     return build(NAME, VARS, environ, ctx)
+
+
+LAUNCHER = Launcher(NAME, detect, keys=(VARS.rank, VARS.size))

@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from unirank.distenv import DistEnv
-from unirank.launchers._base import Context
+from unirank.launchers._base import Context, Launcher
 from unirank.launchers._mpi import MpiVars, build
 
 NAME = "openmpi"
-KEYS = ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")
 VARS = MpiVars(
     rank="OMPI_COMM_WORLD_RANK",
     size="OMPI_COMM_WORLD_SIZE",
@@ -33,3 +32,6 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     if VARS.rank not in environ and VARS.size not in environ:
         return None
     return build(NAME, VARS, environ, ctx)
+
+
+LAUNCHER = Launcher(NAME, detect, keys=(VARS.rank, VARS.size))

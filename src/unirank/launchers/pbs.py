@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from unirank.distenv import DistEnv
 from unirank.envvars import check_rank, read_int
 from unirank.errors import ConfigError
-from unirank.launchers._base import Context, resolve_master
+from unirank.launchers._base import Context, Launcher, Layout, MasterHint, finish
 
 NAME = "pbs"
-KEYS = ("PBS_JOBID", "PBS_VNODENUM")
 
 
 def read_nodefile(environ: Mapping[str, str], ctx: Context) -> list[str]:
@@ -40,7 +39,8 @@ def read_nodefile(environ: Mapping[str, str], ctx: Context) -> list[str]:
 def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     """A pbsdsh task, or None.
 
-    Reads: PBS_JOBID, PBS_VNODENUM, PBS_NODEFILE (and the file), MASTER_ADDR, MASTER_PORT.
+    Reads: PBS_JOBID, PBS_VNODENUM, PBS_NODEFILE (and the file), MASTER_ADDR, MASTER_PORT,
+    SLURMD_NODENAME, UNIRANK_NODE_NAME.
     """
     if "PBS_JOBID" not in environ or "PBS_VNODENUM" not in environ:
         return None
@@ -54,23 +54,13 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     check_rank(rank, len(lines), rank_var="PBS_VNODENUM", size_var="lines of PBS_NODEFILE")
     host = lines[rank]
     hosts = tuple(dict.fromkeys(lines))
-    master = resolve_master(
-        environ, hosts=hosts, hosts_source="PBS_NODEFILE", single_node=len(hosts) == 1,
-        job_id=environ["PBS_JOBID"], job_source="PBS_JOBID",
-    )
-    return DistEnv(
-        launcher=NAME,
+    layout = Layout(
         rank=rank,
         local_rank=lines[:rank].count(host),
         world_size=len(lines),
         local_world_size=lines.count(host),
         node_rank=hosts.index(host),
         num_nodes=len(hosts),
-        master_addr=master.addr,
-        master_port=master.port,
-        job_id=environ["PBS_JOBID"],
-        node_name=host,
-        hosts=hosts,
         sources={
             "rank": "PBS_VNODENUM",
             "world_size": "lines of PBS_NODEFILE",
@@ -78,10 +68,13 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
             "local_world_size": "derived: lines of PBS_NODEFILE naming this host",
             "node_rank": "derived: host's place in PBS_NODEFILE",
             "num_nodes": "distinct hosts of PBS_NODEFILE",
-            "master_addr": master.addr_source,
-            "master_port": master.port_source,
-            "job_id": "PBS_JOBID",
-            "node_name": "PBS_NODEFILE line PBS_VNODENUM",
             "hosts": "PBS_NODEFILE",
         },
     )
+    jid = (environ["PBS_JOBID"], "PBS_JOBID")
+    return finish(NAME, environ, ctx, layout,
+                  master=MasterHint(hosts, "PBS_NODEFILE", jid[0], job_source=jid[1]),
+                  hosts=hosts, job_id=jid, own_node=(host, "PBS_NODEFILE line PBS_VNODENUM"))
+
+
+LAUNCHER = Launcher(NAME, detect, keys=("PBS_JOBID", "PBS_VNODENUM"))

@@ -13,11 +13,10 @@ from collections.abc import Mapping
 from unirank.distenv import DistEnv
 from unirank.envvars import first_set
 from unirank.errors import ConfigError
-from unirank.launchers._base import Context
+from unirank.launchers._base import Context, Launcher
 from unirank.launchers._mpi import MpiVars, build
 
 NAME = "pmix"
-KEYS = ("PMIX_RANK",)
 
 
 def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
@@ -44,3 +43,6 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         job_id=("PMIX_NAMESPACE",),
     )
     return build(NAME, names, environ, ctx)
+
+
+LAUNCHER = Launcher(NAME, detect, keys=("PMIX_RANK",), srun_pmi=True)

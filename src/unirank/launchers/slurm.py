@@ -14,15 +14,10 @@ from unirank.distenv import DistEnv
 from unirank.envvars import check_rank, first_set, read_int
 from unirank.errors import ConfigError
 from unirank.hostlist import expand, expand_tasks_per_node
-from unirank.launchers._base import Context, resolve_master
+from unirank.launchers import slurm_vars as V
+from unirank.launchers._base import Context, Launcher, Layout, MasterHint, finish
 
 NAME = "slurm"
-KEYS = ("SLURM_STEP_ID", "SLURM_PROCID")
-
-NODELIST_VARS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-NUM_TASKS_VARS = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
-NUM_NODES_VARS = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
-TASKS_PER_NODE_VARS = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 
 
 def in_step(environ: Mapping[str, str]) -> bool:
@@ -30,15 +25,28 @@ def in_step(environ: Mapping[str, str]) -> bool:
 
     Reads: SLURM_STEP_ID (or the older SLURM_STEPID), SLURM_PROCID.
     """
-    return first_set(environ, "SLURM_STEP_ID", "SLURM_STEPID") is not None and (
-        "SLURM_PROCID" in environ
-    )
+    return first_set(environ, *V.STEP_ID) is not None and V.PROCID in environ
 
 
 def job_id(environ: Mapping[str, str]) -> tuple[str | None, str]:
     """The Slurm job id and the variable it came from. Reads: SLURM_JOB_ID, SLURM_JOBID."""
-    name = first_set(environ, "SLURM_JOB_ID", "SLURM_JOBID")
+    name = first_set(environ, *V.JOB_ID)
     return (environ[name], name) if name else (None, "")
+
+
+def step_id(environ: Mapping[str, str]) -> tuple[str | None, str]:
+    """The Slurm step id and the variable it came from. Reads: SLURM_STEP_ID, SLURM_STEPID."""
+    name = first_set(environ, *V.STEP_ID)
+    return (environ[name], name) if name else (None, "")
+
+
+def hosts_of(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    """The nodes the first set of ``names`` lists, and that variable (``()``, ``""`` if none).
+
+    Reads: ``names`` (a host list variable of :mod:`slurm_vars`).
+    """
+    var = first_set(environ, *names)
+    return (tuple(expand(environ[var], variable=var)), var) if var else ((), "")
 
 
 @dataclass(frozen=True)
@@ -62,13 +70,10 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
     SLURM_JOB_NODELIST / SLURM_NODELIST, SLURM_STEP_NUM_NODES / SLURM_NNODES,
     SLURM_STEP_TASKS_PER_NODE / SLURM_TASKS_PER_NODE.
     """
-    world_var = first_set(environ, *NUM_TASKS_VARS) or NUM_TASKS_VARS[0]
+    world_var = first_set(environ, *V.STEP_NUM_TASKS) or V.STEP_NUM_TASKS[0]
     world = read_int(environ, world_var, minimum=1)
-
-    hosts_var = first_set(environ, *NODELIST_VARS) or ""
-    hosts = tuple(expand(environ[hosts_var], variable=hosts_var)) if hosts_var else ()
-
-    nodes_var = first_set(environ, *NUM_NODES_VARS) or ""
+    hosts, hosts_var = hosts_of(environ, V.STEP_NODELIST)
+    nodes_var = first_set(environ, *V.STEP_NUM_NODES) or ""
     if nodes_var:
         num_nodes = read_int(environ, nodes_var, minimum=1)
     else:
@@ -86,7 +91,7 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
             hint="every node of a step runs at least one task; check the srun options",
         )
 
-    tpn_var = first_set(environ, *TASKS_PER_NODE_VARS) or ""
+    tpn_var = first_set(environ, *V.STEP_TASKS_PER_NODE) or ""
     if tpn_var:
         tpn = tuple(expand_tasks_per_node(environ[tpn_var], variable=tpn_var))
         if len(tpn) != num_nodes or sum(tpn) != world:
@@ -101,87 +106,62 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
     else:
         raise ConfigError(
             f"is not set and {world} task(s) do not split evenly over {num_nodes} node(s)",
-            variable=TASKS_PER_NODE_VARS[0], value=None,
+            variable=V.STEP_TASKS_PER_NODE[0], value=None,
             hint="run under srun, which sets SLURM_STEP_TASKS_PER_NODE",
         )
     return StepLayout(world, world_var, hosts, hosts_var, num_nodes, nodes_var, tpn, tpn_var)
+
+
+def _node_rank(environ: Mapping[str, str], layout: StepLayout) -> tuple[int, str]:
+    """The node's index in the step: SLURMD_NODENAME's place in the step's own host list (which
+    is step-relative by construction), else SLURM_NODEID. Reads: SLURMD_NODENAME, SLURM_NODEID.
+    """
+    name = environ.get(V.NODENAME, "").strip()
+    if name and name in layout.hosts:
+        node_rank, var = layout.hosts.index(name), f"{V.NODENAME} in {layout.hosts_var}"
+    else:
+        node_rank, var = read_int(environ, V.NODEID), V.NODEID
+    check_rank(node_rank, layout.num_nodes, rank_var=V.NODEID, size_var=layout.num_nodes_var)
+    return node_rank, var
 
 
 def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     """A task of a Slurm step, or None outside one.
 
     Reads: SLURM_STEP_ID, SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURMD_NODENAME,
-    SLURM_JOB_ID, the step layout variables (:func:`read_step_layout`), MASTER_ADDR, MASTER_PORT.
+    SLURM_JOB_ID, the step layout variables (:func:`read_step_layout`), MASTER_ADDR, MASTER_PORT,
+    UNIRANK_NODE_NAME.
     """
     if not in_step(environ):
         return None
     layout = read_step_layout(environ)
-    rank = read_int(environ, "SLURM_PROCID")
-    check_rank(rank, layout.world_size, rank_var="SLURM_PROCID", size_var=layout.world_var)
-
-    node_name_var = first_set(environ, "SLURMD_NODENAME")
-    node_name = environ.get("SLURMD_NODENAME", "").strip()
-    if node_name and node_name in layout.hosts:
-        # The node's index in the step's own list is step-relative by construction.
-        node_rank = layout.hosts.index(node_name)
-        node_rank_var = f"SLURMD_NODENAME in {layout.hosts_var}"
-    else:
-        node_rank, node_rank_var = read_int(environ, "SLURM_NODEID"), "SLURM_NODEID"
-    check_rank(node_rank, layout.num_nodes, rank_var="SLURM_NODEID", size_var=layout.num_nodes_var)
-
-    local_rank = read_int(environ, "SLURM_LOCALID")
+    rank = read_int(environ, V.PROCID)
+    check_rank(rank, layout.world_size, rank_var=V.PROCID, size_var=layout.world_var)
+    node_rank, node_rank_var = _node_rank(environ, layout)
+    local_rank = read_int(environ, V.LOCALID)
     local_world = layout.tasks_per_node[node_rank]
     if local_rank >= local_world:
         raise ConfigError(
             f"must be smaller than the {local_world} task(s) that {layout.tasks_per_node_var} "
             f"gives node {node_rank}",
-            variable="SLURM_LOCALID", value=environ["SLURM_LOCALID"],
+            variable=V.LOCALID, value=environ[V.LOCALID],
             hint="the step's variables disagree; were they copied from another job?",
         )
-    if not node_name:
-        if layout.hosts:
-            node_name, node_name_var = layout.hosts[node_rank], layout.hosts_var
-        else:
-            node_name, node_name_var = ctx.hostname, "socket.gethostname()"
+    jid, step = job_id(environ), step_id(environ)
+    sources = {
+        "rank": V.PROCID, "local_rank": V.LOCALID, "world_size": layout.world_var,
+        "local_world_size": layout.tasks_per_node_var, "node_rank": node_rank_var,
+        "num_nodes": layout.num_nodes_var, "hosts": layout.hosts_var,
+    }
+    return finish(
+        NAME, environ, ctx,
+        Layout(rank, local_rank, layout.world_size, local_world, node_rank, layout.num_nodes,
+               sources),
+        master=MasterHint(layout.hosts, layout.hosts_var, jid[0], step[0],
+                          f"{jid[1]} and {step[1]}"),
+        hosts=layout.hosts, job_id=jid, step_id=step,
+        own_node=(layout.hosts[node_rank], layout.hosts_var) if layout.hosts else None,
+    )
 
-    jid, jid_var = job_id(environ)
-    step_var = first_set(environ, "SLURM_STEP_ID", "SLURM_STEPID") or "SLURM_STEP_ID"
-    step = environ[step_var]
-    master = resolve_master(
-        environ,
-        hosts=layout.hosts,
-        hosts_source=layout.hosts_var,
-        single_node=layout.num_nodes == 1,
-        job_id=jid,
-        step_id=step,
-        job_source=f"{jid_var} and {step_var}",
-    )
-    return DistEnv(
-        launcher=NAME,
-        rank=rank,
-        local_rank=local_rank,
-        world_size=layout.world_size,
-        local_world_size=local_world,
-        node_rank=node_rank,
-        num_nodes=layout.num_nodes,
-        master_addr=master.addr,
-        master_port=master.port,
-        job_id=jid,
-        step_id=step,
-        node_name=node_name,
-        hosts=layout.hosts,
-        sources={
-            "rank": "SLURM_PROCID",
-            "local_rank": "SLURM_LOCALID",
-            "world_size": layout.world_var,
-            "local_world_size": layout.tasks_per_node_var,
-            "node_rank": node_rank_var,
-            "num_nodes": layout.num_nodes_var,
-            "master_addr": master.addr_source,
-            "master_port": master.port_source,
-            "job_id": jid_var,
-            "step_id": step_var,
-            "node_name": node_name_var or "SLURMD_NODENAME",
-            "hosts": layout.hosts_var,
-        },
-    )
+
+LAUNCHER = Launcher(NAME, detect, keys=(V.STEP_ID[0], V.PROCID))

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
+from unirank.contract import RUN_ID_VAR
 from unirank.distenv import DistEnv
 from unirank.envvars import check_rank, first_set, read_int, read_optional_int
 from unirank.errors import ConfigError
-from unirank.hostlist import expand
 from unirank.launchers import slurm
-from unirank.launchers._base import Context, node_name, resolve_master
+from unirank.launchers import slurm_vars as V
+from unirank.launchers._base import Context, Launcher, Layout, by_slot, finish
 
 NAME = "torchrun"
-KEYS = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "--local-rank")
 
 _LOCAL_RANK_ARG = re.compile(r"^--local[-_]rank(?:=(.*))?$")
 
@@ -44,7 +45,7 @@ def present(environ: Mapping[str, str], argv: Sequence[str]) -> bool:
 
     Reads: TORCHELASTIC_RUN_ID, LOCAL_RANK, RANK, WORLD_SIZE.
     """
-    if "TORCHELASTIC_RUN_ID" in environ:
+    if RUN_ID_VAR in environ:
         return True
     has_local = "LOCAL_RANK" in environ or local_rank_from_argv(argv) is not None
     return has_local and "RANK" in environ and "WORLD_SIZE" in environ
@@ -55,7 +56,7 @@ def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: 
 
     Reads: SLURM_STEP_NUM_TASKS / SLURM_NTASKS, SLURM_PROCID, SLURM_NODEID, TORCHELASTIC_RUN_ID.
     """
-    tasks_var = first_set(environ, *slurm.NUM_TASKS_VARS)
+    tasks_var = first_set(environ, *V.STEP_NUM_TASKS)
     if tasks_var is None:
         return
     tasks = read_int(environ, tasks_var, minimum=1)
@@ -66,10 +67,10 @@ def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: 
             variable=tasks_var, value=environ[tasks_var],
             hint=f"use srun --ntasks-per-node=1 -N {num_nodes}, or torchrun --nnodes {tasks}",
         )
-    static = environ.get("TORCHELASTIC_RUN_ID", "none") in ("none", "")
-    procid = read_int(environ, "SLURM_PROCID")
+    static = environ.get(RUN_ID_VAR, "none") in ("none", "")
+    procid = read_int(environ, V.PROCID)
     if static and node_rank != procid:
-        nodeid = environ.get("SLURM_NODEID", "?")
+        nodeid = environ.get(V.NODEID, "?")
         raise ConfigError(
             f"torchrun's node rank GROUP_RANK={node_rank} disagrees with this srun task's "
             f"SLURM_PROCID={procid} (SLURM_NODEID={nodeid})",
@@ -79,19 +80,15 @@ def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: 
         )
 
 
-def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
-    """A torchrun worker, or None when torchrun's variables are absent.
+def _layout(environ: Mapping[str, str], ctx: Context) -> Layout:
+    """Ranks, local ranks and nodes from torchrun's variables, checked against each other.
 
-    Reads: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, SLURMD_NODENAME, and the Slurm step variables
-    for the consistency check.
+    Reads: RANK, LOCAL_RANK (or ``--local-rank``), WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
+    GROUP_WORLD_SIZE.
     """
-    if not present(environ, ctx.argv):
-        return None
     rank = read_int(environ, "RANK", hint="torchrun sets RANK for every worker")
     world = read_int(environ, "WORLD_SIZE", minimum=1, hint="torchrun sets WORLD_SIZE")
     check_rank(rank, world, rank_var="RANK", size_var="WORLD_SIZE")
-
     sources: dict[str, str] = {"rank": "RANK", "world_size": "WORLD_SIZE"}
     if "LOCAL_RANK" in environ:
         local_rank = read_int(environ, "LOCAL_RANK")
@@ -100,7 +97,6 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         arg = local_rank_from_argv(ctx.argv)
         local_rank = read_int({"--local-rank": arg or ""}, "--local-rank")
         sources["local_rank"] = "--local-rank argument"
-
     groups = read_optional_int(environ, "GROUP_WORLD_SIZE", minimum=1)
     local_world = read_optional_int(environ, "LOCAL_WORLD_SIZE", minimum=1)
     if local_world is not None:
@@ -113,50 +109,44 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         sources["local_world_size"] = "derived: assumed one node (LOCAL_WORLD_SIZE unset)"
     check_rank(local_rank, local_world, rank_var=sources["local_rank"],
                size_var="LOCAL_WORLD_SIZE")
-
+    slot_node, num_nodes = by_slot(rank, world, local_world)
+    sources["num_nodes"] = "derived: WORLD_SIZE / LOCAL_WORLD_SIZE"
     if groups is not None:
         num_nodes, sources["num_nodes"] = groups, "GROUP_WORLD_SIZE"
-    else:
-        num_nodes = -(-world // local_world)
-        sources["num_nodes"] = "derived: WORLD_SIZE / LOCAL_WORLD_SIZE"
     node_rank = read_optional_int(environ, "GROUP_RANK")
     if node_rank is None:
-        node_rank = rank // local_world
-        sources["node_rank"] = "derived: RANK // LOCAL_WORLD_SIZE"
+        node_rank, sources["node_rank"] = slot_node, "derived: RANK // LOCAL_WORLD_SIZE"
     else:
         sources["node_rank"] = "GROUP_RANK"
     check_rank(node_rank, num_nodes, rank_var="GROUP_RANK", size_var=sources["num_nodes"])
+    return Layout(rank, local_rank, world, local_world, node_rank, num_nodes, sources)
 
+
+def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
+    """A torchrun worker, or None when torchrun's variables are absent.
+
+    Reads: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, SLURMD_NODENAME, UNIRANK_NODE_NAME, and the
+    Slurm step variables for the consistency check.
+    """
+    if not present(environ, ctx.argv):
+        return None
+    layout = _layout(environ, ctx)
     hosts: tuple[str, ...] = ()
+    sources = dict(layout.sources)
     if slurm.in_step(environ):
-        _check_against_slurm(environ, node_rank, num_nodes)
-        hosts_var = first_set(environ, *slurm.NODELIST_VARS)
-        if hosts_var:
-            hosts = tuple(expand(environ[hosts_var], variable=hosts_var))
+        _check_against_slurm(environ, layout.node_rank, layout.num_nodes)
+        hosts, hosts_var = slurm.hosts_of(environ, V.STEP_NODELIST)
+        if hosts:
             sources["hosts"] = hosts_var
+    run_id = environ.get(RUN_ID_VAR)
+    jid = slurm.job_id(environ)
+    if jid[0] is None and run_id not in (None, "", "none"):
+        jid = (run_id, RUN_ID_VAR)
+    step = (environ.get(V.STEP_ID[0]), "")
+    return finish(NAME, environ, ctx, replace(layout, sources=sources), hosts=hosts,
+                  job_id=jid, step_id=step)
 
-    run_id = environ.get("TORCHELASTIC_RUN_ID")
-    jid, jid_var = slurm.job_id(environ)
-    if jid is None and run_id not in (None, "", "none"):
-        jid, jid_var = run_id, "TORCHELASTIC_RUN_ID"
-    if jid is not None:
-        sources["job_id"] = jid_var
-    master = resolve_master(environ, single_node=num_nodes == 1)
-    name, sources["node_name"] = node_name(environ, ctx)
-    sources.update(master_addr=master.addr_source, master_port=master.port_source)
-    return DistEnv(
-        launcher=NAME,
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world,
-        local_world_size=local_world,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        master_addr=master.addr,
-        master_port=master.port,
-        job_id=jid,
-        step_id=environ.get("SLURM_STEP_ID"),
-        node_name=name,
-        hosts=hosts,
-        sources=sources,
-    )
+
+LAUNCHER = Launcher(NAME, detect,
+                    keys=("LOCAL_RANK", "RANK", "WORLD_SIZE", RUN_ID_VAR, "--local-rank"))

@@ -10,7 +10,6 @@ chosen backend's entry (:mod:`unirank.runtime.backends`) start its group on that
 from __future__ import annotations
 
 import os
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -22,6 +21,7 @@ from unirank import contract
 from unirank.contract import DEFAULT_INIT_TIMEOUT
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
+from unirank.launchers.slurm_allocation import launch_command
 from unirank.runtime import backends, state
 
 __all__ = [
@@ -45,28 +45,12 @@ def resolve_init_timeout(timeout: float | None, environ: Mapping[str, str]) -> f
     return contract.resolve_init_timeout(timeout, environ, option="init_timeout")
 
 
-def launch_command(argv: Sequence[str], executable: str) -> str:
-    """The ``srun`` command line that would run this program as the allocation's tasks."""
-    args = list(argv)
-    if not args or args[0] in ("-c", "-m", "") or args[0].endswith(".py"):
-        args.insert(0, os.path.basename(executable) or "python3")
-    return shlex.join(["srun", *args])
-
-
 def require_launched(env: DistEnv, argv: Sequence[str], executable: str) -> None:
-    """Raise ConfigError in a Slurm allocation shell whose tasks were never launched.
-
-    A batch script (or salloc shell) holding several tasks must start them with ``srun``;
-    going on as rank 0 of 1 would silently use one task, and as rank 0 of N it would hang.
+    """Raise ConfigError in a Slurm allocation shell whose tasks must be started through srun
+    (:attr:`DistEnv.must_launch <unirank.distenv.DistEnv.must_launch>`: more than one task),
+    naming the srun command for this program. A shell holding one task runs at world size 1.
     """
-    if env.launch_required and (env.planned_tasks or 1) > 1:
-        raise ConfigError(
-            f"this is a Slurm allocation shell (sbatch or salloc) holding {env.planned_tasks} "
-            "tasks, but no task was launched",
-            variable="SLURM_STEP_ID",
-            value=None,
-            hint=f"start the tasks with: {launch_command(argv, executable)}",
-        )
+    env.require_launched(launch_command(argv, executable))
 
 
 def _use_agent_store(environ: Mapping[str, str]) -> bool:

@@ -132,7 +132,7 @@ class Parallel:
         timeout = resolve_init_timeout(self.init_timeout, os.environ, option="init_timeout")
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
                                 **self._request)  # type: ignore[arg-type]
-        plan = make_plan(request, env, os.environ, hostname=state.hostname(),
+        plan = make_plan(request, env, os.environ,
                          run_id_fallback=env.job_id or f"unirank-{uuid.uuid4().hex[:12]}")
         self.plan = plan
         in_place = plan.mode == IN_PLACE

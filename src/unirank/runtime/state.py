@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from unirank.contract import node_name as contract_node_name
 from unirank.distenv import DistEnv
 from unirank.runtime import backends
 
@@ -34,7 +32,6 @@ __all__ = [
     "get_world_size",
     "hostname",
     "is_initialized",
-    "node_name",
     "set_dist_env",
     "torch_group_exists",
 ]
@@ -163,17 +160,12 @@ def device() -> torch.device:
     return torch.device(rule(get_local_rank(), backends.cuda_facts()))
 
 
-def node_name(environ: Mapping[str, str]) -> str:
-    """The node's name: Slurm's node name under Slurm, else the host name.
-
-    Reads: SLURMD_NODENAME.
-    """
-    return contract_node_name(environ)[0]
-
-
 def hostname() -> str:
-    """This node's name (``SLURMD_NODENAME`` under Slurm, else ``socket.gethostname()``).
+    """This node's name: the detected :attr:`DistEnv.node_name
+    <unirank.distenv.DistEnv.node_name>`, which every launcher names by one rule
+    (:func:`unirank.launchers.node_name`: SLURMD_NODENAME, UNIRANK_NODE_NAME, the launcher's own
+    name for the node, the host name).
 
-    Reads: SLURMD_NODENAME.
+    Reads what :func:`dist_env` reads.
     """
-    return node_name(os.environ)
+    return dist_env().node_name

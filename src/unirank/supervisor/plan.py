@@ -10,8 +10,9 @@ The rules, in order (``L`` is the number of processes the outer launcher put on 
 
 1. ``standalone``: the outer launcher is ignored; one node, master ``127.0.0.1`` (unless given)
    on a free port (unless given). ``nnodes`` other than 1 is refused.
-2. A Slurm allocation shell where no task was launched is refused (``unirank run`` re-executes
-   itself through srun before planning).
+2. A Slurm allocation shell where no task was launched: one holding several tasks is refused
+   (``DistEnv.require_launched``; ``unirank run`` re-executes itself through srun before
+   planning); one holding a single task is a world of one process, as rule 5.
 3. **In place** -- the launcher started several processes per node (``L > 1``, or more processes
    than nodes): each launched process is one rank, with the launcher's rank, local rank, world
    size and node. ``nproc_per_node`` must be unset or equal to ``L``. ``Parallel`` then runs the
@@ -26,9 +27,10 @@ The rules, in order (``L`` is the number of processes the outer launcher put on 
 
 Everywhere: ``nnodes`` and ``node_rank`` given while the launcher also knows them must agree with
 it (a ConfigError names both numbers); ``master_addr``/``master_port`` given win over the
-launcher and the environment. The port is, in order: the option, MASTER_PORT (not the one a
-torchrun agent of a single worker serves for itself), a free port when this process starts every
-rank of the world, else the launcher's (Slurm: derived from the job id) or 29500. Workers get
+launcher and the environment. The port is, in order: the option, MASTER_PORT
+(``DistEnv.master_port_given``; not the one a torchrun agent of a single worker serves for
+itself), a free port when this process starts every rank of the world, else the launcher's
+(Slurm: derived from the job id) or 29500. Workers get
 OMP_NUM_THREADS=1 only when more than one share the node (as torchrun).
 """
 
@@ -41,6 +43,7 @@ from unirank.contract import (
     DEFAULT_INIT_TIMEOUT,
     INIT_TIMEOUT_VAR,
     MAX_RESTARTS_VAR,
+    NO_SRUN_VAR,
     NODE_NAME_VAR,
     NODE_NAMES_VAR,
     PRIVATE_VARIABLES,
@@ -54,7 +57,7 @@ from unirank.contract import (
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.hostlist import compress
-from unirank.rendezvous import DEFAULT_PORT, explicit_master
+from unirank.rendezvous import DEFAULT_PORT
 
 __all__ = [
     "IN_PLACE",
@@ -64,16 +67,12 @@ __all__ = [
     "Plan",
     "Worker",
     "make_plan",
-    "parse_nnodes",
-    "parse_nproc",
 ]
 
 #: this process starts the workers of its node
 SPAWN = "spawn"
 #: this process is one rank of a world the outer launcher started
 IN_PLACE = "in_place"
-
-_NPROC_HINT = "use a positive integer, 'auto' (GPUs if any, else 1), 'gpu' or 'cpu'"
 
 
 @dataclass(frozen=True)
@@ -231,59 +230,6 @@ class Plan:
         return env
 
 
-def parse_nproc(value: str, *, gpu_count: int, cpu_count: int | None) -> int:
-    """``--nproc-per-node``: a positive integer, ``auto``, ``gpu`` or ``cpu``.
-
-    ``auto`` is the number of GPUs when there are any, else 1; ``gpu`` is the number of GPUs (an
-    error when there are none); ``cpu`` the number of CPUs.
-    """
-    text = value.strip().lower()
-    if text == "auto":
-        return gpu_count if gpu_count > 0 else 1
-    if text == "gpu":
-        if gpu_count <= 0:
-            raise ConfigError(
-                "asks for one worker per GPU, but no GPU is visible "
-                "(CUDA_VISIBLE_DEVICES and /proc/driver/nvidia/gpus show none)",
-                variable="--nproc-per-node", value=value,
-                hint="give a number of workers, or 'cpu', or run where GPUs are visible",
-            )
-        return gpu_count
-    if text == "cpu":
-        return max(1, cpu_count or 1)
-    try:
-        count = int(text)
-    except ValueError:
-        raise ConfigError(
-            "is not a number of workers", variable="--nproc-per-node", value=value,
-            hint=_NPROC_HINT,
-        ) from None
-    if count < 1:
-        raise ConfigError(
-            "must be at least 1", variable="--nproc-per-node", value=value, hint=_NPROC_HINT
-        )
-    return count
-
-
-def parse_nnodes(value: str) -> int:
-    """``--nnodes``: a positive integer (torchrun's ``N:N`` is accepted; elastic ranges are not)."""
-    text = value.strip()
-    low, sep, high = text.partition(":")
-    hint = "give the number of nodes as a positive integer; unirank run is not elastic"
-    try:
-        count = int(low)
-        top = int(high) if sep else count
-    except ValueError:
-        raise ConfigError("is not a number of nodes", variable="--nnodes", value=value,
-                          hint=hint) from None
-    if count != top:
-        raise ConfigError("is an elastic range, which unirank run does not support",
-                          variable="--nnodes", value=value, hint=hint)
-    if count < 1:
-        raise ConfigError("must be at least 1", variable="--nnodes", value=value, hint=hint)
-    return count
-
-
 def _per_node_hint(outer: DistEnv) -> str:
     if outer.launcher.startswith("slurm"):
         return "start one launcher per node: srun --ntasks-per-node=1 ..."
@@ -332,16 +278,63 @@ def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str) -> str:
 
 def _master_of_launcher(request: LaunchRequest, outer: DistEnv) -> tuple[str, int]:
     """The master of a world the outer launcher laid out: the options, else the launcher's."""
-    addr = request.master_addr or outer.master_addr
-    if addr is None:
-        raise ConfigError(
-            f"the {outer.launcher} launcher does not name the master host of this "
-            f"{outer.num_nodes}-node world",
-            variable="master_addr", value=None,
-            hint="pass --master-addr <first node's host name> (the same on every node), "
-            "or export MASTER_ADDR to every task",
-        )
+    addr = request.master_addr or outer.require_master(option="master_addr")[0]
     return addr, request.master_port or outer.master_port or DEFAULT_PORT
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What every plan of one request carries besides its layout."""
+
+    run_id: str
+    node_name: str
+    init_timeout: float
+    launcher: str
+    max_restarts: int
+    role: str
+    virtual_local_rank: bool
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The world's shape, this process's workers and the master."""
+
+    mode: str
+    workers: tuple[Worker, ...]
+    world_size: int
+    local_world_size: int
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    hosts: tuple[str, ...]
+
+
+def _assemble(layout: _Layout, settings: _Settings) -> Plan:
+    return Plan(
+        mode=layout.mode, workers=layout.workers, world_size=layout.world_size,
+        local_world_size=layout.local_world_size, nnodes=layout.nnodes,
+        node_rank=layout.node_rank, master_addr=layout.master_addr,
+        master_port=layout.master_port, hosts=layout.hosts, run_id=settings.run_id,
+        node_name=settings.node_name, init_timeout=settings.init_timeout,
+        launcher=settings.launcher, max_restarts=settings.max_restarts, role=settings.role,
+        virtual_local_rank=settings.virtual_local_rank,
+    )
+
+
+def _spawn(nproc: int, nnodes: int, node_rank: int, master: tuple[str, int],
+           hosts: tuple[str, ...]) -> _Layout:
+    workers = tuple(Worker(node_rank * nproc + local, local) for local in range(nproc))
+    return _Layout(SPAWN, workers, nnodes * nproc, nproc, nnodes, node_rank, *master, hosts)
+
+
+def _standalone(request: LaunchRequest, outer: DistEnv) -> DistEnv:
+    """``--standalone``: one node on its own, with nothing given about the master."""
+    if request.nnodes not in (None, 1):
+        raise ConfigError("must be 1 with --standalone (one node on its own)",
+                          variable="--nnodes", value=str(request.nnodes),
+                          hint="drop --nnodes or --standalone")
+    return DistEnv(launcher="local", node_name=outer.node_name)
 
 
 def make_plan(
@@ -349,69 +342,61 @@ def make_plan(
     outer: DistEnv,
     environ: Mapping[str, str],
     *,
-    hostname: str,
     run_id_fallback: str,
 ) -> Plan:
     """Lay out the world and this process's workers (see the module docstring for the rules).
 
-    ``outer`` is what :func:`unirank.launchers.detect` found around this process;
-    ``run_id_fallback`` becomes TORCHELASTIC_RUN_ID when neither the request nor the launcher
-    gives one.
+    ``outer`` is what :func:`unirank.launchers.detect` found around this process (its
+    ``node_name`` names this node to the workers); ``run_id_fallback`` becomes
+    TORCHELASTIC_RUN_ID when neither the request nor the launcher gives one.
 
-    Reads: MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE (only without an outer
-    launcher; a launcher's :class:`DistEnv` already accounts for them).
+    Reads: TORCHELASTIC_USE_AGENT_STORE (only without an outer launcher).
     """
     _check_request(request)
     if request.standalone:
-        if request.nnodes not in (None, 1):
-            raise ConfigError("must be 1 with --standalone (one node on its own)",
-                              variable="--nnodes", value=str(request.nnodes),
-                              hint="drop --nnodes or --standalone")
-        outer = DistEnv(launcher="local", node_name=outer.node_name or hostname)
-        environ = {}  # nor MASTER_ADDR / MASTER_PORT: a free port on this host
-    if outer.launch_required:
-        raise ConfigError(
-            f"this is a {outer.launcher} shell where no task was launched "
-            f"({outer.planned_tasks or 1} planned)",
-            variable="SLURM_STEP_ID", value=None,
-            hint="start the tasks through srun (unirank run does so itself unless "
-            "UNIRANK_NO_SRUN=1)",
-        )
-    node_name = outer.node_name or hostname
-    common = {"run_id": _run_id(request, outer, run_id_fallback), "node_name": node_name,
-              "init_timeout": request.init_timeout, "launcher": outer.launcher,
-              "max_restarts": request.max_restarts, "role": request.role,
-              "virtual_local_rank": request.virtual_local_rank}
-    hosts = tuple(outer.hosts) if len(outer.hosts) == outer.num_nodes else ()
-
+        outer, environ = _standalone(request, outer), {}
+    outer.require_launched(
+        f"srun <your command> (unirank run starts it itself unless {NO_SRUN_VAR}=1)")
+    settings = _Settings(
+        run_id=_run_id(request, outer, run_id_fallback), node_name=outer.node_name,
+        init_timeout=request.init_timeout, launcher=outer.launcher,
+        max_restarts=request.max_restarts, role=request.role,
+        virtual_local_rank=request.virtual_local_rank)
     if outer.world_size > 1:
-        nnodes = _agree("nnodes", request.nnodes, outer.num_nodes, outer, "a node count of")
-        node_rank = _agree("node_rank", request.node_rank, outer.node_rank, outer,
-                           "this node the rank")
-        one_per_node = outer.local_world_size == 1 and outer.world_size == outer.num_nodes
-        nproc = request.nproc_per_node
-        if not one_per_node or (nproc is None and request.spawn_default is None):
-            if nproc is not None and nproc != outer.local_world_size:
-                raise ConfigError(
-                    f"disagrees with the {outer.launcher} launcher, which started "
-                    f"{outer.local_world_size} processes on this node (each one is a rank)",
-                    variable="nproc_per_node", value=str(nproc),
-                    hint=f"drop it, or pass {outer.local_world_size}, to run each process as "
-                    f"one rank; or {_per_node_hint(outer)}",
-                )
-            addr, port = _master_of_launcher(request, outer)
-            return Plan(
-                mode=IN_PLACE, workers=(Worker(outer.rank, outer.local_rank),),
-                world_size=outer.world_size, local_world_size=outer.local_world_size,
-                nnodes=nnodes, node_rank=node_rank, master_addr=addr, master_port=port,
-                hosts=hosts, **common,  # type: ignore[arg-type]
-            )
+        return _assemble(_under_launcher(request, outer), settings)
+    return _assemble(_without_launcher(request, outer, environ), settings)
+
+
+def _under_launcher(request: LaunchRequest, outer: DistEnv) -> _Layout:
+    """Rules 3 and 4: the outer launcher started several processes (in place), or one per node
+    (this process starts the node's workers)."""
+    nnodes = _agree("nnodes", request.nnodes, outer.num_nodes, outer, "a node count of")
+    node_rank = _agree("node_rank", request.node_rank, outer.node_rank, outer,
+                       "this node the rank")
+    hosts = tuple(outer.hosts) if len(outer.hosts) == outer.num_nodes else ()
+    one_per_node = outer.local_world_size == 1 and outer.world_size == outer.num_nodes
+    nproc = request.nproc_per_node
+    if one_per_node and (nproc is not None or request.spawn_default is not None):
         count = nproc if nproc is not None else request.spawn_default
         assert count is not None
-        addr, port = _master_of_launcher(request, outer)
-        return _spawn_plan(count, nnodes, node_rank, addr, port, hosts, common)
+        return _spawn(count, nnodes, node_rank, _master_of_launcher(request, outer), hosts)
+    if nproc is not None and nproc != outer.local_world_size:
+        raise ConfigError(
+            f"disagrees with the {outer.launcher} launcher, which started "
+            f"{outer.local_world_size} processes on this node (each one is a rank)",
+            variable="nproc_per_node", value=str(nproc),
+            hint=f"drop it, or pass {outer.local_world_size}, to run each process as "
+            f"one rank; or {_per_node_hint(outer)}",
+        )
+    return _Layout(IN_PLACE, (Worker(outer.rank, outer.local_rank),), outer.world_size,
+                   outer.local_world_size, nnodes, node_rank,
+                   *_master_of_launcher(request, outer), hosts)
 
-    # no launcher: a world of one process
+
+def _without_launcher(request: LaunchRequest, outer: DistEnv,
+                      environ: Mapping[str, str]) -> _Layout:
+    """Rule 5: a world of one process; it runs in place, or starts ``nproc_per_node`` workers
+    on each of ``nnodes`` nodes. Reads: TORCHELASTIC_USE_AGENT_STORE."""
     nproc = request.nproc_per_node if request.nproc_per_node is not None \
         else request.spawn_default
     nnodes = request.nnodes if request.nnodes is not None else 1
@@ -421,11 +406,26 @@ def make_plan(
                 "only applies when this process starts workers", variable="nnodes",
                 value=str(nnodes), hint="also pass nproc_per_node=<workers per node>",
             )
-        return Plan(mode=IN_PLACE, workers=(Worker(0, 0),), world_size=1,
-                    local_world_size=1, nnodes=1, node_rank=0,
-                    master_addr=outer.master_addr or "127.0.0.1",
-                    master_port=outer.master_port or DEFAULT_PORT, hosts=(node_name,),
-                    **common)  # type: ignore[arg-type]
+        return _Layout(IN_PLACE, (Worker(0, 0),), 1, 1, 1, 0, outer.master_addr or "127.0.0.1",
+                       outer.master_port or DEFAULT_PORT, (outer.node_name,))
+    node_rank = _node_rank_without_launcher(request, nnodes)
+    given_addr = request.master_addr or (outer.master_addr if outer.master_addr_given else None)
+    if given_addr is None and nnodes > 1:
+        raise ConfigError(
+            f"is needed with {nnodes} nodes: they must agree on the host of rank 0",
+            variable="master_addr", value=None,
+            hint="pass --master-addr <node 0's host name or address> on every node "
+            "(or export MASTER_ADDR)",
+        )
+    given_port = outer.master_port if outer.master_port_given else None
+    if environ.get(USE_AGENT_STORE_VAR) == "True" and nnodes == 1:
+        given_port = None  # a torchrun agent of one worker serves MASTER_PORT itself: not ours
+    port = request.master_port or given_port or (0 if nnodes == 1 else DEFAULT_PORT)
+    return _spawn(nproc, nnodes, node_rank, (given_addr or "127.0.0.1", port),
+                  (outer.node_name,) if nnodes == 1 else ())
+
+
+def _node_rank_without_launcher(request: LaunchRequest, nnodes: int) -> int:
     if request.node_rank is None and nnodes > 1:
         raise ConfigError(
             f"is needed with {nnodes} nodes: each node must say which one it is (unirank's "
@@ -440,25 +440,4 @@ def make_plan(
             f"must be smaller than the number of nodes, {nnodes}", variable="node_rank",
             value=str(node_rank), hint="give each node a distinct node rank from 0 to nnodes-1",
         )
-    env_addr, env_port = explicit_master(environ)
-    given_addr = request.master_addr or env_addr
-    if given_addr is None and nnodes > 1:
-        raise ConfigError(
-            f"is needed with {nnodes} nodes: they must agree on the host of rank 0",
-            variable="master_addr", value=None,
-            hint="pass --master-addr <node 0's host name or address> on every node "
-            "(or export MASTER_ADDR)",
-        )
-    if environ.get(USE_AGENT_STORE_VAR) == "True" and nnodes == 1:
-        env_port = None  # a torchrun agent of one worker serves MASTER_PORT itself: not ours
-    port = request.master_port or env_port or (0 if nnodes == 1 else DEFAULT_PORT)
-    return _spawn_plan(nproc, nnodes, node_rank, given_addr or "127.0.0.1", port,
-                       (node_name,) if nnodes == 1 else (), common)
-
-
-def _spawn_plan(nproc: int, nnodes: int, node_rank: int, addr: str, port: int,
-                hosts: tuple[str, ...], common: dict[str, object]) -> Plan:
-    workers = tuple(Worker(node_rank * nproc + local, local) for local in range(nproc))
-    return Plan(mode=SPAWN, workers=workers, world_size=nnodes * nproc, local_world_size=nproc,
-                nnodes=nnodes, node_rank=node_rank, master_addr=addr, master_port=port,
-                hosts=hosts, **common)  # type: ignore[arg-type]
+    return node_rank

@@ -15,13 +15,12 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
+from unirank.contract import NO_SRUN_VAR
+from unirank.contract import SRUN_REEXEC_VAR as REEXEC_VAR
 from unirank.errors import ConfigError
+from unirank.launchers.slurm_vars import STEP_ID
 
 __all__ = ["NO_SRUN_VAR", "REEXEC_VAR", "reexec_through_srun", "srun_command"]
-
-NO_SRUN_VAR = "UNIRANK_NO_SRUN"
-#: set in the srun step's environment; a step that still looks like a bare allocation is a bug
-REEXEC_VAR = "UNIRANK_SRUN_REEXEC"
 
 
 def srun_command(nnodes: int, inner: Sequence[str]) -> list[str]:
@@ -53,7 +52,7 @@ def reexec_through_srun(
     if environ.get(REEXEC_VAR):
         raise ConfigError(
             "unirank run was started by srun but still sees an allocation shell with no step",
-            variable="SLURM_STEP_ID", value=environ.get("SLURM_STEP_ID"),
+            variable=STEP_ID[0], value=environ.get(STEP_ID[0]),
             hint="report this; meanwhile pass --nnodes and --node-rank explicitly",
         )
     if environ.get(NO_SRUN_VAR, "").strip() not in ("", "0"):

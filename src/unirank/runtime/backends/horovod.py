@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirank.errors import ConfigError
+from unirank.launchers.horovodrun import RENDEZVOUS_ADDR, RENDEZVOUS_PORT
 from unirank.runtime.backends.base import Backend, set_cuda_device
 from unirank.runtime.backends.facts import CudaFacts
 
 __all__ = ["BACKEND", "Slot", "slot_environment", "slot_plan"]
 
-#: horovodrun's variable that says its rendezvous server is there
-RENDEZVOUS_ADDR = "HOROVOD_GLOO_RENDEZVOUS_ADDR"
 #: the store keys (under unirank's per-init prefix)
 HOST_KEY, SLOT_KEY = "horovod/host/", "horovod/slot/"
 
@@ -101,7 +100,7 @@ def slot_environment(slot: Slot, addr: str, port: int, iface: str | None) -> dic
         "HOROVOD_CONTROLLER": "gloo",
         "HOROVOD_CPU_OPERATIONS": "gloo",
         RENDEZVOUS_ADDR: addr,
-        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        RENDEZVOUS_PORT: str(port),
     }
     if iface:
         environ["HOROVOD_GLOO_IFACE"] = iface

@@ -1,0 +1,107 @@
+"""The environment contract (pure): every UNIRANK_* name lives in contract.py, and its parsers."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from unirank import contract
+from unirank.contract import (
+    PRIVATE_VARIABLES,
+    count_visible_devices,
+    format_seconds,
+    parse_seconds,
+    resolve_init_timeout,
+    visible_devices,
+)
+from unirank.errors import ConfigError
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "unirank"
+_LITERAL = re.compile(r"""["'](UNIRANK_[A-Z_]+)["']""")
+
+
+def _defined() -> dict[str, str]:
+    """contract's ``*_VAR`` constants, by value."""
+    return {value: name for name, value in vars(contract).items()
+            if name.endswith("_VAR") and isinstance(value, str)}
+
+
+def test_every_unirank_variable_is_named_in_the_contract_only() -> None:
+    """A UNIRANK_* name spelled as a string anywhere else in src/ is a second home for it."""
+    defined = _defined()
+    elsewhere = {}
+    for path in SRC.rglob("*.py"):
+        if path.name == "contract.py":
+            continue
+        for name in _LITERAL.findall(path.read_text()):
+            elsewhere.setdefault(name, []).append(str(path.relative_to(SRC)))
+    # the bootstrap's own early read of the supervisor's pid (before it imports anything)
+    elsewhere.pop("UNIRANK_SUPERVISOR_PID", None)
+    assert elsewhere == {}
+    assert {"UNIRANK_LAUNCHER", "UNIRANK_NO_SRUN", "UNIRANK_SRUN_REEXEC", "UNIRANK_NODE_NAME",
+            "UNIRANK_INIT_TIMEOUT"} <= set(defined)
+
+
+def test_every_contract_name_is_exported_and_unique() -> None:
+    defined = _defined()
+    assert len(defined) == len([n for n in vars(contract) if n.endswith("_VAR")])
+    assert set(defined.values()) <= set(contract.__all__)
+
+
+def test_private_variables_are_unirank_s_and_keep_the_node_name() -> None:
+    """The bootstrap's private variables are removed before the program; the node's name is
+    kept, so that the program's own detection names the node as its supervisor did."""
+    assert all(name.startswith("UNIRANK_") for name in PRIVATE_VARIABLES)
+    assert contract.NODE_NAME_VAR not in PRIVATE_VARIABLES
+    assert contract.INIT_TIMEOUT_VAR not in PRIVATE_VARIABLES
+
+
+@pytest.mark.parametrize(("value", "text"), [(300, "300"), (2.5, "2.5"), (60.0, "60"),
+                                             (0.1, "0.1")])
+def test_format_seconds_round_trips(value: float, text: str) -> None:
+    assert format_seconds(value) == text
+    assert parse_seconds(text, "X", allow_zero=True) == value
+
+
+@pytest.mark.parametrize(("text", "allow_zero", "message"), [
+    ("soon", False, "is not a number of seconds"), ("0", False, "more than 0"),
+    ("-1", True, "0 or more"), ("inf", False, "finite"), ("nan", True, "finite"),
+])
+def test_parse_seconds_refuses_naming_the_variable(text: str, allow_zero: bool,
+                                                   message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        parse_seconds(text, "--grace-period", allow_zero=allow_zero)
+    assert info.value.variable == "--grace-period"
+    assert info.value.hint
+
+
+def test_parse_seconds_allows_zero_only_when_asked() -> None:
+    assert parse_seconds(" 0 ", "X", allow_zero=True) == 0
+
+
+def test_resolve_init_timeout_order_and_errors() -> None:
+    assert resolve_init_timeout(None, {}) == contract.DEFAULT_INIT_TIMEOUT
+    assert resolve_init_timeout(None, {"UNIRANK_INIT_TIMEOUT": "  "}) == 300
+    assert resolve_init_timeout(None, {"UNIRANK_INIT_TIMEOUT": "9"}) == 9
+    assert resolve_init_timeout(4, {"UNIRANK_INIT_TIMEOUT": "9"}) == 4
+    with pytest.raises(ConfigError) as info:
+        resolve_init_timeout(True, {})
+    assert info.value.variable == "--init-timeout"
+    with pytest.raises(ConfigError) as info:
+        resolve_init_timeout("x", {}, option="timeout")
+    assert info.value.variable == "timeout"
+
+
+@pytest.mark.parametrize(("value", "shown"), [
+    ("0,1", ["0", "1"]), (" 2 , 3 ", ["2", "3"]), ("", []), ("-1", []), ("NoDevFiles", []),
+    ("0,-1,2", ["0"]), ("GPU-abc,1", ["GPU-abc", "1"]), ("1,,2", ["1"]),
+])
+def test_visible_devices_stop_at_the_first_non_device(value: str, shown: list[str]) -> None:
+    assert visible_devices({"CUDA_VISIBLE_DEVICES": value}) == shown
+    assert count_visible_devices(value) == len(shown)
+
+
+def test_visible_devices_unset_is_none() -> None:
+    assert visible_devices({}) is None
