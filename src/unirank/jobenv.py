@@ -17,7 +17,7 @@ from unirank.envvars import first_set
 from unirank.errors import ConfigError
 from unirank.hostlist import first_host
 from unirank.launchers import slurm
-from unirank.launchers._base import Master, resolve_master
+from unirank.launchers._base import Master, MasterHint, resolve_master
 
 __all__ = ["FIRST_STEP_ID", "batch_master", "main"]
 
@@ -37,9 +37,9 @@ def batch_master(environ: Mapping[str, str]) -> Master:
                           hint="python -m unirank.jobenv runs in a batch script")
     hosts_var = first_set(environ, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
     hosts = (first_host(environ[hosts_var], variable=hosts_var),) if hosts_var else ()
-    return resolve_master(environ, hosts=hosts, hosts_source=hosts_var or "",
-                          single_node=not hosts, job_id=jid, step_id=FIRST_STEP_ID,
-                          job_source=jid_var)
+    hint = MasterHint(hosts=hosts, hosts_source=hosts_var or "", job_id=jid,
+                      step_id=FIRST_STEP_ID, job_source=jid_var)
+    return resolve_master(environ, hint, single_node=not hosts)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
