@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "hello": ("unirank.cli.hello", "every rank says hello, in rank order"),
     "reduce": ("unirank.cli.reduce", "all_reduce a tensor of ones; every rank prints the sum"),
     "check": ("unirank.cli.check", "report torch, CUDA, launcher and NCCL/GLOO/TORCH settings"),
+    "bench": ("unirank.cli.bench", "collective bandwidth per message size, like nccl-tests"),
 }
 
 
