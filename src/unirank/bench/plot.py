@@ -19,8 +19,12 @@ MISSING = "unirank bench: --plot needs matplotlib: pip install 'unirank[plot]'"
 
 
 def missing() -> Optional[str]:
-    """:data:`MISSING` when matplotlib cannot be imported, else None (imports nothing)."""
-    return MISSING if importlib.util.find_spec("matplotlib") is None else None
+    """:data:`MISSING` when matplotlib cannot be found, else None (imports nothing)."""
+    try:
+        found = importlib.util.find_spec("matplotlib") is not None
+    except (ImportError, ValueError):  # a finder that refuses it, a broken sys.modules entry
+        found = False
+    return None if found else MISSING
 
 
 def write_png(path: str, header: Header, rows: Sequence[Row]) -> None:
