@@ -26,7 +26,7 @@ from unirank.bench.report import Device, Header, Row
 from unirank.bench.sizes import human_size
 from unirank.errors import ConfigError
 
-__all__ = ["run_bench"]
+__all__ = ["measure_row", "run_bench"]
 
 
 def _device_line(device: torch.device) -> Device:
@@ -69,31 +69,38 @@ class _Out:
             sys.stdout.flush()
 
 
+def measure_row(name: str, size: int, config: BenchConfig, device: torch.device,
+                copies: dict[int, float] | None = None) -> Row:
+    """One row, agreed on by every rank: ``name`` at ``size`` requested bytes. Rank 0 also
+    times its memory copy of the same bytes, once per size, cached in ``copies`` (no copy
+    when ``copies`` is None)."""
+    op, kind, n = OPS[name], DTYPES[config.dtype], dist.get_world_size()
+    lay = layout(op, size, kind.itemsize, n)
+    got = loop.measure(name, lay, getattr(torch, config.dtype), device, config.iters,
+                       config.warmup)
+    if copies is not None and dist.get_rank() == 0 and lay.nbytes not in copies:
+        copies[lay.nbytes] = loop.copy_seconds(lay.nbytes, device, config.iters, config.warmup)
+    times = torch.tensor([got.mean_s, got.median_s], dtype=torch.float64, device=device)
+    wrong = torch.tensor([got.wrong], dtype=torch.int64, device=device)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)
+    dist.all_reduce(wrong)
+    mean, median = (float(t) for t in times.tolist())
+    return Row(op=name, size=lay.nbytes, count=lay.count, type=kind.nccl_name, redop=op.redop,
+               root=op.root, time_us=mean * 1e6, algbw=algbw(lay.nbytes, mean),
+               busbw=busbw(op, lay.nbytes, mean, n), wrong=int(wrong.item()),
+               median_us=median * 1e6,
+               memcpy_gbps=algbw(lay.nbytes, (copies or {}).get(lay.nbytes, 0.0)))
+
+
 def _rows(config: BenchConfig, device: torch.device, out: _Out) -> Iterator[Row]:
     """Measure every collective and size, printing each row as it is agreed on."""
-    dtype, kind = getattr(torch, config.dtype), DTYPES[config.dtype]
-    n, rank = dist.get_world_size(), dist.get_rank()
     copies: dict[int, float] = {}
     for name in config.ops:
-        op, mine = OPS[name], []
+        mine = []
         out.lines(report.section_header(name))
         for size in config.sizes:
             out.progress.show(f"{name} {human_size(size)}")
-            lay = layout(op, size, kind.itemsize, n)
-            got = loop.measure(name, lay, dtype, device, config.iters, config.warmup)
-            if rank == 0 and lay.nbytes not in copies:
-                copies[lay.nbytes] = loop.copy_seconds(lay.nbytes, device, config.iters,
-                                                       config.warmup)
-            times = torch.tensor([got.mean_s, got.median_s], dtype=torch.float64, device=device)
-            wrong = torch.tensor([got.wrong], dtype=torch.int64, device=device)
-            dist.all_reduce(times, op=dist.ReduceOp.MAX)
-            dist.all_reduce(wrong)
-            mean, median = (float(t) for t in times.tolist())
-            row = Row(op=name, size=lay.nbytes, count=lay.count, type=kind.nccl_name,
-                      redop=op.redop, root=op.root, time_us=mean * 1e6,
-                      algbw=algbw(lay.nbytes, mean), busbw=busbw(op, lay.nbytes, mean, n),
-                      wrong=int(wrong.item()), median_us=median * 1e6,
-                      memcpy_gbps=algbw(lay.nbytes, copies.get(lay.nbytes, 0.0)))
+            row = measure_row(name, size, config, device, copies)
             out.progress.step()
             out.lines([report.row_line(row)])
             mine.append(row)
