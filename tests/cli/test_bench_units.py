@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from _procs import assert_snippet_runs
 from unirank.bench import report
 from unirank.bench.config import make_config
 from unirank.bench.ops import DTYPES, OP_NAMES, OPS, algbw, busbw, layout
@@ -212,3 +213,14 @@ def test_json_sums_and_averages() -> None:
     assert document["out_of_bounds"] == 3
     assert document["average_bus_bandwidth"]["broadcast"] == pytest.approx(0.0721435)
     assert [d["hostname"] for d in document["devices"]] == ["node1", "node2"]
+
+
+def test_the_cli_and_the_pure_parts_do_not_import_torch() -> None:
+    assert_snippet_runs(
+        "import sys\n"
+        "import unirank.cli.bench, unirank.bench.config, unirank.bench.report\n"
+        "import unirank.bench.plot, unirank.bench.progress\n"
+        "from unirank.cli.main import build_parser\n"
+        "build_parser('bench').parse_args(['bench', '--op', 'all'])\n"
+        "assert 'torch' not in sys.modules and 'matplotlib' not in sys.modules\n"
+    )

@@ -42,6 +42,7 @@ def _device_line(device: torch.device) -> Device:
 
 
 def _header(config: BenchConfig, device: torch.device) -> Header:
+    """The preamble's facts; every rank sends its device line to every rank."""
     devices: list[Device | None] = [None] * dist.get_world_size()
     dist.all_gather_object(devices, _device_line(device))
     return Header(
@@ -62,6 +63,7 @@ class _Out:
         self.shared = sys.stdout.isatty()  # the bar and the table share one screen
 
     def lines(self, lines: list[str]) -> None:
+        """Print ``lines`` (rank 0 only)."""
         if self.enabled:
             if self.shared:
                 self.progress.hide()
@@ -127,6 +129,8 @@ def run_bench(local_rank: int, config: BenchConfig) -> None:
 
     Raises ConfigError when the group is not a torch.distributed one (gloo or nccl), and
     SystemExit(1) on every rank when a result was wrong.
+    Reads: SLURMD_NODENAME (the node's name in the devices lines), CUDA_VISIBLE_DEVICES
+    (through torch).
     """
     if not dist.is_available() or not dist.is_initialized():
         raise ConfigError(f"unirank bench measures torch.distributed groups, not "
