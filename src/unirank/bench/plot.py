@@ -43,7 +43,7 @@ def write_png(path: str, header: Header, rows: Sequence[Row]) -> None:
                 label=op)
     sizes = sorted({r.size for r in rows if r.size > 0})
     ax.set_xscale("log", base=2)
-    ticks = sizes[:: max(1, len(sizes) // 10)]
+    ticks = sizes[:: -(-len(sizes) // 9)]  # at most 9 labels: they stay apart
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_minor_locator(NullLocator())
     ax.set_xticklabels([human_size(s) for s in ticks])
