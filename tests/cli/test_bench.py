@@ -172,6 +172,23 @@ def test_bad_options_are_one_line_and_exit_2(args: tuple[str, ...], message: str
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", message + "\n")
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("launcher", ["torchrun", "unirank run"])
+def test_under_a_launcher_rank_0_alone_prints_the_table(launcher: str) -> None:
+    port = str(free_port())
+    program = {  # what follows the interpreter: the launcher, then `-m unirank`
+        "torchrun": ("-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                     port, "-m", "unirank"),
+        "unirank run": ("-m", "unirank", "run", "-n", "2", "-m", "unirank"),
+    }[launcher]
+    proc = bench("--max-bytes", "8K", "--iters", "2", "--warmup", "1", program=program,
+                 env={"MASTER_PORT": port})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("# Collective test starting: ") == 1, proc.stdout
+    assert [row[0] for row in data_rows(proc.stdout)] == ["4096", "8192"]
+    assert proc.stdout.splitlines()[0].endswith(" nranks 2")
+
+
 @pytest.mark.slurm
 @pytest.mark.integration
 def test_srun_two_nodes_table_from_rank_0_only(slurm_testbed: SlurmTestbed) -> None:
