@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "reduce": ("unirank.cli.reduce", "all_reduce a tensor of ones; every rank prints the sum"),
     "check": ("unirank.cli.check", "report torch, CUDA, launcher and NCCL/GLOO/TORCH settings"),
     "sbatch": ("unirank.cli.sbatch", "write a job's Slurm batch script; print or submit it"),
+    "bench": ("unirank.cli.bench", "collective bandwidth per message size, like nccl-tests"),
 }
 
 
