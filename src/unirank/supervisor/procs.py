@@ -381,6 +381,10 @@ class Supervisor:
         others = self._alive()
         if not others:
             return
+        record = read_failure(worker.launch.error_file) if worker.launch.error_file else None
+        if record is not None and record.config_error:  # its one line says it all
+            self._signal_all(signal.SIGTERM)
+            return
         self._say(
             f"rank {worker.launch.rank} (local rank {worker.launch.local_rank}) on node "
             f"{self._node} ended with {describe_returncode(worker.returncode or 0)}; stopping "
@@ -535,6 +539,7 @@ class Supervisor:
                 error=record.message if record else "",
                 stopped=w.stopped_at is not None,
                 recorded_exit_code=record.exit_code if record else None,
+                config_error=record.config_error if record else False,
             ))
         first = None
         if blamed is not None:
