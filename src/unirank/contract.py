@@ -29,7 +29,6 @@ __all__ = [
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
     "INIT_TIMEOUT_VAR",
-    "JOINED_VAR",
     "LINGER_FD_VAR",
     "MAX_RESTARTS_VAR",
     "NODE_NAMES_VAR",
@@ -79,9 +78,6 @@ DONE_FD_VAR = "UNIRANK_DONE_FD"
 TIMELINE_VAR = "UNIRANK_TIMELINE"
 #: ``--timeline``, rank 0 only: where to write every rank's gathered times
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
-#: set by the bootstrap after its join check, for this process only (it names its pid): the first
-#: :func:`unirank.init` then starts its group on the same store without joining again
-JOINED_VAR = "UNIRANK_JOINED"
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, NODE_NAME_VAR,
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
                      TIMELINE_FILE_VAR)

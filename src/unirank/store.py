@@ -10,20 +10,26 @@ an agent already does) open it here, with the same flags and one error translati
   :class:`StoreError`: one line naming the rank, the address and the timeout, with a hint. The
   bootstrap prints it as its one-line exit; :func:`unirank.init` raises it as ``InitError``.
 
+It also holds the one hand-over from the worker bootstrap to the runtime (:func:`hand_over`,
+:func:`take_joined`): the store on which the bootstrap already ran the join check, which the
+first :func:`unirank.init` of that process starts its group on without joining again.
+
 torch is imported only when a store is opened.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from unirank.contract import JOINED_VAR, USE_AGENT_STORE_VAR
+from unirank.contract import USE_AGENT_STORE_VAR
 from unirank.errors import ConfigError
 
-__all__ = ["StoreError", "joined_marker", "open_store", "take_joined", "uses_agent_store"]
+__all__ = ["JoinedStore", "StoreError", "hand_over", "open_store", "take_joined",
+           "uses_agent_store"]
 
 
 class StoreError(RuntimeError):
@@ -95,22 +101,39 @@ def open_store(
                                f"within {timeout:g} s ({_detail(exc)}). HINT: {hint}") from exc
 
 
-def _marker(rank: int, world_size: int, addr: str, port: int) -> str:
-    return f"{os.getpid()}:{rank}:{world_size}:{addr}:{port}"
+
+@dataclass(frozen=True)
+class JoinedStore:
+    """A store on which this process's worker bootstrap ran the join check for ``rank`` of
+    ``world_size`` (the store at ``addr:port``)."""
+
+    store: Any
+    pid: int
+    rank: int
+    world_size: int
+    addr: str
+    port: int
 
 
-def joined_marker(rank: int, world_size: int, addr: str, port: int) -> dict[str, str]:
-    """The variable the worker bootstrap sets once this rank has joined the store at
-    ``addr:port`` (UNIRANK_JOINED): valid in this process only, for this rank and world."""
-    return {JOINED_VAR: _marker(rank, world_size, addr, port)}
+#: THE seam between the worker bootstrap and the runtime: the bootstrap leaves the store it
+#: joined on here (:func:`hand_over`), and the first :func:`unirank.init` takes it
+#: (:func:`take_joined`), so that each rank joins once per run. Empty everywhere else.
+_HANDED: list[JoinedStore] = []
 
 
-def take_joined(environ: MutableMapping[str, str], rank: int, world_size: int, addr: str,
-                port: int) -> bool:
-    """True when this process's bootstrap already joined this rank and world on the store at
-    ``addr:port``; removes the marker, so that only the first :func:`unirank.init` skips the
-    join (a later one joins again, under its own key prefix).
+def hand_over(store: Any, *, rank: int, world_size: int, addr: str, port: int) -> None:
+    """The worker bootstrap: every rank has joined on ``store``; leave it for the runtime."""
+    _HANDED[:] = [JoinedStore(store, os.getpid(), rank, world_size, addr, port)]
 
-    Reads (and removes): UNIRANK_JOINED.
-    """
-    return environ.pop(JOINED_VAR, None) == _marker(rank, world_size, addr, port)
+
+def take_joined(*, rank: int, world_size: int, addr: str, port: int) -> Any | None:
+    """The store the bootstrap of this process joined on, for this rank and world at
+    ``addr:port``, or None (not started by unirank's bootstrap, another world, or already
+    taken: a later :func:`unirank.init` connects and joins again, under its own prefix)."""
+    if not _HANDED:
+        return None
+    joined = _HANDED.pop()
+    if (joined.pid, joined.rank, joined.world_size, joined.addr, joined.port) != (
+            os.getpid(), rank, world_size, addr, port):
+        return None
+    return joined.store

@@ -76,7 +76,7 @@ def test_a_rank_joins_once_under_unirank_run() -> None:
     rows = _results(_run(sys.executable, "-m", "unirank", "run", "-n", "2",
                          str(SCRIPTS / "join_once.py")))
     assert rows == [{"rank": r, "bootstrap": 2, "first_init_joined": False,
-                     "second_init_joined": True, "marker_left": False} for r in (0, 1)]
+                     "second_init_joined": True} for r in (0, 1)]
 
 
 def test_init_joins_where_no_bootstrap_did() -> None:
@@ -86,4 +86,4 @@ def test_init_joins_where_no_bootstrap_did() -> None:
     rows = _results(_run(torchrun, "--standalone", "--nproc_per_node", "2",
                          str(SCRIPTS / "join_once.py")))
     assert rows == [{"rank": r, "bootstrap": 0, "first_init_joined": True,
-                     "second_init_joined": True, "marker_left": False} for r in (0, 1)]
+                     "second_init_joined": True} for r in (0, 1)]

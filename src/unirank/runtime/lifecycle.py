@@ -4,7 +4,7 @@
 and port; rank 0 serves it unless ``TORCHELASTIC_USE_AGENT_STORE=True`` says an agent already
 does, as ``torchrun``, ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` arrange),
 has every rank announce itself so that ranks that never join are named within the init timeout
-(not again in a worker whose bootstrap already did: UNIRANK_JOINED), then has the chosen
+(not again in a worker whose bootstrap already did), then has the chosen
 backend's entry (:mod:`unirank.runtime.backends`) start its group on that store.
 """
 
@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 from typing import Any
 
 import torch.distributed as dist
@@ -90,16 +91,19 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
 def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     """The store this init's group starts on, once every rank has joined (the join watchdog,
     :mod:`unirank.joincheck`), under this attempt's and init's key prefix. The first init in a
-    worker whose bootstrap already ran the join check (UNIRANK_JOINED) does not join again.
+    worker whose bootstrap already ran the join check takes the store it joined on
+    (:func:`unirank.store.take_joined`) and does not join again.
 
-    Reads: TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT, UNIRANK_JOINED.
+    Reads: TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT.
     """
     environ = os.environ
-    base = _connect_store(env, timeout, environ)
-    restart = environ.get(contract.RESTART_COUNT_VAR, "0")
-    prefix = f"/unirank/attempt_{restart}/init_{generation}"
     addr, port = env.require_master()
-    if not take_joined(environ, env.rank, env.world_size, addr, port):
+    prefix = f"/unirank/attempt_{environ.get(contract.RESTART_COUNT_VAR, '0')}/init_{generation}"
+    base = take_joined(rank=env.rank, world_size=env.world_size, addr=addr, port=port)
+    if base is not None:
+        base.set_timeout(timedelta(seconds=timeout))
+    else:
+        base = _connect_store(env, timeout, environ)
         from unirank.joincheck import announce_and_wait
 
         announce_and_wait(
@@ -127,7 +131,6 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
 
     Reads: the launcher's variables (see :func:`unirank.launchers.detect`),
     UNIRANK_INIT_TIMEOUT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
-    UNIRANK_JOINED,
     SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
     """
     if state.is_initialized():

@@ -5,8 +5,9 @@ parent-death signal:
    variables from the environment and keep the supervisor's pipes from the program's children;
 2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
 3. otherwise host or join the store and wait until every rank has joined (:mod:`.workerstore`),
-   mark in the environment that this process joined (UNIRANK_JOINED, read once by
-   :func:`unirank.init`, so that a rank joins once per run), and run the target;
+   hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
+   :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
+   run), and run the target;
 4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
    the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
    other workers are done and gather the timeline.
@@ -19,7 +20,7 @@ from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from unirank.contract import PRIVATE_VARIABLES
-from unirank.store import joined_marker
+from unirank.store import hand_over
 from unirank.supervisor import workerstore
 from unirank.supervisor.target import run_target
 from unirank.supervisor.workerinfo import WorkerInfo, read_worker_info
@@ -79,8 +80,8 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
         return
     recorder = _recorder(info, entered_at)
     store = workerstore.rendezvous(info)
-    environ.update(joined_marker(info.rank, info.world_size, info.master_addr,
-                                 info.master_port))
+    hand_over(store, rank=info.rank, world_size=info.world_size, addr=info.master_addr,
+              port=info.master_port)
     if recorder is not None:
         recorder.mark("joined")
         recorder.install_hooks()

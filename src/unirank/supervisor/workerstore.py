@@ -111,6 +111,8 @@ def rendezvous(info: WorkerInfo) -> Any:
     Returns this rank's store (the server itself on rank 0: keep it alive). On failure prints a
     one-line message and raises SystemExit(1).
     """
+    import torch.distributed  # noqa: F401  (before the clock starts: a slow import is no peer's)
+
     from unirank.joincheck import InitTimeoutError, announce_and_wait
 
     deadline = time.monotonic() + info.init_timeout
