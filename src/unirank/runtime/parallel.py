@@ -10,10 +10,14 @@ with the same rules as ``unirank run``:
 * spawn -- ``nproc_per_node`` given and no launcher already placed several processes on this
   node: this process starts ``nproc_per_node`` workers through the one process engine
   (:func:`unirank.supervisor.procs.run_plan`, as ``unirank run``): ``fn`` and its arguments are
-  pickled to each worker's bootstrap, which sets up ``__main__`` as multiprocessing's ``spawn``
-  does, initialises the process group and calls ``fn(local_rank, ...)``. Workers get torchrun's
-  full environment; a failure stops the others and prints the same root-cause summary as
-  ``unirank run``, then :class:`WorkerFailedError` is raised here;
+  pickled as a :class:`~unirank.runtime.worker.Call` to each worker's bootstrap, which sets up
+  ``__main__`` as multiprocessing's ``spawn`` does and runs it
+  (:func:`~unirank.runtime.worker.run_call`: initialise the process group, call
+  ``fn(local_rank, ...)``, finalize). Workers get torchrun's full environment; a failure stops
+  the others and prints the same root-cause summary as ``unirank run``, then
+  :class:`WorkerFailedError` is raised here. A :class:`~unirank.errors.ConfigError` in the
+  workers (a launch or usage mistake) is raised here again instead, as its one line, with no
+  summary and no worker traceback, as it would be serially;
 * a backend's own launcher -- a backend that brings one (``xla-tpu``: torch_xla's
   ``xmp.spawn``), named explicitly, with ``nproc_per_node`` and no launcher around: that
   launcher starts the workers, and each initialises the backend and calls ``fn(local_rank, ...)``.
