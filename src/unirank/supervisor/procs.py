@@ -262,9 +262,9 @@ class Supervisor:
             linger_read, self._linger = os.pipe()
         else:
             done_read, done_write = os.pipe()
-        env = launch.environ(linger_fd=linger_read, done_fd=done_write, started=time.time())
         fds = (*store_fds, *(fd for fd in (linger_read, done_write) if fd is not None))
         try:
+            env = launch.environ(linger_fd=linger_read, done_fd=done_write, started=time.time())
             proc = subprocess.Popen(
                 list(launch.argv),
                 env=env,
