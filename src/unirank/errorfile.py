@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from unirank.contract import ERROR_FILE_VAR
+from unirank.errors import ConfigError
 
 __all__ = [
     "ERROR_FILE_VAR",
@@ -57,6 +58,7 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] | None = Non
         },
         "unirank_time": now,
         "unirank_exit_code": _exit_code(exc),
+        "unirank_config_error": isinstance(exc, ConfigError),
     }
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -78,12 +80,14 @@ def _exit_code(exc: BaseException) -> int:
 
 @dataclass(frozen=True)
 class RecordedFailure:
-    """What a worker's error file says: when (seconds since the epoch), what, and the exit code
-    the exception means (1, or a SystemExit's code)."""
+    """What a worker's error file says: when (seconds since the epoch), what, the exit code
+    the exception means (1, or a SystemExit's code), and whether it was a ConfigError (a
+    one-line launch or usage mistake)."""
 
     time: float
     message: str
     exit_code: int
+    config_error: bool = False
 
 
 def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
@@ -100,9 +104,11 @@ def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
         when = (float(data["unirank_time"]) if "unirank_time" in data
                 else os.stat(path).st_mtime if stamp is not None else float("nan"))
         code = int(data.get("unirank_exit_code", 1))
+        config_error = data.get("unirank_config_error") is True
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
-    return RecordedFailure(when, text.strip().splitlines()[-1] if text.strip() else "", code)
+    return RecordedFailure(when, text.strip().splitlines()[-1] if text.strip() else "", code,
+                           config_error)
 
 
 def failure_time(path: str | os.PathLike[str]) -> float | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from unirank.supervisor.bootstrap import read_worker_info
+from unirank.supervisor.workerinfo import read_worker_info
 
 
 def test_read_worker_info() -> None:

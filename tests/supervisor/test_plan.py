@@ -20,6 +20,7 @@ from unirank.supervisor.plan import (
     Worker,
     make_plan,
 )
+from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
 LOCAL = DistEnv(launcher="local", node_name="box")
 
@@ -209,7 +210,7 @@ def test_in_place_keeps_the_launcher_s_own_ranks() -> None:
                     node_name="n1", hosts=("n0", "n1"))
     p = plan(RUN, outer)
     assert p.workers == (Worker(3, 1),)
-    env = p.with_port(2000).worker_environ(p.workers[0], {})
+    env = worker_environ(p.with_port(2000), p.workers[0], {})
     assert (env["RANK"], env["LOCAL_RANK"], env["GROUP_RANK"], env["LOCAL_WORLD_SIZE"]) == (
         "3", "1", "1", "2")
 
@@ -220,7 +221,8 @@ def test_worker_environ_is_torchrun_s_contract() -> None:
     p = plan(req(RUN, nproc_per_node=2, init_timeout=60, max_restarts=3, role="trainer"),
              slurm_per_node(node_rank=1))
     base = {"PATH": "/bin", "UNIRANK_STORE_FD": "9", "UNIRANK_NODE_NAMES": "stale"}
-    env = p.worker_environ(p.workers[1], base, supervisor_pid=77, restart_count=2)
+    env = worker_environ(p, p.workers[1], base,
+                         WorkerWiring(supervisor_pid=77, restart_count=2))
     assert env["PATH"] == "/bin"
     expected = {
         "RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
@@ -243,14 +245,14 @@ def test_node_names_stay_small_at_any_node_count() -> None:
     outer = DistEnv(launcher="slurm", rank=7, world_size=12500, node_rank=7, num_nodes=12500,
                     master_addr=hosts[0], master_port=2000, node_name=hosts[7], hosts=hosts)
     p = plan(req(RUN, nproc_per_node=8), outer)
-    env = p.worker_environ(p.workers[0], {})
+    env = worker_environ(p, p.workers[0], {})
     assert env["UNIRANK_NODE_NAMES"] == "nid[00000-12499]"
 
 
 def test_worker_environ_keeps_user_settings() -> None:
     p = plan(req(RUN, nproc_per_node=2)).with_port(4000)
     base = {"OMP_NUM_THREADS": "8", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}
-    env = p.worker_environ(p.workers[0], base, unbuffered=True)
+    env = worker_environ(p, p.workers[0], base, WorkerWiring(unbuffered=True))
     assert env["OMP_NUM_THREADS"] == "8"
     assert env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "0"
     assert env["PYTHONUNBUFFERED"] == "1"
@@ -264,19 +266,19 @@ def test_worker_environ_keeps_user_settings() -> None:
 def test_omp_num_threads_only_when_workers_share_the_node(request_: LaunchRequest,
                                                           omp: str | None) -> None:
     p = plan(request_).with_port(4000)
-    assert p.worker_environ(p.workers[0], {}).get("OMP_NUM_THREADS") == omp
+    assert worker_environ(p, p.workers[0], {}).get("OMP_NUM_THREADS") == omp
 
 
 def test_virtual_local_rank_gives_each_worker_its_own_gpu() -> None:
     p = plan(req(RUN, nproc_per_node=2, virtual_local_rank=True)).with_port(4000)
-    env = p.worker_environ(p.workers[1], {"CUDA_VISIBLE_DEVICES": "4,5"})
+    env = worker_environ(p, p.workers[1], {"CUDA_VISIBLE_DEVICES": "4,5"})
     assert (env["LOCAL_RANK"], env["CUDA_VISIBLE_DEVICES"], env["RANK"]) == ("0", "5", "1")
 
 
 def test_worker_environ_needs_a_port() -> None:
     p = plan(RUN)
     with pytest.raises(ValueError, match="with_port"):
-        p.worker_environ(p.workers[0], {})
+        worker_environ(p, p.workers[0], {})
 
 
 def test_private_variables_are_the_bootstrap_s() -> None:

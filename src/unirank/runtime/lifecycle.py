@@ -1,10 +1,11 @@
 """Starting and ending the process group: :func:`init` and :func:`finalize`.
 
-:func:`init` creates the rendezvous store itself (a ``TCPStore`` on the master address and port;
-rank 0 serves it unless ``TORCHELASTIC_USE_AGENT_STORE=True`` says an agent already does, as
-``torchrun``, ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` arrange), has every
-rank announce itself so that ranks that never join are named within the init timeout, then has the
-chosen backend's entry (:mod:`unirank.runtime.backends`) start its group on that store.
+:func:`init` opens the rendezvous store (:func:`unirank.store.open_store` on the master address
+and port; rank 0 serves it unless ``TORCHELASTIC_USE_AGENT_STORE=True`` says an agent already
+does, as ``torchrun``, ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` arrange),
+has every rank announce itself so that ranks that never join are named within the init timeout
+(not again in a worker whose bootstrap already did), then has the chosen
+backend's entry (:mod:`unirank.runtime.backends`) start its group on that store.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import torch.distributed as dist
 from unirank import contract
 from unirank.contract import DEFAULT_INIT_TIMEOUT
 from unirank.distenv import DistEnv
-from unirank.errors import ConfigError
 from unirank.launchers.slurm_allocation import launch_command
 from unirank.runtime import backends, state
+from unirank.store import StoreError, open_store, take_joined, uses_agent_store
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT",
@@ -53,44 +54,49 @@ def require_launched(env: DistEnv, argv: Sequence[str], executable: str) -> None
     env.require_launched(launch_command(argv, executable))
 
 
-def _use_agent_store(environ: Mapping[str, str]) -> bool:
-    """Reads: TORCHELASTIC_USE_AGENT_STORE."""
-    return environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-
-
 def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> Any:
     """The rendezvous TCPStore: served by rank 0, or a client of the agent's store.
 
     Reads: TORCHELASTIC_USE_AGENT_STORE.
     """
     addr, port = env.require_master()
-    serve = env.rank == 0 and not _use_agent_store(environ)
+    serve = env.rank == 0 and not uses_agent_store(environ)
     try:
-        return dist.TCPStore(  # type: ignore[attr-defined]
-            addr,
-            port,
-            None,
-            serve,
-            timedelta(seconds=timeout),
-            wait_for_workers=False,
-            multi_tenant=serve,
+        return open_store(
+            addr, port, rank=env.rank, timeout=timeout, serve=serve, multi_tenant=serve,
+            hint="check that rank 0 (or the launcher's agent) runs and that MASTER_ADDR and "
+                 "MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late",
         )
-    except RuntimeError as exc:
-        text = str(exc)
-        if serve and ("EADDRINUSE" in text or "address already in use" in text.lower()):
-            raise ConfigError(
-                "is already in use on this host, so rank 0 cannot serve the rendezvous store",
-                variable="MASTER_PORT",
-                value=str(port),
-                hint="export MASTER_PORT=<a free port, the same on every rank>",
-            ) from None
-        who = "serve" if serve else "reach"
-        raise InitError(
-            f"rank {env.rank} could not {who} the rendezvous store at {addr}:{port} "
-            f"within {timeout:g} s ({text.splitlines()[0] if text else type(exc).__name__}). "
-            f"HINT: check that rank 0 (or the launcher's agent) runs and that MASTER_ADDR and "
-            f"MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late"
-        ) from exc
+    except StoreError as exc:
+        raise InitError(str(exc)) from exc
+
+
+def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
+    """The store this init's group starts on, once every rank has joined (the join watchdog,
+    :mod:`unirank.joincheck`), under this attempt's and init's key prefix. The first init in a
+    worker whose bootstrap already ran the join check takes the store it joined on
+    (:func:`unirank.store.take_joined`) and does not join again.
+
+    Reads: TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT.
+    """
+    environ = os.environ
+    addr, port = env.require_master()
+    prefix = f"/unirank/attempt_{environ.get(contract.RESTART_COUNT_VAR, '0')}/init_{generation}"
+    base = take_joined(rank=env.rank, world_size=env.world_size, addr=addr, port=port)
+    if base is not None:
+        base.set_timeout(timedelta(seconds=timeout))
+    else:
+        base = _connect_store(env, timeout, environ)
+        from unirank.joincheck import announce_and_wait
+
+        announce_and_wait(
+            dist.PrefixStore(f"{prefix}/join", base),  # type: ignore[attr-defined]
+            rank=env.rank,
+            world_size=env.world_size,
+            node_name=state.hostname(),
+            timeout=timeout,
+        )
+    return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 
 
 def init(backend: str | None = None, timeout: float | None = None) -> None:
@@ -134,19 +140,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
     elif not entry.uses_store(environ):
         base = None
     else:
-        base = _connect_store(env, init_timeout, environ)
-        restart = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        prefix = f"/unirank/attempt_{restart}/init_{generation}"
-        from unirank.joincheck import announce_and_wait
-
-        announce_and_wait(
-            dist.PrefixStore(f"{prefix}/join", base),  # type: ignore[attr-defined]
-            rank=env.rank,
-            world_size=env.world_size,
-            node_name=state.hostname(),
-            timeout=init_timeout,
-        )
-        base = dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
+        base = _joined_store(env, init_timeout, generation)
     entry.init(
         rank=env.rank,
         world_size=env.world_size,

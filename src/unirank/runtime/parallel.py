@@ -10,10 +10,14 @@ with the same rules as ``unirank run``:
 * spawn -- ``nproc_per_node`` given and no launcher already placed several processes on this
   node: this process starts ``nproc_per_node`` workers through the one process engine
   (:func:`unirank.supervisor.procs.run_plan`, as ``unirank run``): ``fn`` and its arguments are
-  pickled to each worker's bootstrap, which sets up ``__main__`` as multiprocessing's ``spawn``
-  does, initialises the process group and calls ``fn(local_rank, ...)``. Workers get torchrun's
-  full environment; a failure stops the others and prints the same root-cause summary as
-  ``unirank run``, then :class:`WorkerFailedError` is raised here;
+  pickled as a :class:`~unirank.runtime.worker.Call` to each worker's bootstrap, which sets up
+  ``__main__`` as multiprocessing's ``spawn`` does and runs it
+  (:func:`~unirank.runtime.worker.run_call`: initialise the process group, call
+  ``fn(local_rank, ...)``, finalize). Workers get torchrun's full environment; a failure stops
+  the others and prints the same root-cause summary as ``unirank run``, then
+  :class:`WorkerFailedError` is raised here. A :class:`~unirank.errors.ConfigError` in the
+  workers (a launch or usage mistake) is raised here again instead, as its one line, with no
+  summary and no worker traceback, as it would be serially;
 * a backend's own launcher -- a backend that brings one (``xla-tpu``: torch_xla's
   ``xmp.spawn``), named explicitly, with ``nproc_per_node`` and no launcher around: that
   launcher starts the workers, and each initialises the backend and calls ``fn(local_rank, ...)``.
@@ -23,9 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing.spawn
 import os
-import pickle
 import signal
 import sys
 import tempfile
@@ -35,8 +37,9 @@ from types import TracebackType
 from typing import Any
 
 from unirank.contract import resolve_init_timeout
-from unirank.errorfile import record_exception
+from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
+from unirank.runtime.worker import Call, run_call, write_call
 from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
 __all__ = ["Parallel", "WorkerFailedError"]
@@ -158,73 +161,56 @@ class Parallel:
         Spawned, ``fn`` and its arguments must be picklable: a module-level function of an
         importable module (in a script, under ``if __name__ == "__main__":``).
         """
+        call = Call(fn, args, kwargs, self.backend, self.init_timeout)
         if self._own_spawn is not None:
             nprocs = int(self._request["nproc_per_node"] or 1)
-            target = functools.partial(_own_launch_worker, fn, args, kwargs, self.backend,
-                                       self.init_timeout)
-            self._own_spawn(nprocs, target)
+            self._own_spawn(nprocs, functools.partial(run_call, call))
             return
         if self.plan is None:
             with self:
                 self.run(fn, *args, **kwargs)
             return
         if self.plan.mode == IN_PLACE:
-            try:
-                fn(state.get_local_rank(), *args, **kwargs)
-            except BaseException as exc:
-                record_exception(exc)  # now, before the group goes away and peers fail too
-                raise
+            run_call(call, state.get_local_rank(), start_group=False)  # __enter__ started it
             return
-        self._spawn(self.plan, fn, args, kwargs)
+        self._spawn(self.plan, call)
 
-    def _spawn(
-        self, plan: Plan, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> None:
+    def _spawn(self, plan: Plan, call: Call) -> None:
         from unirank.supervisor.procs import EngineOptions, run_plan
-        from unirank.supervisor.summary import format_summary
 
-        payload = pickle.dumps((fn, args, kwargs, self.backend, self.init_timeout))
-        preparation = multiprocessing.spawn.get_preparation_data("unirank-worker")
-        preparation.pop("authkey", None)  # not picklable, and the workers need none
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
         try:
-            with open(path, "wb") as fh:
-                pickle.dump((preparation, payload), fh)
+            write_call(call, path)
             result = run_plan(plan, ["--call", path], environ=os.environ,
                               options=EngineOptions(prog=PROG))
         finally:
             with contextlib.suppress(OSError):
                 os.remove(path)
                 os.rmdir(folder)
-        summary = format_summary(result, prog=PROG)
-        if summary:
-            sys.stderr.write(summary)
-            sys.stderr.flush()
-        if result.stop_signal == signal.SIGINT:
-            raise KeyboardInterrupt
-        first = result.first_failure
-        if result.exit_code != 0 and first is not None:
-            code = (first.returncode if first.returncode < 0 and not first.stopped
-                    else first.own_exit_code)
-            last = first.error or next(
-                (line.strip() for line in reversed(first.stderr_tail) if line.strip()), "")
-            raise WorkerFailedError(first.local_rank, first.rank, code, last)
-        if result.exit_code != 0:
-            raise WorkerFailedError(-1, -1, result.exit_code)
+        _raise_failure(result)
 
 
-def _own_launch_worker(
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    backend: str | None,
-    init_timeout: float | None,
-    local_rank: int,
-) -> None:
-    """One process started by a backend's own launcher: start the backend, run ``fn``, end it."""
-    lifecycle.init(backend, init_timeout)
-    try:
-        fn(local_rank, *args, **kwargs)
-    finally:
-        lifecycle.finalize()
+def _raise_failure(result: Any) -> None:
+    """After a spawn: nothing when every worker succeeded; the root cause's ConfigError again
+    (one line, no summary: the mistake is the same on every rank); else the failure summary
+    on stderr and :class:`WorkerFailedError` (KeyboardInterrupt after a forwarded SIGINT)."""
+    from unirank.supervisor.summary import format_summary
+
+    first = result.first_failure
+    if first is not None and first.config_error and result.stop_signal is None:
+        raise ConfigError(first.error.removeprefix("ConfigError: "))
+    summary = format_summary(result, prog=PROG)
+    if summary:
+        sys.stderr.write(summary)
+        sys.stderr.flush()
+    if result.stop_signal == signal.SIGINT:
+        raise KeyboardInterrupt
+    if result.exit_code != 0 and first is not None:
+        code = (first.returncode if first.returncode < 0 and not first.stopped
+                else first.own_exit_code)
+        last = first.error or next(
+            (line.strip() for line in reversed(first.stderr_tail) if line.strip()), "")
+        raise WorkerFailedError(first.local_rank, first.rank, code, last)
+    if result.exit_code != 0:
+        raise WorkerFailedError(-1, -1, result.exit_code)

@@ -3,8 +3,9 @@ environment. ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` bot
 
 Everything here is pure: a :class:`LaunchRequest` (``unirank run``'s options or ``Parallel``'s
 arguments), the outer :class:`DistEnv` (who started this process) and an environment mapping go
-in; a :class:`Plan` comes out, and :meth:`Plan.worker_environ` gives the exact environment of one
-worker. Nothing here starts a process, opens a socket or imports torch.
+in; a :class:`Plan` comes out (:func:`unirank.supervisor.workerenv.worker_environ` gives the
+exact environment of one of its workers). Nothing here starts a process, opens a socket or
+imports torch.
 
 The rules, in order (``L`` is the number of processes the outer launcher put on this node):
 
@@ -41,23 +42,13 @@ from dataclasses import dataclass, replace
 
 from unirank.contract import (
     DEFAULT_INIT_TIMEOUT,
-    INIT_TIMEOUT_VAR,
-    MAX_RESTARTS_VAR,
     NO_SRUN_VAR,
-    NODE_NAME_VAR,
-    NODE_NAMES_VAR,
     PRIVATE_VARIABLES,
-    RESTART_COUNT_VAR,
-    RUN_ID_VAR,
-    SUPERVISOR_PID_VAR,
-    USE_AGENT_STORE_VAR,
-    format_seconds,
-    visible_devices,
 )
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
-from unirank.hostlist import compress
 from unirank.rendezvous import DEFAULT_PORT
+from unirank.store import uses_agent_store
 
 __all__ = [
     "IN_PLACE",
@@ -171,63 +162,6 @@ class Plan:
             node_name=self.node_name,
             hosts=self.hosts,
         )
-
-    def worker_environ(
-        self,
-        worker: Worker,
-        base: Mapping[str, str],
-        *,
-        restart_count: int = 0,
-        supervisor_pid: int | None = None,
-        unbuffered: bool = False,
-    ) -> dict[str, str]:
-        """The whole environment of ``worker``: ``base`` plus torchrun's contract.
-
-        Reads (from ``base``): OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING,
-        PYTHONUNBUFFERED.
-
-        Like torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-        GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT,
-        TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
-        TORCHELASTIC_USE_AGENT_STORE=True (rank 0's process hosts the store, so every rank is a
-        store client), TORCH_NCCL_ASYNC_ERROR_HANDLING (kept, else 1) and OMP_NUM_THREADS=1 when
-        unset and more than one worker shares the node; with ``virtual_local_rank``,
-        LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES naming this worker's GPU (reads
-        CUDA_VISIBLE_DEVICES). TORCHELASTIC_ERROR_FILE is the
-        supervisor's (one per worker and attempt). unirank adds UNIRANK_INIT_TIMEOUT,
-        PYTHONUNBUFFERED=1 with ``unbuffered`` (output that the supervisor tags or filters
-        comes out as it is printed) and, for the bootstrap only, the private
-        UNIRANK_SUPERVISOR_PID, UNIRANK_NODE_NAME and UNIRANK_NODE_NAMES (the nodes as a compressed
-        Slurm-style host list).
-        """
-        if self.master_port == 0:
-            raise ValueError("the master port is not chosen yet: call Plan.with_port first")
-        env = {k: v for k, v in base.items() if k not in PRIVATE_VARIABLES}
-        env.update(self.dist_env(worker).torchrun_environ())
-        env["ROLE_NAME"] = self.role
-        env[RUN_ID_VAR] = self.run_id
-        env[RESTART_COUNT_VAR] = str(restart_count)
-        env[MAX_RESTARTS_VAR] = str(self.max_restarts)
-        env[USE_AGENT_STORE_VAR] = "True"
-        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = base.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        if "OMP_NUM_THREADS" not in base and self.local_world_size > 1:
-            env["OMP_NUM_THREADS"] = "1"
-        if unbuffered and "PYTHONUNBUFFERED" not in base:
-            env["PYTHONUNBUFFERED"] = "1"
-        if self.virtual_local_rank:  # each worker sees only its own GPU, as device 0
-            env["LOCAL_RANK"] = "0"
-            shown = visible_devices(base)
-            if shown:
-                env["CUDA_VISIBLE_DEVICES"] = shown[worker.local_rank % len(shown)]
-            elif shown is None:
-                env["CUDA_VISIBLE_DEVICES"] = str(worker.local_rank)
-        env[INIT_TIMEOUT_VAR] = format_seconds(self.init_timeout)
-        env[NODE_NAME_VAR] = self.node_name
-        if len(self.hosts) == self.nnodes:
-            env[NODE_NAMES_VAR] = compress(self.hosts)  # node[1-4096]: not O(nodes) a rank
-        if supervisor_pid is not None:
-            env[SUPERVISOR_PID_VAR] = str(supervisor_pid)
-        return env
 
 
 def _per_node_hint(outer: DistEnv) -> str:
@@ -418,7 +352,7 @@ def _without_launcher(request: LaunchRequest, outer: DistEnv,
             "(or export MASTER_ADDR)",
         )
     given_port = outer.master_port if outer.master_port_given else None
-    if environ.get(USE_AGENT_STORE_VAR) == "True" and nnodes == 1:
+    if uses_agent_store(environ) and nnodes == 1:
         given_port = None  # a torchrun agent of one worker serves MASTER_PORT itself: not ours
     port = request.master_port or given_port or (0 if nnodes == 1 else DEFAULT_PORT)
     return _spawn(nproc, nnodes, node_rank, (given_addr or "127.0.0.1", port),

@@ -43,21 +43,11 @@ from dataclasses import dataclass, field, replace
 from types import FrameType
 from typing import IO, TYPE_CHECKING, Any, Union
 
-from unirank.contract import (
-    DEFAULT_GRACE_PERIOD,
-    DONE_FD_VAR,
-    ERROR_FILE_VAR,
-    EXIT_TIMEOUT_VAR,
-    LINGER_FD_VAR,
-    STORE_FD_VAR,
-    TIMELINE_FILE_VAR,
-    TIMELINE_VAR,
-    format_seconds,
-)
+from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LinePrefixer, OutputOptions
-from unirank.supervisor.plan import Plan
+from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.summary import (
     OutputTail,
     RunResult,
@@ -66,14 +56,15 @@ from unirank.supervisor.summary import (
     exit_code_of,
     signal_name,
 )
+from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     _Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
-__all__ = ["DEFAULT_SIGNALS", "EngineOptions", "Supervisor", "WorkerLaunch", "run_plan",
-           "worker_command"]
+__all__ = ["DEFAULT_SIGNALS", "EngineOptions", "Supervisor", "WorkerLaunch", "attempt_launches",
+           "run_plan", "worker_command"]
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -102,17 +93,37 @@ class WorkerLaunch:
     rank: int
     local_rank: int
     argv: tuple[str, ...]
-    env: Mapping[str, str]
-    pass_fds: tuple[int, ...] = ()
-    error_file: str | None = None
+    plan: Plan
+    worker: Worker
+    #: the base of its environment (see :func:`~unirank.supervisor.workerenv.worker_environ`)
+    base: Mapping[str, str]
+    #: the engine's wiring known before the start; the pipes and the start time come at it
+    wiring: WorkerWiring = field(default_factory=WorkerWiring)
+    #: ``--timeline``: tell the worker when it was started
+    timeline: bool = False
     #: where stdout / stderr go besides the tail: console fd (or None) and log file (or None)
     stdout_console: bool = True
     stderr_console: bool = True
     stdout_file: str | None = None
     stderr_file: str | None = None
     prefix: bytes | None = None
-    #: this worker hosts the store: it gets the read end of the linger pipe
-    hosts_store: bool = False
+
+    @property
+    def error_file(self) -> str | None:
+        """Where the worker records its failure."""
+        return self.wiring.error_file
+
+    @property
+    def hosts_store(self) -> bool:
+        """This worker hosts the store: it gets the read end of the linger pipe."""
+        return self.wiring.store_fd is not None
+
+    def environ(self, *, linger_fd: int | None, done_fd: int | None,
+                started: float) -> dict[str, str]:
+        """The worker's complete environment, once its pipes exist (``started``: now)."""
+        wiring = replace(self.wiring, linger_fd=linger_fd, done_fd=done_fd,
+                         timeline_start=started if self.timeline else None)
+        return worker_environ(self.plan, self.worker, self.base, wiring)
 
 
 class _Stream:
@@ -245,20 +256,15 @@ class Supervisor:
         err_targets = ([self._err_fd] if launch.stderr_console else [])
         err_targets += self._open_log(launch.stderr_file)
         pipe_stdout = out_targets != [self._out_fd] or launch.prefix is not None
-        env = dict(launch.env)
-        if TIMELINE_VAR in env:  # the timeline's "worker process started"
-            env[TIMELINE_VAR] = repr(time.time())
-        fds = launch.pass_fds
+        store_fds = () if launch.wiring.store_fd is None else (launch.wiring.store_fd,)
         linger_read = done_write = done_read = None
         if launch.hosts_store:
             linger_read, self._linger = os.pipe()
-            env[LINGER_FD_VAR] = str(linger_read)
-            fds = (*fds, linger_read)
         else:
             done_read, done_write = os.pipe()
-            env[DONE_FD_VAR] = str(done_write)
-            fds = (*fds, done_write)
+        fds = (*store_fds, *(fd for fd in (linger_read, done_write) if fd is not None))
         try:
+            env = launch.environ(linger_fd=linger_read, done_fd=done_write, started=time.time())
             proc = subprocess.Popen(
                 list(launch.argv),
                 env=env,
@@ -380,6 +386,10 @@ class Supervisor:
     def _on_first_failure(self, worker: _Worker) -> None:
         others = self._alive()
         if not others:
+            return
+        record = read_failure(worker.launch.error_file) if worker.launch.error_file else None
+        if record is not None and record.config_error:  # its one line says it all
+            self._signal_all(signal.SIGTERM)
             return
         self._say(
             f"rank {worker.launch.rank} (local rank {worker.launch.local_rank}) on node "
@@ -535,6 +545,7 @@ class Supervisor:
                 error=record.message if record else "",
                 stopped=w.stopped_at is not None,
                 recorded_exit_code=record.exit_code if record else None,
+                config_error=record.config_error if record else False,
             ))
         first = None
         if blamed is not None:
@@ -560,39 +571,35 @@ def worker_command(target: Sequence[str], python: str | None = None) -> tuple[st
     return (python or sys.executable, "-m", "unirank.supervisor.bootstrap", *target)
 
 
-def _attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
-                      options: EngineOptions, attempt: int, attempt_dir: str,
-                      store_fd: int | None, keep_logs: bool) -> list[WorkerLaunch]:
+def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
+                     options: EngineOptions, attempt: int, attempt_dir: str,
+                     store_fd: int | None, keep_logs: bool) -> list[WorkerLaunch]:
+    """How to start each of this node's workers for attempt ``attempt``: its command line,
+    environment base and wiring (error file in ``attempt_dir``, the store's listening
+    ``store_fd`` for rank 0, the timeline), and where its output goes."""
     out = options.output
     launches = []
     for worker in plan.workers:
-        env = plan.worker_environ(worker, environ, restart_count=attempt,
-                                  supervisor_pid=os.getpid(), unbuffered=out.unbuffered)
         # torchrun's layout: one folder per local rank, made before the worker starts, so that
         # torch's @record can write its error file there
         folder = os.path.join(attempt_dir, str(worker.local_rank))
         os.makedirs(folder, exist_ok=True)
-        error_file = os.path.join(folder, "error.json")
-        env[ERROR_FILE_VAR] = error_file
-        if plan.world_size > plan.nproc_per_node:  # ranks under other supervisors
-            env[EXIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
-        fds: tuple[int, ...] = ()
-        if store_fd is not None and worker.rank == 0:
-            env[STORE_FD_VAR] = str(store_fd)
-            fds = (store_fd,)
-        if options.timeline:
-            env[TIMELINE_VAR] = "0"  # the supervisor writes the start time at launch
-            if worker.rank == 0:
-                env[TIMELINE_FILE_VAR] = os.path.join(attempt_dir, "timeline.json")
+        wiring = WorkerWiring(
+            supervisor_pid=os.getpid(), restart_count=attempt, unbuffered=out.unbuffered,
+            error_file=os.path.join(folder, "error.json"),
+            store_fd=store_fd if worker.rank == 0 else None,
+            timeline_file=(os.path.join(attempt_dir, "timeline.json")
+                           if options.timeline and worker.rank == 0 else None),
+        )
         files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)
         launches.append(WorkerLaunch(
-            worker.rank, worker.local_rank, argv, env, fds, error_file,
+            worker.rank, worker.local_rank, argv, plan, worker, environ, wiring,
+            timeline=options.timeline,
             stdout_console=shown and not out.redirected(worker.local_rank, 1),
             stderr_console=shown and not out.redirected(worker.local_rank, 2),
             stdout_file=files[0], stderr_file=files[1],
             prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
-            hosts_store=bool(fds),
         ))
     return launches
 
@@ -638,7 +645,7 @@ def run_plan(
 
     ``target`` is what follows the bootstrap on the worker's command line (see
     :func:`worker_command`); ``environ`` the base of every worker's environment (see
-    :meth:`Plan.worker_environ`).
+    :func:`~unirank.supervisor.workerenv.worker_environ`).
     """
     options = options or EngineOptions()
     sock: socket.socket | None = None
@@ -653,8 +660,8 @@ def run_plan(
         while True:
             attempt_dir = os.path.join(root, f"attempt_{attempt}")
             shutil.rmtree(attempt_dir, ignore_errors=True)
-            launches = _attempt_launches(plan, argv, environ, options, attempt, attempt_dir,
-                                         sock.fileno() if sock else None, keep)
+            launches = attempt_launches(plan, argv, environ, options, attempt, attempt_dir,
+                                        sock.fileno() if sock else None, keep)
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,

@@ -104,6 +104,8 @@ class WorkerExit:
     stopped: bool = False
     #: the exit code its recorded error means (1, or a SystemExit's code)
     recorded_exit_code: int | None = None
+    #: its recorded error is a ConfigError: a one-line launch or usage mistake
+    config_error: bool = False
 
     @property
     def failed(self) -> bool:

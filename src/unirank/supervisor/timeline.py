@@ -13,8 +13,9 @@ and already waits for the others at its end, reads them all in one ``multi_get``
 to the file its supervisor named; node 0's supervisor prints the table. Off, nothing of this
 runs. Pure except :class:`Recorder`'s hooks and the store calls.
 
-Reads (in the worker): UNIRANK_TIMELINE (the launch time, set by the supervisor when on) and
-UNIRANK_TIMELINE_FILE (rank 0 only: where to write the gathered times).
+The worker's bootstrap (:mod:`.workerinfo`) reads UNIRANK_TIMELINE (the launch time, set by the
+supervisor when on) and UNIRANK_TIMELINE_FILE (rank 0 only: where to write the gathered times),
+and passes the :class:`Recorder` it builds along.
 """
 
 from __future__ import annotations

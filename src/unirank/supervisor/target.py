@@ -1,0 +1,89 @@
+"""Running a worker's target, as ``python`` would: ``SCRIPT ARGS...`` (``__main__``,
+``sys.argv``, ``__file__``, ``sys.path[0]``), ``-m MODULE ARGS...``, ``--exec PROGRAM ARGS...``
+(``unirank run --no-python``: the program replaces this process) or ``--call FILE`` (a function
+that :class:`~unirank.runtime.parallel.Parallel` pickled: run by
+:func:`unirank.runtime.worker.run_call_file`, the one seam from ``supervisor/`` into
+``runtime/``).
+
+Tracebacks leave out the bootstrap's and runpy's frames, which ``python script.py`` lacks, and
+an uncaught exception is recorded in the worker's error file (:mod:`unirank.errorfile`).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from unirank.errorfile import record_exception
+
+__all__ = ["USAGE", "run_target"]
+
+USAGE = ("usage: python -m unirank.supervisor.bootstrap (SCRIPT | -m MODULE | --exec PROGRAM | "
+         "--call FILE) [ARGS...]")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+#: the files whose frames a traceback leaves out: the bootstrap's (and the payload runner's)
+_HIDDEN = frozenset(
+    os.path.join(_HERE, name) for name in ("bootstrap.py", "worker.py", "target.py")
+) | {os.path.join(os.path.dirname(_HERE), "runtime", "worker.py")}
+
+
+def _hidden(filename: str) -> bool:
+    """True for the frames of the bootstrap and of runpy, which ``python script.py`` lacks."""
+    if filename.startswith("<frozen runpy"):
+        return True
+    path = os.path.abspath(filename)
+    return path in _HIDDEN or os.path.basename(path) == "runpy.py"
+
+
+def _trimmed_excepthook(
+    hook: Callable[[type[BaseException], BaseException, types.TracebackType | None], Any],
+) -> Callable[[type[BaseException], BaseException, types.TracebackType | None], Any]:
+    """An excepthook that drops the bootstrap's and runpy's frames, as ``python script.py``."""
+
+    def excepthook(
+        kind: type[BaseException], value: BaseException, tb: types.TracebackType | None
+    ) -> Any:
+        while tb is not None and _hidden(tb.tb_frame.f_code.co_filename):
+            tb = tb.tb_next
+        if isinstance(value, BaseException):
+            value = value.with_traceback(tb)  # the default hook prints value.__traceback__
+            record_exception(value)
+        return hook(kind, value, tb)
+
+    return excepthook
+
+
+def _exec(argv: Sequence[str]) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvp(argv[0], list(argv))
+    except OSError as exc:
+        raise SystemExit(f"unirank: cannot run {argv[0]!r} (--no-python): "
+                         f"{exc.strerror or exc}") from None
+
+
+def run_target(argv: Sequence[str]) -> None:
+    """Run ``SCRIPT ARGS...``, ``-m MODULE ARGS...``, ``--exec PROGRAM ARGS...`` or
+    ``--call FILE`` (see the module docstring)."""
+    if not argv or (argv[0] in ("-m", "--exec", "--call") and len(argv) < 2):
+        raise SystemExit(USAGE)
+    sys.excepthook = _trimmed_excepthook(sys.excepthook)
+    if argv[0] == "--exec":
+        _exec(argv[1:])
+    elif argv[0] == "--call":
+        from unirank.runtime.worker import run_call_file
+
+        run_call_file(argv[1])
+    elif argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]  # runpy replaces argv[0] with the module's file
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        script = argv[0]
+        sys.argv = [script, *argv[1:]]
+        sys.path[0] = os.path.dirname(os.path.abspath(script))
+        runpy.run_path(script, run_name="__main__")

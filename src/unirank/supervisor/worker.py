@@ -1,0 +1,98 @@
+"""The worker bootstrap's sequence, after :mod:`unirank.supervisor.bootstrap` armed the
+parent-death signal:
+
+1. read the worker's settings and wiring (:mod:`.workerinfo`), then remove the private
+   variables from the environment and keep the supervisor's pipes from the program's children;
+2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
+3. otherwise host or join the store and wait until every rank has joined (:mod:`.workerstore`),
+   hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
+   :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
+   run), and run the target;
+4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
+   the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
+   other workers are done and gather the timeline.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping, Sequence
+from typing import Any
+
+from unirank.contract import PRIVATE_VARIABLES
+from unirank.store import hand_over
+from unirank.supervisor import workerstore
+from unirank.supervisor.target import run_target
+from unirank.supervisor.workerinfo import WorkerInfo, read_worker_info
+
+__all__ = ["run_worker"]
+
+
+def _scrub(environ: MutableMapping[str, str]) -> None:
+    for name in PRIVATE_VARIABLES:
+        environ.pop(name, None)
+
+
+def _recorder(info: WorkerInfo, entered_at: float) -> Any:
+    """The ``--timeline`` recorder (None when off), with the times before this call."""
+    if info.timeline_start is None:
+        return None
+    from unirank.supervisor.timeline import Recorder
+
+    recorder = Recorder(info.rank, info.node_name, info.timeline_start)
+    recorder.times["bootstrap"] = entered_at
+    import torch.distributed  # noqa: F401  (what the rendezvous imports first)
+
+    recorder.mark("torch")
+    return recorder
+
+
+def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
+    """The end of the program: timeline, done pipe, exit barrier, linger (see the docstring)."""
+    if recorder is not None:
+        recorder.publish(store)
+    workerstore.done(info)
+    if info.exit_timeout is not None:
+        workerstore.exit_barrier(store, info, wait=ok and info.rank == 0)
+    if ok:
+        workerstore.linger(info)
+        if recorder is not None and info.timeline_file:
+            from unirank.supervisor.timeline import gather
+
+            gather(store, info.world_size, info.timeline_file)
+
+
+def run_worker(argv: Sequence[str], *, entered_at: float,
+               environ: MutableMapping[str, str] | None = None) -> None:
+    """Rendezvous, then run the target ``argv`` (see the module docstring); ``entered_at`` is
+    when the bootstrap started (the timeline's ``bootstrap`` phase).
+
+    Reads: ``environ`` (default ``os.environ``), as :func:`.read_worker_info` says.
+    """
+    environ = os.environ if environ is None else environ
+    info = read_worker_info(environ)
+    _scrub(environ)
+    workerstore.private_fds(info)
+    if argv and argv[0] == "--exec":
+        if info.store_fd is not None:
+            workerstore.host_store(info)
+        run_target(argv)
+        return
+    recorder = _recorder(info, entered_at)
+    store = workerstore.rendezvous(info)
+    hand_over(store, rank=info.rank, world_size=info.world_size, addr=info.master_addr,
+              port=info.master_port)
+    if recorder is not None:
+        recorder.mark("joined")
+        recorder.install_hooks()
+        recorder.mark("script")
+    ok = False
+    try:
+        run_target(argv)
+        ok = True
+    except SystemExit as exc:
+        ok = exc.code in (None, 0)
+        raise
+    finally:
+        _finish(store, info, recorder, ok=ok)
+        del store  # a server lives exactly as long as the program and its linger
