@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -11,27 +10,18 @@ from typing import Optional
 
 import pytest
 
+from _procs import free_port, launcher_free_environ
+
 UNIRANK = [sys.executable, "-m", "unirank"]
 HOST = socket.gethostname()
-_LAUNCHER_VARS = ("SLURM", "OMPI_", "PMI", "MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "RANK",
-                  "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_",
-                  "TORCHELASTIC_", "UNIRANK_")
 
 
 def run_unirank(
     *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """``unirank ARGS`` in this environment minus any launcher's variables, plus ``env``."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    clean.update(env or {})
-    return subprocess.run([*UNIRANK, *args], env=clean, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return subprocess.run([*UNIRANK, *args], env=launcher_free_environ(env), capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_hello_serial_is_process_0_of_1() -> None:

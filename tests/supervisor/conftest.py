@@ -18,26 +18,14 @@ from typing import IO, Optional
 
 import pytest
 
-from _procs import wait_gone
-
-_OUTER = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
-          "MPI_LOCAL", "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "TORCHELASTIC_")
-_TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-             "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
-             "MASTER_PORT", "UNIRANK_INIT_TIMEOUT", "UNIRANK_NO_SRUN",
-             # unbuffered workers write a print's text and its newline apart: lines would mix
-             "PYTHONUNBUFFERED")
+from _procs import launcher_free_environ, wait_gone
 
 TIMEOUT = 120.0
 
 
 def local_environ(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This environment without any launcher's variables (nor PYTHONUNBUFFERED), plus
-    ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_OUTER) and k not in _TORCHRUN}
-    env.update(extra or {})
-    return env
+    """This environment without any launcher's variables, plus ``extra``."""
+    return launcher_free_environ(extra)
 
 
 class Runner:
