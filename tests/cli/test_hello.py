@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pytest
 
 from _procs import free_port, launcher_free_environ
+
+if TYPE_CHECKING:
+    from conftest import SlurmTestbed
 
 UNIRANK = [sys.executable, "-m", "unirank"]
 HOST = socket.gethostname()
@@ -49,6 +53,21 @@ def test_hello_spawns_n_workers_in_rank_order() -> None:
         f"[http://127.0.0.1:{port}] hello from [{HOST}:gloo] process {rank}/3"
         for rank in range(3)
     ]
+
+
+@pytest.mark.integration
+def test_hello_is_in_rank_order_across_two_nodes_of_srun(slurm_testbed: SlurmTestbed) -> None:
+    """srun relays each task's output on its own: only gathering the lines keeps the order
+    (printing in turns, with a barrier after each, gave 0, 2, 1, 3 here)."""
+    for _ in range(3):
+        out = slurm_testbed.srun(["-N2", "--ntasks-per-node=2", *UNIRANK, "hello"],
+                                 env={"UNIRANK_INIT_TIMEOUT": "60"}, timeout=120).stdout
+        lines = out.splitlines()
+        found = [re.search(r"\] hello from \[(node\d):gloo\] process (\d)/4$", line)
+                 for line in lines]
+        assert all(found) and len(lines) == 4, out
+        assert [(m[1], int(m[2])) for m in found if m] == [
+            ("node1", 0), ("node1", 1), ("node2", 2), ("node2", 3)], out
 
 
 def test_hello_nccl_without_cuda_is_a_one_line_error() -> None:
