@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import subprocess
@@ -266,10 +267,12 @@ def test_bad_options_fail_at_once_with_one_line(
     assert "HINT:" in lines[0]
 
 
-def test_missing_script_is_the_worker_s_error(tmp_path: Path) -> None:
+def test_missing_script_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
     result = run(tmp_path, ["-n", "1", "no_such_script.py"])
-    assert result.returncode == 1
-    assert "no_such_script.py" in result.stderr
+    assert result.returncode == 2  # as python no_such_script.py
+    assert result.stderr.splitlines() == [
+        f"unirank run: can't open file '{os.path.realpath(tmp_path)}/no_such_script.py': "
+        "[Errno 2] No such file or directory"]
 
 
 # -- pure helpers of the Slurm allocation case ---------------------------------------------------
