@@ -23,9 +23,11 @@ from _procs import launcher_free_environ, wait_gone
 TIMEOUT = 120.0
 
 
-def local_environ(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This environment without any launcher's variables, plus ``extra``."""
-    return launcher_free_environ(extra)
+def local_environ(extra: Optional[Mapping[str, str]] = None,
+                  drop: Sequence[str] = ()) -> dict[str, str]:
+    """This environment without any launcher's variables (nor those in ``drop``), plus
+    ``extra``."""
+    return launcher_free_environ(extra, drop=drop)
 
 
 class Runner:
@@ -51,12 +53,14 @@ class Runner:
         )
 
     def start(self, args: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
-              command: Optional[Sequence[str]] = None) -> subprocess.Popen[bytes]:
-        """Start ``unirank run ARGS`` (or ``command``) with piped stdout and stderr."""
+              command: Optional[Sequence[str]] = None, stdout: Optional[int] = None,
+              drop: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """Start ``unirank run ARGS`` (or ``command``) with piped stderr, and stdout piped or
+        on the fd ``stdout``, without the variables in ``drop``."""
         argv = list(command) if command else [sys.executable, "-m", "unirank", "run", *args]
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=local_environ(env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=local_environ(env, drop),
+                                stdout=subprocess.PIPE if stdout is None else stdout,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         self._started.append(proc)
         return proc
 

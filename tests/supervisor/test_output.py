@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from unirank.supervisor.output import PARTIAL_LINE_DELAY, PARTIAL_LINE_LIMIT, LineBuffer, tag_for
+from unirank.supervisor.output import (
+    PARTIAL_LINE_DELAY,
+    PARTIAL_LINE_LIMIT,
+    TAG_TEMPLATE,
+    LineBuffer,
+    OutputOptions,
+    tag_for,
+)
 
 
 def test_line_prefixer() -> None:
@@ -63,3 +70,9 @@ def test_an_interrupted_line_ends_once_and_its_rest_starts_a_new_line() -> None:
     lines.flush_partial()
     lines.interrupt()
     assert lines.feed(b" rest\n", 0.6) == b"[r1]: rest\n"  # a continuation on a line of its own
+
+
+def test_workers_write_unbuffered_when_tagged_or_on_a_terminal() -> None:
+    assert not OutputOptions().unbuffered  # a file or a pipe: workers buffer as they would
+    assert OutputOptions(console_tty=True).unbuffered  # a terminal: lines show as printed
+    assert OutputOptions(prefix_template=TAG_TEMPLATE).unbuffered

@@ -122,3 +122,31 @@ def test_progress_bars_show_before_their_line_ends_and_redraw_in_place(runner: R
     assert b"\nrank 1 line\n" in err, err
     bar = err.replace(b"\nrank 1 line\n", b"")
     assert bar == b"\rstep 1/3\rstep 2/3\rstep 3/3\n", err
+
+
+# Prints without flush=True: on a terminal, workers still write each line as it is printed,
+# though their stdout is the supervisor's pipe (where Python would buffer it).
+_UNFLUSHED = """
+import os, select, signal, sys
+wake_r, wake_w = os.pipe()
+signal.signal(signal.SIGUSR1, lambda signum, frame: os.write(wake_w, b"1"))
+print("waiting", os.environ["RANK"])
+if not select.select([wake_r], [], [], 100)[0]:
+    sys.exit(5)
+"""
+
+
+def test_on_a_terminal_lines_show_as_they_are_printed(runner: Runner) -> None:
+    runner.script("unflushed.py", _UNFLUSHED)
+    console, terminal = os.openpty()
+    try:
+        proc = runner.start(["-n", "2", "unflushed.py"], stdout=terminal,
+                            drop=["PYTHONUNBUFFERED"])
+    finally:
+        os.close(terminal)
+    with os.fdopen(console, "rb", buffering=0) as screen:
+        seen = bytearray()
+        _read_until(screen, b"waiting 0", seen, runner.timeout)
+        _read_until(screen, b"waiting 1", seen, runner.timeout)  # both before either ended
+        proc.send_signal(signal.SIGUSR1)
+        assert proc.wait(timeout=runner.timeout) == 0

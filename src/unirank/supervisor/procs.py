@@ -293,7 +293,7 @@ class Supervisor:
             fd = pipe.fileno()
             os.set_blocking(fd, False)
             for target in targets:
-                self._sinks.setdefault(target, _sink_of(target))
+                self._sink(target)
             stream = _Stream(fd, targets, LineBuffer(launch.prefix or b""), tail)
             self._streams[fd] = stream
             self._selector.register(fd, selectors.EVENT_READ, stream)
@@ -439,6 +439,11 @@ class Supervisor:
             elif self._open_lines.get(self._sinks[target]) is stream:
                 del self._open_lines[self._sinks[target]]
 
+    def _sink(self, fd: int) -> tuple[int, int]:
+        if fd not in self._sinks:
+            self._sinks[fd] = _sink_of(fd)
+        return self._sinks[fd]
+
     def _end_open_line(self, owner: _Stream) -> None:
         newline = owner.lines.interrupt()
         for target in owner.targets:
@@ -497,7 +502,7 @@ class Supervisor:
             view = view[written:]
 
     def _say(self, message: str) -> None:
-        owner = self._open_lines.get(self._sinks.setdefault(self._err_fd, _sink_of(self._err_fd)))
+        owner = self._open_lines.get(self._sink(self._err_fd))
         if owner is not None:
             self._end_open_line(owner)
         self._write(self._err_fd, f"{self._prog}: {message}\n".encode())
