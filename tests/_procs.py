@@ -1,7 +1,8 @@
 """Process helpers shared by the tests: waiting for processes to be gone, on pidfds (no
 polling), for the tests that prove no worker outlives its supervisor, its parent or its failed
-step; running a Python snippet in a fresh interpreter; and running a job script that prints
-``RESULT {json}`` lines, without the launcher variables of the shell running pytest.
+step; running a Python snippet in a fresh interpreter; running a job script that prints
+``RESULT {json}`` lines; the one environment without launcher variables that every command a
+test starts gets (:func:`launcher_free_environ`); and :func:`free_port`.
 
 Importable from any test module: tests/conftest.py puts this folder on ``sys.path``.
 """
@@ -11,17 +12,42 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-#: prefixes of the launcher variables a job script must not inherit from the shell
-LAUNCHER_VARS = ("SLURM", "OMPI_", "PMI", "MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "RANK",
-                 "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_",
-                 "TORCHELASTIC_", "UNIRANK_")
+#: prefixes of the variables of a launcher (Slurm, the MPIs, LSF, PBS and PALS, JSM, Horovod,
+#: torchrun's agent, unirank's own) that a command a test starts must not inherit from the
+#: shell running pytest
+LAUNCHER_PREFIXES = ("SLURM", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMI", "MPI_", "HYDRA_",
+                     "I_MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "PALS_", "HOROVOD_",
+                     "TORCHELASTIC_", "UNIRANK_", "GROUP_", "ROLE_", "MASTER_")
+#: torchrun's variables that no prefix above covers
+LAUNCHER_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
+
+
+def launcher_free_environ(extra: Optional[Mapping[str, str]] = None, *,
+                          drop: Iterable[str] = (),
+                          drop_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+    """This process's environment without any launcher's variables (:data:`LAUNCHER_PREFIXES`,
+    :data:`LAUNCHER_NAMES`), nor the variables named in ``drop`` or starting with one of
+    ``drop_prefixes``, updated with ``extra``. Reads the whole environment."""
+    names = LAUNCHER_NAMES | frozenset(drop)
+    prefixes = LAUNCHER_PREFIXES + drop_prefixes
+    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    env.update(extra or {})
+    return env
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def is_live(pid: int, mark: Optional[bytes] = None) -> bool:
@@ -81,9 +107,8 @@ def run_job(script: Path, *args: str, timeout: float = 120) -> list[dict[str, An
     """Run ``script`` (which prints one ``RESULT {json}`` line per rank) with this interpreter,
     without launcher variables; fail with its stderr unless it exits 0; return the results
     sorted by their ``rank``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
-    proc = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, str(script), *args], env=launcher_free_environ(),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
                if line.startswith("RESULT ")]

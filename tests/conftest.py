@@ -50,8 +50,6 @@ TERMINAL_JOB_STATES = frozenset(
         "TIMEOUT",
     }
 )
-# Launcher variables of the process running pytest must not leak into the jobs it starts.
-_LAUNCHER_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_")
 
 
 def in_ci() -> bool:
@@ -67,11 +65,12 @@ def unavailable(reason: str, details: str = "") -> NoReturn:
 
 
 def clean_environ(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This process's environment without launcher variables, updated with ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
-    if extra:
-        env.update(extra)
-    return env
+    """This process's environment without launcher variables, updated with ``extra`` (see
+    ``launcher_free_environ`` in tests/_procs.py): launcher variables of the process running
+    pytest must not leak into the jobs it starts."""
+    from _procs import launcher_free_environ
+
+    return launcher_free_environ(extra)
 
 
 class SlurmTimeout(AssertionError):

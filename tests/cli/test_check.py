@@ -7,12 +7,12 @@ simulated (this machine has no GPU); the command-line tests use the real torch.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from _procs import launcher_free_environ
 from unirank.distenv import DistEnv
 from unirank.report import TorchFacts, build_report, format_report, is_secret, masked
 
@@ -35,9 +35,6 @@ SLURM_TASK = DistEnv(
 )
 SLURM_ENV = {"SLURM_JOB_ID": "5", "SLURM_JOBID": "5", "SLURM_PROCID": "1", "SLURM_LOCALID": "1",
              "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "node[1-2]"}
-_LAUNCHER_VARS = ("SLURM", "OMPI_", "PMI", "MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "RANK",
-                  "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_",
-                  "TORCHELASTIC_", "UNIRANK_", "NCCL_", "GLOO_", "TORCH_")
 
 
 def test_cpu_report_lines() -> None:
@@ -126,8 +123,8 @@ def test_detection_error_is_reported() -> None:
 
 
 def run_check(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    env.update(extra)
+    # the report lists NCCL_*, GLOO_* and TORCH_* variables: none from the shell running pytest
+    env = launcher_free_environ(extra, drop_prefixes=("NCCL_", "GLOO_", "TORCH_"))
     return subprocess.run([sys.executable, "-m", "unirank", "check", *args], env=env,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 

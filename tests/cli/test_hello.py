@@ -2,36 +2,30 @@
 
 from __future__ import annotations
 
-import os
+import re
 import socket
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import pytest
 
+from _procs import free_port, launcher_free_environ
+
+if TYPE_CHECKING:
+    from conftest import SlurmTestbed
+
 UNIRANK = [sys.executable, "-m", "unirank"]
 HOST = socket.gethostname()
-_LAUNCHER_VARS = ("SLURM", "OMPI_", "PMI", "MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "RANK",
-                  "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_",
-                  "TORCHELASTIC_", "UNIRANK_")
 
 
 def run_unirank(
     *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """``unirank ARGS`` in this environment minus any launcher's variables, plus ``env``."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    clean.update(env or {})
-    return subprocess.run([*UNIRANK, *args], env=clean, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return subprocess.run([*UNIRANK, *args], env=launcher_free_environ(env), capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_hello_serial_is_process_0_of_1() -> None:
@@ -59,6 +53,21 @@ def test_hello_spawns_n_workers_in_rank_order() -> None:
         f"[http://127.0.0.1:{port}] hello from [{HOST}:gloo] process {rank}/3"
         for rank in range(3)
     ]
+
+
+@pytest.mark.integration
+def test_hello_is_in_rank_order_across_two_nodes_of_srun(slurm_testbed: SlurmTestbed) -> None:
+    """srun relays each task's output on its own: only gathering the lines keeps the order
+    (printing in turns, with a barrier after each, gave 0, 2, 1, 3 here)."""
+    for _ in range(3):
+        out = slurm_testbed.srun(["-N2", "--ntasks-per-node=2", *UNIRANK, "hello"],
+                                 env={"UNIRANK_INIT_TIMEOUT": "60"}, timeout=120).stdout
+        lines = out.splitlines()
+        found = [re.search(r"\] hello from \[(node\d):gloo\] process (\d)/4$", line)
+                 for line in lines]
+        assert all(found) and len(lines) == 4, out
+        assert [(m[1], int(m[2])) for m in found if m] == [
+            ("node1", 0), ("node1", 1), ("node2", 2), ("node2", 3)], out
 
 
 def test_hello_nccl_without_cuda_is_a_one_line_error() -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -11,16 +10,14 @@ from pathlib import Path
 
 import pytest
 
+from _procs import launcher_free_environ
+
 UNIRANK = [sys.executable, "-m", "unirank"]
 
 
 def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without launcher variables a developer's shell may carry."""
-    prefixes = ("SLURM", "OMPI", "PMI", "PMIX", "MPI_", "MV2", "JSM", "LSB", "PBS", "RANK",
-                "LOCAL_", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_", "TORCHELASTIC", "UNIRANK")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
-    env.update(extra)
-    return env
+    return launcher_free_environ(extra)
 
 
 def test_info_serial_json() -> None:

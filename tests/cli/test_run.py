@@ -1,8 +1,8 @@
 """``unirank run`` end to end: real workers, real torch gloo, real exit codes.
 
 Environment variables read: the caller's environment, from which launcher variables are removed
-(so that ``unirank run`` sees no outer launcher) along with PYTHONUNBUFFERED (unbuffered workers
-write a print's text and newline apart, and the lines of two workers could mix).
+(so that ``unirank run`` sees no outer launcher) along with OMP_NUM_THREADS (which ``unirank run``
+sets when it is unset).
 """
 
 from __future__ import annotations
@@ -20,20 +20,15 @@ from typing import Any, Optional
 
 import pytest
 
+from _procs import free_port, launcher_free_environ
+
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 120.0
-_DROP_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
-                  "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "TORCHELASTIC_")
-_DROP = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
-         "MASTER_PORT", "OMP_NUM_THREADS", "UNIRANK_INIT_TIMEOUT", "PYTHONUNBUFFERED"}
 
 
 def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_DROP_PREFIXES) and k not in _DROP}
-    env.update(extra or {})
-    return env
+    return launcher_free_environ(extra, drop=("OMP_NUM_THREADS",))
 
 
 def run(cwd: Path, args: Sequence[str], env: Optional[Mapping[str, str]] = None,
@@ -41,12 +36,6 @@ def run(cwd: Path, args: Sequence[str], env: Optional[Mapping[str, str]] = None,
     return subprocess.run([sys.executable, "-m", "unirank", "run", *args], cwd=cwd,
                           env=_env(env), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # A script written for torchrun; it knows nothing of unirank.
@@ -154,7 +143,7 @@ def test_module_mode(tmp_path: Path) -> None:
 
 def test_torchrun_spellings(tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(ENV_SCRIPT)
-    port = _free_port()
+    port = free_port()
     result = run(tmp_path, ["--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0",
                             "--master_addr", "127.0.0.1", "--master_port", str(port), "env.py"])
     assert result.returncode == 0, result.stderr
@@ -209,7 +198,7 @@ def test_init_timeout_names_the_rank_that_never_started(tmp_path: Path) -> None:
     """A world of 3 nodes (one worker each) where node 2 never starts: both started ranks fail
     within the init timeout, naming rank 2."""
     (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
-    port = str(_free_port())
+    port = str(free_port())
     common = ["--nnodes", "3", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", port,
               "--init-timeout", "5"]
     procs = [
@@ -281,10 +270,12 @@ def test_bad_options_fail_at_once_with_one_line(
     assert "HINT:" in lines[0]
 
 
-def test_missing_script_is_the_worker_s_error(tmp_path: Path) -> None:
+def test_missing_script_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
     result = run(tmp_path, ["-n", "1", "no_such_script.py"])
-    assert result.returncode == 1
-    assert "no_such_script.py" in result.stderr
+    assert result.returncode == 2  # as python no_such_script.py
+    assert result.stderr.splitlines() == [
+        f"unirank run: can't open file '{os.path.realpath(tmp_path)}/no_such_script.py': "
+        "[Errno 2] No such file or directory"]
 
 
 # -- pure helpers of the Slurm allocation case ---------------------------------------------------
@@ -337,17 +328,20 @@ def test_allocation_tasks_per_node_become_the_default_worker_count() -> None:
 # Rank 1 raises first, but rank 0 (failing because of it) exits first: the error files' times,
 # not the order of exits, name the cause. The store keys order the events; nothing sleeps.
 ROOT_CAUSE_SCRIPT = """
-import signal, sys
+import os, signal, sys
 import torch.distributed as dist
 from unirank.errorfile import record_exception
 
-signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+# the handler only writes to a pipe (raising from it could land inside a lock)
+stop_r, stop_w = os.pipe()
+signal.signal(signal.SIGTERM, lambda *_: os.write(stop_w, b"T"))
 dist.init_process_group("gloo")
 store = dist.distributed_c10d._get_default_store()
 if dist.get_rank() == 1:
     record_exception(RuntimeError("the cause, on rank 1"))
     store.set("recorded", "1")
-    signal.pause()  # until the supervisor's SIGTERM: rank 1 ends after rank 0
+    os.read(stop_r, 1)  # until the supervisor's SIGTERM: rank 1 ends after rank 0
+    sys.exit(1)
 else:
     store.wait(["recorded"])
     sys.exit(3)  # a consequence, seen first

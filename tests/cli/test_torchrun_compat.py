@@ -21,7 +21,9 @@ import pytest
 from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_run import _env, _free_port, run
+from test_run import _env, run
+
+from _procs import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -164,7 +166,7 @@ def _envs(stdout: str) -> list[dict[str, str]]:
 
 def test_the_multinode_tutorial_s_options_run(tmp_path: Path) -> None:
     (tmp_path / "trainer.py").write_text(ENV_AND_FAIL.replace("{NAMES}", repr(set(NAMES))))
-    port = _free_port()
+    port = free_port()
     result = run(tmp_path, ["--nnodes", "1", "--nproc_per_node", "2", "--rdzv_id", "1",
                             "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
                             "--max_restarts", "0", "trainer.py"])

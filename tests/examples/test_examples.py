@@ -5,7 +5,6 @@ Each run is real (real processes, real gloo, the real launcher); outputs are the
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import socket
@@ -17,6 +16,8 @@ from typing import Any, Optional
 
 import pytest
 
+from _procs import free_port, launcher_free_environ
+
 pytestmark = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -24,30 +25,19 @@ HELLO = str(EXAMPLES / "helloworld.py")
 REDUCTION = str(EXAMPLES / "reduction.py")
 CHECK = str(EXAMPLES / "check_config.py")
 HOST = socket.gethostname()
-_LAUNCHER_VARS = ("SLURM", "OMPI_", "PMI", "MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "RANK",
-                  "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_",
-                  "TORCHELASTIC_", "UNIRANK_")
 LINE = re.compile(r"^\[http://(?P<addr>[^:\]]+):(?P<port>\d+)\] ")
 
 
 def run(cmd: Sequence[str], env: Optional[Mapping[str, str]] = None,
         timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    clean.update(env or {})
-    proc = subprocess.run(list(cmd), env=clean, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    proc = subprocess.run(list(cmd), env=launcher_free_environ(env), capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
 
 
 def seed_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if LINE.match(line)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def hello_lines(addr: str, port: Any, nodes: Sequence[str], world: int) -> list[str]:

@@ -18,13 +18,14 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from _procs import launcher_free_environ
 
 __all__ = [
     "EXAMPLES",
@@ -35,7 +36,6 @@ __all__ = [
     "RankLine",
     "check_world",
     "console_script",
-    "free_port",
     "local_env",
     "parse_hello",
     "parse_reduce",
@@ -52,13 +52,6 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 PY = sys.executable
 #: every job's ranks give up joining after this long, naming the missing ones (never a hang)
 JOB_ENV = {"UNIRANK_INIT_TIMEOUT": "60"}
-#: variables of an outer launcher (or torchrun) that must not leak into a local test command
-_OUTER = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
-          "MPI_LOCAL", "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "JSM_", "TORCHELASTIC_",
-          "UNIRANK_")
-_TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-             "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
-             "MASTER_PORT")
 
 _ADDR = r"\[http://(?P<addr>[^\]\s]+):(?P<port>\d+)\]"
 _WHO = r"\[(?P<node>[^:\]\s]+):(?P<backend>[^\]\s]+)\] process (?P<rank>\d+)/(?P<world>\d+)"
@@ -130,13 +123,6 @@ def tagged_json(text: str, tag: str) -> list[dict[str, Any]]:
 def slurm_port(job_id: int | str, step_id: int | str) -> int:
     """README's port formula: ``20000 + 12 * (job_id mod 1000) + (step_id mod 12)``."""
     return 20000 + 12 * (int(job_id) % 1000) + (int(step_id) % 12)
-
-
-def free_port() -> int:
-    """A TCP port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def check_world(
@@ -217,12 +203,7 @@ def task_infos(text: str) -> list[dict[str, Any]]:
 
 def local_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """This environment without any launcher's or torchrun's variables, updated with ``extra``."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(_OUTER) and k not in _TORCHRUN
-    }
-    env.update(JOB_ENV)
-    env.update(extra or {})
-    return env
+    return launcher_free_environ({**JOB_ENV, **(extra or {})})
 
 
 def run_local(

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import pytest
 
+from _procs import launcher_free_environ
+
 if TYPE_CHECKING:
     from conftest import SlurmTestbed
 
@@ -49,12 +51,6 @@ TIMEOUT = 180.0  # safety net only: a run takes seconds
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 #: ranks that joined give up after this long, naming the missing ones (never a hang)
 JOB_ENV = {"UNIRANK_INIT_TIMEOUT": "60"}
-_DROP_PREFIXES = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
-                  "MPI_LOCAL", "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "JSM_", "TORCHELASTIC_",
-                  "UNIRANK_", "ACCELERATE_")
-_DROP = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-         "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-         "OMP_NUM_THREADS", "PYTHONUNBUFFERED"}
 
 
 def _in_ci() -> bool:
@@ -65,11 +61,9 @@ def _in_ci() -> bool:
 def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """This environment without any launcher's, torchrun's or Accelerate's variables, plus
     :data:`JOB_ENV` and ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_DROP_PREFIXES) and k not in _DROP}
-    env.update(JOB_ENV)
-    env.update(extra or {})
-    return env
+    return launcher_free_environ({**JOB_ENV, **(extra or {})},
+                                 drop=("OMP_NUM_THREADS", "PYTHONUNBUFFERED"),
+                                 drop_prefixes=("ACCELERATE_",))
 
 
 def _run_local(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:

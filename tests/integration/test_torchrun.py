@@ -18,10 +18,11 @@ from _outputs import (
     EXAMPLES,
     PY,
     check_world,
-    free_port,
     parse_reduce,
     run_local,
 )
+
+from _procs import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,6 @@ import os
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,27 +20,16 @@ from typing import Optional
 
 import pytest
 
-from _procs import wait_gone
+from _procs import free_port, launcher_free_environ, wait_gone
 
 pytestmark = pytest.mark.integration
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
-_LAUNCHER_VARS = ("SLURM", "OMPI_", "PMI", "MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "RANK",
-                  "LOCAL_RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "GROUP_", "ROLE_", "MASTER_",
-                  "TORCHELASTIC_", "UNIRANK_")
 
 
 def job_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     """This environment without any launcher's variables (the shell may carry some), + ``extra``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARS)}
-    env.update(extra or {})
-    return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return launcher_free_environ(extra)
 
 
 def run_script(

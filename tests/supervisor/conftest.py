@@ -18,26 +18,16 @@ from typing import IO, Optional
 
 import pytest
 
-from _procs import wait_gone
-
-_OUTER = ("SLURM_", "SLURMD_", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMIX_", "PMI_",
-          "MPI_LOCAL", "HYDRA_", "I_MPI_", "MV2_", "LSB_", "PBS_", "TORCHELASTIC_")
-_TORCHRUN = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-             "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR",
-             "MASTER_PORT", "UNIRANK_INIT_TIMEOUT", "UNIRANK_NO_SRUN",
-             # unbuffered workers write a print's text and its newline apart: lines would mix
-             "PYTHONUNBUFFERED")
+from _procs import launcher_free_environ, wait_gone
 
 TIMEOUT = 120.0
 
 
-def local_environ(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This environment without any launcher's variables (nor PYTHONUNBUFFERED), plus
+def local_environ(extra: Optional[Mapping[str, str]] = None,
+                  drop: Sequence[str] = ()) -> dict[str, str]:
+    """This environment without any launcher's variables (nor those in ``drop``), plus
     ``extra``."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(_OUTER) and k not in _TORCHRUN}
-    env.update(extra or {})
-    return env
+    return launcher_free_environ(extra, drop=drop)
 
 
 class Runner:
@@ -63,12 +53,14 @@ class Runner:
         )
 
     def start(self, args: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
-              command: Optional[Sequence[str]] = None) -> subprocess.Popen[bytes]:
-        """Start ``unirank run ARGS`` (or ``command``) with piped stdout and stderr."""
+              command: Optional[Sequence[str]] = None, stdout: Optional[int] = None,
+              drop: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+        """Start ``unirank run ARGS`` (or ``command``) with piped stderr, and stdout piped or
+        on the fd ``stdout``, without the variables in ``drop``."""
         argv = list(command) if command else [sys.executable, "-m", "unirank", "run", *args]
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=local_environ(env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=local_environ(env, drop),
+                                stdout=subprocess.PIPE if stdout is None else stdout,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         self._started.append(proc)
         return proc
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _procs import free_port
 from unirank.supervisor.workerinfo import read_worker_info
 
 
@@ -36,9 +36,7 @@ def test_missing_variables_are_reported() -> None:
 
 @pytest.mark.integration
 def test_unreachable_store_fails_within_the_init_timeout(tmp_path: Path) -> None:
-    with socket.socket() as sock:  # a port where nothing listens
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # where nothing listens
     (tmp_path / "never.py").write_text("print('script ran')\n")
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "UNIRANK_INIT_TIMEOUT": "2",

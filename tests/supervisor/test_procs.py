@@ -93,22 +93,21 @@ def test_success_is_zero_and_silent(runner: Runner) -> None:
     assert "unirank run" not in result.stderr
 
 
+# The handler only writes the signal's number to a pipe, which the main thread reads: raising
+# from a handler could land while ``threading`` holds a lock (CPython then fails with "release
+# unlocked lock"), so where the signal lands must not matter.
 _WAIT_FOR_SIGNAL = """
-import os, signal, sys, threading
+import os, select, signal, sys
 sig = signal.Signals[sys.argv[1]]
-class Got(Exception):
-    pass
-def handler(signum, frame):
-    raise Got(signal.Signals(signum).name)
-signal.signal(sig, handler)
+wake_r, wake_w = os.pipe()
+signal.signal(sig, lambda signum, frame: os.write(wake_w, bytes([signum])))
 rank = os.environ["RANK"]
-try:
-    print(f"ready {rank} {os.getpid()}", flush=True)
-    threading.Event().wait(100)
-except Got as got:
-    print(f"rank {rank} got {got}", flush=True)
-    sys.exit(0)
-sys.exit(5)
+print(f"ready {rank} {os.getpid()}", flush=True)
+if not select.select([wake_r], [], [], 100)[0]:
+    sys.exit(5)
+got = os.read(wake_r, 1)[0]
+print(f"rank {rank} got {signal.Signals(got).name}", flush=True)
+sys.exit(0 if got == sig else 6)
 """
 
 

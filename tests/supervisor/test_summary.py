@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from unirank.supervisor.output import LinePrefixer, tag_for
 from unirank.supervisor.summary import (
     OutputTail,
     RunResult,
@@ -92,12 +91,3 @@ def test_signal_death_is_the_first_failure_s_code() -> None:
     assert "killed by SIGKILL (signal 9)" in format_summary(result)
     assert "rank 1 wrote nothing to stderr" in format_summary(result)
 
-
-def test_line_prefixer() -> None:
-    prefixer = LinePrefixer(tag_for(3))
-    assert prefixer.feed(b"hel") == b""
-    assert prefixer.feed(b"lo\nwor") == b"[rank3]:hello\n"
-    assert prefixer.feed(b"ld\n\nx\r y\n") == b"[rank3]:world\n[rank3]:\n[rank3]:x\r y\n"
-    assert prefixer.feed(b"tail") == b""
-    assert prefixer.flush() == b"[rank3]:tail\n"
-    assert prefixer.flush() == b""

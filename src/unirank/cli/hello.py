@@ -1,7 +1,9 @@
 """``unirank hello``: every rank says hello, in rank order.
 
-Each rank prints ``[http://MASTER_ADDR:MASTER_PORT] hello from [NODE:BACKEND] process RANK/WORLD``
-(the seed's line). Without ``-n`` it runs in whatever launcher context it was started in
+Each rank makes its line ``[http://MASTER_ADDR:MASTER_PORT] hello from [NODE:BACKEND] process
+RANK/WORLD``; rank 0 gathers them and prints them in rank order, so that the order holds under
+any launcher, including those that relay each task's output on its own (srun, mpirun across
+nodes). Without ``-n`` it runs in whatever launcher context it was started in
 (plain ``unirank hello`` is ``process 0/1``); ``-n N`` spawns N local workers.
 
 Also home of the options and the runner that ``unirank reduce`` shares. No torch at import.
@@ -72,10 +74,12 @@ def hello_line() -> str:
 
 
 def say_hello(local_rank: int) -> None:
-    """Worker body: print the hello line in rank order."""
-    from unirank.runtime.helpers import print_in_rank_order
+    """Worker body: rank 0 prints every rank's hello line, in rank order."""
+    import unirank as ur
 
-    print_in_rank_order(hello_line())
+    lines = ur.all_gather(hello_line())
+    if ur.get_rank() == 0:
+        print("\n".join(lines), flush=True)
 
 
 def launch(command: str, args: argparse.Namespace, fn: Callable[[int], Any]) -> int:

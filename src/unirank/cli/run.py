@@ -344,6 +344,13 @@ def main(args: argparse.Namespace) -> int:
             "no script or module to run",
             hint="unirank run [options] script.py [args...]  or  unirank run [options] -m module",
         )
+    from unirank.cli.target import check_target
+
+    problem = check_target(args.program, module=args.module, no_python=args.no_python,
+                           cwd=os.getcwd(), environ=os.environ)
+    if problem is not None:  # as python says it, before any worker starts
+        print(f"unirank run: {problem.message}", file=sys.stderr, flush=True)
+        return problem.exit_code
     environ = dict(os.environ)
     notes: list[str] = []
     request = build_request(args, environ, notes)

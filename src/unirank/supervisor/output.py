@@ -1,5 +1,14 @@
-"""Where worker output goes: line prefixes, log files, console filters (pure; no I/O).
+"""Where worker output goes: whole lines, line prefixes, log files, console filters (pure; no
+I/O).
 
+* Every worker's stdout and stderr go through its node's supervisor, which passes them on in
+  whole lines, each in one write (:class:`LineBuffer`): the lines of workers that share a console
+  are never glued together, whatever buffering the workers use (``python -u``,
+  ``PYTHONUNBUFFERED=1``), and ``\\r`` progress bars (tqdm) still redraw in place. A partial
+  line is passed on as it is once it is :data:`PARTIAL_LINE_DELAY` seconds old. When the console
+  is a terminal, workers write unbuffered (PYTHONUNBUFFERED=1 unless it is set), so that output
+  still shows as it is printed although their stdout is a pipe (``isatty()`` is false in a
+  worker, as under srun or mpirun; a program that is not Python block-buffers it, as there).
 * ``--tag-output``: ``[rank3]:`` before every line, like torchrun's
   ``--log-line-prefix-template '[rank${rank}]:'`` (``${rank}``, ``${local_rank}`` and
   ``${role_name}`` are expanded in a template).
@@ -19,9 +28,14 @@ from string import Template
 
 from unirank.errors import ConfigError
 
-__all__ = ["LinePrefixer", "OutputOptions", "parse_ranks_filter", "parse_std", "tag_for"]
+__all__ = ["PARTIAL_LINE_DELAY", "LineBuffer", "OutputOptions", "parse_ranks_filter",
+           "parse_std", "tag_for"]
 
 TAG_TEMPLATE = "[rank${rank}]:"
+#: seconds a partial line (one without its newline yet) is held before it is passed on as it is
+PARTIAL_LINE_DELAY = 0.1
+#: bytes of a partial line that are passed on at once, however young
+PARTIAL_LINE_LIMIT = 65536
 _STD_VALUE = re.compile(r"^[0-3]$")
 _STD_MAPPING = re.compile(r"^[0-9]+:[0-3](,[0-9]+:[0-3])*$")
 
@@ -61,6 +75,8 @@ class OutputOptions:
     tee: int | dict[int, int] = 0
     log_dir: str | None = None
     ranks_filter: frozenset[int] | None = None
+    #: the supervisor's stdout is a terminal
+    console_tty: bool = False
 
     @staticmethod
     def _bits(spec: int | dict[int, int], local_rank: int) -> int:
@@ -88,8 +104,9 @@ class OutputOptions:
 
     @property
     def unbuffered(self) -> bool:
-        """Whether workers should write unbuffered (tagged or filtered lines as printed)."""
-        return self.prefix_template is not None
+        """Whether workers should write unbuffered: their output is tagged, or shown on a
+        terminal, where it comes out as it is printed (a pipe would make Python buffer it)."""
+        return self.prefix_template is not None or self.console_tty
 
     def prefix(self, rank: int, local_rank: int, role: str) -> bytes | None:
         """The line prefix of a worker's output, or None."""
@@ -105,28 +122,86 @@ def tag_for(rank: int) -> bytes:
     return f"[rank{rank}]:".encode()
 
 
-class LinePrefixer:
-    """Turns a byte stream into lines that start with ``prefix``; keeps a partial last line."""
+class LineBuffer:
+    """One worker stream cut into whole lines, each starting with ``prefix`` (none by default).
 
-    def __init__(self, prefix: bytes) -> None:
+    What :meth:`feed` gets up to its last line end (``\\n``, or the ``\\r`` with which a progress
+    bar redraws itself) passes on at once, in one piece; the rest, a partial line, waits for its
+    end, but never longer than :data:`PARTIAL_LINE_DELAY` seconds after its first byte came (nor
+    past :data:`PARTIAL_LINE_LIMIT` bytes): then :meth:`flush_partial` passes it on as it is and
+    the line stays *open*. An unbuffered ``print`` writes its text and its newline apart, a few
+    microseconds apart: held together, they reach the console as one line. Before another stream
+    writes where an open line is shown, :meth:`interrupt` ends that line; the newline that later
+    ends it in the worker's own output is then dropped, so no line is glued to another stream's
+    and none is left empty. The prefix starts every line (after ``\\n``, not after ``\\r``), as
+    torchrun's ``--log-line-prefix-template`` does.
+    """
+
+    def __init__(self, prefix: bytes = b"") -> None:
         self._prefix = prefix
         self._partial = b""
+        self._line_start = True
+        self._drop_newline = False
+        #: when (a ``time.monotonic()`` value) the partial line's first byte came, or None
+        self.held_since: float | None = None
+        #: what was passed on ends inside a line
+        self.open = False
 
-    def feed(self, data: bytes) -> bytes:
-        """The complete lines in ``self``'s pending bytes plus ``data``, each prefixed."""
+    @property
+    def deadline(self) -> float | None:
+        """When the partial line is due to be passed on as it is (None: nothing held)."""
+        return None if self.held_since is None else self.held_since + PARTIAL_LINE_DELAY
+
+    def feed(self, data: bytes, now: float = 0.0) -> bytes:
+        """The whole lines (and ``\\r`` updates) in the pending bytes plus ``data``."""
         text = self._partial + data
-        cut = text.rfind(b"\n")
+        cut = max(text.rfind(b"\n"), text.rfind(b"\r"))
         if cut < 0:
             self._partial = text
-            return b""
+            if text and self.held_since is None:
+                self.held_since = now
+            return self.flush_partial() if len(text) >= PARTIAL_LINE_LIMIT else b""
         self._partial = text[cut + 1:]
-        lines = text[:cut].split(b"\n")
-        return b"".join(self._prefix + line + b"\n" for line in lines)
+        self.held_since = now if self._partial else None
+        return self._pass(text[:cut + 1])
 
-    def flush(self) -> bytes:
-        """The pending partial line, prefixed and ended with a newline ("" when none)."""
-        if not self._partial:
+    def flush_partial(self) -> bytes:
+        """The partial line as it is (its line stays open), or b"" when none is held."""
+        chunk, self._partial, self.held_since = self._partial, b"", None
+        return self._pass(chunk)
+
+    def interrupt(self) -> bytes:
+        """A newline that ends the open line (b"" when none is open) before another stream's
+        output; the stream's own newline that would have ended it is then dropped."""
+        if not self.open:
             return b""
-        out = self._prefix + self._partial + b"\n"
-        self._partial = b""
+        self.open = False
+        self._line_start = True
+        self._drop_newline = True
+        return b"\n"
+
+    def close(self) -> bytes:
+        """At the end of the stream: the partial line, and a newline ending any open line."""
+        rest = self.flush_partial()
+        if self.open:
+            rest += b"\n"
+            self.open = False
+            self._line_start = True
+        return rest
+
+    def _pass(self, chunk: bytes) -> bytes:
+        if self._drop_newline and chunk:
+            self._drop_newline = False
+            if chunk.startswith(b"\n"):
+                chunk = chunk[1:]
+        if not chunk:
+            return b""
+        out = chunk
+        if self._prefix:
+            parts = chunk.split(b"\n")  # parts[0] goes on the current line, each other starts one
+            out = b"\n".join(
+                part if (i == 0 and not self._line_start) or (i == len(parts) - 1 and not part)
+                else self._prefix + part for i, part in enumerate(parts))
+        self._line_start = chunk.endswith(b"\n")
+        self.open = not self._line_start
         return out

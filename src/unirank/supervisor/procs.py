@@ -12,9 +12,11 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
   this teardown is never the root cause. The exit code is the root cause's.
 * The signals to forward (default SIGINT, SIGTERM, SIGUSR1, SIGUSR2) go to every worker; SIGINT
   and SIGTERM then start the same grace period (a second one kills at once).
-* Each worker's stderr goes through the supervisor, which keeps its tail for the failure summary;
-  stdout does too when it is tagged, filtered (``--local-ranks-filter``) or written to a log
-  file (``--redirects``, ``--tee``, torchrun's ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``).
+* Each worker's stdout and stderr go through the supervisor, which passes them on in whole lines
+  (:class:`~unirank.supervisor.output.LineBuffer`), tags them, filters them
+  (``--local-ranks-filter``), writes them to log files (``--redirects``, ``--tee``, torchrun's
+  ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``) and keeps stderr's tail for the failure
+  summary.
 * With ``max_restarts`` a failed group is stopped and started again, TORCHELASTIC_RESTART_COUNT
   counting up; every attempt's root cause goes into the summary.
 * Workers arm PR_SET_PDEATHSIG in their bootstrap, so a supervisor killed by SIGKILL leaves no
@@ -46,7 +48,7 @@ from typing import IO, TYPE_CHECKING, Any, Union
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.supervisor.listen import open_store_socket
-from unirank.supervisor.output import LinePrefixer, OutputOptions
+from unirank.supervisor.output import LineBuffer, OutputOptions
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.summary import (
     OutputTail,
@@ -127,13 +129,13 @@ class WorkerLaunch:
 
 
 class _Stream:
-    """One worker output pipe: where its bytes go, how they are tagged, what is kept."""
+    """One worker output pipe: where its lines go, how they are tagged, what is kept."""
 
-    def __init__(self, fd: int, targets: list[int], prefixer: LinePrefixer | None,
+    def __init__(self, fd: int, targets: list[int], lines: LineBuffer,
                  tail: OutputTail | None) -> None:
         self.fd = fd
         self.targets = targets
-        self.prefixer = prefixer
+        self.lines = lines
         self.tail = tail
 
 
@@ -184,6 +186,10 @@ class Supervisor:
         self._workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._streams: dict[int, _Stream] = {}
+        #: what each output fd writes to (fds 1 and 2 are often one terminal), and which stream's
+        #: line is left open there
+        self._sinks: dict[int, tuple[int, int]] = {}
+        self._open_lines: dict[tuple[int, int], _Stream] = {}
         self._files: list[int] = []
         self._first_failure: _Worker | None = None
         self._stop_signal: int | None = None
@@ -255,7 +261,6 @@ class Supervisor:
         out_targets += self._open_log(launch.stdout_file)
         err_targets = ([self._err_fd] if launch.stderr_console else [])
         err_targets += self._open_log(launch.stderr_file)
-        pipe_stdout = out_targets != [self._out_fd] or launch.prefix is not None
         store_fds = () if launch.wiring.store_fd is None else (launch.wiring.store_fd,)
         linger_read = done_write = done_read = None
         if launch.hosts_store:
@@ -268,7 +273,7 @@ class Supervisor:
             proc = subprocess.Popen(
                 list(launch.argv),
                 env=env,
-                stdout=subprocess.PIPE if pipe_stdout else None,
+                stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 pass_fds=fds,
                 start_new_session=True,
@@ -288,16 +293,14 @@ class Supervisor:
             self._done_pipes[done_read] = worker
             self._selector.register(done_read, selectors.EVENT_READ, worker)
         pipes: list[tuple[IO[bytes] | None, list[int], OutputTail | None]] = [
-            (proc.stderr, err_targets, worker.tail)
-        ]
-        if proc.stdout is not None:
-            pipes.append((proc.stdout, out_targets, None))
+            (proc.stderr, err_targets, worker.tail), (proc.stdout, out_targets, None)]
         for pipe, targets, tail in pipes:
             assert pipe is not None
             fd = pipe.fileno()
             os.set_blocking(fd, False)
-            prefixer = LinePrefixer(launch.prefix) if launch.prefix else None
-            stream = _Stream(fd, targets, prefixer, tail)
+            for target in targets:
+                self._sink(target)
+            stream = _Stream(fd, targets, LineBuffer(launch.prefix or b""), tail)
             self._streams[fd] = stream
             self._selector.register(fd, selectors.EVENT_READ, stream)
 
@@ -318,14 +321,21 @@ class Supervisor:
                     return
                 self._kill_all()
                 continue
-            timeout = None if self._deadline is None else self._deadline - now
-            for key, _events in self._selector.select(timeout):
+            for key, _events in self._selector.select(self._timeout(now)):
                 if key.data is None:
                     self._on_wakeup(wake_r)
                 elif isinstance(key.data, _Worker):
                     self._on_done(key.fd)
                 else:
                     self._pump(key.data)
+            self._flush_partial_lines(time.monotonic())
+
+    def _timeout(self, now: float) -> float | None:
+        """How long the loop may sleep: until the grace period ends or a partial line is due."""
+        due = [d for d in (s.lines.deadline for s in self._streams.values()) if d is not None]
+        if self._deadline is not None:
+            due.append(self._deadline)
+        return max(0.0, min(due) - now) if due else None
 
     def _on_done(self, fd: int) -> None:
         """A worker closed its done pipe (or ended): its program no longer uses the store."""
@@ -421,9 +431,42 @@ class Supervisor:
     def _feed(self, stream: _Stream, data: bytes) -> None:
         if stream.tail is not None:
             stream.tail.feed(data)
-        out = stream.prefixer.feed(data) if stream.prefixer else data
+        self._emit(stream, stream.lines.feed(data, time.monotonic()))
+
+    def _emit(self, stream: _Stream, out: bytes) -> None:
+        """Write ``out`` (whole lines, or a partial line that is due) to each of ``stream``'s
+        targets in one write, after ending another stream's line left open there."""
+        if not out:
+            return
+        for target in stream.targets:
+            owner = self._open_lines.get(self._sinks[target])
+            if owner is not None and owner is not stream:
+                self._end_open_line(owner)
         for target in stream.targets:
             self._write(target, out)
+            if stream.lines.open:
+                self._open_lines[self._sinks[target]] = stream
+            elif self._open_lines.get(self._sinks[target]) is stream:
+                del self._open_lines[self._sinks[target]]
+
+    def _sink(self, fd: int) -> tuple[int, int]:
+        if fd not in self._sinks:
+            self._sinks[fd] = _sink_of(fd)
+        return self._sinks[fd]
+
+    def _end_open_line(self, owner: _Stream) -> None:
+        newline = owner.lines.interrupt()
+        for target in owner.targets:
+            self._write(target, newline)
+            if self._open_lines.get(self._sinks[target]) is owner:
+                del self._open_lines[self._sinks[target]]
+
+    def _flush_partial_lines(self, now: float) -> None:
+        """Pass on the partial lines held for ``PARTIAL_LINE_DELAY`` (see :mod:`.output`)."""
+        for stream in list(self._streams.values()):
+            deadline = stream.lines.deadline
+            if deadline is not None and deadline <= now:
+                self._emit(stream, stream.lines.flush_partial())
 
     def _pump(self, stream: _Stream) -> None:
         try:
@@ -436,10 +479,7 @@ class Supervisor:
         self._feed(stream, data)
 
     def _close_stream(self, stream: _Stream) -> None:
-        if stream.prefixer is not None:
-            rest = stream.prefixer.flush()
-            for target in stream.targets:
-                self._write(target, rest)
+        self._emit(stream, stream.lines.close())
         self._selector.unregister(stream.fd)
         del self._streams[stream.fd]
         os.close(stream.fd)
@@ -472,6 +512,9 @@ class Supervisor:
             view = view[written:]
 
     def _say(self, message: str) -> None:
+        owner = self._open_lines.get(self._sink(self._err_fd))
+        if owner is not None:
+            self._end_open_line(owner)
         self._write(self._err_fd, f"{self._prog}: {message}\n".encode())
 
     # -- the end ------------------------------------------------------------------------------
@@ -552,6 +595,15 @@ class Supervisor:
             first = next(e for e in exits if e.rank == blamed.launch.rank)
         return RunResult(exits=tuple(exits), first_failure=first, stop_signal=self._stop_signal,
                          unreaped=self._unreaped)
+
+
+def _sink_of(fd: int) -> tuple[int, int]:
+    """What ``fd`` writes to (device and inode), so that two fds on one terminal are one sink."""
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return (-1, fd)
+    return (info.st_dev, info.st_ino)
 
 
 def _send(pid: int, signum: int, *, group: bool) -> None:
@@ -648,6 +700,8 @@ def run_plan(
     :func:`~unirank.supervisor.workerenv.worker_environ`).
     """
     options = options or EngineOptions()
+    # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
+    options = replace(options, output=replace(options.output, console_tty=os.isatty(out_fd)))
     sock: socket.socket | None = None
     if plan.hosts_store:
         sock = open_store_socket(plan.master_port, host=plan.master_addr, option="MASTER_PORT")
