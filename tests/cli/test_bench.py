@@ -8,7 +8,6 @@ import csv
 import importlib.util
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -18,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import pytest
 
-from _procs import LAUNCHER_VARS
+from _procs import free_port, launcher_free_environ
 from unirank.bench.ops import OP_NAMES, OPS
 from unirank.bench.plot import MISSING
 from unirank.bench.report import Device, Header, Row, render_text
@@ -34,18 +33,11 @@ LINE_COLOURS = [(0x1F, 0x77, 0xB4), (0xFF, 0x7F, 0x0E), (0x2C, 0xA0, 0x2C), (0xD
                 (0x94, 0x67, 0xBD)]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def bench(*args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 240,
           program: tuple[str, ...] = ("-m", "unirank")) -> subprocess.CompletedProcess[str]:
     """``unirank bench ARGS`` without any launcher's variables, on a free port (``program``:
     what follows the interpreter instead of ``-m unirank``)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
-    clean.update({"MASTER_PORT": str(free_port()), **(env or {})})
+    clean = launcher_free_environ({"MASTER_PORT": str(free_port()), **(env or {})})
     return subprocess.run([sys.executable, *program, "bench", *args], env=clean,
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,17 +19,11 @@ from typing import Any
 
 import pytest
 
-from _procs import LAUNCHER_VARS
+from _procs import free_port, launcher_free_environ
 from conftest import unavailable
 
 SCRIPT = Path(__file__).parent / "scripts" / "idist_program.py"
 TIMEOUT = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _command(mode: str, folder: Path) -> list[str]:
@@ -45,8 +37,8 @@ def _command(mode: str, folder: Path) -> list[str]:
 def _run(impl: str, mode: str, folder: Path) -> dict[int, dict[str, Any]]:
     """Run the program with ``impl`` as idist; every rank's results by rank."""
     folder.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
-    env.update(IDIST_IMPL=impl, MASTER_PORT=str(_free_port()))  # ignite's default is 2222
+    # ignite's default port is 2222: a free one instead
+    env = launcher_free_environ({"IDIST_IMPL": impl, "MASTER_PORT": str(free_port())})
     proc = subprocess.run(_command(mode, folder), env=env, capture_output=True, text=True,
                           timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"{impl} under {mode}:\n{proc.stderr[-4000:]}"

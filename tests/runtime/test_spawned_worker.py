@@ -7,7 +7,6 @@ Every process is real (``python examples/train.py``, ``unirank run``, ``torchrun
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import LAUNCHER_VARS
+from _procs import launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +23,7 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_VARS)}
+    return launcher_free_environ()
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
