@@ -52,7 +52,11 @@ def merge(per_rank: Sequence[tuple[str, Sequence[Check]]]) -> list[Check]:
         if not bad or len(per_rank) == 1:
             merged.append(bad[0][1] if bad else entries[0][1])
             continue
-        detail = "; ".join(f"{who}: {c.status} {c.detail}" for who, c in bad)
+        same: dict[tuple[str, str], list[str]] = {}
+        for who, c in bad:
+            same.setdefault((c.status, c.detail), []).append(who)
+        detail = "; ".join(f"{', '.join(whos)}: {status} {text}"
+                           for (status, text), whos in same.items())
         hint = next((c.hint for _, c in bad if c.status == worst and c.hint), "")
         merged.append(Check(name, worst, detail, hint))
     return merged
