@@ -90,8 +90,19 @@ def test_two_spawned_ranks_are_healthy() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = checks(proc)
     assert rows["group"]["status"] == "OK"
-    assert rows["group"]["detail"] == "2 spawned ranks joined a gloo group"
+    assert rows["group"]["detail"].startswith("2 ranks on 1 node(s) ")
     assert rows["same versions"]["status"] == "OK"
+
+
+def test_under_unirank_run_two_ranks_are_healthy() -> None:
+    """``unirank run -n 2 -m unirank doctor``: each worker is a rank of the run's world."""
+    proc = subprocess.run([sys.executable, "-m", "unirank", "run", "-n", "2", "-m", "unirank",
+                           "doctor", "--json"], env=launcher_free_environ(), capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = checks(proc)
+    assert [name for name, row in rows.items() if row["status"] != "OK"] == [], proc.stdout
+    assert rows["group"]["detail"].startswith("2 ranks on 1 node(s) "), proc.stdout
 
 
 def test_a_rank_that_never_answers_is_named() -> None:

@@ -31,7 +31,7 @@ def facts(**changes: Any) -> Facts:
         expected_tasks=("SLURM_STEP_NUM_TASKS", 2),
         master=Lookup("node1", ("10.0.0.1",), "", 0.001),
         local_addresses=frozenset({"127.0.0.1", "10.0.0.5", "172.17.0.1"}),
-        serves=False, port_free=None, port_owner=None, ephemeral=(32768, 60999),
+        serves=False, agent_store=False, port_free=None, port_owner=None, ephemeral=(32768, 60999),
         probe="refused", interfaces=IFACES, route_ip="10.0.0.5",
         reverse=(Lookup("10.0.0.1", ("node1",), "", 0.002),
                  Lookup("::ffff:10.0.0.1", ("node1",), "", 0.003)),
@@ -132,6 +132,8 @@ def test_ephemeral_port_warns() -> None:
     check = row(checks.local_checks(facts(env=env)), "master port")
     assert check.status == WARN
     assert check.hint == "export MASTER_PORT=<a port below 32768, e.g. 29500>"
+    bound = row(checks.local_checks(facts(env=env, agent_store=True)), "master port")
+    assert bound.status == OK  # the agent (torchrun's, unirank run's) already holds it
 
 
 @pytest.mark.parametrize(("spec", "picked"), [

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from unirank.doctor.checks import local_checks
 from unirank.doctor.facts import Facts, gather
-from unirank.doctor.result import FAIL, OK, Check, failed, format_table, to_json
+from unirank.doctor.result import FAIL, Check, failed, format_table, to_json
 from unirank.errors import ConfigError
 
 #: a failure of one of these checks makes joining a group pointless
@@ -79,18 +79,21 @@ def run_here(facts: Facts, rows: list[Check], args: argparse.Namespace) -> int:
 
 
 def spawned_rank(local_rank: int, parent: Facts, rows: list[Check], timeout: float,
-                 as_json: bool, verdict: str) -> None:
+                 as_json: bool, verdict: str, started: float) -> None:
     """A spawned rank (``-n``): gather every rank's report; rank 0 prints the table with the
-    parent's local rows and writes the exit code to ``verdict``."""
-    from unirank.doctor.group import gather_reports, merged_rows, rank_report
+    parent's local rows and writes the exit code to ``verdict``. ``started``: the parent's wall
+    clock when it spawned (same host), for the join's duration."""
+    import unirank as ur
+    from unirank.doctor.facts import now
+    from unirank.doctor.group import gather_reports, rank_report
+    from unirank.doctor.groupchecks import group_checks
 
     facts = gather(os.environ, backend=parent.backend, spawn=None, serves=False)
     reports = gather_reports(rank_report(facts, (), os.environ, local_rank))
-    if reports[0].rank != reports[local_rank].rank or local_rank != 0:
+    if ur.get_rank() != 0:
         return
-    merged = [*rows, *merged_rows(reports, parent, 0.0)[1:]]
-    joined = Check("group", OK, f"{len(reports)} spawned ranks joined a gloo group")
-    merged.insert(len(rows), joined)
+    merged = [*rows, *group_checks(reports, expected_nodes=(), backend=parent.backend,
+                                   seconds=now() - started)]
     code = emit(merged, _header(parent, timeout, len(reports)), as_json)
     with open(verdict, "w", encoding="ascii") as handle:
         handle.write(str(code))
@@ -99,6 +102,7 @@ def spawned_rank(local_rank: int, parent: Facts, rows: list[Check], timeout: flo
 def run_spawned(facts: Facts, rows: list[Check], args: argparse.Namespace) -> int:
     """``-n N``: spawn N local ranks (as ``unirank hello -n``); rank 0 prints."""
     import unirank as ur
+    from unirank.doctor.facts import now
     from unirank.doctor.groupchecks import join_failed
 
     header = _header(facts, args.timeout, args.nproc_per_node)
@@ -108,7 +112,7 @@ def run_spawned(facts: Facts, rows: list[Check], args: argparse.Namespace) -> in
     with tempfile.TemporaryDirectory(prefix="unirank-doctor-") as folder:
         verdict = os.path.join(folder, "verdict")
         fn = functools.partial(spawned_rank, parent=facts, rows=rows, timeout=args.timeout,
-                               as_json=args.json, verdict=verdict)
+                               as_json=args.json, verdict=verdict, started=now())
         try:
             with ur.Parallel(backend="gloo", nproc_per_node=args.nproc_per_node,
                              init_timeout=args.timeout) as parallel:

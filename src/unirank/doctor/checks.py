@@ -118,6 +118,8 @@ def check_port(facts: Facts) -> Check | None:
         owner = facts.port_owner or "unknown (not readable here)"
         return Check("master port", FAIL, f"{port} is already in use on this host, by {owner}",
                      "export MASTER_PORT=<a free port, the same on every rank>")
+    if facts.agent_store:
+        return Check("master port", OK, f"{port} (already bound by the launcher's agent)")
     low, high = facts.ephemeral or (0, -1)
     if low <= port <= high:
         return Check("master port", WARN,

@@ -55,6 +55,7 @@ class Facts:
     master: Lookup | None
     local_addresses: frozenset[str]
     serves: bool
+    agent_store: bool
     port_free: bool | None
     port_owner: str | None
     ephemeral: tuple[int, int] | None
@@ -146,7 +147,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
         env=env, env_error=error, backend=backend, spawn=spawn,
         gpus=visible_gpu_count(environ), cuda_visible=environ.get("CUDA_VISIBLE_DEVICES"),
         expected_tasks=expected_world(environ), master=master, local_addresses=local,
-        serves=serves, port_free=free,
+        serves=serves, agent_store=uses_agent_store(environ), port_free=free,
         port_owner=netinfo.port_owner(port) if free is False and port else None,
         ephemeral=netinfo.ephemeral_range(),
         probe=netinfo.connect_probe(ip, port) if ip and port and not is_local else None,

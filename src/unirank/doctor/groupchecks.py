@@ -125,6 +125,6 @@ def join_failed(error: BaseException, timeout: float) -> Check:
     the missing ranks and their nodes)."""
     text = " ".join(str(error).split())
     text = text.split(" Check that those ranks")[0]
-    return Check("group", FAIL, f"no gloo group within {timeout:g} s: {text}",
+    return Check("group", FAIL, f"the gloo group did not form (timeout {timeout:g} s): {text}",
                  "start every rank (srun/mpirun task counts, --nnodes, --node-rank) and let "
                  "each reach MASTER_ADDR:MASTER_PORT; raise --timeout if they are slow to start")
