@@ -115,3 +115,14 @@ def test_a_rank_that_never_answers_is_named() -> None:
     assert row["status"] == "FAIL"
     assert "1 of 2 ranks did not join within 3 s: rank 1" in row["detail"], row
     assert row["hint"].startswith("start every rank (srun/mpirun task counts")
+
+
+def test_a_blocking_failure_skips_the_group() -> None:
+    """With a gloo interface that does not exist no group can form: ``-n 2`` does not spawn,
+    and the group row says why."""
+    proc = doctor("-n", "2", "--json", env={"GLOO_SOCKET_IFNAME": "nosuch0"})
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = checks(proc)
+    assert rows["group"]["status"] == "FAIL"
+    assert rows["group"]["detail"] == "not tried: fix the failures above first"
+    assert "Traceback" not in proc.stderr, proc.stderr

@@ -22,8 +22,10 @@ from unirank.doctor.facts import Facts, gather
 from unirank.doctor.result import FAIL, Check, failed, format_table, to_json
 from unirank.errors import ConfigError
 
-#: a failure of one of these checks makes joining a group pointless
-_BLOCKING = ("launcher", "world size", "master address", "route to master")
+#: a failure of one of these checks makes joining a gloo group pointless (the ranks that do
+#: try then name this one as missing, within the timeout)
+_BLOCKING = ("launcher", "world size", "master address", "route to master", "master port",
+             "GLOO_SOCKET_IFNAME")
 DEFAULT_TIMEOUT = 15.0
 
 
