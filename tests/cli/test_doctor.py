@@ -32,7 +32,8 @@ def checks(proc: subprocess.CompletedProcess[str]) -> dict[str, dict[str, Any]]:
 def test_plain_python_is_healthy_and_imports_no_torch() -> None:
     code = ("import sys\nfrom unirank.cli.main import main\nrc = main(['doctor'])\n"
             "print('TORCH', 'torch' in sys.modules)\nsys.exit(rc)")
-    proc = subprocess.run([sys.executable, "-c", code], env=launcher_free_environ(),
+    env = launcher_free_environ({"MASTER_PORT": str(free_port())})  # 29500 may be busy here
+    proc = subprocess.run([sys.executable, "-c", code], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.splitlines()[-2].startswith("doctor passed:"), proc.stdout
@@ -40,7 +41,7 @@ def test_plain_python_is_healthy_and_imports_no_torch() -> None:
 
 
 def test_json_lists_every_check() -> None:
-    proc = doctor("--json")
+    proc = doctor("--json", env={"MASTER_PORT": str(free_port())})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = checks(proc)
     assert {"launcher", "gpus", "torch", "master address", "master port",
@@ -80,7 +81,8 @@ def test_unresolvable_master_fails() -> None:
 
 
 def test_nccl_without_gpus_fails() -> None:
-    proc = doctor("--json", "--backend", "nccl", env={"CUDA_VISIBLE_DEVICES": ""})
+    proc = doctor("--json", "--backend", "nccl",
+                  env={"CUDA_VISIBLE_DEVICES": "", "MASTER_PORT": str(free_port())})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert checks(proc)["gpus"]["status"] == "FAIL"
 
