@@ -1,0 +1,164 @@
+"""One rank's facts, gathered once (:func:`gather`) for the pure checks of
+:mod:`~unirank.doctor.checks` and :mod:`~unirank.doctor.groupchecks`.
+
+No torch import: torch's version comes from the installed distribution's metadata and its CUDA
+build from ``torch/version.py``, read as text (importing torch costs about 2 s).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+import socket
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from unirank.distenv import DistEnv
+from unirank.doctor import netinfo
+from unirank.doctor.netinfo import Lookup
+from unirank.errors import ConfigError
+from unirank.store import uses_agent_store
+from unirank.supervisor.devices import visible_gpu_count
+
+__all__ = ["Facts", "Versions", "expected_world", "gather", "versions"]
+
+#: variables that say how many tasks a launcher started, in the order they are trusted
+_TASK_COUNTS = ("SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+
+
+@dataclass(frozen=True)
+class Versions:
+    """The versions every rank must share, and torch's build."""
+
+    python: str
+    unirank: str
+    torch: str | None
+    torch_cuda: str | None
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one rank knows before any network is used; see :func:`gather` for each field."""
+
+    env: DistEnv | None
+    env_error: ConfigError | None
+    backend: str
+    spawn: int | None
+    gpus: int
+    cuda_visible: str | None
+    expected_tasks: tuple[str, int] | None
+    master: Lookup | None
+    local_addresses: frozenset[str]
+    serves: bool
+    agent_store: bool
+    port_free: bool | None
+    port_owner: str | None
+    ephemeral: tuple[int, int] | None
+    probe: str | None
+    interfaces: Mapping[str, tuple[str, ...]]
+    route_ip: str | None
+    ifname_vars: Mapping[str, str] = field(default_factory=dict)
+    reverse: tuple[Lookup, ...] = ()
+    versions: Versions | None = None
+    node: str = ""
+
+
+def versions() -> Versions:
+    """Python's, unirank's and torch's versions, and the CUDA version torch was built with."""
+    from unirank import __version__
+
+    try:
+        torch_version: str | None = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
+    return Versions(platform.python_version(), __version__, torch_version, _torch_cuda())
+
+
+def _torch_cuda() -> str | None:
+    """``torch.version.cuda``, read from ``torch/version.py`` without importing torch."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(next(iter(spec.submodule_search_locations)), "version.py")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError:
+        return None
+    match = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def expected_world(environ: Mapping[str, str]) -> tuple[str, int] | None:
+    """``(variable, count)``: how many tasks the launcher says it started, where it says so
+    (inside an srun step, mpirun), for comparing with the detected world size.
+
+    Reads: SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE.
+    """
+    for name in _TASK_COUNTS:
+        if name == "SLURM_STEP_NUM_TASKS" and "SLURM_STEP_ID" not in environ:
+            continue
+        value = environ.get(name, "").strip()
+        if value.isdigit():
+            return name, int(value)
+    return None
+
+
+def _detect(environ: Mapping[str, str]) -> tuple[DistEnv | None, ConfigError | None]:
+    from unirank.launchers import detect
+
+    try:
+        return detect(environ, sys.argv[1:]), None
+    except ConfigError as exc:
+        return None, exc
+
+
+def _local_addresses(ifaces: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
+    found = {addr for addrs in ifaces.values() for addr in addrs}
+    return frozenset(found | {"127.0.0.1"})
+
+
+def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
+           serves: bool | None = None) -> Facts:
+    """This rank's facts. ``serves``: whether this process would serve the store on the master
+    port (default: rank 0 on the master's host), so that the port must be free here.
+
+    Reads: the launcher's variables (through :func:`unirank.launchers.detect`),
+    CUDA_VISIBLE_DEVICES, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, SLURM_STEP_ID and the task
+    counts of :func:`expected_world`.
+    """
+    env, error = _detect(environ)
+    ifaces = netinfo.interfaces()
+    local = _local_addresses(ifaces)
+    master = netinfo.resolve(env.master_addr) if env and env.master_addr else None
+    ip = master.answer[0] if master and master.answer else None
+    is_local = ip is not None and (ip in local or ip.startswith("127."))
+    if serves is None:
+        serves = bool(env and env.rank == 0 and is_local and not uses_agent_store(environ))
+    port = env.master_port if env else None
+    free = netinfo.port_free(port) if serves and port else None
+    reverse = (netinfo.reverse_lookup(ip), netinfo.reverse_lookup(f"::ffff:{ip}")) if ip else ()
+    return Facts(
+        env=env, env_error=error, backend=backend, spawn=spawn,
+        gpus=visible_gpu_count(environ), cuda_visible=environ.get("CUDA_VISIBLE_DEVICES"),
+        expected_tasks=expected_world(environ), master=master, local_addresses=local,
+        serves=serves, agent_store=uses_agent_store(environ), port_free=free,
+        port_owner=netinfo.port_owner(port) if free is False and port else None,
+        ephemeral=netinfo.ephemeral_range(),
+        probe=netinfo.connect_probe(ip, port) if ip and port and not is_local else None,
+        interfaces=ifaces, route_ip=netinfo.route_source(ip) if ip else None,
+        ifname_vars={k: environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+                     if environ.get(k)},
+        reverse=reverse, versions=versions(),
+        node=env.node_name if env and env.node_name else socket.gethostname(),
+    )
+
+
+def now() -> float:
+    """This host's wall clock (for the clock-skew check)."""
+    return time.time()

@@ -1,0 +1,186 @@
+"""The network facts doctor reads from this host: interfaces and their IPv4 addresses, the route
+to the master, who holds a port, the ephemeral port range, and timed name look-ups.
+
+Every function bounds its own wait; none imports torch. Linux paths (``/proc``) are read where
+they exist and skipped elsewhere.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+__all__ = [
+    "Lookup",
+    "connect_probe",
+    "ephemeral_range",
+    "interfaces",
+    "port_free",
+    "port_owner",
+    "resolve",
+    "reverse_lookup",
+    "route_source",
+]
+
+_T = TypeVar("_T")
+_SIOCGIFADDR = 0x8915
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """A timed name look-up: ``answer`` (None when it failed), ``error``, ``seconds`` taken
+    (the bound when it did not finish)."""
+
+    query: str
+    answer: tuple[str, ...] | None
+    error: str
+    seconds: float
+
+
+def _bounded(fn: Callable[[], _T], limit: float) -> tuple[_T | None, str, float]:
+    """``fn()`` in a daemon thread, waited for at most ``limit`` seconds: (value, error,
+    seconds); a look-up that hangs cannot hold doctor up."""
+    box: dict[str, object] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except (OSError, UnicodeError) as exc:
+            box["error"] = " ".join(str(exc).split()) or type(exc).__name__
+
+    start = time.monotonic()
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(limit)
+    seconds = time.monotonic() - start
+    if thread.is_alive():
+        return None, f"no answer within {limit:g} s", seconds
+    value = box.get("value")
+    return value, str(box.get("error", "")), seconds  # type: ignore[return-value]
+
+
+def resolve(name: str, limit: float = 5.0) -> Lookup:
+    """The IPv4 addresses ``name`` resolves to (``getaddrinfo``), timed."""
+    def query() -> tuple[str, ...]:
+        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
+        return tuple(sorted({str(info[4][0]) for info in infos}))
+
+    value, error, seconds = _bounded(query, limit)
+    return Lookup(name, value, error, seconds)
+
+
+def reverse_lookup(address: str, limit: float = 3.0) -> Lookup:
+    """The name ``address`` maps back to (``gethostbyaddr``, as torch's store does), timed."""
+    value, error, seconds = _bounded(lambda: (socket.gethostbyaddr(address)[0],), limit)
+    return Lookup(address, value, error, seconds)
+
+
+def interfaces() -> dict[str, tuple[str, ...]]:
+    """Every network interface of this host and its IPv4 address (one per interface, through
+    ``SIOCGIFADDR``; an interface without one maps to an empty tuple)."""
+    found: dict[str, tuple[str, ...]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for _index, name in socket.if_nameindex():
+            try:
+                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR,
+                                     struct.pack("256s", name.encode()[:15]))
+                found[name] = (socket.inet_ntoa(packed[20:24]),)
+            except OSError:
+                found[name] = ()
+    return found
+
+
+def route_source(address: str) -> str | None:
+    """The local IPv4 address the kernel would send from to reach ``address`` (a UDP connect
+    sends nothing), or None without a route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.connect((address, 9))
+            return str(sock.getsockname()[0])
+    except OSError:
+        return None
+
+
+def connect_probe(address: str, port: int, limit: float = 2.0) -> str:
+    """``listening`` (a TCP connect succeeded), ``refused`` (the host answered, nothing
+    listens), ``timeout`` (no answer within ``limit``: a firewall or a wrong address) or
+    ``unreachable: <error>``."""
+    try:
+        with socket.create_connection((address, port), timeout=limit):
+            return "listening"
+    except ConnectionRefusedError:
+        return "refused"
+    except TimeoutError:
+        return "timeout"
+    except OSError as exc:
+        return f"unreachable: {exc.strerror or exc}"
+
+
+def port_free(port: int, address: str = "") -> bool:
+    """Whether a TCP socket can bind ``port`` here (as the store server would)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((address, port))
+        except OSError:
+            return False
+    return True
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int] | None:
+    """The kernel's ephemeral port range (the ports it hands out to outgoing connections)."""
+    try:
+        with open(path, encoding="ascii") as handle:
+            low, high = handle.read().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return None
+
+
+def _socket_inodes(port: int) -> set[str]:
+    """The inodes of the sockets listening (or bound) on ``port``, from /proc/net/tcp{,6}."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table, encoding="ascii") as handle:
+            for line in handle.readlines()[1:]:
+                fields = line.split()
+                if len(fields) > 9 and int(fields[1].rsplit(":", 1)[1], 16) == port \
+                        and fields[3] == "0A":  # LISTEN
+                    inodes.add(fields[9])
+    return inodes
+
+
+def port_owner(port: int, proc: str = "/proc") -> str | None:
+    """``pid P (command)`` of the process listening on ``port``, where /proc lets us read it;
+    ``a process of another user`` when the socket is listed but its owner's fds are closed to
+    us; None when nothing is found."""
+    inodes = _socket_inodes(port)
+    if not inodes:
+        return None
+    targets = {f"socket:[{inode}]" for inode in inodes}
+    for pid in filter(str.isdigit, os.listdir(proc)):
+        fd_dir = os.path.join(proc, pid, "fd")
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(fd_dir):
+                with contextlib.suppress(OSError):
+                    if os.readlink(os.path.join(fd_dir, fd)) in targets:
+                        return f"pid {pid} ({_command(proc, pid)})"
+    return "a process whose file descriptors this user cannot read"
+
+
+def _command(proc: str, pid: str) -> str:
+    try:
+        with open(os.path.join(proc, pid, "cmdline"), "rb") as handle:
+            words = handle.read().split(b"\0")
+        text = " ".join(w.decode(errors="replace") for w in words if w)
+        return " ".join(text.split())[:80] or "?"
+    except OSError:
+        return "?"
