@@ -102,7 +102,7 @@ def test_salloc_shell_without_srun_fails_at_once_with_the_command(slurm_testbed:
     errors = [line for line in result.stderr.splitlines() if line.startswith("unirank run:")]
     assert len(errors) == 1
     assert "HINT: run: srun --nodes=2 --ntasks=2 --ntasks-per-node=1" in errors[0]
-    assert "-m unirank run --nnodes 2 --nproc-per-node 2 -n 2 " in errors[0]
+    assert "-m unirank run --nnodes 2 -n 2 " in errors[0]  # each option once
     assert errors[0].endswith(script)
 
 

@@ -60,7 +60,7 @@ def run_layout(argv: list[str], base: dict[str, str]) -> Layout:
     args = parser.parse_args(argv)
     request = build_request(args, base)
     outer = detect(base, ["unirank"], hostname="host")
-    plan = make_plan(request, outer, base, hostname="host", run_id_fallback="run-id")
+    plan = make_plan(request, outer, base, run_id_fallback="run-id")
     return Layout(plan, target_of(args), engine_options(args), base)
 
 
@@ -68,7 +68,7 @@ def parallel_layout(tmp: Path) -> Layout:
     """``Parallel(nproc_per_node=2)`` in a plain ``python script.py``: the request it makes."""
     request = LaunchRequest(nproc_per_node=2, init_timeout=300.0, spawn_default=None)
     outer = detect(SHELL, ["script.py"], hostname="host")
-    plan = make_plan(request, outer, SHELL, hostname="host", run_id_fallback="run-id")
+    plan = make_plan(request, outer, SHELL, run_id_fallback="run-id")
     return Layout(plan, ["--call", str(tmp / "call.pickle")],
                   EngineOptions(prog="unirank Parallel"), SHELL)
 
