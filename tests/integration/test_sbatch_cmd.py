@@ -33,8 +33,6 @@ from _outputs import REPO, check_world, local_env, parse_hello, slurm_port
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 TIMEOUT = 180.0
-#: Slurm holds a requeued job for its credential lifetime (120 s by default) before it may start
-REQUEUE_TIMEOUT = 360.0
 _SUBMITTED = re.compile(r"^Submitted batch job (\d+)$", re.MULTILINE)
 
 
@@ -149,17 +147,54 @@ sys.exit({REQUEUE_EXIT_CODE} if restart == 0 else 0)
 """
 
 
+def start(testbed: SlurmTestbed, args: Sequence[str],
+          minutes: int = 3) -> tuple[subprocess.Popen[str], str, int]:
+    """``unirank sbatch ... --submit --follow ARGS`` started: the process, the job's name and
+    its id (read from the first line)."""
+    cmd, name = _command(testbed, args, minutes)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], TIMEOUT)
+    first = proc.stdout.readline() if ready else ""
+    match = _SUBMITTED.search(first)
+    if match is None:
+        proc.kill()
+        out, err = proc.communicate()
+        _conftest(testbed)._cancel_by_name(name)
+        raise AssertionError(f"no job id in the first line {first!r}:\n{out}\n{err}")
+    return proc, name, int(match.group(1))
+
+
+def finish(testbed: SlurmTestbed, proc: subprocess.Popen[str], name: str, first_line: str,
+           timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
+    """Wait for ``unirank sbatch --follow`` begun by :func:`start`; cancel the job on a timeout.
+    The result's stdout starts again with ``first_line``, as if read at once."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        _conftest(testbed)._cancel_by_name(name)
+        raise AssertionError(f"unirank sbatch did not end in {timeout:g} s; job cancelled\n"
+                             f"stdout:\n{out}\nstderr:\n{err}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, first_line + out, err)
+
+
 def test_requeue_exit_code_requeues_from_the_batch_shell_and_follow_spans_both_runs(
     slurm_testbed: SlurmTestbed,
 ) -> None:
     """Every task exits with REQUEUE_EXIT_CODE on the first run: the batch shell requeues the
     job (Restarts=1); the second run ends 0. ``--follow`` streams both runs from the one
-    appended log and ends 0. (Slurm delays a requeued job by its credential lifetime.)"""
+    appended log and ends 0. (The test releases the requeued job from Slurm's hold.)"""
     script = _script(slurm_testbed, "requeue_once.py", REQUEUE_ONCE)
-    done = submit(slurm_testbed, ["-N", "2", "--requeue", "--signal", "USR2@30", "--follow",
-                                  script], timeout=REQUEUE_TIMEOUT, minutes=6)
+    proc, name, job = start(slurm_testbed, ["-N", "2", "--requeue", "--signal", "USR2@30",
+                                            "--follow", script], minutes=6)
+    try:
+        slurm_testbed.release_requeued(job)
+    finally:
+        done = finish(slurm_testbed, proc, name, f"Submitted batch job {job}\n")
     assert done.returncode == 0, _described(done)
-    job = job_id_of(done)
     runs = sorted(re.findall(r"^task (\d) run (\d)$", done.stdout, re.MULTILINE))
     assert runs == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], _described(done)
     assert f"requeueing job {job}" in done.stdout

@@ -180,7 +180,7 @@ def _attempt_line(index: int, result: RunResult) -> str:
 
 def _requeued_line(result: RunResult, prog: str) -> str:
     stopped = [w.rank for w in result.exits if w.requeued]
-    return (f"{prog}: stopped to be requeued (exit code {REQUEUE_EXIT_CODE}): rank(s) "
+    return (f"{prog}: stopped to be requeued (exit code {REQUEUE_EXIT_CODE}): "
             f"{format_ranks(stopped)} saved and stopped so that the run goes on later; "
             "not a failure\n")
 
