@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _outputs import EXAMPLES, PY, REPO, local_env
-from test_sbatch_cmd import _described, finish, start
+from test_sbatch_cmd import _described, start
 
 pytestmark = pytest.mark.integration
 
@@ -88,6 +88,13 @@ def test_every_rank_stops_at_the_same_step(every: int, signal_rank: int, signal_
         assert f"rank {rank} handler restored: True" in done.stdout
 
 
+def _position(step: int) -> tuple[int, int]:
+    """The (epoch, batch) train.py saves after ``step`` steps (8 per epoch): the batch after
+    the last one done, in the epoch of that step (8 once it ended the epoch)."""
+    epoch, done = divmod(step - 1, 8)
+    return epoch, done + 1
+
+
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as file:
         return [int(child) for child in file.read().split()]
@@ -103,18 +110,18 @@ def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     checkpoint = str(tmp_path / "ck.pt")
     cmd = [PY, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS, "--checkpoint", checkpoint]
     proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         seen = _read_until(proc, "Process 1/2 Train Epoch: 1 ", TIMEOUT)
         workers = _children(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[-1], signal.SIGUSR2)
-        out, err = proc.communicate(timeout=TIMEOUT)
+        rest, errb = proc.communicate(timeout=TIMEOUT)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    out = seen + out
+    out, err = seen + rest.decode(), errb.decode()
     assert proc.returncode == REQUEUE_EXIT_CODE, f"{out}\n{err}"
     assert err.strip().splitlines()[-1] == (
         "unirank run: stopped to be requeued (exit code 79): ranks 0-1 saved and stopped so "
@@ -127,28 +134,30 @@ def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     again = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
                            timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     assert again.returncode == 0, again.stderr
-    epoch, batch = divmod(int(stopped.group(1)), 8)
+    epoch, batch = _position(int(stopped.group(1)))
     assert (f"resumed from {checkpoint} at epoch {epoch}, batch {batch} "
             f"(step {stopped.group(1)})") in again.stdout, again.stdout
     first = STEP.findall(again.stdout)[0]
-    assert (int(first[1]), int(first[2]) // 8) == (epoch, batch), again.stdout  # no step twice
+    assert (int(first[1]), int(first[2]) // 8) == divmod(int(stopped.group(1)), 8), \
+        again.stdout  # the step after the last one done: no step twice, none left out
     assert _digest(again.stdout) == unbroken
 
 
-def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
-    """stdout of ``proc`` up to the line holding ``marker`` (fails after ``timeout``)."""
+def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """stdout of ``proc`` up to a chunk holding ``marker``, read unbuffered (what is not read
+    yet stays in the pipe for ``communicate``); fails after ``timeout``."""
     assert proc.stdout is not None
-    seen = ""
+    seen = b""
     deadline = time.monotonic() + timeout
-    while marker not in seen:
+    while marker.encode() not in seen:
         left = deadline - time.monotonic()
-        assert left > 0, f"no {marker!r} after {timeout:g} s; stdout so far:\n{seen}"
+        assert left > 0, f"no {marker!r} after {timeout:g} s; stdout so far:\n{seen!r}"
         ready, _, _ = select.select([proc.stdout], [], [], left)
         if ready:
-            line = proc.stdout.readline()
-            assert line, f"stdout closed before {marker!r}:\n{seen}"
-            seen += line
-    return seen
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"stdout closed before {marker!r}:\n{seen!r}"
+            seen += chunk
+    return seen.decode()
 
 
 # --- THE preemption test on the Slurm testbed ------------------------------------------------
@@ -159,7 +168,7 @@ def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str
 def test_preempted_job_checkpoints_requeues_resumes_and_matches_an_unbroken_run(
     slurm_testbed: SlurmTestbed, unbroken: str, launch: str,
 ) -> None:
-    """``unirank sbatch --requeue`` on two nodes; once the log shows a few steps,
+    """``unirank sbatch --requeue`` on two nodes; once the log shows three steps,
     ``scancel --signal=USR2`` signals the job's steps (their tasks: the ranks, or with
     ``--launch node`` the ``unirank run`` of each node, which forwards it). The job saves,
     rank 0 requeues it, it starts again (Restarts=1, released from Slurm's hold by the test),
@@ -167,31 +176,30 @@ def test_preempted_job_checkpoints_requeues_resumes_and_matches_an_unbroken_run(
     both runs."""
     checkpoint = slurm_testbed.work_dir / f"preempt-{launch}.pt"
     checkpoint.unlink(missing_ok=True)
-    proc, name, job = start(slurm_testbed, [
+    following, job = start(slurm_testbed, [
         "-N", "2", "--ntasks-per-node", "1", "--launch", launch, "--requeue", "--follow",
         "--env", "UNIRANK_INIT_TIMEOUT=60", "--", TRAIN, *ARGS,
         "--checkpoint", str(checkpoint)], minutes=6)
-    first_line = f"Submitted batch job {job}\n"
     try:
-        seen = _read_until(proc, "Train Epoch: 1 ", TIMEOUT)
+        following.wait_for(r"Train Epoch: 0 \[16/128\]")  # a few steps logged
         subprocess.run(["scancel", "--signal=USR2", str(job)], check=True, timeout=30,
                        capture_output=True)
         signalled = time.monotonic()
         slurm_testbed.release_requeued(job)
         released = time.monotonic()
-        seen += _read_until(proc, "resumed from", TIMEOUT)
+        following.wait_for("^resumed from")
         resumed = time.monotonic()
     finally:
-        done = finish(slurm_testbed, proc, name, first_line)
+        done = following.finish()
     print(f"\n[{launch}] signal -> requeued job released: {released - signalled:.1f} s; "
           f"signal -> resumed line: {resumed - signalled:.1f} s")
-    out = seen + done.stdout[len(first_line):]
-    full = subprocess.CompletedProcess(done.args, done.returncode, out, done.stderr)
+    full = done
+    out = done.stdout
     assert done.returncode == 0, _described(full)
     stopped = re.search(r"stopped at step (\d+): checkpoint saved to ", out)
     assert stopped, _described(full)
     assert f"requeueing job {job}" in out, _described(full)
-    epoch, batch = divmod(int(stopped.group(1)), 8)
+    epoch, batch = _position(int(stopped.group(1)))
     assert f"at epoch {epoch}, batch {batch} (step {stopped.group(1)})" in out, _described(full)
     assert _digest(out) == unbroken
     assert f"unirank sbatch: job {job} was requeued (restart 1)" in done.stderr
