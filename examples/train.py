@@ -115,6 +115,7 @@ def training(local_rank: int, config: dict[str, Any]) -> None:
     device = ur.device()
     checkpoint = config["checkpoint"]
     first_epoch, first_batch = _resume(checkpoint, model, optimizer)
+    ur.watch_stop_signals()  # from here a stop signal only sets a flag (see stop_requested)
     rank, world = ur.get_rank(), ur.get_world_size()
     steps_per_epoch = len(train_loader)
     stopped_at: dict[str, Any] | None = None
