@@ -143,6 +143,28 @@ def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     assert _digest(again.stdout) == unbroken
 
 
+def test_spawned_workers_stopped_by_sigusr2_end_the_script_with_79(tmp_path: Path) -> None:
+    """``python train.py --nproc_per_node 2``: SIGUSR2 to the script reaches its spawned workers
+    (``ur.Parallel`` forwards it); they save and stop at the same step, and the script exits 79
+    after one line, without a traceback."""
+    checkpoint = str(tmp_path / "ck.pt")
+    proc = subprocess.Popen([PY, TRAIN, "--nproc_per_node", "2", *ARGS, "--checkpoint",
+                             checkpoint], cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen = _read_until(proc, "Train Epoch: 0 [8/128]", TIMEOUT)
+        proc.send_signal(signal.SIGUSR2)
+        rest, errb = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out, err = seen + rest.decode(), errb.decode()
+    assert proc.returncode == REQUEUE_EXIT_CODE, f"{out}\n{err}"
+    assert "unirank Parallel: stopped to be requeued (exit code 79)" in err, err
+    assert "Traceback" not in err and "stopped at step" in out, err
+
+
 def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
     """stdout of ``proc`` up to a chunk holding ``marker``, read unbuffered (what is not read
     yet stays in the pipe for ``communicate``); fails after ``timeout``."""
