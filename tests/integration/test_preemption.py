@@ -143,6 +143,32 @@ def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     assert _digest(again.stdout) == unbroken
 
 
+def test_max_restarts_restarts_a_group_stopped_for_requeue_outside_slurm(
+    tmp_path: Path, unbroken: str,
+) -> None:
+    """``unirank run --max-restarts 1`` outside Slurm: the workers stopped by SIGUSR2 exit 79,
+    the group is started again (one restart), resumes from the checkpoint and ends 0 with the
+    unbroken run's parameters."""
+    checkpoint = str(tmp_path / "ck.pt")
+    proc = subprocess.Popen([PY, "-m", "unirank", "run", "-n", "2", "--max-restarts", "1", TRAIN,
+                             *ARGS, "--checkpoint", checkpoint], cwd=REPO, env=_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        seen = _read_until(proc, "Train Epoch: 0 [8/128]", TIMEOUT)
+        os.kill(_children(proc.pid)[0], signal.SIGUSR2)
+        rest, errb = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out, err = seen + rest.decode(), errb.decode()
+    assert proc.returncode == 0, f"{out}\n{err}"
+    assert ("unirank run: attempt 0 stopped to be requeued (exit code 79); restarting the "
+            "workers (1 of 1 restarts)") in err, err
+    assert "resumed from" in out and _digest(out) == unbroken
+
+
 def test_spawned_workers_stopped_by_sigusr2_end_the_script_with_79(tmp_path: Path) -> None:
     """``python train.py --nproc_per_node 2``: SIGUSR2 to the script reaches its spawned workers
     (``ur.Parallel`` forwards it); they save and stop at the same step, and the script exits 79
