@@ -20,8 +20,15 @@ Run it unchanged with::
     srun -N2 --ntasks-per-node=1 python examples/train.py --backend horovod
     PJRT_DEVICE=CPU .venv-xla/bin/python examples/train.py --backend xla-tpu   # one XLA device
 
-With ``--checkpoint PATH`` the model and optimizer are saved (``ur.save``: rank 0, atomically) at
-the end of every epoch, and a run that finds the file resumes after the epoch it holds.
+With ``--checkpoint PATH`` the model, the optimizer and the position (epoch, batch, and the RNG
+state the epoch's shuffle starts from) are saved (``ur.save``: rank 0, atomically) at the end of
+every epoch, and when a stop is requested (``ur.stop_requested``: SIGUSR2 to any rank, SIGTERM
+outside Slurm) right after the step under way; then ``ur.exit_for_requeue`` ends the ranks
+with exit code 79 and, under Slurm, requeues the job. A run that finds the file resumes at the
+next step, mid-epoch if need be, with the same data order; ``--epochs`` counts every epoch, so
+a resumed run ends where an unbroken one ends (docs/slurm-jobs.md, "Preemption")::
+
+    unirank sbatch -N 2 --requeue --submit -- examples/train.py --epochs 50 --checkpoint ck.pt
 
 The loss is ``CrossEntropyLoss`` on the model's logits: the log-softmax over the classes plus
 ``NLLLoss`` in one numerically stable step. (A softmax over the *batch* dimension followed by
@@ -76,8 +83,29 @@ def _unwrapped(model: nn.Module) -> nn.Module:
     return inner if isinstance(inner, nn.Module) else model
 
 
+def _resume(checkpoint: str | None, model: nn.Module, optimizer: Any) -> tuple[int, int]:
+    """Load the checkpoint if there is one: the epoch and batch to go on from (else 0, 0)."""
+    if not checkpoint or not os.path.exists(checkpoint):
+        return 0, 0
+    state = ur.load(checkpoint)
+    _unwrapped(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["rng"])  # as at the start of that epoch: the same shuffle
+    epoch, batch = int(state["epoch"]), int(state["batch"])
+    ur.print0(f"resumed from {checkpoint} at epoch {epoch}, batch {batch} "
+              f"(step {state['step']})", flush=True)
+    return epoch, batch
+
+
+def _save(checkpoint: str, model: nn.Module, optimizer: Any, position: dict[str, Any]) -> None:
+    """Save what a later run needs to go on exactly from ``position`` (rank 0, atomically)."""
+    ur.save({"model": _unwrapped(model).state_dict(), "optimizer": optimizer.state_dict(),
+             **position}, checkpoint)
+
+
 def training(local_rank: int, config: dict[str, Any]) -> None:
-    """The training loop (``training``)."""
+    """The training loop (``training``): ``--epochs`` in all, resumed from ``--checkpoint``,
+    stopped (checkpoint, then exit for requeue) when a stop is requested."""
     ur.manual_seed(config["seed"])
     dataset = random_dataset(config["nb_samples"], config["seed"])
     train_loader = ur.auto_dataloader(dataset, batch_size=config["batch_size"], shuffle=True)
@@ -85,23 +113,21 @@ def training(local_rank: int, config: dict[str, Any]) -> None:
     optimizer = ur.auto_optim(torch.optim.SGD(model.parameters(), lr=0.01))
     criterion = nn.CrossEntropyLoss()
     device = ur.device()
-
-    first_epoch = 0
     checkpoint = config["checkpoint"]
-    if checkpoint and os.path.exists(checkpoint):
-        state = ur.load(checkpoint)
-        _unwrapped(model).load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        first_epoch = int(state["epoch"]) + 1
-        set_epoch = getattr(train_loader.sampler, "set_epoch", None)
-        if callable(set_epoch):  # the loader counts on from here: the same shuffles as unbroken
-            set_epoch(first_epoch)
-        ur.print0(f"resumed from {checkpoint} after epoch {state['epoch']}")
-
+    first_epoch, first_batch = _resume(checkpoint, model, optimizer)
+    ur.watch_stop_signals()  # from here a stop signal only sets a flag (see stop_requested)
     rank, world = ur.get_rank(), ur.get_world_size()
-    for epoch in range(first_epoch, first_epoch + config["epochs"]):
+    steps_per_epoch = len(train_loader)
+    stopped_at: dict[str, Any] | None = None
+    for epoch in range(first_epoch, config["epochs"]):
+        rng = torch.get_rng_state()  # the sampler's draws (world 1) come from here
+        set_epoch = getattr(train_loader.sampler, "set_epoch", None)
+        if callable(set_epoch):  # the distributed sampler shuffles by epoch
+            set_epoch(epoch)
         model.train()
         for batch_idx, (data, target) in enumerate(train_loader):
+            if epoch == first_epoch and batch_idx < first_batch:
+                continue  # done before the resume: the same order, no step twice
             data, target = data.to(device), target.to(device)
             optimizer.zero_grad()
             loss = criterion(model(data), target)
@@ -111,14 +137,28 @@ def training(local_rank: int, config: dict[str, Any]) -> None:
                 print(f"Process {rank}/{world} Train Epoch: {epoch} "
                       f"[{batch_idx * len(data)}/{len(train_loader.dataset)}]"  # type: ignore[arg-type]
                       f"\tLoss: {loss.item()}", flush=True)
+            if ur.stop_requested(every=config["stop_every"]):  # the same step on every rank
+                stopped_at = {"epoch": epoch, "batch": batch_idx + 1, "rng": rng,
+                              "step": epoch * steps_per_epoch + batch_idx + 1}
+                break
+        if stopped_at is not None:
+            break
         if checkpoint:
-            ur.save({"model": _unwrapped(model).state_dict(),
-                     "optimizer": optimizer.state_dict(), "epoch": epoch}, checkpoint)
-    print(f"Process {rank}/{world} parameters {parameters_digest(model)}", flush=True)
+            _save(checkpoint, model, optimizer, {"epoch": epoch + 1, "batch": 0,
+                                                 "rng": torch.get_rng_state(),
+                                                 "step": (epoch + 1) * steps_per_epoch})
+    if stopped_at is not None and checkpoint:
+        _save(checkpoint, model, optimizer, stopped_at)
+        ur.print0(f"stopped at step {stopped_at['step']}: checkpoint saved to {checkpoint}",
+                  flush=True)
+    else:
+        print(f"Process {rank}/{world} parameters {parameters_digest(model)}", flush=True)
     # Free the DDP model while the process group lives: left to interpreter exit, torch 2.13
-    # may abort there ("terminate called without an active exception", pytorch#190489).
-    del model, optimizer, train_loader, loss
+    # may abort there ("terminate called without an active exception"), pytorch#190489.
+    del model, optimizer, train_loader
     gc.collect()
+    if stopped_at is not None:
+        ur.exit_for_requeue()  # Slurm: requeue the job; every rank exits 79
 
 
 def parameters_digest(model: nn.Module) -> str:
@@ -141,7 +181,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log_interval", type=int, default=4)
     parser.add_argument("--nb_samples", type=int, default=128)
     parser.add_argument("--batch_size", type=int, default=16, help="over all ranks together")
-    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="epochs in all: a resumed run ends where an unbroken one ends")
+    parser.add_argument("--stop_every", type=int, default=1,
+                        help="ask whether to stop every this many steps (ur.stop_requested)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--checkpoint", default=None, metavar="PATH")
     # torch.distributed.launch without --use_env passes --local_rank=N; detection reads it
@@ -152,7 +195,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 if __name__ == "__main__":
     args = parse_args()
     config = {k: getattr(args, k) for k in ("log_interval", "nb_samples", "batch_size",
-                                            "epochs", "seed", "checkpoint")}
+                                            "epochs", "seed", "checkpoint", "stop_every")}
     try:
         with ur.Parallel(backend=args.backend or "auto",
                          nproc_per_node=args.nproc_per_node) as parallel:

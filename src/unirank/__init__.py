@@ -46,6 +46,12 @@ _RUNTIME_NAMES = frozenset(
         "manual_seed",
         "save",
         "load",
+        # stop -> checkpoint -> requeue (runtime/preemption.py)
+        "stop_requested",
+        "time_left",
+        "exit_for_requeue",
+        "watch_stop_signals",
+        "unwatch_stop_signals",
         # the rest of pytorch-ignite's ignite.distributed names (runtime/idist.py, groups.py)
         "initialize",
         "spawn",

@@ -9,7 +9,8 @@ ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RU
 TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_STORE,
 TORCHELASTIC_ERROR_FILE, TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS.
 
-unirank's own user-facing variables: UNIRANK_INIT_TIMEOUT, UNIRANK_NO_SRUN, UNIRANK_LAUNCHER.
+unirank's own user-facing variables: UNIRANK_INIT_TIMEOUT, UNIRANK_NO_SRUN, UNIRANK_LAUNCHER,
+UNIRANK_STOP_SIGNALS and UNIRANK_MAX_REQUEUES.
 ``unirank run`` marks the srun step it starts from an allocation shell with UNIRANK_SRUN_REEXEC,
 and gives every worker UNIRANK_NODE_NAME, its node's name (kept for the program, so that the
 worker's own detection names the node as its supervisor did). The bootstrap's private variables
@@ -27,12 +28,14 @@ from unirank.errors import ConfigError
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_INIT_TIMEOUT",
+    "DEFAULT_MAX_REQUEUES",
     "DONE_FD_VAR",
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
     "INIT_TIMEOUT_VAR",
     "LAUNCHER_VAR",
     "LINGER_FD_VAR",
+    "MAX_REQUEUES_VAR",
     "MAX_RESTARTS_VAR",
     "NODE_NAMES_VAR",
     "NODE_NAME_VAR",
@@ -41,6 +44,7 @@ __all__ = [
     "RESTART_COUNT_VAR",
     "RUN_ID_VAR",
     "SRUN_REEXEC_VAR",
+    "STOP_SIGNALS_VAR",
     "STORE_FD_VAR",
     "SUPERVISOR_PID_VAR",
     "TIMELINE_FILE_VAR",
@@ -70,6 +74,12 @@ NO_SRUN_VAR = "UNIRANK_NO_SRUN"
 SRUN_REEXEC_VAR = "UNIRANK_SRUN_REEXEC"
 #: the node's name as the supervisor knows it (see :func:`unirank.launchers.node_name`)
 NODE_NAME_VAR = "UNIRANK_NODE_NAME"
+#: the signals that ask the ranks to stop (``USR2,TERM``; see :mod:`unirank.requeue`)
+STOP_SIGNALS_VAR = "UNIRANK_STOP_SIGNALS"
+#: how many times a Slurm job may be requeued (``SLURM_RESTART_COUNT``) before it stops failing
+MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"
+#: the default of UNIRANK_MAX_REQUEUES
+DEFAULT_MAX_REQUEUES = 10
 #: seconds every rank waits for the others to join when nothing else says how long
 DEFAULT_INIT_TIMEOUT = 300.0
 #: seconds between SIGTERM and SIGKILL when workers are stopped (``--grace-period``)

@@ -19,10 +19,126 @@ Why 79: it is used by none of the programs between the batch shell and a rank:
 (as unirank's stop agreement makes them) the step exits 79; a rank that dies of a signal
 (128 + N) outweighs it and the job is not requeued. A rank that fails with 1..78 while the
 others stop with 79 is outweighed by 79: the restart count caps how often that can repeat.
+
+This module also holds the pure parts of the stop -> checkpoint -> requeue pattern (which
+signals ask for a stop, squeue's time format, the job to requeue, the cap on requeues);
+:mod:`unirank.runtime.preemption` is the part the training loop calls.
 """
 
 from __future__ import annotations
 
-__all__ = ["REQUEUE_EXIT_CODE"]
+import signal
+from collections.abc import Mapping
+
+from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR, STOP_SIGNALS_VAR
+from unirank.errors import ConfigError
+
+__all__ = [
+    "REQUEUE_EXIT_CODE",
+    "max_requeues",
+    "parse_time_left",
+    "requeue_refusal",
+    "requeue_target",
+    "stop_signals",
+]
 
 REQUEUE_EXIT_CODE = 79
+
+
+# -- the pure parts of stop -> checkpoint -> requeue (runtime.preemption does the rest) --------
+
+
+def stop_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
+    """The signals that ask the ranks to stop: UNIRANK_STOP_SIGNALS (``USR2,TERM``), else
+    SIGUSR2, plus SIGTERM outside Slurm (torchrun, Kubernetes and ``unirank run`` stop their
+    workers with SIGTERM; under Slurm SIGTERM comes with the kill, KillWait seconds later).
+
+    Reads: UNIRANK_STOP_SIGNALS, SLURM_JOB_ID.
+    """
+    given = environ.get(STOP_SIGNALS_VAR, "").strip()
+    if not given:
+        if environ.get("SLURM_JOB_ID"):
+            return (signal.SIGUSR2,)
+        return (signal.SIGUSR2, signal.SIGTERM)
+    found = []
+    for word in given.replace(" ", ",").split(","):
+        if not word:
+            continue
+        name = word.upper() if word.upper().startswith("SIG") else "SIG" + word.upper()
+        try:
+            signum = signal.Signals[name] if not word.isdigit() else signal.Signals(int(word))
+        except (KeyError, ValueError):
+            hint = "give signal names separated by commas, e.g. USR2,TERM"
+            raise ConfigError("names no signal", variable=STOP_SIGNALS_VAR, value=given,
+                              hint=hint) from None
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigError(f"{signum.name} cannot be caught", variable=STOP_SIGNALS_VAR,
+                              value=given, hint="give catchable signals, e.g. USR2,TERM")
+        found.append(signum)
+    return tuple(dict.fromkeys(found))
+
+
+def parse_time_left(text: str) -> float | None:
+    """Seconds in squeue's ``%L`` (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``); None for
+    ``UNLIMITED``, ``NOT_SET``, ``INVALID`` or anything else."""
+    text = text.strip()
+    days = 0
+    if "-" in text:
+        head, text = text.split("-", 1)
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    if days and len(parts) < 3:  # D-HH or D-HH:MM
+        seconds *= 60 ** (3 - len(parts))
+    return float(days * 86400 + seconds)
+
+
+def requeue_target(environ: Mapping[str, str]) -> str | None:
+    """The job ``scontrol requeue`` names: ``ARRAYJOB_TASK`` for an array task (it requeues
+    only itself), else the job id; None outside Slurm.
+
+    Reads: SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID.
+    """
+    job = environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else job
+
+
+def max_requeues(environ: Mapping[str, str]) -> int:
+    """UNIRANK_MAX_REQUEUES (0 or more), default :data:`DEFAULT_MAX_REQUEUES`.
+
+    Reads: UNIRANK_MAX_REQUEUES.
+    """
+    given = environ.get(MAX_REQUEUES_VAR, "").strip()
+    if not given:
+        return DEFAULT_MAX_REQUEUES
+    if not given.isdigit():
+        raise ConfigError("is not a whole number, 0 or more", variable=MAX_REQUEUES_VAR,
+                          value=given, hint="give how many times the job may be requeued")
+    return int(given)
+
+
+def requeue_refusal(environ: Mapping[str, str]) -> str | None:
+    """The one line that stops a job requeued too often (SLURM_RESTART_COUNT at the cap),
+    else None.
+
+    Reads: SLURM_JOB_ID, SLURM_RESTART_COUNT, UNIRANK_MAX_REQUEUES.
+    """
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    cap = max_requeues(environ)
+    restarts = environ.get("SLURM_RESTART_COUNT", "0").strip()
+    count = int(restarts) if restarts.isdigit() else 0
+    if count < cap:
+        return None
+    return (f"unirank: not requeueing job {requeue_target(environ)} again: it ran "
+            f"{count + 1} times (SLURM_RESTART_COUNT={count}, {MAX_REQUEUES_VAR}={cap}); "
+            f"raise {MAX_REQUEUES_VAR} if it needs more runs to finish")

@@ -15,8 +15,10 @@ Real launchers, real processes, real gloo, Horovod and torch_xla.
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -102,20 +104,52 @@ def test_under_sbatch(slurm_testbed: Any) -> None:
 
 
 def test_checkpoint_resumes_after_the_saved_epoch(tmp_path: Path) -> None:
-    """Two epochs in one run end where one epoch, then a resumed epoch, end."""
+    """``--epochs`` is the total: two epochs in one run end where one epoch, then the same
+    command with ``--epochs 2`` (resumed after the saved epoch), end."""
     checkpoint = tmp_path / "ckpt.pt"
     whole = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS, "--epochs", "2"]).stdout
     first = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS,
                  "--checkpoint", str(checkpoint)]).stdout
     assert checkpoint.exists()
     assert not [p for p in tmp_path.iterdir() if p.name != "ckpt.pt"]  # no temporary left
-    second = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS,
+    second = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS, "--epochs", "2",
                   "--checkpoint", str(checkpoint)]).stdout
-    assert "resumed from" in second and "after epoch 0" in second
+    assert f"resumed from {checkpoint} at epoch 1, batch 0 (step 4)" in second
     assert {e for *_, e, _n, _m, _l in LOG.findall(first)} == {"0"}
     assert {e for *_, e, _n, _m, _l in LOG.findall(second)} == {"1"}
     digest = DIGEST.findall(whole)[0][2]
     assert {d for *_, d in DIGEST.findall(second)} == {digest}
+    done = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS, "--epochs", "2",
+                "--checkpoint", str(checkpoint)]).stdout
+    assert not LOG.findall(done) and {d for *_, d in DIGEST.findall(done)} == {digest}
+
+
+def test_world_one_resumes_mid_epoch_with_the_same_data_order(tmp_path: Path) -> None:
+    """At world size 1 the shuffle draws from torch's RNG: a run stopped by SIGUSR2 (plain
+    python, no launcher: it exits 0) and run again ends with the unbroken run's parameters."""
+    checkpoint = tmp_path / "ckpt.pt"
+    args = [sys.executable, TRAIN, *ARGS, "--epochs", "20"]
+    whole = run(args).stdout
+    proc = subprocess.Popen([*args, "--checkpoint", str(checkpoint)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_clean())
+    try:
+        assert proc.stdout is not None
+        first = os.read(proc.stdout.fileno(), 65536)  # unbuffered: the rest stays in the pipe
+        assert b"Train Epoch: 0 [0/64]" in first, first
+        proc.send_signal(signal.SIGUSR2)  # a step is logged: stop at a later step boundary
+        rest, errb = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out, err = (first + rest).decode(), errb.decode()
+    assert proc.returncode == 0, err
+    assert "stopped after the checkpoint; run the same command again to resume" in err
+    stopped = re.search(r"stopped at step (\d+)", out)
+    assert stopped, out
+    again = run([*args, "--checkpoint", str(checkpoint)]).stdout
+    assert f"(step {stopped.group(1)})" in again
+    assert DIGEST.findall(again)[0][2] == DIGEST.findall(whole)[0][2]
 
 
 def _same_loss_as_gloo(name: str, loss: float) -> None:

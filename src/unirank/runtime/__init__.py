@@ -37,6 +37,13 @@ from unirank.runtime.idist import (
 )
 from unirank.runtime.lifecycle import InitError, finalize, init
 from unirank.runtime.parallel import Parallel, WorkerFailedError
+from unirank.runtime.preemption import (
+    exit_for_requeue,
+    stop_requested,
+    time_left,
+    unwatch_stop_signals,
+    watch_stop_signals,
+)
 from unirank.runtime.state import (
     backend,
     device,
@@ -71,6 +78,7 @@ __all__ = [
     "broadcast",
     "device",
     "dist_env",
+    "exit_for_requeue",
     "finalize",
     "get_local_rank",
     "get_local_world_size",
@@ -98,7 +106,11 @@ __all__ = [
     "set_local_rank",
     "show_config",
     "spawn",
+    "stop_requested",
     "sync",
+    "time_left",
+    "unwatch_stop_signals",
+    "watch_stop_signals",
 ]
 
 

@@ -193,8 +193,10 @@ class Parallel:
 
 def _raise_failure(result: Any) -> None:
     """After a spawn: nothing when every worker succeeded; the root cause's ConfigError again
-    (one line, no summary: the mistake is the same on every rank); else the failure summary
-    on stderr and :class:`WorkerFailedError` (KeyboardInterrupt after a forwarded SIGINT)."""
+    (one line, no summary: the mistake is the same on every rank); SystemExit(79) after one
+    line when the workers stopped to be requeued (``ur.exit_for_requeue``); else the failure
+    summary on stderr and :class:`WorkerFailedError` (KeyboardInterrupt after a forwarded
+    SIGINT)."""
     from unirank.supervisor.summary import format_summary
 
     first = result.first_failure
@@ -206,6 +208,8 @@ def _raise_failure(result: Any) -> None:
         sys.stderr.flush()
     if result.stop_signal == signal.SIGINT:
         raise KeyboardInterrupt
+    if result.requeued:  # the workers saved and stopped to go on later: no failure
+        raise SystemExit(result.exit_code)
     if result.exit_code != 0 and first is not None:
         code = (first.returncode if first.returncode < 0 and not first.stopped
                 else first.own_exit_code)

@@ -19,6 +19,11 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
   summary.
 * With ``max_restarts`` a failed group is stopped and started again, TORCHELASTIC_RESTART_COUNT
   counting up; every attempt's root cause goes into the summary.
+* A worker that exits with :data:`~unirank.requeue.REQUEUE_EXIT_CODE` (79) saved its checkpoint
+  and stopped to run again: no failure, no teardown. When every worker ended with 0 or 79 the
+  run's exit code is 79 (one line, no failure summary). ``max_restarts`` restarts such a group
+  too, except under Slurm (SLURM_JOB_ID set), where 79 is passed on for the batch script to
+  requeue the job.
 * Workers arm PR_SET_PDEATHSIG in their bootstrap, so a supervisor killed by SIGKILL leaves no
   orphans; when the supervisor ends it kills whatever is left in the workers' groups.
 * The worker that hosts the rendezvous store (rank 0) gets the read end of a *linger pipe*; the
@@ -47,6 +52,7 @@ from typing import IO, TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
+from unirank.requeue import REQUEUE_EXIT_CODE
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LineBuffer, OutputOptions
 from unirank.supervisor.plan import Plan, Worker
@@ -388,7 +394,8 @@ class Supervisor:
             code = os.waitstatus_to_exitcode(status)
             worker.returncode = code
             worker.proc.returncode = code
-            if code != 0 and self._first_failure is None and self._stop_signal is None:
+            if (code not in (0, REQUEUE_EXIT_CODE) and self._first_failure is None
+                    and self._stop_signal is None):
                 self._first_failure = worker
                 self._on_first_failure(worker)
         self._release_store_host()
@@ -597,6 +604,16 @@ class Supervisor:
                          unreaped=self._unreaped)
 
 
+def _attempt_end(result: RunResult) -> str:
+    """How an attempt that is restarted ended, for the restart's line."""
+    if result.requeued:
+        return f"stopped to be requeued (exit code {REQUEUE_EXIT_CODE})"
+    first = result.first_failure
+    cause = (f"rank {first.rank}: {describe_returncode(first.returncode)}"
+             if first else f"exit code {exit_code_of(result.exit_code)}")
+    return f"failed ({cause})"
+
+
 def _sink_of(fd: int) -> tuple[int, int]:
     """What ``fd`` writes to (device and inode), so that two fds on one terminal are one sink."""
     try:
@@ -721,18 +738,16 @@ def run_plan(
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
             ).run()
             if (result.exit_code == 0 or result.stop_signal is not None
-                    or attempt >= plan.max_restarts):
+                    or attempt >= plan.max_restarts
+                    or (result.requeued and environ.get("SLURM_JOB_ID"))):
                 if options.timeline:
                     _report_timeline(os.path.join(attempt_dir, "timeline.json"), options,
                                      err_fd)
                 return replace(result, attempts=tuple(earlier))
             earlier.append(result)
-            first = result.first_failure
-            cause = (f"rank {first.rank}: {describe_returncode(first.returncode)}"
-                     if first else f"exit code {exit_code_of(result.exit_code)}")
             os.write(err_fd, (
-                f"{options.prog}: attempt {attempt} failed ({cause}); restarting the workers "
-                f"({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
+                f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
+                f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
             attempt += 1
     finally:
         if sock is not None:

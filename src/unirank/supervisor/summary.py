@@ -6,6 +6,7 @@ import signal
 from dataclasses import dataclass, field
 
 from unirank.joincheck import format_ranks
+from unirank.requeue import REQUEUE_EXIT_CODE
 
 __all__ = [
     "OutputTail",
@@ -113,6 +114,11 @@ class WorkerExit:
         return self.returncode != 0
 
     @property
+    def requeued(self) -> bool:
+        """True when it exited with REQUEUE_EXIT_CODE (79): it stopped to run again later."""
+        return self.returncode == REQUEUE_EXIT_CODE
+
+    @property
     def own_exit_code(self) -> int:
         """The exit code of this worker's own failure: its status, unless the supervisor
         stopped it while it was failing (then what its recorded error means)."""
@@ -140,13 +146,24 @@ class RunResult:
     attempts: tuple[RunResult, ...] = field(default=())
 
     @property
+    def requeued(self) -> bool:
+        """True when no worker failed and at least one stopped to be requeued (exit code 79,
+        the others 0 or 79), also after a forwarded SIGINT/SIGTERM."""
+        return (self.first_failure is None and not self.unreaped
+                and any(w.requeued for w in self.exits)
+                and all(w.requeued or w.returncode == 0 for w in self.exits))
+
+    @property
     def exit_code(self) -> int:
-        """The root cause's exit code; 128 + signal when a forwarded SIGINT/SIGTERM stopped a
-        worker; else 0."""
+        """The root cause's exit code; 79 when the workers stopped to be requeued
+        (:attr:`requeued`); 128 + signal when a forwarded SIGINT/SIGTERM stopped a worker;
+        else 0."""
         if self.first_failure is not None:
             return self.first_failure.own_exit_code
         if self.unreaped:
             return 1
+        if self.requeued:
+            return REQUEUE_EXIT_CODE
         if self.stop_signal is not None and any(w.failed for w in self.exits):
             return 128 + self.stop_signal
         return 0
@@ -161,9 +178,19 @@ def _attempt_line(index: int, result: RunResult) -> str:
             f"{first.node}: {first.describe()}{error}")
 
 
+def _requeued_line(result: RunResult, prog: str) -> str:
+    stopped = [w.rank for w in result.exits if w.requeued]
+    return (f"{prog}: stopped to be requeued (exit code {REQUEUE_EXIT_CODE}): "
+            f"{format_ranks(stopped)} saved and stopped so that the run goes on later; "
+            "not a failure\n")
+
+
 def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
-    """The failure report for stderr ("" when every worker succeeded); after restarts, a line
-    naming each earlier attempt's root cause."""
+    """The failure report for stderr ("" when every worker succeeded; one line, no
+    traceback, when they stopped to be requeued); after restarts, a line naming each earlier
+    attempt's root cause."""
+    if result.requeued:
+        return _requeued_line(result, prog)
     if result.exit_code == 0:
         if not result.attempts:
             return ""

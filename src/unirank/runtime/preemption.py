@@ -1,0 +1,216 @@
+"""Stop, checkpoint, requeue, resume: what a training loop calls.
+
+* :func:`stop_requested` asked at step boundaries: True on every rank at the same call once any
+  rank got a stop signal (:func:`unirank.requeue.stop_signals`: SIGUSR2, plus SIGTERM outside
+  Slurm) or, with ``time_margin``, once the job has less than that many seconds left. The ranks
+  agree through one all_reduce MAX of one int (unirank's own, so gloo, nccl, Horovod and XLA
+  work), every ``every``-th call; at world size 1 there is no collective.
+* :func:`time_left`: seconds until the Slurm job's end, None outside Slurm or without a limit.
+* :func:`exit_for_requeue`: after the checkpoint is saved, requeue the Slurm job (rank 0,
+  ``scontrol requeue``) and end every rank with
+  :data:`~unirank.requeue.REQUEUE_EXIT_CODE`; past the cap on requeues, fail with one line.
+
+The signal handler only sets a flag; the checkpoint is saved by the loop, never in a handler.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable
+from types import FrameType
+from typing import Any, NoReturn
+
+from unirank.requeue import (
+    REQUEUE_EXIT_CODE,
+    parse_time_left,
+    requeue_refusal,
+    requeue_target,
+    stop_signals,
+)
+from unirank.runtime import collectives, state
+
+__all__ = ["exit_for_requeue", "stop_requested", "time_left", "unwatch_stop_signals",
+           "watch_stop_signals"]
+
+#: seconds ``squeue`` and ``scontrol`` may take
+_COMMAND_TIMEOUT = 30.0
+
+
+class _Stop:
+    """The flag a handler sets, the signals watched, and the agreement's call counter."""
+
+    def __init__(self) -> None:
+        self.flag = False
+        self.signum: int | None = None
+        self.watched: dict[int, Any] = {}
+        self.calls = 0
+        self.agreed = False
+        self.end_time: float | None = None
+        self.end_known = False
+
+
+_STOP = _Stop()
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    """Set the flag; nothing else (no raise, no I/O: the loop acts at its next step)."""
+    _STOP.flag = True
+    _STOP.signum = signum
+
+
+def watch_stop_signals(signals: Iterable[int | signal.Signals] | None = None) -> tuple[int, ...]:
+    """Install the flag-setting handler for ``signals`` (default: UNIRANK_STOP_SIGNALS, else
+    SIGUSR2, plus SIGTERM outside Slurm); the handlers they had are kept and put back by
+    :func:`unwatch_stop_signals`. Called by the first :func:`stop_requested`; call it earlier
+    when a signal may come before the first step. Only from the main thread; elsewhere it
+    watches nothing. Returns the signals watched.
+
+    Reads: UNIRANK_STOP_SIGNALS, SLURM_JOB_ID.
+    """
+    wanted = [int(s) for s in (stop_signals(os.environ) if signals is None else signals)]
+    if threading.current_thread() is not threading.main_thread():
+        return tuple(_STOP.watched)
+    for signum in wanted:
+        if signum not in _STOP.watched:
+            _STOP.watched[signum] = signal.signal(signum, _handler)
+    return tuple(_STOP.watched)
+
+
+def unwatch_stop_signals() -> None:
+    """Put back the handlers :func:`watch_stop_signals` replaced, and forget any request."""
+    for signum, previous in _STOP.watched.items():
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    _STOP.__init__()  # type: ignore[misc]
+
+
+def _local_request(time_margin: float | None) -> int:
+    if not _STOP.watched:
+        watch_stop_signals()
+    if time_margin is not None and not _STOP.flag:
+        left = time_left()
+        if left is not None and left <= time_margin:
+            _STOP.flag = True
+    return int(_STOP.flag)
+
+
+def stop_requested(every: int = 1, time_margin: float | None = None) -> bool:
+    """True on every rank at the same call once any rank was asked to stop.
+
+    Call it at the same step boundaries on every rank, with the same ``every`` (the ranks agree
+    every ``every``-th call: one all_reduce MAX of one int; the calls between return what was
+    last agreed). ``time_margin``: also stop once :func:`time_left` is at most that many
+    seconds. Once True it stays True. At world size 1 it answers every call, no collective.
+
+    Reads: UNIRANK_STOP_SIGNALS, SLURM_JOB_ID (first call), and for ``time_margin`` what
+    :func:`time_left` reads.
+    """
+    if every < 1:
+        raise ValueError(f"every must be 1 or more, not {every}")
+    local = _local_request(time_margin)
+    if _STOP.agreed:
+        return True
+    call, _STOP.calls = _STOP.calls, _STOP.calls + 1
+    if not state.is_initialized() or state.get_world_size() == 1:
+        _STOP.agreed = bool(local)
+        return _STOP.agreed
+    if call % every:
+        return False
+    _STOP.agreed = bool(collectives.all_reduce(local, op="MAX"))
+    return _STOP.agreed
+
+
+def time_left() -> float | None:
+    """Seconds until the Slurm job's end (0 once past it); None outside Slurm or for a job
+    without a time limit. SLURM_JOB_END_TIME where Slurm sets it, else ``squeue -o %L``,
+    asked once and remembered.
+
+    Reads: SLURM_JOB_ID, SLURM_JOB_END_TIME, PATH (squeue).
+    """
+    if not _STOP.end_known:
+        _STOP.end_time = _job_end_time()
+        _STOP.end_known = True
+    if _STOP.end_time is None:
+        return None
+    return max(0.0, _STOP.end_time - time.time())
+
+
+def _job_end_time() -> float | None:
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    end = os.environ.get("SLURM_JOB_END_TIME", "").strip()
+    if end.isdigit() and int(end) > 0:
+        return float(end)
+    squeue = shutil.which("squeue")
+    if squeue is None:
+        return None
+    try:
+        answer = subprocess.run([squeue, "-h", "-j", job, "-o", "%L"], capture_output=True,
+                                text=True, timeout=_COMMAND_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    left = parse_time_left(answer.stdout) if answer.returncode == 0 else None
+    return None if left is None else time.time() + left
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _requeue_slurm_job(target: str) -> None:
+    """Rank 0: ``scontrol requeue TARGET`` where scontrol is on PATH, else leave it to the
+    batch shell (``unirank sbatch --requeue`` requeues on exit code 79)."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        _say(f"unirank: scontrol not found: exiting with {REQUEUE_EXIT_CODE} so that the "
+             f"batch script requeues job {target}")
+        return
+    _say(f"unirank: stopped to be requeued; requeueing job {target}")
+    try:
+        answer = subprocess.run([scontrol, "requeue", target], capture_output=True, text=True,
+                                timeout=_COMMAND_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _say(f"unirank: scontrol requeue {target} failed ({exc}); exiting with "
+             f"{REQUEUE_EXIT_CODE} for the batch script")
+        return
+    if answer.returncode != 0:
+        _say(f"unirank: scontrol requeue {target} failed: {answer.stderr.strip()}; exiting "
+             f"with {REQUEUE_EXIT_CODE} for the batch script")
+
+
+def exit_for_requeue() -> NoReturn:
+    """End this rank so that the run goes on later from its checkpoint (save it first).
+
+    Every rank waits for the others (a barrier), then: under Slurm, past the cap on requeues
+    (UNIRANK_MAX_REQUEUES, default 10, against SLURM_RESTART_COUNT) every rank exits 1 after
+    one line; else rank 0 requeues the job (``scontrol requeue``, an array task only itself)
+    and every rank exits with :data:`~unirank.requeue.REQUEUE_EXIT_CODE` (79). Outside Slurm
+    it exits 79 as well (``unirank run --max-restarts`` and torchrun restart the workers),
+    except a lone process that no launcher started, which exits 0 ("run it again to resume").
+
+    Reads: SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID, SLURM_RESTART_COUNT,
+    UNIRANK_MAX_REQUEUES, PATH (scontrol), and what launcher detection reads.
+    """
+    if state.is_initialized() and state.get_world_size() > 1:
+        collectives.barrier()
+    rank = state.get_rank()
+    refusal = requeue_refusal(os.environ)
+    if refusal is not None:
+        if rank == 0:
+            _say(refusal)
+        sys.exit(1)
+    target = requeue_target(os.environ)
+    if target is not None:
+        if rank == 0:
+            _requeue_slurm_job(target)
+        sys.exit(REQUEUE_EXIT_CODE)
+    if state.dist_env().launcher == "local" and state.get_world_size() == 1:
+        _say("unirank: stopped after the checkpoint; run the same command again to resume")
+        sys.exit(0)
+    sys.exit(REQUEUE_EXIT_CODE)

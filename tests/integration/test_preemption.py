@@ -1,0 +1,258 @@
+"""Stop -> checkpoint -> requeue -> resume with real processes: the stop agreement under
+``unirank run -n 2`` (gloo), ``examples/train.py`` stopped by SIGUSR2 under ``unirank run`` and
+resumed, and THE preemption test on the two-node Slurm testbed: ``unirank sbatch --requeue``,
+``scancel --signal=USR2`` (what Slurm's ``--signal`` does: the steps' tasks get it), the job
+checkpoints, requeues itself, resumes and ends with the parameters of an unbroken run.
+
+Every wait reads lines (never a sleep); every process and job has a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from unirank.requeue import REQUEUE_EXIT_CODE
+
+if TYPE_CHECKING:
+    from conftest import SlurmTestbed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _outputs import EXAMPLES, PY, REPO, local_env
+from test_sbatch_cmd import _described, start
+
+pytestmark = pytest.mark.integration
+
+TRAIN = str(EXAMPLES / "train.py")
+STOP_JOB = str(REPO / "tests" / "runtime" / "scripts" / "stop_job.py")
+#: 8 steps per epoch over 2 ranks; enough epochs that a stop lands mid-run
+ARGS = ["--seed", "3", "--nb_samples", "128", "--batch_size", "16", "--log_interval", "1",
+        "--epochs", "25"]
+DIGEST = re.compile(r"Process (\d)/2 parameters ([0-9a-f]{16})")
+# workers may share one stdout: a line can be glued to the next, so match anywhere
+STEP = re.compile(r"Process (\d)/2 Train Epoch: (\d+) \[(\d+)/128\]")
+TIMEOUT = 240.0
+
+
+def _env() -> dict[str, str]:
+    env = local_env()
+    env["PYTHONPATH"] = str(REPO / "src")
+    return env
+
+
+def _digest(stdout: str) -> str:
+    digests = {rank: digest for rank, digest in DIGEST.findall(stdout)}
+    assert sorted(digests) == ["0", "1"] and len(set(digests.values())) == 1, stdout
+    return next(iter(digests.values()))
+
+
+@pytest.fixture(scope="module")
+def unbroken() -> str:
+    """The parameters' fingerprint after an unbroken run (``unirank run -n 2``, gloo)."""
+    done = subprocess.run([PY, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    return _digest(done.stdout)
+
+
+def _run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "unirank", "run", "-n", "2", *args], cwd=REPO, env=_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("every", "signal_rank", "signal_step", "stop_step"),
+                         [(1, 1, 5, 5), (1, 0, 2, 2), (4, 1, 6, 9)])
+def test_every_rank_stops_at_the_same_step(every: int, signal_rank: int, signal_step: int,
+                                           stop_step: int) -> None:
+    """One rank signals itself (SIGUSR2) after a step: every rank's ``stop_requested`` turns
+    True at the same call (with ``every=4``: the next call that asks the others); the handlers
+    that were there before are back afterwards."""
+    done = _run([STOP_JOB, "--every", str(every), "--signal-rank", str(signal_rank),
+                 "--signal-step", str(signal_step)])
+    assert done.returncode == 0, done.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} watches ['SIGTERM', 'SIGUSR2']" in done.stdout
+        assert f"rank {rank} stopped after step {stop_step}\n" in done.stdout, done.stdout
+        assert f"rank {rank} handler restored: True" in done.stdout
+
+
+def _position(step: int) -> tuple[int, int]:
+    """The (epoch, batch) train.py saves after ``step`` steps (8 per epoch): the batch after
+    the last one done, in the epoch of that step (8 once it ended the epoch)."""
+    epoch, done = divmod(step - 1, 8)
+    return epoch, done + 1
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as file:
+        return [int(child) for child in file.read().split()]
+
+
+def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
+    tmp_path: Path, unbroken: str,
+) -> None:
+    """A worker gets SIGUSR2 mid-training: both ranks stop after the same step, the checkpoint
+    is saved, every worker exits 79 and ``unirank run`` says so in one line (no failure
+    summary) and exits 79. The same command again resumes after that step and ends with the
+    unbroken run's parameters."""
+    checkpoint = str(tmp_path / "ck.pt")
+    cmd = [PY, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS, "--checkpoint", checkpoint]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen = _read_until(proc, "Process 1/2 Train Epoch: 1 ", TIMEOUT)
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[-1], signal.SIGUSR2)
+        rest, errb = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out, err = seen + rest.decode(), errb.decode()
+    assert proc.returncode == REQUEUE_EXIT_CODE, f"{out}\n{err}"
+    assert err.strip().splitlines()[-1] == (
+        "unirank run: stopped to be requeued (exit code 79): ranks 0-1 saved and stopped so "
+        "that the run goes on later; not a failure"), err
+    assert "FAILED" not in err and "Traceback" not in err, err
+    stopped = re.search(r"^stopped at step (\d+): checkpoint saved to ", out, re.MULTILINE)
+    assert stopped, out
+    steps = {rank: [s for s in STEP.findall(out) if s[0] == rank] for rank in "01"}
+    assert len(steps["0"]) == len(steps["1"]) == int(stopped.group(1)), steps  # the same step
+    again = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
+                           timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    assert again.returncode == 0, again.stderr
+    epoch, batch = _position(int(stopped.group(1)))
+    assert (f"resumed from {checkpoint} at epoch {epoch}, batch {batch} "
+            f"(step {stopped.group(1)})") in again.stdout, again.stdout
+    first = STEP.findall(again.stdout)[0]
+    assert (int(first[1]), int(first[2]) // 8) == divmod(int(stopped.group(1)), 8), \
+        again.stdout  # the step after the last one done: no step twice, none left out
+    assert _digest(again.stdout) == unbroken
+
+
+def test_max_restarts_restarts_a_group_stopped_for_requeue_outside_slurm(
+    tmp_path: Path, unbroken: str,
+) -> None:
+    """``unirank run --max-restarts 1`` outside Slurm: the workers stopped by SIGUSR2 exit 79,
+    the group is started again (one restart), resumes from the checkpoint and ends 0 with the
+    unbroken run's parameters."""
+    checkpoint = str(tmp_path / "ck.pt")
+    proc = subprocess.Popen([PY, "-m", "unirank", "run", "-n", "2", "--max-restarts", "1", TRAIN,
+                             *ARGS, "--checkpoint", checkpoint], cwd=REPO, env=_env(),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        seen = _read_until(proc, "Train Epoch: 0 [8/128]", TIMEOUT)
+        os.kill(_children(proc.pid)[0], signal.SIGUSR2)
+        rest, errb = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out, err = seen + rest.decode(), errb.decode()
+    assert proc.returncode == 0, f"{out}\n{err}"
+    assert ("unirank run: attempt 0 stopped to be requeued (exit code 79); restarting the "
+            "workers (1 of 1 restarts)") in err, err
+    assert "resumed from" in out and _digest(out) == unbroken
+
+
+def test_spawned_workers_stopped_by_sigusr2_end_the_script_with_79(tmp_path: Path) -> None:
+    """``python train.py --nproc_per_node 2``: SIGUSR2 to the script reaches its spawned workers
+    (``ur.Parallel`` forwards it); they save and stop at the same step, and the script exits 79
+    after one line, without a traceback."""
+    checkpoint = str(tmp_path / "ck.pt")
+    proc = subprocess.Popen([PY, TRAIN, "--nproc_per_node", "2", *ARGS, "--checkpoint",
+                             checkpoint], cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        seen = _read_until(proc, "Train Epoch: 0 [8/128]", TIMEOUT)
+        proc.send_signal(signal.SIGUSR2)
+        rest, errb = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    out, err = seen + rest.decode(), errb.decode()
+    assert proc.returncode == REQUEUE_EXIT_CODE, f"{out}\n{err}"
+    assert "unirank Parallel: stopped to be requeued (exit code 79)" in err, err
+    assert "Traceback" not in err and "stopped at step" in out, err
+
+
+def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """stdout of ``proc`` up to a chunk holding ``marker``, read unbuffered (what is not read
+    yet stays in the pipe for ``communicate``); fails after ``timeout``."""
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker.encode() not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {marker!r} after {timeout:g} s; stdout so far:\n{seen!r}"
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"stdout closed before {marker!r}:\n{seen!r}"
+            seen += chunk
+    return seen.decode()
+
+
+# --- THE preemption test on the Slurm testbed ------------------------------------------------
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launch", ["tasks", "node"])
+def test_preempted_job_checkpoints_requeues_resumes_and_matches_an_unbroken_run(
+    slurm_testbed: SlurmTestbed, unbroken: str, launch: str,
+) -> None:
+    """``unirank sbatch --requeue`` on two nodes; once the log shows three steps,
+    ``scancel --signal=USR2`` signals the job's steps (their tasks: the ranks, or with
+    ``--launch node`` the ``unirank run`` of each node, which forwards it). The job saves,
+    rank 0 requeues it, it starts again (Restarts=1, released from Slurm's hold by the test),
+    logs where it resumed, finishes with the unbroken run's parameters, and its one log holds
+    both runs."""
+    checkpoint = slurm_testbed.work_dir / f"preempt-{launch}.pt"
+    checkpoint.unlink(missing_ok=True)
+    following, job = start(slurm_testbed, [
+        "-N", "2", "--ntasks-per-node", "1", "--launch", launch, "--requeue", "--follow",
+        "--env", "UNIRANK_INIT_TIMEOUT=60", "--", TRAIN, *ARGS,
+        "--checkpoint", str(checkpoint)], minutes=6)
+    try:
+        following.wait_for(r"Train Epoch: 0 \[16/128\]")  # a few steps logged
+        subprocess.run(["scancel", "--signal=USR2", str(job)], check=True, timeout=30,
+                       capture_output=True)
+        signalled = time.monotonic()
+        slurm_testbed.release_requeued(job)
+        released = time.monotonic()
+        following.wait_for("^resumed from")
+        resumed = time.monotonic()
+    finally:
+        done = following.finish()
+    print(f"\n[{launch}] signal -> requeued job released: {released - signalled:.1f} s; "
+          f"signal -> resumed line: {resumed - signalled:.1f} s")
+    full = done
+    out = done.stdout
+    assert done.returncode == 0, _described(full)
+    stopped = re.search(r"stopped at step (\d+): checkpoint saved to ", out)
+    assert stopped, _described(full)
+    assert f"requeueing job {job}" in out, _described(full)
+    epoch, batch = _position(int(stopped.group(1)))
+    assert f"at epoch {epoch}, batch {batch} (step {stopped.group(1)})" in out, _described(full)
+    assert _digest(out) == unbroken
+    assert f"unirank sbatch: job {job} was requeued (restart 1)" in done.stderr
+    shown = subprocess.run(["scontrol", "show", "job", "-o", str(job)], capture_output=True,
+                           text=True, timeout=30).stdout
+    assert " Restarts=1 " in shown, shown
+    log = Path(re.search(r"StdOut=(\S+)", shown).group(1)).read_text()  # type: ignore[union-attr]
+    assert "stopped at step" in log and "resumed from" in log  # both runs in the one log

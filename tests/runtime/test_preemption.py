@@ -1,0 +1,143 @@
+"""``ur.stop_requested``, ``ur.time_left`` and ``ur.exit_for_requeue`` in this process (world
+size 1, no collective); the two-rank agreement and the Slurm requeue run in
+tests/integration/test_preemption.py. ``squeue`` and ``scontrol`` are small stand-in scripts
+on PATH here (the real ones are exercised on the testbed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Optional
+
+import pytest
+
+import unirank as ur
+from unirank.distenv import DistEnv
+from unirank.requeue import REQUEUE_EXIT_CODE
+from unirank.runtime import preemption
+
+_SLURM = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURM_RESTART_COUNT", "SLURM_ARRAY_JOB_ID",
+          "SLURM_ARRAY_TASK_ID", "UNIRANK_STOP_SIGNALS", "UNIRANK_MAX_REQUEUES")
+
+
+@pytest.fixture(autouse=True)
+def fresh(serial: DistEnv, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in _SLURM:
+        monkeypatch.delenv(name, raising=False)
+    preemption.unwatch_stop_signals()
+    yield
+    preemption.unwatch_stop_signals()
+
+
+def test_a_signal_sets_a_flag_that_the_next_call_returns_and_handlers_come_back() -> None:
+    seen: list[int] = []
+
+    def previous(signum: int, frame: Optional[FrameType]) -> None:
+        seen.append(signum)
+
+    old = signal.signal(signal.SIGUSR2, previous)
+    try:
+        assert set(ur.watch_stop_signals()) == {signal.SIGUSR2, signal.SIGTERM}
+        assert ur.stop_requested() is False
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert seen == []  # the flag-only handler took it
+        assert ur.stop_requested() is True
+        assert ur.stop_requested() is True  # stays True
+        ur.unwatch_stop_signals()
+        assert signal.getsignal(signal.SIGUSR2) is previous
+        assert ur.stop_requested() is False  # forgotten; watching again
+    finally:
+        ur.unwatch_stop_signals()
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_under_slurm_only_sigusr2_is_watched_unless_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    assert ur.watch_stop_signals() == (signal.SIGUSR2,)
+    ur.unwatch_stop_signals()
+    monkeypatch.setenv("UNIRANK_STOP_SIGNALS", "USR1")
+    assert ur.watch_stop_signals() == (signal.SIGUSR1,)
+
+
+def test_every_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="every must be 1 or more, not 0"):
+        ur.stop_requested(every=0)
+
+
+def _stand_in(folder: Path, name: str, body: str) -> None:
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+
+
+def test_time_left_from_the_end_time_or_squeue(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    assert ur.time_left() is None  # outside Slurm
+    ur.unwatch_stop_signals()
+    monkeypatch.setenv("SLURM_JOB_ID", "5")
+    monkeypatch.setenv("SLURM_JOB_END_TIME", str(int(time.time()) + 100))
+    left = ur.time_left()
+    assert left is not None and 90 < left <= 100
+    ur.unwatch_stop_signals()
+    monkeypatch.delenv("SLURM_JOB_END_TIME")
+    _stand_in(tmp_path, "squeue", 'echo "1-00:00:10"')
+    monkeypatch.setenv("PATH", str(tmp_path))
+    left = ur.time_left()
+    assert left is not None and 86300 < left <= 86410
+    assert ur.stop_requested(time_margin=60) is False
+    assert ur.stop_requested(time_margin=90000) is True
+
+
+def test_exit_for_requeue_outside_any_launcher_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        ur.exit_for_requeue()
+    assert caught.value.code == 0
+    assert "stopped after the checkpoint; run the same command again to resume" in (
+        capsys.readouterr().err)
+
+
+def test_exit_for_requeue_under_slurm_requeues_and_exits_79(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    _stand_in(tmp_path, "scontrol", f'echo "$@" > {tmp_path}/asked')
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "43")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "40")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    with pytest.raises(SystemExit) as caught:
+        ur.exit_for_requeue()
+    assert caught.value.code == REQUEUE_EXIT_CODE
+    assert (tmp_path / "asked").read_text() == "requeue 40_3\n"
+    assert "requeueing job 40_3" in capsys.readouterr().err
+
+
+def test_without_scontrol_the_batch_shell_is_left_to_requeue(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "43")
+    with pytest.raises(SystemExit) as caught:
+        ur.exit_for_requeue()
+    assert caught.value.code == REQUEUE_EXIT_CODE
+    assert ("unirank: scontrol not found: exiting with 79 so that the batch script requeues "
+            "job 43") in capsys.readouterr().err
+
+
+def test_past_the_cap_every_rank_fails_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    _stand_in(tmp_path, "scontrol", f"touch {tmp_path}/asked")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "43")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "10")
+    with pytest.raises(SystemExit) as caught:
+        ur.exit_for_requeue()
+    assert caught.value.code == 1
+    assert "unirank: not requeueing job 43 again: it ran 11 times" in capsys.readouterr().err
+    assert not (tmp_path / "asked").exists()
