@@ -42,12 +42,22 @@ DIGEST = re.compile(r"Process (\d)/2 parameters ([0-9a-f]{16})")
 # workers may share one stdout: a line can be glued to the next, so match anywhere
 STEP = re.compile(r"Process (\d)/2 Train Epoch: (\d+) \[(\d+)/128\]")
 TIMEOUT = 240.0
+#: a sitecustomize that holds a first run at one step until a stop is requested (see there)
+HOLD = Path(__file__).resolve().parent / "hold"
+#: the step the first run holds at (2 ranks, 8 steps an epoch: mid-epoch 0)
+HOLD_AT = 3
 
 
 def _env() -> dict[str, str]:
     env = local_env()
     env["PYTHONPATH"] = str(REPO / "src")
     return env
+
+
+def _held_env(checkpoint: str) -> dict[str, str]:
+    """The environment of a run that holds at :data:`HOLD_AT` until the test's stop signal."""
+    return {**_env(), "PYTHONPATH": f"{HOLD}{os.pathsep}{REPO / 'src'}",
+            "UNIRANK_TEST_HOLD_AT": str(HOLD_AT), "UNIRANK_TEST_HOLD_CHECKPOINT": checkpoint}
 
 
 def _digest(stdout: str) -> str:
@@ -109,10 +119,10 @@ def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     unbroken run's parameters."""
     checkpoint = str(tmp_path / "ck.pt")
     cmd = [PY, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS, "--checkpoint", checkpoint]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_held_env(checkpoint), stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        seen = _read_until(proc, "Process 1/2 Train Epoch: 1 ", TIMEOUT)
+        seen = _read_until(proc, "HOLDING", TIMEOUT)
         workers = _children(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[-1], signal.SIGUSR2)
@@ -151,11 +161,11 @@ def test_max_restarts_restarts_a_group_stopped_for_requeue_outside_slurm(
     unbroken run's parameters."""
     checkpoint = str(tmp_path / "ck.pt")
     proc = subprocess.Popen([PY, "-m", "unirank", "run", "-n", "2", "--max-restarts", "1", TRAIN,
-                             *ARGS, "--checkpoint", checkpoint], cwd=REPO, env=_env(),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+                             *ARGS, "--checkpoint", checkpoint], cwd=REPO,
+                            env=_held_env(checkpoint), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        seen = _read_until(proc, "Train Epoch: 0 [8/128]", TIMEOUT)
+        seen = _read_until(proc, "HOLDING", TIMEOUT)
         os.kill(_children(proc.pid)[0], signal.SIGUSR2)
         rest, errb = proc.communicate(timeout=TIMEOUT)
     finally:
@@ -175,10 +185,11 @@ def test_spawned_workers_stopped_by_sigusr2_end_the_script_with_79(tmp_path: Pat
     after one line, without a traceback."""
     checkpoint = str(tmp_path / "ck.pt")
     proc = subprocess.Popen([PY, TRAIN, "--nproc_per_node", "2", *ARGS, "--checkpoint",
-                             checkpoint], cwd=REPO, env=_env(), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             checkpoint], cwd=REPO, env=_held_env(checkpoint),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     try:
-        seen = _read_until(proc, "Train Epoch: 0 [8/128]", TIMEOUT)
+        seen = _read_until(proc, "HOLDING", TIMEOUT)
         proc.send_signal(signal.SIGUSR2)
         rest, errb = proc.communicate(timeout=TIMEOUT)
     finally:
@@ -216,7 +227,8 @@ def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> s
 def test_preempted_job_checkpoints_requeues_resumes_and_matches_an_unbroken_run(
     slurm_testbed: SlurmTestbed, unbroken: str, launch: str,
 ) -> None:
-    """``unirank sbatch --requeue`` on two nodes; once the log shows three steps,
+    """``unirank sbatch --requeue`` on two nodes; once the first run holds at a step (see
+    :data:`HOLD`),
     ``scancel --signal=USR2`` signals the job's steps (their tasks: the ranks, or with
     ``--launch node`` the ``unirank run`` of each node, which forwards it). The job saves,
     rank 0 requeues it, it starts again (Restarts=1, released from Slurm's hold by the test),
@@ -226,10 +238,12 @@ def test_preempted_job_checkpoints_requeues_resumes_and_matches_an_unbroken_run(
     checkpoint.unlink(missing_ok=True)
     following, job = start(slurm_testbed, [
         "-N", "2", "--ntasks-per-node", "1", "--launch", launch, "--requeue", "--follow",
-        "--env", "UNIRANK_INIT_TIMEOUT=60", "--", TRAIN, *ARGS,
-        "--checkpoint", str(checkpoint)], minutes=6)
+        "--env", "UNIRANK_INIT_TIMEOUT=60",
+        *(f"--env={name}={value}" for name, value in _held_env(str(checkpoint)).items()
+          if name == "PYTHONPATH" or name.startswith("UNIRANK_TEST_HOLD")),
+        "--", TRAIN, *ARGS, "--checkpoint", str(checkpoint)], minutes=6)
     try:
-        following.wait_for(r"Train Epoch: 0 \[16/128\]")  # a few steps logged
+        following.wait_for("^HOLDING")  # the first run holds at HOLD_AT until the signal
         subprocess.run(["scancel", "--signal=USR2", str(job)], check=True, timeout=30,
                        capture_output=True)
         signalled = time.monotonic()
