@@ -4,6 +4,8 @@ Both the worker bootstrap of ``unirank run`` / ``Parallel`` (the store server on
 socket the supervisor opened, every rank a client) and :func:`unirank.init` (rank 0 serves unless
 an agent already does) open it here, with the same flags and one error translation:
 
+* a master host that does not resolve is a :class:`~unirank.errors.ConfigError` naming it and
+  the variable it came from, before torch sees it (:func:`unirank.resolve.require_resolvable`);
 * a port already taken where this process must serve is a :class:`~unirank.errors.ConfigError`
   naming MASTER_PORT;
 * any other failure (nothing answers within the timeout, the connection drops) is a
@@ -70,15 +72,19 @@ def open_store(
     multi_tenant: bool = False,
     served_by: str = "",
     hint: str,
+    addr_source: str = "MASTER_ADDR",
 ) -> Any:
     """A ``TCPStore`` at ``addr:port``: the server itself with ``serve`` (on ``listen_fd``, a
     socket already listening, when given), else a client; ``timeout`` (seconds) bounds the
     connection and every later wait on it.
 
     ``served_by`` names who serves the store in the message (``"rank 0"``), ``hint`` what to
-    check. Raises ConfigError when the port is taken and this process must serve, StoreError
-    on any other failure.
+    check, ``addr_source`` where ``addr`` came from. Raises ConfigError when ``addr`` does not
+    resolve or the port is taken and this process must serve, StoreError on any other failure.
     """
+    from unirank.resolve import require_resolvable
+
+    require_resolvable(addr, source=addr_source)
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     try:

@@ -22,6 +22,7 @@ from unirank import contract
 from unirank.contract import DEFAULT_INIT_TIMEOUT
 from unirank.distenv import DistEnv
 from unirank.launchers.slurm_allocation import launch_command
+from unirank.resolve import master_addr_source
 from unirank.runtime import backends, state
 from unirank.store import StoreError, open_store, take_joined, uses_agent_store
 
@@ -66,6 +67,7 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
             addr, port, rank=env.rank, timeout=timeout, serve=serve, multi_tenant=serve,
             hint="check that rank 0 (or the launcher's agent) runs and that MASTER_ADDR and "
                  "MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late",
+            addr_source=master_addr_source(env.sources),
         )
     except StoreError as exc:
         raise InitError(str(exc)) from exc
