@@ -24,7 +24,8 @@ ranks join (a wait naming all ``world_size`` keys on every rank would cost the s
     ``wait all`` and ``get all`` (or, on the last rank, ``set all``): at most four calls of one
     key each. A node that gives up before its ranks join (it refused its layout, or found its
     ranks already claimed) sets it to ``abort:`` and its reason (:func:`abort_join`), which
-    wakes every waiting rank at once: each raises :class:`JoinAbortedError` with that reason.
+    wakes every waiting rank at once: each raises :class:`JoinAbortedError` with that reason
+    (the others first set ``seen/<rank>``, for which rank 0 waits as after a timeout).
 ``result``
     the verdict after a timeout: ``missing:`` and the missing ranks, comma-separated (empty: all
     joined after all). Rank 0 scans the join keys once (bisecting over ``check`` calls, so a few
@@ -204,18 +205,30 @@ def abort_join(store: StoreLike, reason: str) -> None:
     store.set(ALL_KEY, ABORT_PREFIX + " ".join(reason.split()))
 
 
-def _aborted(store: StoreLike, rank: int) -> None:
-    """After ``ALL_KEY`` came: raise JoinAbortedError when a node set it to give up."""
+def _aborted(store: StoreLike, rank: int, world_size: int) -> None:
+    """After ``ALL_KEY`` came: raise JoinAbortedError when a node set it to give up. Rank 0,
+    which usually hosts the store, first stays (at most ``LINGER``) until the ranks that joined
+    have read it (``seen/<rank>``), as after a timeout."""
     value = bytes(store.get(ALL_KEY)).decode(errors="replace")
-    if value.startswith(ABORT_PREFIX):
-        raise JoinAbortedError(value.removeprefix(ABORT_PREFIX), rank=rank)
+    if not value.startswith(ABORT_PREFIX):
+        return
+    if rank != 0:
+        with contextlib.suppress(RuntimeError, OSError):
+            store.set(_seen_key(rank), "1")
+    else:
+        missing = _missing(store, world_size)
+        joined = [r for r in range(1, world_size) if r not in set(missing or [])]
+        if missing is not None and joined:
+            with contextlib.suppress(RuntimeError, TimeoutError, OSError):
+                store.wait([_seen_key(r) for r in joined], timedelta(seconds=LINGER))
+    raise JoinAbortedError(value.removeprefix(ABORT_PREFIX), rank=rank)
 
 
-def _all_came(store: StoreLike, rank: int) -> bool:
+def _all_came(store: StoreLike, rank: int, world_size: int) -> bool:
     """Whether ``ALL_KEY`` is set (raising JoinAbortedError when a node set it to give up)."""
     if not _has(store, ALL_KEY):
         return False
-    _aborted(store, rank)
+    _aborted(store, rank, world_size)
     return True
 
 
@@ -315,7 +328,7 @@ def _coordinate(
     rank_to_node: Callable[[int], str | None] | None,
 ) -> None:
     """Rank 0 after its wait ran out: publish the verdict, wait for the others to read it."""
-    if _all_came(store, 0):  # the last rank arrived as the wait ran out
+    if _all_came(store, 0, world_size):  # the last rank arrived as the wait ran out
         return
     missing = _missing(store, world_size)
     if missing is not None:
@@ -358,14 +371,14 @@ def _follow(
     rank_to_node: Callable[[int], str | None] | None,
 ) -> None:
     """Any other rank after its wait ran out: take rank 0's verdict, or a stand-in's."""
-    if _all_came(store, rank):
+    if _all_came(store, rank, world_size):
         return
     grace = min(LINGER, max(timeout, 0.001))
     missing: list[int] | None = None
     if _has(store, join_key(0)):  # rank 0 joined: it gives the verdict at its own deadline
         missing = _await_verdict(store, grace)
     if missing is None:
-        if _all_came(store, rank):  # everyone joined while we waited for a verdict
+        if _all_came(store, rank, world_size):  # everyone joined while we waited for a verdict
             return
         missing = _stand_in(store, world_size, grace)
     if missing == []:
@@ -409,7 +422,7 @@ def announce_and_wait(
     if _join(store, rank=rank, world_size=world_size, node_name=node_name):
         return
     if _wait_all(store, timeout, deadline):
-        _aborted(store, rank)
+        _aborted(store, rank, world_size)
         return
     if rank == 0:
         _coordinate(store, world_size=world_size, timeout=timeout, rank_to_node=rank_to_node)
