@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -295,10 +296,36 @@ def _join(store: StoreLike, *, rank: int, world_size: int, node_name: str) -> bo
     return False
 
 
+def _interruptible(call: Callable[[], Any]) -> Any:
+    """``call()``, run in a helper thread when this is the main thread, so that a SIGINT
+    (KeyboardInterrupt) or another Python signal handler is not held up until torch's C++ wait
+    returns (it retries when a signal interrupts it)."""
+    if threading.current_thread() is not threading.main_thread():
+        return call()
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="unirank-join-wait", daemon=True).start()
+    done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
 def _wait_all(store: StoreLike, timeout: float, deadline: float) -> bool:
     """Wait for ``ALL_KEY`` until the deadline: True when it came, False when time ran out."""
     try:
-        store.wait([ALL_KEY], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        _interruptible(lambda: store.wait(
+            [ALL_KEY], timedelta(seconds=max(deadline - time.monotonic(), 0.001))))
         return True
     except (RuntimeError, TimeoutError) as exc:
         _expired(exc, deadline, timeout)

@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from unirank.errors import ConfigError
-from unirank.store import StoreError, open_store
+from unirank.store import StoreError, interrupted, open_store
 from unirank.supervisor.workerinfo import WorkerInfo
 
 __all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "NODE_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "done",
@@ -153,6 +153,8 @@ def rendezvous(info: WorkerInfo) -> Any:
             store, rank=info.rank, world_size=info.world_size, node_name=info.node_name,
             timeout=max(0.0, deadline - time.monotonic()), rank_to_node=info.node_of,
         )
+    except KeyboardInterrupt:
+        interrupted(info.rank, "waiting for the other ranks to join")
     except (InitTimeoutError, JoinAbortedError) as exc:
         _fail(info, str(exc).removeprefix(f"rank {info.rank}: "))
     except (RuntimeError, OSError) as exc:
