@@ -64,6 +64,8 @@ def _detail(exc: BaseException) -> str:
 #: a client's first connection attempts are this short, growing to _PROBE_MAX seconds apart
 _PROBE_FIRST = 0.05
 _PROBE_MAX = 1.0
+#: once the port answers, torch's own connect and handshake get at most this many seconds
+_CONNECT_MAX = 15.0
 
 
 def _await_listener(addr: str, port: int, *, rank: int, timeout: float, served_by: str,
@@ -133,16 +135,20 @@ def open_store(
     from unirank.resolve import require_resolvable
 
     require_resolvable(addr, source=addr_source)
-    if not serve:
-        timeout = _await_listener(addr, port, rank=rank, timeout=timeout,
-                                  served_by=served_by, hint=hint)
+    connect = timeout
+    if not serve:  # the port answers now: torch's connect gets a short bound of its own
+        connect = min(_CONNECT_MAX, _await_listener(addr, port, rank=rank, timeout=timeout,
+                                                    served_by=served_by, hint=hint))
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     try:
-        return TCPStore(
-            addr, port, None, serve, timedelta(seconds=timeout), wait_for_workers=False,
+        store = TCPStore(
+            addr, port, None, serve, timedelta(seconds=connect), wait_for_workers=False,
             multi_tenant=multi_tenant, master_listen_fd=listen_fd, use_libuv=True,
         )
+        if connect != timeout:
+            store.set_timeout(timedelta(seconds=timeout))
+        return store
     except (RuntimeError, TimeoutError, OSError) as exc:
         text = str(exc)
         if serve and listen_fd is None and (

@@ -79,8 +79,9 @@ def test_two_nodes_claiming_one_node_rank_are_named() -> None:
     err = "".join(stderr for _, stderr in outputs)
     assert all(proc.returncode != 0 for proc in procs), err
     pids = {str(proc.pid) for proc in procs[1:]}
-    claims = re.findall(r"node rank 1 is claimed by two nodes, \S+ \(pid (\d+)\) and \S+ "
-                        r"\(pid (\d+)\)\. HINT: give every node a distinct --node-rank", err)
+    claims = re.findall(r"rank 1 \(node rank 1\) is claimed by two nodes, \S+ \(pid (\d+)\) "
+                        r"and \S+ \(pid (\d+)\)\. HINT: give every node a distinct --node-rank",
+                        err)
     assert claims and set(claims[0]) == pids, err
     assert "did not join within" not in err, err
     assert not any(noise in err for noise in _NOISE), err

@@ -5,8 +5,8 @@ until every rank is done with it.
   (UNIRANK_STORE_FD). Every rank, rank 0 included, is a store client
   (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun. With ``--exec`` rank 0 forks a store
   host instead (:func:`host_store`), which serves until the supervisor ends;
-* :func:`rendezvous` has every rank claim its node rank for its node (two nodes that claim the
-  same one are named at once, and the others told through the store), then announce itself and
+* :func:`rendezvous` has every rank claim its rank for its supervisor (two nodes given the same
+  node rank are named at once, and the others told through the store), then announce itself and
   wait for the others (:mod:`unirank.joincheck`), failing within the init timeout with the
   missing ranks named, or at once when a node gave up before joining;
 * so that the store outlives every local rank's use of it, rank 0 does not end before its
@@ -34,7 +34,7 @@ from unirank.errors import ConfigError
 from unirank.store import StoreError, interrupted, open_store
 from unirank.supervisor.workerinfo import WorkerInfo
 
-__all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "NODE_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "done",
+__all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "done",
            "exit_barrier", "host_store", "linger", "private_fds", "rendezvous"]
 
 #: exit code of a worker that could not rendezvous (store unreachable, init timeout)
@@ -42,8 +42,8 @@ RENDEZVOUS_FAILED = 1
 #: store keys of the exit barrier (several nodes only)
 EXIT_COUNT_KEY = "unirank/exit/count"
 EXIT_ALL_KEY = "unirank/exit/all"
-#: store key prefix under which each node claims its node rank (value: node name and pid)
-NODE_CLAIM_PREFIX = "unirank/node/"
+#: store key prefix under which each rank is claimed by its supervisor (node name and pid)
+RANK_CLAIM_PREFIX = "unirank/rank/"
 
 
 def _fail(info: WorkerInfo, message: str) -> NoReturn:
@@ -110,20 +110,20 @@ def host_store(info: WorkerInfo) -> None:
     os.close(info.store_fd)
 
 
-def _claim_node(store: Any, info: WorkerInfo) -> None:
-    """Claim this node's node rank for this node (its name and supervisor's pid); when another
-    node claimed it first, tell every waiting rank (:func:`unirank.joincheck.abort_join`) and
-    fail naming both."""
+def _claim_rank(store: Any, info: WorkerInfo) -> None:
+    """Claim this rank for this node's supervisor (its node name and pid); when another
+    supervisor claimed it first (two nodes given the same node rank), tell every waiting rank
+    (:func:`unirank.joincheck.abort_join`) and fail naming both."""
     from unirank.joincheck import abort_join
 
     ours = f"{info.node_name} (pid {info.supervisor_pid or os.getpid()})"
-    key = f"{NODE_CLAIM_PREFIX}{info.node_rank}"
-    theirs = bytes(store.compare_set(key, "", ours)).decode(errors="replace")
+    theirs = bytes(store.compare_set(f"{RANK_CLAIM_PREFIX}{info.rank}", "", ours)).decode(
+        errors="replace")
     if theirs == ours:
         return
-    reason = (f"node rank {info.node_rank} is claimed by two nodes, {theirs} and {ours}. "
-              "HINT: give every node a distinct --node-rank, 0 to --nnodes - 1 (or let srun/"
-              "mpirun give it)")
+    reason = (f"rank {info.rank} (node rank {info.node_rank}) is claimed by two nodes, "
+              f"{theirs} and {ours}. HINT: give every node a distinct --node-rank, 0 to "
+              "--nnodes - 1 (or let srun/mpirun give it)")
     with contextlib.suppress(RuntimeError, OSError):
         abort_join(store, reason)
     _fail(info, reason)
@@ -133,7 +133,7 @@ def rendezvous(info: WorkerInfo) -> Any:
     """Host the store (rank 0) or connect to it, then wait for every rank to join.
 
     Returns this rank's store (the server itself on rank 0: keep it alive). On failure (the
-    master does not resolve, the store is unreachable, another node claims this node rank, a
+    master does not resolve, the store is unreachable, another node claims this rank, a
     node gave up, the init timeout) prints a one-line message and raises SystemExit(1).
     """
     import torch.distributed  # noqa: F401  (before the clock starts: a slow import is no peer's)
@@ -148,7 +148,7 @@ def rendezvous(info: WorkerInfo) -> Any:
     except ConfigError as exc:
         _fail(info, str(exc))
     try:
-        _claim_node(store, info)
+        _claim_rank(store, info)
         announce_and_wait(
             store, rank=info.rank, world_size=info.world_size, node_name=info.node_name,
             timeout=max(0.0, deadline - time.monotonic()), rank_to_node=info.node_of,
