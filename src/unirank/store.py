@@ -64,8 +64,6 @@ def _detail(exc: BaseException) -> str:
 #: a client's first connection attempts are this short, growing to _PROBE_MAX seconds apart
 _PROBE_FIRST = 0.05
 _PROBE_MAX = 1.0
-#: once the port answers, torch's own connect and handshake get at most this many seconds
-_CONNECT_MAX = 15.0
 
 
 def _await_listener(addr: str, port: int, *, rank: int, timeout: float, served_by: str,
@@ -129,16 +127,19 @@ def open_store(
     connection and every later wait on it.
 
     ``served_by`` names who serves the store in the message (``"rank 0"``), ``hint`` what to
-    check, ``addr_source`` where ``addr`` came from. Raises ConfigError when ``addr`` does not
-    resolve or the port is taken and this process must serve, StoreError on any other failure.
+    check, ``addr_source`` where ``addr`` came from. A client first waits for the port with
+    short Python connection attempts (:func:`_await_listener`), so that a SIGINT ends the wait
+    and the timeout is kept. Raises ConfigError when ``addr`` does not resolve or the port is
+    taken and this process must serve, StoreError on any other failure.
     """
     from unirank.resolve import require_resolvable
 
     require_resolvable(addr, source=addr_source)
     connect = timeout
-    if not serve:  # the port answers now: torch's connect gets a short bound of its own
-        connect = min(_CONNECT_MAX, _await_listener(addr, port, rank=rank, timeout=timeout,
-                                                    served_by=served_by, hint=hint))
+    if not serve:  # the port answers now (a listening socket may answer before its server
+        # serves: torch's handshake then waits, for what is left of the timeout)
+        connect = _await_listener(addr, port, rank=rank, timeout=timeout, served_by=served_by,
+                                  hint=hint)
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     try:
