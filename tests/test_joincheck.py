@@ -26,6 +26,8 @@ from unirank.joincheck import (
     JOIN_PREFIX,
     RESULT_KEY,
     InitTimeoutError,
+    JoinAbortedError,
+    abort_join,
     announce_and_wait,
     format_ranks,
     join_key,
@@ -346,12 +348,14 @@ def _success_profile(world_size: int) -> tuple[set[int], int]:
     assert results == dict.fromkeys(range(world_size))
     assert store.check([ALL_KEY]) and not store.check([RESULT_KEY])
     assert store.get(COUNT_KEY) == str(world_size).encode()
-    # every rank: set its key, count itself, wait for "all"; the last one sets "all" instead
+    # every rank: set its key, count itself, wait for "all" and read it (a node that gave up
+    # sets it too); the last one sets "all" instead
     sequences = sorted(tuple(op for op, _ in rank_calls) for rank_calls in calls.values())
-    assert sequences == [("set", "add", "set")] + [("set", "add", "wait")] * (world_size - 1)
+    assert sequences == [("set", "add", "set")] + [("set", "add", "wait", "get")] * (
+        world_size - 1)
     finals = [rank_calls[-1] for rank_calls in calls.values()]
     assert finals.count(("set", (ALL_KEY,))) == 1
-    assert finals.count(("wait", (ALL_KEY,))) == world_size - 1
+    assert finals.count(("get", (ALL_KEY,))) == world_size - 1
     return {len(rank_calls) for rank_calls in calls.values()}, \
         max(_keys_named(rank_calls) for rank_calls in calls.values())
 
@@ -359,7 +363,7 @@ def _success_profile(world_size: int) -> tuple[set[int], int]:
 def test_success_costs_every_rank_the_same_few_calls_at_any_world_size() -> None:
     calls_64, keys_64 = _success_profile(64)
     calls_1024, keys_1024 = _success_profile(1024)
-    assert calls_64 == calls_1024 == {3}
+    assert calls_64 == calls_1024 == {3, 4}
     assert keys_64 == keys_1024 == 1
 
 
@@ -369,7 +373,7 @@ def test_success_on_a_real_store_costs_the_same(server: Any) -> None:
     results = _run_threads(lambda rank: _Counting(prefixed[rank], calls[rank]), list(range(8)),
                            8, 30, _node_of)
     assert results == dict.fromkeys(range(8))
-    assert {len(c) for c in calls.values()} == {3}
+    assert {len(c) for c in calls.values()} == {3, 4}
     assert max(_keys_named(c) for c in calls.values()) == 1
     assert server.get(f"/attempt_0/join/{COUNT_KEY}") == b"8"
 
@@ -435,3 +439,39 @@ def test_a_second_init_on_the_same_store_starts_afresh(server: Any) -> None:
             assert "1 of 4 ranks did not join within 2 s: rank 2 (on nodeC)." in str(exc)
     assert server.get(COUNT_KEY) == b"4"
     assert server.get(f"/unirank/attempt_1/init_0/join/{COUNT_KEY}") == b"3"
+
+
+def test_a_node_giving_up_ends_every_waiting_rank_at_once(server: Any) -> None:
+    """Ranks 0 and 1 of 4 wait with a 300 s init timeout; a node that gives up (as ``unirank
+    run`` on a node that refused its layout does) ends both waits with its reason. The threads
+    get 60 s: waiting out the timeout fails the test."""
+    outcome: dict[int, BaseException | None] = {}
+
+    def one(rank: int) -> None:
+        try:
+            announce_and_wait(_client(server), rank=rank, world_size=4, node_name="nodeA",
+                              timeout=300)
+            outcome[rank] = None
+        except BaseException as exc:
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in (0, 1)]
+    for thread in threads:
+        thread.start()
+    server.wait([join_key(0), join_key(1)], timedelta(seconds=60))
+    abort_join(server, "node nodeC refused to start its workers:\n  --node-rank disagrees")
+    for thread in threads:
+        thread.join(timeout=60)
+        assert not thread.is_alive(), "a rank waited on after the abort"
+    for rank in (0, 1):
+        exc = outcome[rank]
+        assert isinstance(exc, JoinAbortedError), exc
+        assert exc.reason == "node nodeC refused to start its workers: --node-rank disagrees"
+        assert str(exc) == (f"rank {rank}: the job was stopped before every rank joined: "
+                            f"{exc.reason}")
+
+
+def test_a_rank_arriving_after_the_abort_ends_at_once(server: Any) -> None:
+    abort_join(server, "node nodeC refused")
+    with pytest.raises(JoinAbortedError, match="node nodeC refused"):
+        announce_and_wait(_client(server), rank=2, world_size=4, node_name="nodeC", timeout=300)

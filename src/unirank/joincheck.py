@@ -19,9 +19,13 @@ ranks join (a wait naming all ``world_size`` keys on every rank would cost the s
 ``count``
     a counter: each rank adds 1 to it (``add``) after setting ``<rank>``.
 ``all``
-    set by the rank whose ``add`` returned ``world_size``; every other rank waits on this one key
-    until its deadline. Success path: ``set <rank>``, ``add count``, then ``wait all`` (or, on
-    the last rank, ``set all``): three calls of one key each.
+    set to ``1`` by the rank whose ``add`` returned ``world_size``; every other rank waits on this
+    one key until its deadline, then reads it. Success path: ``set <rank>``, ``add count``, then
+    ``wait all`` and ``get all`` (or, on the last rank, ``set all``): at most four calls of one
+    key each. A node that gives up before its ranks join (it refused its layout, or found its
+    ranks already claimed) sets it to ``abort:`` and its reason (:func:`abort_join`), which
+    wakes every waiting rank at once: each raises :class:`JoinAbortedError` with that reason
+    (the others first set ``seen/<rank>``, for which rank 0 waits as after a timeout).
 ``result``
     the verdict after a timeout: ``missing:`` and the missing ranks, comma-separated (empty: all
     joined after all). Rank 0 scans the join keys once (bisecting over ``check`` calls, so a few
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -56,7 +61,9 @@ __all__ = [
     "JOIN_PREFIX",
     "RESULT_KEY",
     "InitTimeoutError",
+    "JoinAbortedError",
     "StoreLike",
+    "abort_join",
     "announce_and_wait",
     "format_ranks",
     "join_key",
@@ -65,6 +72,8 @@ __all__ = [
 JOIN_PREFIX = "unirank/join/"
 #: rank 0's verdict after a timeout: "missing:" and the missing ranks, comma-separated
 RESULT_KEY = "unirank/join/result"
+#: the value of ``ALL_KEY`` that a node giving up sets: this prefix, then its one-line reason
+ABORT_PREFIX = "abort:"
 #: the number of ranks that have set their join key (each rank adds 1 once)
 COUNT_KEY = "unirank/join/count"
 #: set by the rank that brought ``COUNT_KEY`` to the world size: everyone has joined
@@ -180,6 +189,50 @@ class InitTimeoutError(RuntimeError):
         )
 
 
+class JoinAbortedError(RuntimeError):
+    """A node gave up before its ranks joined; ``reason`` is its one line (naming the node)."""
+
+    def __init__(self, reason: str, *, rank: int | None = None) -> None:
+        self.reason = reason
+        self.rank = rank
+        who = f"rank {rank}: " if rank is not None else ""
+        super().__init__(f"{who}the job was stopped before every rank joined: {reason}")
+
+
+def abort_join(store: StoreLike, reason: str) -> None:
+    """Tell every rank waiting in :func:`announce_and_wait` on ``store`` that the world will not
+    be complete: ``reason`` (one line, naming the node and what went wrong) ends their wait at
+    once. Store errors propagate."""
+    store.set(ALL_KEY, ABORT_PREFIX + " ".join(reason.split()))
+
+
+def _aborted(store: StoreLike, rank: int, world_size: int) -> None:
+    """After ``ALL_KEY`` came: raise JoinAbortedError when a node set it to give up. Rank 0,
+    which usually hosts the store, first stays (at most ``LINGER``) until the ranks that joined
+    have read it (``seen/<rank>``), as after a timeout."""
+    value = bytes(store.get(ALL_KEY)).decode(errors="replace")
+    if not value.startswith(ABORT_PREFIX):
+        return
+    if rank != 0:
+        with contextlib.suppress(RuntimeError, OSError):
+            store.set(_seen_key(rank), "1")
+    else:
+        missing = _missing(store, world_size)
+        joined = [r for r in range(1, world_size) if r not in set(missing or [])]
+        if missing is not None and joined:
+            with contextlib.suppress(RuntimeError, TimeoutError, OSError):
+                store.wait([_seen_key(r) for r in joined], timedelta(seconds=LINGER))
+    raise JoinAbortedError(value.removeprefix(ABORT_PREFIX), rank=rank)
+
+
+def _all_came(store: StoreLike, rank: int, world_size: int) -> bool:
+    """Whether ``ALL_KEY`` is set (raising JoinAbortedError when a node set it to give up)."""
+    if not _has(store, ALL_KEY):
+        return False
+    _aborted(store, rank, world_size)
+    return True
+
+
 def _missing(store: StoreLike, world_size: int) -> list[int] | None:
     """The ranks whose join key is absent, or None when the store cannot be asked.
 
@@ -243,10 +296,36 @@ def _join(store: StoreLike, *, rank: int, world_size: int, node_name: str) -> bo
     return False
 
 
+def _interruptible(call: Callable[[], Any]) -> Any:
+    """``call()``, run in a helper thread when this is the main thread, so that a SIGINT
+    (KeyboardInterrupt) or another Python signal handler is not held up until torch's C++ wait
+    returns (it retries when a signal interrupts it)."""
+    if threading.current_thread() is not threading.main_thread():
+        return call()
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            outcome.append((True, call()))
+        except BaseException as exc:  # handed to the caller's thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="unirank-join-wait", daemon=True).start()
+    done.wait()
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
 def _wait_all(store: StoreLike, timeout: float, deadline: float) -> bool:
     """Wait for ``ALL_KEY`` until the deadline: True when it came, False when time ran out."""
     try:
-        store.wait([ALL_KEY], timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        _interruptible(lambda: store.wait(
+            [ALL_KEY], timedelta(seconds=max(deadline - time.monotonic(), 0.001))))
         return True
     except (RuntimeError, TimeoutError) as exc:
         _expired(exc, deadline, timeout)
@@ -276,7 +355,7 @@ def _coordinate(
     rank_to_node: Callable[[int], str | None] | None,
 ) -> None:
     """Rank 0 after its wait ran out: publish the verdict, wait for the others to read it."""
-    if _has(store, ALL_KEY):  # the last rank arrived as the wait ran out
+    if _all_came(store, 0, world_size):  # the last rank arrived as the wait ran out
         return
     missing = _missing(store, world_size)
     if missing is not None:
@@ -319,14 +398,14 @@ def _follow(
     rank_to_node: Callable[[int], str | None] | None,
 ) -> None:
     """Any other rank after its wait ran out: take rank 0's verdict, or a stand-in's."""
-    if _has(store, ALL_KEY):
+    if _all_came(store, rank, world_size):
         return
     grace = min(LINGER, max(timeout, 0.001))
     missing: list[int] | None = None
     if _has(store, join_key(0)):  # rank 0 joined: it gives the verdict at its own deadline
         missing = _await_verdict(store, grace)
     if missing is None:
-        if _has(store, ALL_KEY):  # everyone joined while we waited for a verdict
+        if _all_came(store, rank, world_size):  # everyone joined while we waited for a verdict
             return
         missing = _stand_in(store, world_size, grace)
     if missing == []:
@@ -360,7 +439,9 @@ def announce_and_wait(
     timeout)``) one of the others, elected through ``unirank/join/coordinator``, scans and
     publishes instead; a rank that gets no verdict at all says the store could not tell which
     ranks are missing. Other store errors before the deadline (the store's host went away)
-    propagate. Each rank must call this once per store (or ``PrefixStore`` prefix).
+    propagate. A node that gave up (:func:`abort_join`) ends the wait at once with
+    :class:`JoinAbortedError`. Each rank must call this once per store (or ``PrefixStore``
+    prefix).
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside the world of {world_size}")
@@ -368,6 +449,7 @@ def announce_and_wait(
     if _join(store, rank=rank, world_size=world_size, node_name=node_name):
         return
     if _wait_all(store, timeout, deadline):
+        _aborted(store, rank, world_size)
         return
     if rank == 0:
         _coordinate(store, world_size=world_size, timeout=timeout, rank_to_node=rank_to_node)

@@ -4,6 +4,8 @@ Both the worker bootstrap of ``unirank run`` / ``Parallel`` (the store server on
 socket the supervisor opened, every rank a client) and :func:`unirank.init` (rank 0 serves unless
 an agent already does) open it here, with the same flags and one error translation:
 
+* a master host that does not resolve is a :class:`~unirank.errors.ConfigError` naming it and
+  the variable it came from, before torch sees it (:func:`unirank.resolve.require_resolvable`);
 * a port already taken where this process must serve is a :class:`~unirank.errors.ConfigError`
   naming MASTER_PORT;
 * any other failure (nothing answers within the timeout, the connection drops) is a
@@ -23,12 +25,12 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from unirank.contract import USE_AGENT_STORE_VAR
 from unirank.errors import ConfigError
 
-__all__ = ["JoinedStore", "StoreError", "hand_over", "open_store", "take_joined",
+__all__ = ["JoinedStore", "StoreError", "hand_over", "interrupted", "open_store", "take_joined",
            "uses_agent_store"]
 
 
@@ -59,6 +61,54 @@ def _detail(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+#: a client's first connection attempts are this short, growing to _PROBE_MAX seconds apart
+_PROBE_FIRST = 0.05
+_PROBE_MAX = 1.0
+
+
+def _await_listener(addr: str, port: int, *, rank: int, timeout: float, served_by: str,
+                    hint: str) -> float:
+    """Wait until something accepts connections at ``addr:port``; the seconds left of
+    ``timeout`` (at least 1) for torch's own connect.
+
+    torch's client retries a refused connection inside C++ for up to about 2.5 times its
+    timeout, printing a C++ frame dump at each retry, and cannot be interrupted (it retries on
+    EINTR). Short Python connection attempts instead end at the timeout with a StoreError, and
+    a SIGINT ends them at once (:func:`interrupted`).
+    """
+    import socket
+    import time
+
+    deadline = time.monotonic() + timeout
+    pause = _PROBE_FIRST
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                socket.create_connection((addr, port), timeout=max(0.05, min(left, 2.0))).close()
+                return max(1.0, deadline - time.monotonic())
+            except OSError as exc:
+                if time.monotonic() + pause >= deadline:
+                    of = f" of {served_by}" if served_by else ""
+                    raise StoreError(rank, f"could not reach the rendezvous store{of} at "
+                                           f"{addr}:{port} within {timeout:g} s "
+                                           f"({_detail(exc)}). HINT: {hint}") from None
+            time.sleep(pause)
+            pause = min(2 * pause, _PROBE_MAX)
+    except KeyboardInterrupt:
+        interrupted(rank, f"connecting to the rendezvous store at {addr}:{port}")
+
+
+def interrupted(rank: int, doing: str) -> NoReturn:
+    """A SIGINT (KeyboardInterrupt) while this rank was ``doing`` something at start-up: one
+    line on stderr and SystemExit(130), as a shell reports an interrupted command."""
+    import sys
+
+    print(f"unirank: rank {rank}: interrupted (SIGINT) while {doing}", file=sys.stderr,
+          flush=True)
+    raise SystemExit(130) from None
+
+
 def open_store(
     addr: str,
     port: int,
@@ -70,22 +120,36 @@ def open_store(
     multi_tenant: bool = False,
     served_by: str = "",
     hint: str,
+    addr_source: str = "MASTER_ADDR",
 ) -> Any:
     """A ``TCPStore`` at ``addr:port``: the server itself with ``serve`` (on ``listen_fd``, a
     socket already listening, when given), else a client; ``timeout`` (seconds) bounds the
     connection and every later wait on it.
 
     ``served_by`` names who serves the store in the message (``"rank 0"``), ``hint`` what to
-    check. Raises ConfigError when the port is taken and this process must serve, StoreError
-    on any other failure.
+    check, ``addr_source`` where ``addr`` came from. A client first waits for the port with
+    short Python connection attempts (:func:`_await_listener`), so that a SIGINT ends the wait
+    and the timeout is kept. Raises ConfigError when ``addr`` does not resolve or the port is
+    taken and this process must serve, StoreError on any other failure.
     """
+    from unirank.resolve import require_resolvable
+
+    require_resolvable(addr, source=addr_source)
+    connect = timeout
+    if not serve:  # the port answers now (a listening socket may answer before its server
+        # serves: torch's handshake then waits, for what is left of the timeout)
+        connect = _await_listener(addr, port, rank=rank, timeout=timeout, served_by=served_by,
+                                  hint=hint)
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     try:
-        return TCPStore(
-            addr, port, None, serve, timedelta(seconds=timeout), wait_for_workers=False,
+        store = TCPStore(
+            addr, port, None, serve, timedelta(seconds=connect), wait_for_workers=False,
             multi_tenant=multi_tenant, master_listen_fd=listen_fd, use_libuv=True,
         )
+        if connect != timeout:
+            store.set_timeout(timedelta(seconds=timeout))
+        return store
     except (RuntimeError, TimeoutError, OSError) as exc:
         text = str(exc)
         if serve and listen_fd is None and (

@@ -19,7 +19,7 @@ import signal
 import sys
 import uuid
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
@@ -335,6 +335,39 @@ def _nproc_in_allocation(args: argparse.Namespace, request: LaunchRequest,
     return default
 
 
+def _master_source(args: argparse.Namespace, outer: DistEnv) -> str:
+    """The option or variable the master address came from."""
+    from unirank.resolve import master_addr_source
+
+    if args.master_addr:
+        return "--master-addr"
+    if args.rdzv_endpoint:
+        return "--rdzv-endpoint"
+    return master_addr_source(outer.sources)
+
+
+def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoReturn:
+    """This node will not start its workers: say why, and when the job spans several nodes tell
+    the others through node 0's store (:mod:`unirank.supervisor.giveup`), so that their
+    workers end at once naming this node instead of waiting for the init timeout."""
+    from unirank.rendezvous import DEFAULT_PORT
+
+    print(f"unirank run: error: {error}", file=sys.stderr, flush=True)
+    nnodes = max(outer.num_nodes, request.nnodes or 1)
+    addr = request.master_addr or outer.master_addr
+    if nnodes > 1 and addr:
+        from unirank.resolve import require_resolvable
+        from unirank.supervisor.giveup import tell_others
+
+        try:
+            require_resolvable(addr, source="MASTER_ADDR")
+        except ConfigError:
+            raise SystemExit(2) from None
+        port = request.master_port or outer.master_port or DEFAULT_PORT
+        tell_others(addr, port, f"node {outer.node_name} refused to start its workers: {error}")
+    raise SystemExit(2)
+
+
 def main(args: argparse.Namespace) -> int:
     """Plan, start and supervise this node's workers; returns the exit code."""
     from unirank.supervisor.plan import make_plan
@@ -370,7 +403,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         plan = make_plan(request, outer, environ, run_id_fallback=uuid.uuid4().hex)
     except ConfigError as exc:
-        raise exc.renamed(_OPTION_NAMES) from None
+        _refuse(exc.renamed(_OPTION_NAMES), request, outer)
+    if plan.world_size > 1:  # at once, not after the workers' init timeout
+        from unirank.resolve import require_resolvable
+
+        require_resolvable(plan.master_addr, source=_master_source(args, outer))
 
     from unirank.supervisor.procs import run_plan
     from unirank.supervisor.summary import format_summary

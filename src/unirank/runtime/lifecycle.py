@@ -22,8 +22,15 @@ from unirank import contract
 from unirank.contract import DEFAULT_INIT_TIMEOUT
 from unirank.distenv import DistEnv
 from unirank.launchers.slurm_allocation import launch_command
+from unirank.resolve import master_addr_source
 from unirank.runtime import backends, state
-from unirank.store import StoreError, open_store, take_joined, uses_agent_store
+from unirank.store import (
+    StoreError,
+    interrupted,
+    open_store,
+    take_joined,
+    uses_agent_store,
+)
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT",
@@ -66,6 +73,7 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
             addr, port, rank=env.rank, timeout=timeout, serve=serve, multi_tenant=serve,
             hint="check that rank 0 (or the launcher's agent) runs and that MASTER_ADDR and "
                  "MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late",
+            addr_source=master_addr_source(env.sources),
         )
     except StoreError as exc:
         raise InitError(str(exc)) from exc
@@ -89,13 +97,16 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
         base = _connect_store(env, timeout, environ)
         from unirank.joincheck import announce_and_wait
 
-        announce_and_wait(
-            dist.PrefixStore(f"{prefix}/join", base),  # type: ignore[attr-defined]
-            rank=env.rank,
-            world_size=env.world_size,
-            node_name=state.hostname(),
-            timeout=timeout,
-        )
+        try:
+            announce_and_wait(
+                dist.PrefixStore(f"{prefix}/join", base),  # type: ignore[attr-defined]
+                rank=env.rank,
+                world_size=env.world_size,
+                node_name=state.hostname(),
+                timeout=timeout,
+            )
+        except KeyboardInterrupt:
+            interrupted(env.rank, "waiting for the other ranks to join")
     return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 
 

@@ -5,8 +5,10 @@ until every rank is done with it.
   (UNIRANK_STORE_FD). Every rank, rank 0 included, is a store client
   (TORCHELASTIC_USE_AGENT_STORE=True), as under torchrun. With ``--exec`` rank 0 forks a store
   host instead (:func:`host_store`), which serves until the supervisor ends;
-* :func:`rendezvous` has every rank announce itself and wait for the others
-  (:mod:`unirank.joincheck`), failing within the init timeout with the missing ranks named;
+* :func:`rendezvous` has every rank claim its rank for its supervisor (two nodes given the same
+  node rank are named at once, and the others told through the store), then announce itself and
+  wait for the others (:mod:`unirank.joincheck`), failing within the init timeout with the
+  missing ranks named, or at once when a node gave up before joining;
 * so that the store outlives every local rank's use of it, rank 0 does not end before its
   node's other workers' programs: at its end it waits (:func:`linger`) until the supervisor
   closes the linger pipe, which it does once every other worker closed its done pipe
@@ -28,17 +30,20 @@ import time
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from unirank.store import StoreError, open_store
+from unirank.errors import ConfigError
+from unirank.store import StoreError, interrupted, open_store
 from unirank.supervisor.workerinfo import WorkerInfo
 
-__all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RENDEZVOUS_FAILED", "done", "exit_barrier",
-           "host_store", "linger", "private_fds", "rendezvous"]
+__all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "done",
+           "exit_barrier", "host_store", "linger", "private_fds", "rendezvous"]
 
 #: exit code of a worker that could not rendezvous (store unreachable, init timeout)
 RENDEZVOUS_FAILED = 1
 #: store keys of the exit barrier (several nodes only)
 EXIT_COUNT_KEY = "unirank/exit/count"
 EXIT_ALL_KEY = "unirank/exit/all"
+#: store key prefix under which each rank is claimed by its supervisor (node name and pid)
+RANK_CLAIM_PREFIX = "unirank/rank/"
 
 
 def _fail(info: WorkerInfo, message: str) -> NoReturn:
@@ -105,27 +110,52 @@ def host_store(info: WorkerInfo) -> None:
     os.close(info.store_fd)
 
 
+def _claim_rank(store: Any, info: WorkerInfo) -> None:
+    """Claim this rank for this node's supervisor (its node name and pid); when another
+    supervisor claimed it first (two nodes given the same node rank), tell every waiting rank
+    (:func:`unirank.joincheck.abort_join`) and fail naming both."""
+    from unirank.joincheck import abort_join
+
+    ours = f"{info.node_name} (pid {info.supervisor_pid or os.getpid()})"
+    theirs = bytes(store.compare_set(f"{RANK_CLAIM_PREFIX}{info.rank}", "", ours)).decode(
+        errors="replace")
+    if theirs == ours:
+        return
+    reason = (f"rank {info.rank} (node rank {info.node_rank}) is claimed by two nodes, "
+              f"{theirs} and {ours}. HINT: give every node a distinct --node-rank, 0 to "
+              "--nnodes - 1 (or let srun/mpirun give it)")
+    with contextlib.suppress(RuntimeError, OSError):
+        abort_join(store, reason)
+    _fail(info, reason)
+
+
 def rendezvous(info: WorkerInfo) -> Any:
     """Host the store (rank 0) or connect to it, then wait for every rank to join.
 
-    Returns this rank's store (the server itself on rank 0: keep it alive). On failure prints a
-    one-line message and raises SystemExit(1).
+    Returns this rank's store (the server itself on rank 0: keep it alive). On failure (the
+    master does not resolve, the store is unreachable, another node claims this rank, a
+    node gave up, the init timeout) prints a one-line message and raises SystemExit(1).
     """
     import torch.distributed  # noqa: F401  (before the clock starts: a slow import is no peer's)
 
-    from unirank.joincheck import InitTimeoutError, announce_and_wait
+    from unirank.joincheck import InitTimeoutError, JoinAbortedError, announce_and_wait
 
     deadline = time.monotonic() + info.init_timeout
     try:
         store = _open(info)
     except StoreError as exc:
         _fail(info, exc.what)
+    except ConfigError as exc:
+        _fail(info, str(exc))
     try:
+        _claim_rank(store, info)
         announce_and_wait(
             store, rank=info.rank, world_size=info.world_size, node_name=info.node_name,
             timeout=max(0.0, deadline - time.monotonic()), rank_to_node=info.node_of,
         )
-    except InitTimeoutError as exc:
+    except KeyboardInterrupt:
+        interrupted(info.rank, "waiting for the other ranks to join")
+    except (InitTimeoutError, JoinAbortedError) as exc:
         _fail(info, str(exc).removeprefix(f"rank {info.rank}: "))
     except (RuntimeError, OSError) as exc:
         detail = " ".join(str(exc).split())[:200]

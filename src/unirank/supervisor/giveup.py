@@ -1,0 +1,54 @@
+"""A node that gives up before its workers join tells the others through the rendezvous store.
+
+When ``unirank run`` on one node of several refuses to start (its layout disagrees with the
+launcher's, its options are wrong), the other nodes' workers would wait for its ranks until the
+init timeout. :func:`tell_others` instead sets the join check's abort value
+(:func:`unirank.joincheck.abort_join`) in node 0's store, so every waiting rank ends at once with
+this node's name and reason. The parent never imports torch, so the store client runs in a short
+child process (``python -m unirank.supervisor.giveup ADDR PORT SECONDS REASON``) whose connect is
+bounded; when the store cannot be reached in that time, nothing more is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+
+__all__ = ["GIVE_UP_TIMEOUT", "tell_others"]
+
+#: at most this many seconds to reach node 0's store (it may start a few seconds after this
+#: node gave up); the child process gets as long again to import torch
+GIVE_UP_TIMEOUT = 20.0
+
+
+def tell_others(addr: str, port: int, reason: str, *,
+                timeout: float = GIVE_UP_TIMEOUT) -> bool:
+    """Set this node's ``reason`` (one line, naming the node) in the store at ``addr:port``,
+    waiting at most about ``timeout`` seconds for it: True when it was set."""
+    command = [sys.executable, "-m", "unirank.supervisor.giveup", addr, str(port),
+               f"{timeout:g}", reason]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, timeout=2 * timeout + 10, check=False)
+        return done.returncode == 0
+    return False
+
+
+def _main(argv: list[str]) -> int:
+    """The child: connect as a client within the timeout, set the abort value; 0 when set."""
+    from unirank.errors import ConfigError
+    from unirank.joincheck import abort_join
+    from unirank.store import StoreError, open_store
+
+    addr, port, seconds, reason = argv
+    try:
+        store = open_store(addr, int(port), rank=-1, timeout=float(seconds), hint="")
+        abort_join(store, reason)
+    except (ConfigError, StoreError, RuntimeError, OSError, ValueError):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""A master host that does not resolve ends every path at once with one line.
+
+The unit tests call :func:`unirank.resolve.require_resolvable`; the slow name server is the one
+mock (``socket.getaddrinfo`` replaced by a call that blocks: a dead DNS cannot be staged here).
+The process tests run the real thing with a 300 s init timeout and a 60 s subprocess timeout,
+so a hang fails the test: ``unirank run -n 2`` (the parent's check) and a hand-set
+torchrun-style rank 0 running ``examples/helloworld.py`` (the check in :func:`unirank.init`'s
+store opening), and a worker bootstrap given the name directly.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _procs import free_port, launcher_free_environ
+from unirank.errors import ConfigError
+from unirank.resolve import master_addr_source, require_resolvable
+
+REPO = Path(__file__).resolve().parents[1]
+BAD = "no.such.host.invalid"
+#: what a traceback or torch's C++ error report would print
+_NOISE = ("Traceback", "frame #", "Exception raised from", "[c10d]")
+
+
+def test_names_and_addresses_that_resolve_pass() -> None:
+    for host in ("127.0.0.1", "::1", "[::1]", "localhost", socket.gethostname()):
+        require_resolvable(host, source="MASTER_ADDR")
+
+
+def test_a_name_that_does_not_resolve_is_one_line_naming_name_source_and_hint() -> None:
+    with pytest.raises(ConfigError) as info:
+        require_resolvable(BAD, source="--master-addr")
+    message = str(info.value)
+    assert message.startswith(f"--master-addr='{BAD}': the master host does not resolve")
+    assert "HINT: give the host name or address of rank 0's node" in message
+    assert f"getent hosts {BAD}" in message
+    assert "\n" not in message
+
+
+def test_a_name_server_that_does_not_answer_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def blocked(*_args: Any, **_kwargs: Any) -> Any:
+        release.wait(60)
+        raise socket.gaierror(-3, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", blocked)
+    try:
+        with pytest.raises(ConfigError, match="no answer from the name service within 0.2 s"):
+            require_resolvable("slow.example", source="MASTER_ADDR", timeout=0.2)
+    finally:
+        release.set()
+
+
+def test_the_source_is_where_the_launcher_found_it() -> None:
+    assert master_addr_source({"master_addr": "first host of SLURM_STEP_NODELIST"}) == \
+        "first host of SLURM_STEP_NODELIST"
+    assert master_addr_source({}) == "MASTER_ADDR"
+
+
+def _run(command: list[str], extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = launcher_free_environ({"UNIRANK_INIT_TIMEOUT": "300", **extra})
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def _assert_one_line(result: subprocess.CompletedProcess[str], prefix: str, source: str) -> None:
+    assert result.returncode != 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"{prefix}{source}='{BAD}': the master host does not resolve"), \
+        result.stderr
+    assert not any(noise in result.stderr for noise in _NOISE), result.stderr
+
+
+@pytest.mark.parametrize("how", ["env", "option"])
+def test_unirank_run_refuses_before_starting_workers(how: str) -> None:
+    given = ["--master-addr", BAD] if how == "option" else []
+    result = _run([sys.executable, "-m", "unirank", "run", "-n", "2", *given,
+                   "examples/helloworld.py"], {"MASTER_ADDR": BAD} if how == "env" else {})
+    _assert_one_line(result, "unirank run: error: ",
+                     "--master-addr" if how == "option" else "MASTER_ADDR")
+    assert result.returncode == 2
+    assert result.stdout == ""
+
+
+def test_a_torchrun_style_rank_0_ends_in_init() -> None:
+    result = _run([sys.executable, "examples/helloworld.py"], {
+        "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": BAD, "MASTER_PORT": str(free_port())})
+    _assert_one_line(result, "helloworld.py: error: ", "MASTER_ADDR")
+
+
+def test_a_worker_bootstrap_given_the_name_ends_with_one_line() -> None:
+    result = _run([sys.executable, "-m", "unirank.supervisor.bootstrap",
+                    "examples/helloworld.py"], {
+        "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": BAD, "MASTER_PORT": str(free_port())})
+    _assert_one_line(result, "unirank: rank 1: ", "MASTER_ADDR")
+    assert result.returncode == 1
