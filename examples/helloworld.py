@@ -53,5 +53,5 @@ if __name__ == "__main__":
             init_timeout=args.init_timeout,
         ) as parallel:
             parallel.run(hello)
-    except ur.ConfigError as exc:  # a launch mistake: one line that says what to do
-        sys.exit(f"helloworld.py: error: {exc}")
+    except (ur.ConfigError, ur.InitError) as exc:  # a launch mistake or a rank that never
+        sys.exit(f"helloworld.py: error: {exc}")    # joined: one line that says what to do

@@ -20,6 +20,8 @@ _RUNTIME_NAMES = frozenset(
         "init",
         "finalize",
         "Parallel",
+        "InitError",
+        "WorkerFailedError",
         "is_initialized",
         "get_rank",
         "get_world_size",
