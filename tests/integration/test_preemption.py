@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,6 +110,33 @@ def _children(pid: int) -> list[int]:
         return [int(child) for child in file.read().split()]
 
 
+def _stop_when_held(cmd: Sequence[str], checkpoint: str,
+                    send: Callable[[subprocess.Popen[bytes]], None]) -> tuple[int, str, str]:
+    """Start ``cmd`` holding at :data:`HOLD_AT`; once rank 0 says ``HOLDING``, ``send`` the stop
+    signal; return the exit code, stdout and stderr."""
+    proc = subprocess.Popen(list(cmd), cwd=REPO, env=_held_env(checkpoint),
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        seen = _read_until(proc, "HOLDING", TIMEOUT)
+        send(proc)
+        rest, errb = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, seen + rest.decode(), errb.decode()
+
+
+def _to_worker(index: int) -> Callable[[subprocess.Popen[bytes]], None]:
+    """Send SIGUSR2 to one of the two workers of ``unirank run`` (its children)."""
+    def send(proc: subprocess.Popen[bytes]) -> None:
+        workers = _children(proc.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[index], signal.SIGUSR2)
+    return send
+
+
 def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     tmp_path: Path, unbroken: str,
 ) -> None:
@@ -119,20 +146,8 @@ def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     unbroken run's parameters."""
     checkpoint = str(tmp_path / "ck.pt")
     cmd = [PY, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS, "--checkpoint", checkpoint]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_held_env(checkpoint), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        seen = _read_until(proc, "HOLDING", TIMEOUT)
-        workers = _children(proc.pid)
-        assert len(workers) == 2, workers
-        os.kill(workers[-1], signal.SIGUSR2)
-        rest, errb = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    out, err = seen + rest.decode(), errb.decode()
-    assert proc.returncode == REQUEUE_EXIT_CODE, f"{out}\n{err}"
+    code, out, err = _stop_when_held(cmd, checkpoint, _to_worker(-1))
+    assert code == REQUEUE_EXIT_CODE, f"{out}\n{err}"
     assert err.strip().splitlines()[-1] == (
         "unirank run: stopped to be requeued (exit code 79): ranks 0-1 saved and stopped so "
         "that the run goes on later; not a failure"), err
@@ -160,20 +175,10 @@ def test_max_restarts_restarts_a_group_stopped_for_requeue_outside_slurm(
     the group is started again (one restart), resumes from the checkpoint and ends 0 with the
     unbroken run's parameters."""
     checkpoint = str(tmp_path / "ck.pt")
-    proc = subprocess.Popen([PY, "-m", "unirank", "run", "-n", "2", "--max-restarts", "1", TRAIN,
-                             *ARGS, "--checkpoint", checkpoint], cwd=REPO,
-                            env=_held_env(checkpoint), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        seen = _read_until(proc, "HOLDING", TIMEOUT)
-        os.kill(_children(proc.pid)[0], signal.SIGUSR2)
-        rest, errb = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    out, err = seen + rest.decode(), errb.decode()
-    assert proc.returncode == 0, f"{out}\n{err}"
+    code, out, err = _stop_when_held(
+        [PY, "-m", "unirank", "run", "-n", "2", "--max-restarts", "1", TRAIN, *ARGS,
+         "--checkpoint", checkpoint], checkpoint, _to_worker(0))
+    assert code == 0, f"{out}\n{err}"
     assert ("unirank run: attempt 0 stopped to be requeued (exit code 79); restarting the "
             "workers (1 of 1 restarts)") in err, err
     assert "resumed from" in out and _digest(out) == unbroken
@@ -184,20 +189,10 @@ def test_spawned_workers_stopped_by_sigusr2_end_the_script_with_79(tmp_path: Pat
     (``ur.Parallel`` forwards it); they save and stop at the same step, and the script exits 79
     after one line, without a traceback."""
     checkpoint = str(tmp_path / "ck.pt")
-    proc = subprocess.Popen([PY, TRAIN, "--nproc_per_node", "2", *ARGS, "--checkpoint",
-                             checkpoint], cwd=REPO, env=_held_env(checkpoint),
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    try:
-        seen = _read_until(proc, "HOLDING", TIMEOUT)
-        proc.send_signal(signal.SIGUSR2)
-        rest, errb = proc.communicate(timeout=TIMEOUT)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    out, err = seen + rest.decode(), errb.decode()
-    assert proc.returncode == REQUEUE_EXIT_CODE, f"{out}\n{err}"
+    code, out, err = _stop_when_held(
+        [PY, TRAIN, "--nproc_per_node", "2", *ARGS, "--checkpoint", checkpoint], checkpoint,
+        lambda proc: proc.send_signal(signal.SIGUSR2))
+    assert code == REQUEUE_EXIT_CODE, f"{out}\n{err}"
     assert "unirank Parallel: stopped to be requeued (exit code 79)" in err, err
     assert "Traceback" not in err and "stopped at step" in out, err
 
