@@ -7,6 +7,7 @@ Every process is real (``python examples/train.py``, ``unirank run``, ``torchrun
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -65,8 +66,8 @@ def test_a_real_exception_keeps_its_traceback() -> None:
 
 def _results(proc: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
     assert proc.returncode == 0, proc.stderr
-    rows = [json.loads(line.split(" ", 1)[1]) for line in proc.stdout.splitlines()
-            if line.startswith("RESULT ")]
+    # torchrun's workers share its stdout: an unbuffered rank's line can be glued to another's
+    rows = [json.loads(found) for found in re.findall(r"RESULT (\{[^{}]*\})", proc.stdout)]
     return sorted(rows, key=lambda row: int(str(row["rank"])))
 
 
