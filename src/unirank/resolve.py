@@ -15,11 +15,16 @@ from __future__ import annotations
 import ipaddress
 import socket
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from unirank.errors import ConfigError
 
-__all__ = ["RESOLVE_TIMEOUT", "master_addr_source", "require_resolvable"]
+__all__ = ["RESOLVE_TIMEOUT", "Bounded", "bounded", "master_addr_source", "require_resolvable"]
+
+_T = TypeVar("_T")
 
 #: seconds a name lookup may take before the name counts as not resolving
 RESOLVE_TIMEOUT = 10.0
@@ -39,23 +44,48 @@ def _is_literal(host: str) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Bounded(Generic[_T]):
+    """What :func:`bounded` got: ``value`` (None on an error or a timeout), ``error`` (the
+    OSError or UnicodeError raised, or None), ``seconds`` taken, and whether the call was still
+    running at the bound."""
+
+    value: _T | None
+    error: OSError | UnicodeError | None
+    seconds: float
+    timed_out: bool
+
+
+def bounded(fn: Callable[[], _T], limit: float) -> Bounded[_T]:
+    """``fn()`` (a name look-up: OSError and UnicodeError are its failures) in a daemon thread,
+    waited for at most ``limit`` seconds, so that a name server that does not answer cannot
+    hold the caller up. The one bounded look-up of unirank (start-up checks and doctor)."""
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except (OSError, UnicodeError) as exc:
+            box["error"] = exc
+
+    start = time.monotonic()
+    thread = threading.Thread(target=call, name="unirank-lookup", daemon=True)
+    thread.start()
+    thread.join(limit)
+    seconds = time.monotonic() - start
+    if thread.is_alive():
+        return Bounded(None, None, seconds, True)
+    return Bounded(box.get("value"), box.get("error"), seconds, False)
+
+
 def _lookup(host: str, timeout: float) -> str | None:
     """None when ``host`` resolves within ``timeout`` seconds, else why not."""
-    outcome: list[str | None] = []
-
-    def look() -> None:
-        try:
-            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-            outcome.append(None)
-        except (OSError, UnicodeError) as exc:
-            outcome.append(str(exc.args[-1]) if exc.args else type(exc).__name__)
-
-    thread = threading.Thread(target=look, name="unirank-resolve", daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if not outcome:
+    found = bounded(lambda: socket.getaddrinfo(host, None, type=socket.SOCK_STREAM), timeout)
+    if found.timed_out:
         return f"no answer from the name service within {timeout:g} s"
-    return outcome[0]
+    if found.error is None:
+        return None
+    return str(found.error.args[-1]) if found.error.args else type(found.error).__name__
 
 
 def require_resolvable(host: str, *, source: str, timeout: float = RESOLVE_TIMEOUT) -> None:

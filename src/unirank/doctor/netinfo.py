@@ -12,11 +12,11 @@ import fcntl
 import os
 import socket
 import struct
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
+
+from unirank.resolve import bounded
 
 __all__ = [
     "Lookup",
@@ -46,25 +46,14 @@ class Lookup:
 
 
 def _bounded(fn: Callable[[], _T], limit: float) -> tuple[_T | None, str, float]:
-    """``fn()`` in a daemon thread, waited for at most ``limit`` seconds: (value, error,
-    seconds); a look-up that hangs cannot hold doctor up."""
-    box: dict[str, object] = {}
-
-    def call() -> None:
-        try:
-            box["value"] = fn()
-        except (OSError, UnicodeError) as exc:
-            box["error"] = " ".join(str(exc).split()) or type(exc).__name__
-
-    start = time.monotonic()
-    thread = threading.Thread(target=call, daemon=True)
-    thread.start()
-    thread.join(limit)
-    seconds = time.monotonic() - start
-    if thread.is_alive():
-        return None, f"no answer within {limit:g} s", seconds
-    value = box.get("value")
-    return value, str(box.get("error", "")), seconds  # type: ignore[return-value]
+    """``fn()`` through :func:`unirank.resolve.bounded`: (value, error, seconds); a look-up
+    that hangs cannot hold doctor up."""
+    found = bounded(fn, limit)
+    if found.timed_out:
+        return None, f"no answer within {limit:g} s", found.seconds
+    error = "" if found.error is None else (" ".join(str(found.error).split())
+                                            or type(found.error).__name__)
+    return found.value, error, found.seconds
 
 
 def resolve(name: str, limit: float = 5.0) -> Lookup:
