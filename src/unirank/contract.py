@@ -39,6 +39,7 @@ __all__ = [
     "MAX_RESTARTS_VAR",
     "NODE_NAMES_VAR",
     "NODE_NAME_VAR",
+    "NO_PRELOAD_VAR",
     "NO_SRUN_VAR",
     "PRIVATE_VARIABLES",
     "RESTART_COUNT_VAR",
@@ -78,6 +79,9 @@ NODE_NAME_VAR = "UNIRANK_NODE_NAME"
 STOP_SIGNALS_VAR = "UNIRANK_STOP_SIGNALS"
 #: how many times a Slurm job may be requeued (``SLURM_RESTART_COUNT``) before it stops failing
 MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"
+#: ``1``: every worker starts as its own interpreter (``unirank run --no-preload``), not forked
+#: from the node's preloading fork server
+NO_PRELOAD_VAR = "UNIRANK_NO_PRELOAD"
 #: the default of UNIRANK_MAX_REQUEUES
 DEFAULT_MAX_REQUEUES = 10
 #: seconds every rank waits for the others to join when nothing else says how long

@@ -26,7 +26,9 @@ from unirank.errors import ConfigError
 from unirank.supervisor.plan import LaunchRequest
 
 if TYPE_CHECKING:
+    from unirank.supervisor.forkclient import ForkServer
     from unirank.supervisor.procs import EngineOptions
+    from unirank.supervisor.summary import RunResult
 
 _EPILOG = (
     "Examples: unirank run -n 4 train.py --lr 0.1 | unirank run --nproc_per_node gpu -m pkg.train"
@@ -85,6 +87,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="run PROGRAM as a module, like python -m")
     _option(parser, "--no-python", dest="no_python", action="store_true",
             help="run PROGRAM itself, not with python")
+    _option(parser, "--preload", default="", metavar="MODULE,...",
+            help="modules the node's fork server imports, besides torch, before it forks the "
+            "workers")
+    _option(parser, "--no-preload", dest="no_preload", action="store_true",
+            help="start every worker as its own interpreter, not forked from a server that "
+            "imported torch once (also UNIRANK_NO_PRELOAD=1)")
     _option(parser, "--virtual-local-rank", dest="virtual_local_rank", action="store_true",
             help="LOCAL_RANK=0 in every worker, each seeing only its own GPU")
     _option(parser, "--tag-output", dest="tag_output", action="store_true",
@@ -290,7 +298,24 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
     return EngineOptions(grace_period=grace, output=output, signals=signals,
                          timeline=bool(args.timeline or args.timeline_json),
-                         timeline_json=args.timeline_json or None)
+                         timeline_json=args.timeline_json or None,
+                         preload=_preload(args.preload, no_preload=bool(args.no_preload)))
+
+
+def _preload(text: str, *, no_preload: bool) -> tuple[str, ...] | None:
+    """``--preload``'s modules; None with ``--no-preload``."""
+    modules = tuple(m.strip() for m in text.split(",") if m.strip())
+    if no_preload:
+        if modules:
+            raise ConfigError("cannot be combined with --no-preload", variable="--preload",
+                              value=text, hint="drop one of the two")
+        return None
+    for module in modules:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise ConfigError("is not a module name", variable="--preload", value=module,
+                              hint="give importable module names, comma-separated, e.g. "
+                              "--preload numpy,transformers")
+    return modules
 
 
 def target_of(args: argparse.Namespace) -> list[str]:
@@ -368,10 +393,26 @@ def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoRet
     raise SystemExit(2)
 
 
+def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,
+                  environ: Mapping[str, str], options: EngineOptions, target: list[str],
+                  server: ForkServer | None) -> RunResult:
+    """Plan this node's workers, then start and supervise them."""
+    from unirank.supervisor.plan import make_plan
+    from unirank.supervisor.procs import run_plan
+
+    try:
+        plan = make_plan(request, outer, environ, run_id_fallback=uuid.uuid4().hex)
+    except ConfigError as exc:
+        _refuse(exc.renamed(_OPTION_NAMES), request, outer)
+    if plan.world_size > 1:  # at once, not after the workers' init timeout
+        from unirank.resolve import require_resolvable
+
+        require_resolvable(plan.master_addr, source=_master_source(args, outer))
+    return run_plan(plan, target, environ=environ, options=options, server=server)
+
+
 def main(args: argparse.Namespace) -> int:
     """Plan, start and supervise this node's workers; returns the exit code."""
-    from unirank.supervisor.plan import make_plan
-
     if args.program is None:
         raise ConfigError(
             "no script or module to run",
@@ -400,19 +441,17 @@ def main(args: argparse.Namespace) -> int:
         nnodes = request.nnodes if request.nnodes is not None else max(1, outer.num_nodes)
         nproc = _nproc_in_allocation(args, request, outer)
         reexec_through_srun(nnodes, inner_command(args, nproc, nnodes), environ)
+    from unirank.supervisor.forkclient import start_server
+
+    # it imports torch while this process plans
+    server = start_server(target, environ, options.preload, prog="unirank run")
     try:
-        plan = make_plan(request, outer, environ, run_id_fallback=uuid.uuid4().hex)
-    except ConfigError as exc:
-        _refuse(exc.renamed(_OPTION_NAMES), request, outer)
-    if plan.world_size > 1:  # at once, not after the workers' init timeout
-        from unirank.resolve import require_resolvable
-
-        require_resolvable(plan.master_addr, source=_master_source(args, outer))
-
-    from unirank.supervisor.procs import run_plan
+        result = _plan_and_run(args, request, outer, environ, options, target, server)
+    finally:
+        if server is not None:
+            server.close()
     from unirank.supervisor.summary import format_summary
 
-    result = run_plan(plan, target, environ=environ, options=options)
     summary = format_summary(result)
     if summary:
         sys.stderr.write(summary)

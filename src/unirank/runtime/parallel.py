@@ -176,15 +176,20 @@ class Parallel:
         self._spawn(self.plan, call)
 
     def _spawn(self, plan: Plan, call: Call) -> None:
+        from unirank.supervisor.forkclient import start_server
         from unirank.supervisor.procs import EngineOptions, run_plan
 
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
+        options = EngineOptions(prog=PROG)
+        server = start_server(["--call", path], os.environ, options.preload, prog=PROG)
         try:
             write_call(call, path)
-            result = run_plan(plan, ["--call", path], environ=os.environ,
-                              options=EngineOptions(prog=PROG))
+            result = run_plan(plan, ["--call", path], environ=os.environ, options=options,
+                              server=server)
         finally:
+            if server is not None:
+                server.close()
             with contextlib.suppress(OSError):
                 os.remove(path)
                 os.rmdir(folder)

@@ -33,6 +33,7 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -48,11 +49,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import IO, TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.requeue import REQUEUE_EXIT_CODE
+from unirank.supervisor.forkclient import ForkServer, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LineBuffer, OutputOptions
 from unirank.supervisor.plan import Plan, Worker
@@ -76,6 +78,8 @@ __all__ = ["DEFAULT_SIGNALS", "EngineOptions", "Supervisor", "WorkerLaunch", "at
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+#: the selector's mark for the fork server's socket
+_SERVER = object()
 #: how long to wait for workers to vanish after SIGKILL before giving up on them
 KILL_WAIT = 30.0
 _CHUNK = 65536
@@ -92,6 +96,9 @@ class EngineOptions:
     #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
     timeline: bool = False
     timeline_json: str | None = None
+    #: the modules the node's fork server imports besides torch (``--preload``); None: start
+    #: every worker as its own interpreter (``--no-preload``)
+    preload: tuple[str, ...] | None = ()
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,11 @@ class WorkerLaunch:
     stdout_file: str | None = None
     stderr_file: str | None = None
     prefix: bytes | None = None
+
+    @property
+    def target(self) -> tuple[str, ...]:
+        """What follows the bootstrap on the command line (see :func:`worker_command`)."""
+        return self.argv[len(worker_command(())):]
 
     @property
     def error_file(self) -> str | None:
@@ -146,10 +158,12 @@ class _Stream:
 
 
 class _Worker:
-    def __init__(self, launch: WorkerLaunch, proc: subprocess.Popen[bytes]) -> None:
+    def __init__(self, launch: WorkerLaunch, pid: int,
+                 proc: subprocess.Popen[bytes] | None) -> None:
         self.launch = launch
+        #: None when the fork server forked it (it reports the exit)
         self.proc = proc
-        self.pid = proc.pid
+        self.pid = pid
         self.returncode: int | None = None
         self.tail = OutputTail()
         #: when (time.time()) the supervisor first signalled this worker to stop, if it did
@@ -180,8 +194,11 @@ class Supervisor:
         err_fd: int = 2,
         prog: str = "unirank run",
         kill_wait: float = KILL_WAIT,
+        server: ForkServer | None = None,
     ) -> None:
         self._launches = list(launches)
+        #: the node's fork server (None: every worker starts as its own interpreter)
+        self._server = server
         self._node = node_name
         self._grace = grace_period
         self._signals = tuple(int(s) for s in signals)
@@ -224,6 +241,8 @@ class Supervisor:
             for sig in {int(signal.SIGCHLD), *self._signals}:
                 old_handlers[sig] = signal.signal(sig, _ignore)
             self._selector.register(wake_r, selectors.EVENT_READ, None)
+            if self._server is not None and not self._server.gone:
+                self._selector.register(self._server.fileno(), selectors.EVENT_READ, _SERVER)
             self._start_all()
             self._loop(wake_r)
             self._drain()
@@ -274,41 +293,54 @@ class Supervisor:
         else:
             done_read, done_write = os.pipe()
         fds = (*store_fds, *(fd for fd in (linger_read, done_write) if fd is not None))
+        out_read, out_write = os.pipe()
+        err_read, err_write = os.pipe()
         try:
             env = launch.environ(linger_fd=linger_read, done_fd=done_write, started=time.time())
-            proc = subprocess.Popen(
-                list(launch.argv),
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=fds,
-                start_new_session=True,
-            )
+            pid, proc = self._spawn(launch, env, (out_write, err_write), fds)
         except BaseException:
-            if done_read is not None:
-                os.close(done_read)
-            raise
-        finally:
-            for fd in (linger_read, done_write):
+            for fd in (done_read, out_read, err_read):
                 if fd is not None:
                     os.close(fd)
-        worker = _Worker(launch, proc)
+            raise
+        finally:
+            for fd in (linger_read, done_write, out_write, err_write):
+                if fd is not None:
+                    os.close(fd)
+        worker = _Worker(launch, pid, proc)
         self._workers.append(worker)
         if done_read is not None:
             os.set_blocking(done_read, False)
             self._done_pipes[done_read] = worker
             self._selector.register(done_read, selectors.EVENT_READ, worker)
-        pipes: list[tuple[IO[bytes] | None, list[int], OutputTail | None]] = [
-            (proc.stderr, err_targets, worker.tail), (proc.stdout, out_targets, None)]
-        for pipe, targets, tail in pipes:
-            assert pipe is not None
-            fd = pipe.fileno()
+        for fd, targets, tail in ((err_read, err_targets, worker.tail),
+                                  (out_read, out_targets, None)):
             os.set_blocking(fd, False)
             for target in targets:
                 self._sink(target)
             stream = _Stream(fd, targets, LineBuffer(launch.prefix or b""), tail)
             self._streams[fd] = stream
             self._selector.register(fd, selectors.EVENT_READ, stream)
+
+    def _spawn(self, launch: WorkerLaunch, env: dict[str, str], stdio: tuple[int, int],
+               fds: tuple[int, ...]) -> tuple[int, subprocess.Popen[bytes] | None]:
+        """Fork the worker from the fork server or, where it cannot, start it as its own
+        interpreter (saying why once); its pid, and its Popen in the second case."""
+        server = self._server
+        if server is not None:
+            why = server.why_not(env)
+            if why is None:
+                answer = server.spawn(launch.target, env,
+                                      [(stdio[0], 1), (stdio[1], 2), *((fd, fd) for fd in fds)])
+                if isinstance(answer, int):
+                    return answer, None
+                why = answer
+            if not server.told:
+                server.told = True
+                self._say(f"starting workers as their own interpreters: {why}")
+        proc = subprocess.Popen(list(launch.argv), env=env, stdout=stdio[0], stderr=stdio[1],
+                                pass_fds=fds, start_new_session=True)
+        return proc.pid, proc
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -330,6 +362,8 @@ class Supervisor:
             for key, _events in self._selector.select(self._timeout(now)):
                 if key.data is None:
                     self._on_wakeup(wake_r)
+                elif key.data is _SERVER:
+                    self._on_server()
                 elif isinstance(key.data, _Worker):
                     self._on_done(key.fd)
                 else:
@@ -357,6 +391,15 @@ class Supervisor:
         os.close(fd)
         self._release_store_host()
 
+    def _on_server(self) -> None:
+        """The fork server reported exits, or ended (its workers die with it)."""
+        assert self._server is not None
+        self._server.read_events()
+        if self._server.gone:
+            self._selector.unregister(self._server.fileno())
+            if any(w.alive and w.proc is None for w in self._workers):
+                self._say("the fork server ended; the workers forked from it were killed")
+
     def _on_wakeup(self, wake_r: int) -> None:
         try:
             data = os.read(wake_r, 512)
@@ -381,19 +424,32 @@ class Supervisor:
         else:
             self._kill_all()
 
+    def _exit_code(self, worker: _Worker) -> int | None:
+        """How ``worker`` ended, or None while it runs."""
+        if worker.proc is None:
+            assert self._server is not None
+            code = self._server.exit_code(worker.pid)
+            if code is None and self._server.gone:
+                code = -int(signal.SIGKILL)  # its parent-death signal
+            return code
+        try:
+            pid, status = os.waitpid(worker.pid, os.WNOHANG)
+        except ChildProcessError:  # pragma: no cover - reaped elsewhere
+            pid, status = worker.pid, 255 << 8
+        if pid == 0:
+            return None
+        code = os.waitstatus_to_exitcode(status)
+        worker.proc.returncode = code
+        return code
+
     def _reap(self) -> None:
         for worker in self._workers:
             if not worker.alive:
                 continue
-            try:
-                pid, status = os.waitpid(worker.pid, os.WNOHANG)
-            except ChildProcessError:  # pragma: no cover - reaped elsewhere
-                pid, status = worker.pid, 255 << 8
-            if pid == 0:
+            code = self._exit_code(worker)
+            if code is None:
                 continue
-            code = os.waitstatus_to_exitcode(status)
             worker.returncode = code
-            worker.proc.returncode = code
             if (code not in (0, REQUEUE_EXIT_CODE) and self._first_failure is None
                     and self._stop_signal is None):
                 self._first_failure = worker
@@ -530,15 +586,16 @@ class Supervisor:
         """Leave nothing behind: kill workers still running (an error got us here) and whatever
         their process groups still hold (rank 0's store), then close pipes and log files."""
         for worker in self._workers:
-            if worker.alive:
-                _send(worker.pid, signal.SIGKILL, group=True)
-                try:
-                    worker.proc.wait(timeout=self._kill_wait)
-                    worker.returncode = worker.proc.returncode
-                except subprocess.TimeoutExpired:  # pragma: no cover - stuck in the kernel
-                    pass
-            else:
-                _send(worker.pid, signal.SIGKILL, group=True)
+            _send(worker.pid, signal.SIGKILL, group=True)
+        forked = [w.pid for w in self._workers if w.alive and w.proc is None]
+        if forked and self._server is not None:
+            self._server.wait_exits(forked, self._kill_wait)
+        for worker in self._workers:
+            if worker.alive and worker.proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel
+                    worker.returncode = worker.proc.wait(timeout=self._kill_wait)
+            elif worker.alive:
+                worker.returncode = self._exit_code(worker)
         for stream in list(self._streams.values()):
             self._selector.unregister(stream.fd)
             os.close(stream.fd)
@@ -700,6 +757,24 @@ def _report_timeline(path: str, options: EngineOptions, err_fd: int) -> None:
             json.dump(records, fh, indent=1)
 
 
+def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
+               options: EngineOptions) -> None:
+    """Give the fork server the environment this node's workers have in common."""
+    wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered)
+    server.configure(server_environ([worker_environ(plan, w, environ, wiring)
+                                     for w in plan.workers]))
+
+
+def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bool:
+    """Wait until the fork server imported; True (having said why, and closed it) when it
+    cannot serve."""
+    why = server.wait_ready()
+    if why is not None:
+        os.write(err_fd, f"{options.prog}: starting workers as their own interpreters: "
+                         f"{why}\n".encode())
+    return why is not None
+
+
 def run_plan(
     plan: Plan,
     target: Sequence[str],
@@ -708,22 +783,45 @@ def run_plan(
     options: EngineOptions | None = None,
     out_fd: int = 1,
     err_fd: int = 2,
+    server: ForkServer | None = None,
 ) -> RunResult:
-    """Open the store's port (where rank 0 runs), start this node's workers and supervise them,
-    restarting the group up to ``plan.max_restarts`` times after a failure.
+    """Open the store's port (where rank 0 runs), start this node's workers and supervise
+    them, restarting the group up to ``plan.max_restarts`` times after a failure (forked
+    again from the same server).
 
     ``target`` is what follows the bootstrap on the worker's command line (see
     :func:`worker_command`); ``environ`` the base of every worker's environment (see
-    :func:`~unirank.supervisor.workerenv.worker_environ`).
+    :func:`~unirank.supervisor.workerenv.worker_environ`); ``server`` the node's fork server
+    (:func:`~unirank.supervisor.forkclient.start_server`; None: every worker starts as its own
+    interpreter), which this function configures and closes.
     """
     options = options or EngineOptions()
     # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
     options = replace(options, output=replace(options.output, console_tty=os.isatty(out_fd)))
     sock: socket.socket | None = None
-    if plan.hosts_store:
-        sock = open_store_socket(plan.master_port, host=plan.master_addr, option="MASTER_PORT")
-        plan = plan.with_port(int(sock.getsockname()[1]))
-    argv = worker_command(target)
+    try:
+        if plan.hosts_store:
+            sock = open_store_socket(plan.master_port, host=plan.master_addr,
+                                     option="MASTER_PORT")
+            plan = plan.with_port(int(sock.getsockname()[1]))
+        if server is not None:
+            _configure(server, plan, environ, options)
+            if _cannot_serve(server, options, err_fd):
+                server = None
+        return _run_attempts(plan, worker_command(target), environ, options, sock, server,
+                             (out_fd, err_fd))
+    finally:
+        if sock is not None:
+            sock.close()
+        if server is not None:
+            server.close()
+
+
+def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
+                  options: EngineOptions, sock: socket.socket | None,
+                  server: ForkServer | None, fds: tuple[int, int]) -> RunResult:
+    """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times."""
+    out_fd, err_fd = fds
     root, keep = _log_root(plan, options, err_fd)
     earlier: list[RunResult] = []
     try:
@@ -736,6 +834,7 @@ def run_plan(
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
+                server=server,
             ).run()
             if (result.exit_code == 0 or result.stop_signal is not None
                     or attempt >= plan.max_restarts
@@ -750,7 +849,5 @@ def run_plan(
                 f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
             attempt += 1
     finally:
-        if sock is not None:
-            sock.close()
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -27,7 +27,8 @@ USAGE = ("usage: python -m unirank.supervisor.bootstrap (SCRIPT | -m MODULE | --
 _HERE = os.path.dirname(os.path.abspath(__file__))
 #: the files whose frames a traceback leaves out: the bootstrap's (and the payload runner's)
 _HIDDEN = frozenset(
-    os.path.join(_HERE, name) for name in ("bootstrap.py", "worker.py", "target.py")
+    os.path.join(_HERE, name)
+    for name in ("bootstrap.py", "worker.py", "target.py", "forked.py", "forkserver.py")
 ) | {os.path.join(os.path.dirname(_HERE), "runtime", "worker.py")}
 
 

@@ -1,11 +1,13 @@
 """The start-up timeline (``unirank run --timeline``): when each rank reached each start-up phase.
 
-Phases, in order: the supervisor started the worker process (``started``), the bootstrap ran its
-first line (``bootstrap``), torch was imported (``torch``), every rank had joined (``joined``),
-the user's program started (``script``), ``init_process_group`` returned (``pg_init``) and the
-first collective called from Python returned (``first_collective``: ``barrier``, ``all_reduce``,
-``broadcast`` or ``all_gather``; a collective made inside C++, as DDP's first broadcast, is not
-seen). The last two are seen by wrapping those torch functions before the program starts.
+Phases, in order: the node's fork server started and ended its imports (``preload``,
+``preloaded``: the same for every rank of a node; absent when workers start as their own
+interpreters), the supervisor started the worker process (``started``: asked the server to fork
+it), the bootstrap ran its first line (``bootstrap``: the forked child began), torch was
+imported (``torch``), every rank had joined (``joined``), the user's program started
+(``script``), ``init_process_group`` returned (``pg_init``) and the first collective called
+from Python returned (``first_collective``: ``barrier``, ``all_reduce``, ``broadcast`` or
+``all_gather``; a collective made inside C++, as DDP's first broadcast, is not seen). The last two are seen by wrapping those torch functions before the program starts.
 
 Each rank keeps its own times (``time.time()``, a few calls) and, at the end of its program,
 sets them in the rendezvous store under one key (O(1) per rank). Rank 0, which hosts the store
@@ -34,6 +36,8 @@ __all__ = ["PHASES", "TIMELINE_FILE_VAR", "TIMELINE_VAR", "Recorder", "format_ta
 
 KEY_PREFIX = "unirank/timeline/"
 PHASES: tuple[tuple[str, str], ...] = (
+    ("preload", "fork server importing"),
+    ("preloaded", "fork server imported"),
     ("started", "worker process started"),
     ("bootstrap", "bootstrap entered"),
     ("torch", "torch imported"),
@@ -42,6 +46,7 @@ PHASES: tuple[tuple[str, str], ...] = (
     ("pg_init", "process group initialised"),
     ("first_collective", "first collective done"),
 )
+_SERVER_PHASES = ("preload", "preloaded")
 _COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather")
 
 
@@ -107,12 +112,15 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
     started, and the slowest rank with its node."""
     if not records:
         return "unirank run: timeline: no rank reported its times\n"
-    origin = min(r["times"]["started"] for r in records if "started" in r["times"])
+    origin = min(min(r["times"].values()) for r in records if r["times"])
+    first = "fork server" if any("preload" in r["times"] for r in records) else "worker"
     lines = [f"unirank run: start-up timeline of {len(records)} rank(s), seconds after the "
-             "first worker started",
+             f"first {first} started",
              f"  {'phase':<27} {'min':>8} {'median':>8} {'max':>8}  slowest"]
     for key, label in PHASES:
         seen = [(r["times"][key] - origin, r) for r in records if key in r["times"]]
+        if not seen and key in _SERVER_PHASES:
+            continue  # workers started as their own interpreters
         if not seen:
             lines.append(f"  {label:<27} {'-':>8} {'-':>8} {'-':>8}  (not seen)")
             continue

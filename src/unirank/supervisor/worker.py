@@ -1,5 +1,6 @@
-"""The worker bootstrap's sequence, after :mod:`unirank.supervisor.bootstrap` armed the
-parent-death signal:
+"""The worker bootstrap's sequence, after :mod:`unirank.supervisor.bootstrap` (a worker started
+as its own interpreter) or :mod:`unirank.supervisor.forked` (a worker forked from the fork
+server) armed the parent-death signal:
 
 1. read the worker's settings and wiring (:mod:`.workerinfo`), then remove the private
    variables from the environment and keep the supervisor's pipes from the program's children;
@@ -33,13 +34,17 @@ def _scrub(environ: MutableMapping[str, str]) -> None:
         environ.pop(name, None)
 
 
-def _recorder(info: WorkerInfo, entered_at: float) -> Any:
-    """The ``--timeline`` recorder (None when off), with the times before this call."""
+def _recorder(info: WorkerInfo, entered_at: float,
+              preloaded: tuple[float, float] | None) -> Any:
+    """The ``--timeline`` recorder (None when off), with the times before this call
+    (``preloaded``: when the fork server's imports started and ended)."""
     if info.timeline_start is None:
         return None
     from unirank.supervisor.timeline import Recorder
 
     recorder = Recorder(info.rank, info.node_name, info.timeline_start)
+    if preloaded is not None:
+        recorder.times["preload"], recorder.times["preloaded"] = preloaded
     recorder.times["bootstrap"] = entered_at
     import torch.distributed  # noqa: F401  (what the rendezvous imports first)
 
@@ -63,9 +68,11 @@ def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
 
 
 def run_worker(argv: Sequence[str], *, entered_at: float,
-               environ: MutableMapping[str, str] | None = None) -> None:
+               environ: MutableMapping[str, str] | None = None,
+               preloaded: tuple[float, float] | None = None) -> None:
     """Rendezvous, then run the target ``argv`` (see the module docstring); ``entered_at`` is
-    when the bootstrap started (the timeline's ``bootstrap`` phase).
+    when the bootstrap started, or the fork server forked this worker (the timeline's
+    ``bootstrap`` phase), ``preloaded`` when that server's imports started and ended.
 
     Reads: ``environ`` (default ``os.environ``), as :func:`.read_worker_info` says.
     """
@@ -78,7 +85,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
             workerstore.host_store(info)
         run_target(argv)
         return
-    recorder = _recorder(info, entered_at)
+    recorder = _recorder(info, entered_at, preloaded)
     store = workerstore.rendezvous(info)
     hand_over(store, rank=info.rank, world_size=info.world_size, addr=info.master_addr,
               port=info.master_port)

@@ -1,0 +1,95 @@
+"""Values a library fixes when it is loaded, and how a forked worker gets its own.
+
+A worker forked from the fork server (:mod:`.forkserver`) did not import torch itself: its
+libraries read the environment when the server imported them. The server is started with the
+environment every worker of its node has in common (:mod:`.forkclient`), so what they read
+then is the workers' own, with one exception, :data:`SERVER_ONLY`: OpenBLAS (numpy's, which
+torch loads) starts its thread pool at load, and a server must not run a thread when it forks.
+The server therefore loads it with one thread, and each worker sets the count its own
+environment gives (:func:`apply_worker_values`), as OpenBLAS would have at load:
+OPENBLAS_NUM_THREADS, else GOTO_NUM_THREADS, else OMP_NUM_THREADS, else the CPUs this process
+may run on, and never more than those CPUs.
+
+torch's own intra-op count (OMP_NUM_THREADS, MKL_NUM_THREADS) is read at import from the common
+environment, so it is the workers' own already; its pools start at the first parallel operation,
+in the worker.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["SERVER_ONLY", "apply_worker_values", "blas_threads", "openblas_thread_count"]
+
+#: what the server's environment sets besides the workers' common environment
+SERVER_ONLY = {"OPENBLAS_NUM_THREADS": "1"}
+_COUNT_VARIABLES = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+_PREFIXES = ("", "scipy_")
+_SUFFIXES = ("", "64_")
+
+
+def openblas_thread_count(environ: Mapping[str, str]) -> int:
+    """The thread count OpenBLAS takes from ``environ`` when it is loaded.
+
+    Reads: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS (from ``environ``).
+    """
+    cpus = len(os.sched_getaffinity(0))
+    for name in _COUNT_VARIABLES:
+        text = environ.get(name, "").split(",")[0].strip()
+        if text.isdigit() and int(text) > 0:
+            return min(int(text), cpus)
+    return cpus
+
+
+def _loaded_openblas() -> Iterator[ctypes.CDLL]:
+    """The OpenBLAS libraries this process has loaded (numpy's, torch's, scipy's)."""
+    seen: set[str] = set()
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = [line.split(None, 5)[-1].strip() for line in maps]
+    except OSError:
+        return
+    for path in paths:
+        if "openblas" in os.path.basename(path).lower() and path not in seen:
+            seen.add(path)
+            try:
+                yield ctypes.CDLL(path)
+            except OSError:
+                continue
+
+
+def _function(library: ctypes.CDLL, name: str) -> Any:
+    """``name`` in ``library``, under OpenBLAS's plain, 64-bit or scipy-prefixed spelling."""
+    for prefix in _PREFIXES:
+        for suffix in _SUFFIXES:
+            found = getattr(library, f"{prefix}{name}{suffix}", None)
+            if found is not None:
+                return found
+    return None
+
+
+def blas_threads() -> list[int]:
+    """The thread count of each loaded OpenBLAS (for tests and ``--timeline``)."""
+    counts = []
+    for library in _loaded_openblas():
+        getter = _function(library, "openblas_get_num_threads")
+        if getter is not None:
+            getter.restype = ctypes.c_int
+            counts.append(int(getter()))
+    return counts
+
+
+def apply_worker_values(environ: Mapping[str, str]) -> None:
+    """Give each loaded OpenBLAS the thread count ``environ`` asks for (see the docstring).
+
+    Reads: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS (from ``environ``).
+    """
+    count = openblas_thread_count(environ)
+    for library in _loaded_openblas():
+        setter = _function(library, "openblas_set_num_threads")
+        if setter is not None:
+            setter.argtypes = [ctypes.c_int]
+            setter(count)
