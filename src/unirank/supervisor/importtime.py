@@ -13,12 +13,19 @@ may run on, and never more than those CPUs.
 torch's own intra-op count (OMP_NUM_THREADS, MKL_NUM_THREADS) is read at import from the common
 environment, so it is the workers' own already; its pools start at the first parallel operation,
 in the worker.
+
+Random state seeded from the operating system at import would be the same in every forked
+worker: Python's ``random`` reseeds itself in a forked child, and numpy's global generator
+(``numpy.random.rand``; torch imports numpy) is reseeded here, so that each worker draws its
+own numbers as a fresh interpreter would. torch's default generator has a fixed seed at
+import in every process, forked or not.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -83,10 +90,14 @@ def blas_threads() -> list[int]:
 
 
 def apply_worker_values(environ: Mapping[str, str]) -> None:
-    """Give each loaded OpenBLAS the thread count ``environ`` asks for (see the docstring).
+    """Give each loaded OpenBLAS the thread count ``environ`` asks for, and numpy's global
+    generator a fresh seed (see the module docstring).
 
     Reads: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS (from ``environ``).
     """
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
     count = openblas_thread_count(environ)
     for library in _loaded_openblas():
         setter = _function(library, "openblas_set_num_threads")

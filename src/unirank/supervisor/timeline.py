@@ -7,7 +7,8 @@ it), the bootstrap ran its first line (``bootstrap``: the forked child began), t
 imported (``torch``), every rank had joined (``joined``), the user's program started
 (``script``), ``init_process_group`` returned (``pg_init``) and the first collective called
 from Python returned (``first_collective``: ``barrier``, ``all_reduce``, ``broadcast`` or
-``all_gather``; a collective made inside C++, as DDP's first broadcast, is not seen). The last two are seen by wrapping those torch functions before the program starts.
+``all_gather``; a collective made inside C++, as DDP's first broadcast, is not seen). The last
+two are seen by wrapping those torch functions before the program starts.
 
 Each rank keeps its own times (``time.time()``, a few calls) and, at the end of its program,
 sets them in the rendezvous store under one key (O(1) per rank). Rank 0, which hosts the store
