@@ -61,6 +61,18 @@ def test_timeline_of_a_local_run(tmp_path: Path) -> None:
     for _, label in PHASES:
         assert label in table
     assert "(not seen)" not in table
+    assert "seconds after the first fork server started" in table
+
+
+@pytest.mark.integration
+def test_timeline_without_the_fork_server(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(TORCHRUN_SCRIPT)
+    raw = tmp_path / "times.json"
+    result = run(tmp_path, ["-n", "2", "--no-preload", "--timeline-json", str(raw), "job.py"])
+    assert result.returncode == 0, result.stderr
+    order = [key for key, _ in PHASES if not key.startswith("preload")]
+    assert [list(r["times"]) for r in json.loads(raw.read_text())] == [order, order]
+    assert "fork server" not in result.stderr
 
 
 @pytest.mark.integration

@@ -54,10 +54,13 @@ _COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather")
 class Recorder:
     """One rank's phase times."""
 
-    def __init__(self, rank: int, node: str, started: float) -> None:
+    def __init__(self, rank: int, node: str, started: float,
+                 preloaded: tuple[float, float] | None = None) -> None:
         self.rank = rank
         self.node = node
-        self.times: dict[str, float] = {"started": started}
+        self.times: dict[str, float] = (
+            {} if preloaded is None else {"preload": preloaded[0], "preloaded": preloaded[1]})
+        self.times["started"] = started
 
     def mark(self, phase: str) -> None:
         """Note that this rank reached ``phase`` now (the first time only)."""

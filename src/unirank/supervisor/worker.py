@@ -42,9 +42,7 @@ def _recorder(info: WorkerInfo, entered_at: float,
         return None
     from unirank.supervisor.timeline import Recorder
 
-    recorder = Recorder(info.rank, info.node_name, info.timeline_start)
-    if preloaded is not None:
-        recorder.times["preload"], recorder.times["preloaded"] = preloaded
+    recorder = Recorder(info.rank, info.node_name, info.timeline_start, preloaded)
     recorder.times["bootstrap"] = entered_at
     import torch.distributed  # noqa: F401  (what the rendezvous imports first)
 
