@@ -110,6 +110,17 @@ def _children(pid: int) -> list[int]:
         return [int(child) for child in file.read().split()]
 
 
+def _workers(pid: int) -> list[int]:
+    """The workers of the ``unirank run`` ``pid``: the children of its fork server, or its own
+    children when workers start as their own interpreters."""
+    found = []
+    for child in _children(pid):
+        with open(f"/proc/{child}/cmdline", "rb") as file:
+            forks = b"unirank.supervisor.forkserver" in file.read()
+        found += _children(child) if forks else [child]
+    return found
+
+
 def _stop_when_held(cmd: Sequence[str], checkpoint: str,
                     send: Callable[[subprocess.Popen[bytes]], None]) -> tuple[int, str, str]:
     """Start ``cmd`` holding at :data:`HOLD_AT`; once rank 0 says ``HOLDING``, ``send`` the stop
@@ -129,9 +140,9 @@ def _stop_when_held(cmd: Sequence[str], checkpoint: str,
 
 
 def _to_worker(index: int) -> Callable[[subprocess.Popen[bytes]], None]:
-    """Send SIGUSR2 to one of the two workers of ``unirank run`` (its children)."""
+    """Send SIGUSR2 to one of the two workers of ``unirank run``."""
     def send(proc: subprocess.Popen[bytes]) -> None:
-        workers = _children(proc.pid)
+        workers = _workers(proc.pid)
         assert len(workers) == 2, workers
         os.kill(workers[index], signal.SIGUSR2)
     return send

@@ -28,7 +28,10 @@ handlers, ``SystemExit``'s code, a traceback and exit code 1 for an uncaught exc
 the module teardown.
 
 The server lives until its supervisor closes the socket, and dies with it (parent-death
-signal); its workers die with the server.
+signal); its workers die with the server. It ignores the signals that a batch system sends to
+every process of a job step (``scancel --signal``, a time limit's SIGTERM: :data:`SHIELDED`):
+its death would kill the workers before they could act on them; the supervisor forwards them.
+A forked worker gets the dispositions the server started with back.
 
 Reads: nothing from the environment: its first message is the workers' common environment,
 which it takes (``os.environ``, so C's ``getenv`` too) before it imports.
@@ -51,7 +54,7 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-__all__ = ["Request", "fork_hazard", "main"]
+__all__ = ["SHIELDED", "Request", "fork_hazard", "main"]
 
 #: the largest message (a worker's environment differences)
 MAX_MESSAGE = 1 << 20
@@ -59,6 +62,10 @@ MAX_MESSAGE = 1 << 20
 MAX_FDS = 16
 #: how long the server waits for a forked child to take its own session
 CHILD_READY_TIMEOUT = 60.0
+#: the signals the server ignores (a forked worker gets their first dispositions back)
+SHIELDED = tuple(getattr(signal, name) for name in (
+    "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
+    "SIGTTIN", "SIGTTOU"))
 
 
 @dataclass
@@ -112,9 +119,11 @@ def _noop(signum: int, frame: FrameType | None) -> None:
 
 
 class _Server:
-    def __init__(self, control: socket.socket, preloaded: tuple[float, float]) -> None:
+    def __init__(self, control: socket.socket, preloaded: tuple[float, float],
+                 dispositions: dict[int, Any]) -> None:
         self.control = control
         self.preloaded = preloaded
+        self.dispositions = dispositions
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -187,6 +196,8 @@ class _Server:
         server_pid = os.getppid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for signum, disposition in self.dispositions.items():
+            signal.signal(signum, disposition)
         os.setsid()
         from unirank.supervisor.pdeathsig import die_with_parent
 
@@ -211,6 +222,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Preload, serve, and in a forked child become the worker (see the module docstring)."""
+    dispositions = {signum: signal.signal(signum, signal.SIG_IGN) for signum in SHIELDED}
     args = _arguments(argv)
     if args.supervisor:
         from unirank.supervisor.pdeathsig import die_with_parent
@@ -234,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     preloaded = (started, time.time())
     gc.freeze()
     _send(control, {"ready": True, "preloaded": list(preloaded)})
-    request = _Server(control, preloaded).serve()
+    request = _Server(control, preloaded, dispositions).serve()
     if request is None:
         os._exit(0)  # the server ran no program: nothing to flush, no teardown to wait for
     from unirank.supervisor.forked import become_worker
