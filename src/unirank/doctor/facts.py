@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from unirank import netroute
 from unirank.distenv import DistEnv
 from unirank.doctor import netinfo
 from unirank.doctor.netinfo import Lookup
@@ -133,7 +134,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
     counts of :func:`expected_world`.
     """
     env, error = _detect(environ)
-    ifaces = netinfo.interfaces()
+    ifaces = netroute.interfaces()
     local = _local_addresses(ifaces)
     master = netinfo.resolve(env.master_addr) if env and env.master_addr else None
     ip = master.answer[0] if master and master.answer else None
@@ -151,7 +152,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
         port_owner=netinfo.port_owner(port) if free is False and port else None,
         ephemeral=netinfo.ephemeral_range(),
         probe=netinfo.connect_probe(ip, port) if ip and port and not is_local else None,
-        interfaces=ifaces, route_ip=netinfo.route_source(ip) if ip else None,
+        interfaces=ifaces, route_ip=netroute.route_source(ip) if ip else None,
         ifname_vars={k: environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
                      if environ.get(k)},
         reverse=reverse, versions=versions(),
