@@ -53,10 +53,12 @@ def _bounded(fn: Callable[[], _T], limit: float) -> tuple[_T | None, str, float]
 
 
 def resolve(name: str, limit: float = 5.0) -> Lookup:
-    """The IPv4 addresses ``name`` resolves to (``getaddrinfo``), timed."""
+    """The IPv4 addresses ``name`` resolves to, or its IPv6 ones where it has no IPv4 one (the
+    family unirank's store listens on, :func:`unirank.supervisor.listen.store_family`), timed."""
     def query() -> tuple[str, ...]:
-        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
-        return tuple(sorted({str(info[4][0]) for info in infos}))
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        ipv4 = {str(info[4][0]) for info in infos if info[0] == socket.AF_INET}
+        return tuple(sorted(ipv4 or {str(info[4][0]) for info in infos}))
 
     value, error, seconds = _bounded(query, limit)
     return Lookup(name, value, error, seconds)
