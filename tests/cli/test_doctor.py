@@ -10,7 +10,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Optional
 
+import pytest
+
 from _procs import free_port, launcher_free_environ
+from unirank import netroute
 
 UNIRANK = [sys.executable, "-m", "unirank", "doctor"]
 
@@ -78,6 +81,18 @@ def test_unresolvable_master_fails() -> None:
     assert row["status"] == "FAIL"
     assert row["hint"] == ("export MASTER_ADDR=<a host name or address every node resolves, "
                            "e.g. the first node's>")
+
+
+def test_an_ipv6_master_resolves_and_routes_through_lo() -> None:
+    if "::1" not in netroute.interfaces().get("lo", ()):
+        pytest.skip("this host has no IPv6 loopback")
+    proc = doctor("--json", env={"MASTER_ADDR": "::1", "MASTER_PORT": str(free_port())})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = checks(proc)
+    assert rows["master address"]["detail"].startswith("::1 -> ::1 ("), rows
+    assert rows["route to master"]["detail"] == "lo (::1) routes to ::1", rows
+    assert rows["reverse lookup"]["detail"].startswith("::1: "), rows
+    assert "::ffff:" not in rows["reverse lookup"]["detail"], rows
 
 
 def test_nccl_without_gpus_fails() -> None:

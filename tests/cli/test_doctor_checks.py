@@ -159,6 +159,16 @@ def test_route_through_docker_warns_that_nccl_leaves_it_out() -> None:
     assert (check.status, check.hint) == (WARN, "export NCCL_SOCKET_IFNAME=docker0")
 
 
+def test_an_ipv6_route_names_its_interface() -> None:
+    ifaces = {**IFACES, "eth0": ("10.0.0.5", "fd00::5", "fe80::5")}
+    rows = checks.local_checks(facts(
+        master=Lookup("node1", ("fd00::1",), "", 0.001), interfaces=ifaces, route_ip="fd00::5",
+        ifname_vars={"GLOO_SOCKET_IFNAME": "ib0"}))
+    assert row(rows, "route to master") == Check(
+        "route to master", OK, "eth0 (fd00::5) routes to fd00::1")
+    assert row(rows, "GLOO_SOCKET_IFNAME").hint == "export GLOO_SOCKET_IFNAME=eth0"
+
+
 def test_no_route_fails() -> None:
     check = row(checks.local_checks(facts(route_ip=None)), "route to master")
     assert check.status == FAIL

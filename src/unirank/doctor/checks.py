@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from unirank import netroute
 from unirank.doctor.facts import Facts
 from unirank.doctor.result import FAIL, OK, WARN, Check
 
@@ -168,8 +169,8 @@ def check_ifnames(facts: Facts) -> list[Check]:
 
 
 def _route_iface(facts: Facts) -> str | None:
-    return next((name for name, addrs in facts.interfaces.items()
-                 if facts.route_ip in addrs), None)
+    """The interface holding the address this node sends from to the master."""
+    return netroute.holder(facts.route_ip, facts.interfaces)
 
 
 def check_route(facts: Facts) -> Check | None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from unirank import netroute
 from unirank.distenv import DistEnv
 from unirank.doctor import netinfo
 from unirank.doctor.netinfo import Lookup
@@ -123,6 +124,14 @@ def _local_addresses(ifaces: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
     return frozenset(found | {"127.0.0.1"})
 
 
+def _reverse_queries(ip: str | None) -> tuple[str, ...]:
+    """The master's address, and its IPv4-mapped IPv6 form for an IPv4 one (how a dual-stack
+    store sees an IPv4 peer)."""
+    if not ip:
+        return ()
+    return (ip,) if ":" in ip else (ip, f"::ffff:{ip}")
+
+
 def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
            serves: bool | None = None) -> Facts:
     """This rank's facts. ``serves``: whether this process would serve the store on the master
@@ -133,7 +142,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
     counts of :func:`expected_world`.
     """
     env, error = _detect(environ)
-    ifaces = netinfo.interfaces()
+    ifaces = netroute.interfaces()
     local = _local_addresses(ifaces)
     master = netinfo.resolve(env.master_addr) if env and env.master_addr else None
     ip = master.answer[0] if master and master.answer else None
@@ -142,7 +151,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
         serves = bool(env and env.rank == 0 and is_local and not uses_agent_store(environ))
     port = env.master_port if env else None
     free = netinfo.port_free(port) if serves and port else None
-    reverse = (netinfo.reverse_lookup(ip), netinfo.reverse_lookup(f"::ffff:{ip}")) if ip else ()
+    reverse = tuple(netinfo.reverse_lookup(query) for query in _reverse_queries(ip))
     return Facts(
         env=env, env_error=error, backend=backend, spawn=spawn,
         gpus=visible_gpu_count(environ), cuda_visible=environ.get("CUDA_VISIBLE_DEVICES"),
@@ -151,7 +160,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
         port_owner=netinfo.port_owner(port) if free is False and port else None,
         ephemeral=netinfo.ephemeral_range(),
         probe=netinfo.connect_probe(ip, port) if ip and port and not is_local else None,
-        interfaces=ifaces, route_ip=netinfo.route_source(ip) if ip else None,
+        interfaces=ifaces, route_ip=netroute.route_source(ip) if ip else None,
         ifname_vars={k: environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
                      if environ.get(k)},
         reverse=reverse, versions=versions(),

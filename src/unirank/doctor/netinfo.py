@@ -1,5 +1,6 @@
-"""The network facts doctor reads from this host: interfaces and their IPv4 addresses, the route
-to the master, who holds a port, the ephemeral port range, and timed name look-ups.
+"""The network facts doctor reads from this host: who holds a port, the ephemeral port range, a
+TCP probe, and timed name look-ups. The interfaces and the route to the master come from
+:mod:`unirank.netroute` (the rule Horovod's backend uses too).
 
 Every function bounds its own wait; none imports torch. Linux paths (``/proc``) are read where
 they exist and skipped elsewhere.
@@ -8,10 +9,8 @@ they exist and skipped elsewhere.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import socket
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -22,16 +21,13 @@ __all__ = [
     "Lookup",
     "connect_probe",
     "ephemeral_range",
-    "interfaces",
     "port_free",
     "port_owner",
     "resolve",
     "reverse_lookup",
-    "route_source",
 ]
 
 _T = TypeVar("_T")
-_SIOCGIFADDR = 0x8915
 
 
 @dataclass(frozen=True)
@@ -57,10 +53,12 @@ def _bounded(fn: Callable[[], _T], limit: float) -> tuple[_T | None, str, float]
 
 
 def resolve(name: str, limit: float = 5.0) -> Lookup:
-    """The IPv4 addresses ``name`` resolves to (``getaddrinfo``), timed."""
+    """The IPv4 addresses ``name`` resolves to, or its IPv6 ones where it has no IPv4 one (the
+    family unirank's store listens on, :func:`unirank.supervisor.listen.store_family`), timed."""
     def query() -> tuple[str, ...]:
-        infos = socket.getaddrinfo(name, None, socket.AF_INET, socket.SOCK_STREAM)
-        return tuple(sorted({str(info[4][0]) for info in infos}))
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+        ipv4 = {str(info[4][0]) for info in infos if info[0] == socket.AF_INET}
+        return tuple(sorted(ipv4 or {str(info[4][0]) for info in infos}))
 
     value, error, seconds = _bounded(query, limit)
     return Lookup(name, value, error, seconds)
@@ -70,32 +68,6 @@ def reverse_lookup(address: str, limit: float = 3.0) -> Lookup:
     """The name ``address`` maps back to (``gethostbyaddr``, as torch's store does), timed."""
     value, error, seconds = _bounded(lambda: (socket.gethostbyaddr(address)[0],), limit)
     return Lookup(address, value, error, seconds)
-
-
-def interfaces() -> dict[str, tuple[str, ...]]:
-    """Every network interface of this host and its IPv4 address (one per interface, through
-    ``SIOCGIFADDR``; an interface without one maps to an empty tuple)."""
-    found: dict[str, tuple[str, ...]] = {}
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for _index, name in socket.if_nameindex():
-            try:
-                packed = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR,
-                                     struct.pack("256s", name.encode()[:15]))
-                found[name] = (socket.inet_ntoa(packed[20:24]),)
-            except OSError:
-                found[name] = ()
-    return found
-
-
-def route_source(address: str) -> str | None:
-    """The local IPv4 address the kernel would send from to reach ``address`` (a UDP connect
-    sends nothing), or None without a route."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.connect((address, 9))
-            return str(sock.getsockname()[0])
-    except OSError:
-        return None
 
 
 def connect_probe(address: str, port: int, limit: float = 2.0) -> str:

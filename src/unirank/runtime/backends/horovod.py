@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from unirank import netroute
 from unirank.errors import ConfigError
 from unirank.launchers.horovodrun import RENDEZVOUS_ADDR, RENDEZVOUS_PORT
 from unirank.runtime.backends.base import Backend, set_cuda_device
@@ -120,8 +120,9 @@ def _decode(text: str) -> tuple[Slot, int]:
 
 def interface_towards(addr: str, environ: Mapping[str, str]) -> str | None:
     """The network interface gloo should use: ``HOROVOD_GLOO_IFACE``, else the first of torch's
-    ``GLOO_SOCKET_IFNAME``, else the interface holding the address this host uses to reach
-    ``addr`` (``None`` when it cannot be told: Horovod then uses the host name's address).
+    ``GLOO_SOCKET_IFNAME``, else the interface that routes to ``addr``
+    (:func:`unirank.netroute.interface_towards`; ``None`` when it cannot be told: Horovod then
+    uses the host name's address).
 
     Reads: HOROVOD_GLOO_IFACE, GLOO_SOCKET_IFNAME.
     """
@@ -129,20 +130,7 @@ def interface_towards(addr: str, environ: Mapping[str, str]) -> str | None:
         value = environ.get(name, "").split(",")[0].strip()
         if value:
             return value
-    try:
-        import psutil  # a Horovod dependency
-
-        family = socket.AF_INET6 if ":" in addr else socket.AF_INET
-        target = socket.getaddrinfo(addr, 1, family, socket.SOCK_DGRAM)[0][4]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            probe.connect(target)  # UDP: no packet is sent, only the route is chosen
-            local = probe.getsockname()[0]
-        for iface, addresses in psutil.net_if_addrs().items():
-            if any(entry.address.split("%")[0] == local for entry in addresses):
-                return str(iface)
-    except (OSError, ImportError, IndexError):
-        return None
-    return None
+    return netroute.interface_towards(addr)
 
 
 def _rendezvous(store: Any, rank: int, world_size: int) -> dict[str, str]:
