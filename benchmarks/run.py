@@ -113,11 +113,12 @@ def bench_pss8(repeat: int) -> bool:
           f"{len(samples['unirank'])})")
     totals = {}
     for name, rows in samples.items():
-        med = {key: statistics.median(row[key] for row in rows) / 1024 for key in rows[0]}
-        totals[name] = med["workers"] + med["parent"] + med["launcher"]
-        print(f"  {name:<9} workers {med['workers']:7.1f}  {parent[name]} {med['parent']:6.1f}  "
-              f"launcher {med['launcher']:5.1f}  total {totals[name]:7.1f}  "
-              f"({med['processes'] * 1024:.0f} processes)")
+        med = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+        mib = {key: med[key] / 1024 for key in ("workers", "parent", "launcher")}
+        totals[name] = sum(mib.values())
+        print(f"  {name:<9} workers {mib['workers']:7.1f}  {parent[name]} {mib['parent']:6.1f}  "
+              f"launcher {mib['launcher']:5.1f}  total {totals[name]:7.1f}  "
+              f"({med['processes']:.0f} processes)")
     print(f"  {'total PSS unirank / torchrun':<52} {totals['unirank'] / totals['torchrun']:8.3f}x"
           "  (no target)")
     return True
