@@ -2,8 +2,15 @@
 
     python3 benchmarks/run.py [--repeat N] [--only NAME ...]
 
-Targets (2-core machine):
-  start    `unirank run -n 2 hello` / `torchrun --standalone --nproc_per_node 2 hello`  <= 0.55
+Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unirank
+`python -m unirank`, both with this interpreter's binary, never a shell shim):
+  start    `unirank run -n 2 hello` / `torchrun --standalone --nproc_per_node 2 hello`  <= 0.40
+  start8   `unirank run -n 8 hello` / `torchrun --standalone --nproc_per_node 8 hello`  <= 0.35
+           (also shown, no target: `unirank run --no-preload -n 8` / the same torchrun)
+  pss8     summed PSS of 8 started workers (+ fork server / agent), unirank vs torchrun
+           (no target: figures)
+  cold8    start-up of 8 workers after `echo 3 > /proc/sys/vm/drop_caches`, unirank /
+           torchrun, interleaved (no target; skipped when not root or not permitted)
   cli      `unirank --help`, `unirank info` cold start / `python -c pass`              <= 4x
   reduce   per-call `ur.all_reduce` / `dist.all_reduce` on a 4-byte tensor            <= 1.03x
   init16   init latency of 16 local ranks under `unirank run`, worst of 5             <= 150 ms
@@ -26,6 +33,8 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+import _pss
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -60,23 +69,94 @@ def report(name: str, value: float, target: float, unit: str, better: str = "low
     return ok
 
 
+def unirank_run(n: int, script: str, *flags: str) -> list[str]:
+    return [PY, "-m", "unirank", "run", *flags, "-n", str(n), script]
+
+
+def torchrun(n: int, script: str) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n), script]
+
+
 def bench_start(repeat: int) -> bool:
-    torchrun = shutil.which("torchrun") or "torchrun"
+    med = interleaved({"unirank": unirank_run(2, HELLO), "torchrun": torchrun(2, HELLO)}, repeat)
+    print(f"start: unirank run -n 2 {med['unirank']:.3f}s, torchrun -n 2 {med['torchrun']:.3f}s "
+          f"(medians of {repeat})")
+    return report("unirank run -n 2 / torchrun --standalone -n 2", med["unirank"] / med["torchrun"],
+                  0.40, "x")
+
+
+def bench_start8(repeat: int) -> bool:
     med = interleaved(
         {
-            "unirank": [PY, "-m", "unirank", "run", "-n", "2", HELLO],
-            "torchrun": [torchrun, "--standalone", "--nproc_per_node", "2", HELLO],
+            "unirank": unirank_run(8, HELLO),
+            "no-preload": unirank_run(8, HELLO, "--no-preload"),
+            "torchrun": torchrun(8, HELLO),
         },
         repeat,
     )
-    print(f"start: unirank run {med['unirank']:.3f}s, torchrun {med['torchrun']:.3f}s "
-          f"(medians of {repeat})")
-    return report("unirank run -n 2 / torchrun --standalone -n 2", med["unirank"] / med["torchrun"],
-                  0.55, "x")
+    print(f"start8: unirank run -n 8 {med['unirank']:.3f}s, --no-preload "
+          f"{med['no-preload']:.3f}s, torchrun -n 8 {med['torchrun']:.3f}s (medians of {repeat})")
+    print(f"  {'unirank run --no-preload -n 8 / torchrun -n 8':<52} "
+          f"{med['no-preload'] / med['torchrun']:8.3f}x  (no target)")
+    return report("unirank run -n 8 / torchrun --standalone -n 8", med["unirank"] / med["torchrun"],
+                  0.35, "x")
+
+
+def bench_pss8(repeat: int) -> bool:
+    cmds = {"unirank": unirank_run(8, _pss.PSS_WORKER), "torchrun": torchrun(8, _pss.PSS_WORKER)}
+    parent = {"unirank": "fork server", "torchrun": "agent"}
+    samples: dict[str, list[dict[str, int]]] = {name: [] for name in cmds}
+    for _ in range(max(1, repeat // 2)):
+        for name, cmd in cmds.items():
+            samples[name].append(_pss.job_pss(cmd, 8, clean_env()))
+    print(f"pss8: summed PSS of 8 workers held after init + barrier, MiB (medians of "
+          f"{len(samples['unirank'])})")
+    totals = {}
+    for name, rows in samples.items():
+        med = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
+        mib = {key: med[key] / 1024 for key in ("workers", "parent", "launcher")}
+        totals[name] = sum(mib.values())
+        print(f"  {name:<9} workers {mib['workers']:7.1f}  {parent[name]} {mib['parent']:6.1f}  "
+              f"launcher {mib['launcher']:5.1f}  total {totals[name]:7.1f}  "
+              f"({med['processes']:.0f} processes)")
+    print(f"  {'total PSS unirank / torchrun':<52} {totals['unirank'] / totals['torchrun']:8.3f}x"
+          "  (no target)")
+    return True
+
+
+def drop_caches() -> str | None:
+    """Write back and drop the page cache; the reason it could not be done, or None."""
+    if os.geteuid() != 0:
+        return "not root"
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError as exc:
+        return f"/proc/sys/vm/drop_caches: {exc.strerror}"
+    return None
+
+
+def bench_cold8(repeat: int) -> bool:
+    cmds = {"unirank": unirank_run(8, HELLO), "torchrun": torchrun(8, HELLO)}
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(repeat):
+        for name, cmd in cmds.items():
+            why = drop_caches()
+            if why:
+                print(f"cold8: skipped, cannot drop the page cache ({why})")
+                return True
+            times[name].append(wall(cmd))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"cold8: unirank run -n 8 {med['unirank']:.3f}s, torchrun -n 8 {med['torchrun']:.3f}s "
+          f"after dropping the page cache (medians of {repeat})")
+    print(f"  {'cold: unirank run -n 8 / torchrun -n 8':<52} "
+          f"{med['unirank'] / med['torchrun']:8.3f}x  (no target)")
+    return True
 
 
 def bench_cli(repeat: int) -> bool:
-    unirank = shutil.which("unirank") or "unirank"
+    # the console script next to this interpreter, not a shell shim found first on PATH
+    unirank = shutil.which("unirank", path=str(Path(PY).parent)) or "unirank"
     med = interleaved(
         {
             "pass": [PY, "-c", "pass"],
@@ -140,6 +220,9 @@ def bench_train(repeat: int) -> bool:
 
 BENCHES: dict[str, Callable[[int], bool]] = {
     "start": bench_start,
+    "start8": bench_start8,
+    "pss8": bench_pss8,
+    "cold8": bench_cold8,
     "cli": bench_cli,
     "reduce": bench_reduce,
     "init16": bench_init16,
