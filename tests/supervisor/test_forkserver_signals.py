@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from _procs import is_live, launcher_free_environ
 
 pytestmark = pytest.mark.integration
