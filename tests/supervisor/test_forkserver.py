@@ -196,9 +196,9 @@ def test_a_preload_that_fails_to_import_falls_back_once(tmp_path: Path) -> None:
 def test_a_preload_module_is_imported_by_the_server(tmp_path: Path) -> None:
     """``--preload MODULE``: the workers find it imported (by the server, before the fork)."""
     (tmp_path / "heavy.py").write_text("import os\nIMPORTED_BY = os.getpid()\n")
-    (tmp_path / "check.py").write_text(_WHO + "import sys\n"
-                                       "mod = sys.modules.get('heavy')\n"
-                                       "print('IMPORTED_BY', mod and mod.IMPORTED_BY, flush=True)\n")
+    (tmp_path / "check.py").write_text(
+        _WHO + "import sys\nmod = sys.modules.get('heavy')\n"
+        "print('IMPORTED_BY', mod and mod.IMPORTED_BY, flush=True)\n")
     pid, result = _run(tmp_path, ["-n", "2", "--preload", "heavy", "check.py"])
     assert result.returncode == 0, result.stderr
     assert FALLBACK not in result.stderr
