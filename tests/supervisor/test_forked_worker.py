@@ -263,9 +263,10 @@ threading.Thread(target=after_main).start()
 
 def test_the_worker_ends_as_an_interpreter_does(tmp_path: Path) -> None:
     """A forked worker ends with ``os._exit``: without running the atexit handlers, flushing
-    C's stdio and joining non-daemon threads first, each of these would be lost."""
+    C's stdio and joining non-daemon threads first, each of these would be lost (C's stdout
+    is buffered on a pipe without PYTHONUNBUFFERED)."""
     (tmp_path / "ending.py").write_text(_ENDING)
-    result = _run(tmp_path, ["-n", "1", "ending.py"])
+    result = _run(tmp_path, ["-n", "1", "ending.py"], drop=("PYTHONUNBUFFERED",))
     assert result.returncode == 0, result.stderr
     assert "atexit ran\n" in result.stdout
     assert "from C stdio\n" in result.stdout

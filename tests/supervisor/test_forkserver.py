@@ -282,8 +282,9 @@ def _read_who(proc: subprocess.Popen[bytes], count: int) -> list[dict[str, Any]]
 @pytest.mark.integration
 def test_sigkill_of_the_supervisor_leaves_no_server_and_no_worker(
         tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
-    """The server runs in its own session: without its parent-death signal it (and so its
-    workers) would outlive a SIGKILLed ``unirank run``."""
+    """The server runs in its own session, which a SIGKILLed ``unirank run`` cannot signal:
+    it ends on its parent-death signal or on its socket's end, and its workers die with it
+    (their own parent-death signal). Without those, all three would outlive it."""
     (tmp_path / "sleeper.py").write_text(_SLEEPER)
     proc = subprocess.Popen([sys.executable, "-m", "unirank", "run", "-n", "2", "sleeper.py"],
                             cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
