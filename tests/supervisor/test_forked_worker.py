@@ -107,10 +107,12 @@ def test_import_time_values_are_the_worker_s_own(tmp_path: Path, omp: Optional[s
     environment torch's count would be the supervisor's (OMP_NUM_THREADS unset); without
     :func:`~unirank.supervisor.importtime.apply_worker_values` OpenBLAS would keep the
     server's one thread (OMP_NUM_THREADS=2) and numpy's numbers would be the same in every
-    rank."""
+    rank (torch does not import ``numpy.random``: ``--preload numpy.random`` makes the server
+    import it, with OMP_NUM_THREADS=2)."""
     (tmp_path / "values.py").write_text(_VALUES)
     env = {} if omp is None else {"OMP_NUM_THREADS": omp}
-    result = _run(tmp_path, ["-n", "2", "values.py"], env=env,
+    preload = [] if omp is None else ["--preload", "numpy.random"]
+    result = _run(tmp_path, ["-n", "2", *preload, "values.py"], env=env,
                   drop=("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"))
     assert result.returncode == 0, result.stderr
     values = _tagged(result.stdout, "VALUES")
@@ -162,6 +164,29 @@ def test_blas_and_a_dataloader_work_in_the_worker(tmp_path: Path) -> None:
     assert "TORCH 300\n" in result.stdout
     # sum of i*i for i < 40, computed by two processes other than the worker
     assert "LOADER 20540 2\n" in result.stdout
+
+
+_SPAWN = """
+import multiprocessing, os, sys
+
+def square(x):
+    return x * x
+
+if __name__ == "__main__":
+    print("PARENT", os.getppid(), flush=True)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        print("SPAWNED", sum(pool.map(square, range(10))), flush=True)
+"""
+
+
+def test_multiprocessing_spawn_works_in_the_worker(tmp_path: Path) -> None:
+    """A spawned child re-imports the worker's ``__main__`` from what the worker's ``sys``
+    says (its ``__main__`` module, ``sys.path``, ``sys.argv``): in a forked worker these must
+    be the program's, not the fork server's."""
+    (tmp_path / "spawner.py").write_text(_SPAWN)
+    result = _run(tmp_path, ["-n", "1", "spawner.py"])
+    assert result.returncode == 0, result.stderr
+    assert "SPAWNED 285\n" in result.stdout
 
 
 # -- the program sees what python gives it --------------------------------------------------------
