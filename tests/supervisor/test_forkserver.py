@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -312,3 +313,32 @@ def test_the_server_imports_once_per_node(tmp_path: Path) -> None:
     # one import for the node: every rank carries the same times, before its own start
     assert len({(r["times"]["preload"], r["times"]["preloaded"]) for r in records}) == 1
     assert all(r["times"]["preloaded"] <= r["times"]["started"] for r in records)
+
+
+@pytest.mark.integration
+def test_one_server_per_node_on_two_nodes(slurm_testbed: Any) -> None:
+    """``srun -N2 ... unirank run -n 2`` on the testbed's two nodes: the ranks of a node share
+    its server's one import, the two nodes' servers are two, and the table has one row."""
+    folder = slurm_testbed.work_dir
+    (folder / "fs_who.py").write_text(_WHO)
+    raw = folder / "fs_times.json"
+    result = slurm_testbed.srun(
+        ["-N2", "--ntasks-per-node=1", sys.executable, "-m", "unirank", "run", "-n", "2",
+         "--timeline-json", str(raw), str(folder / "fs_who.py")],
+        timeout=180, env={"UNIRANK_NO_PRELOAD": "0"})
+    assert FALLBACK not in result.stderr
+    assert result.stderr.count("fork server imported") == 1, result.stderr
+    imports: dict[str, set[tuple[float, float]]] = {}
+    for record in json.loads(raw.read_text()):
+        times = record["times"]
+        imports.setdefault(record["node"], set()).add((times["preload"], times["preloaded"]))
+    assert sorted(imports) == ["node1", "node2"]
+    assert all(len(pairs) == 1 for pairs in imports.values()), imports
+    assert imports["node1"] != imports["node2"]
+    who = _who(result.stdout)
+    assert len(who) == 4 and len({w["ppid"] for w in who}) == 2
+    # slurmctld may still list the step's job for a moment after srun returned (it then fails
+    # the session's check for jobs left queued): wait for it, bounded
+    deadline = time.monotonic() + 30
+    while slurm_testbed.queued_test_jobs() and time.monotonic() < deadline:
+        time.sleep(0.2)  # waiting on an external daemon: a bounded poll
