@@ -182,6 +182,27 @@ def test_a_hazardous_preload_falls_back_once(tmp_path: Path, module: str) -> Non
 
 
 @pytest.mark.integration
+def test_a_thread_started_after_a_fork_makes_the_server_refuse(tmp_path: Path) -> None:
+    """A preloaded library starts a thread in the server after its first fork (its
+    ``os.register_at_fork`` hook): the next requests are refused, and those workers start as
+    their own interpreters, with one line for all. Without the check at every fork they would
+    be forked from a server running a thread."""
+    (tmp_path / "late_thread.py").write_text(
+        "import os, threading\n"
+        "def start():\n"
+        "    threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
+        "os.register_at_fork(after_in_parent=start)\n")
+    (tmp_path / "ok.py").write_text(_OK)
+    pid, result = _run(tmp_path, ["-n", "3", "--preload", "late_thread", "ok.py"])
+    assert result.returncode == 0, result.stderr
+    assert sorted(re.findall(r"^ok \d$", result.stdout, re.M)) == ["ok 0", "ok 1", "ok 2"]
+    assert result.stderr.count(FALLBACK) == 1, result.stderr
+    assert f"{FALLBACK}1 thread(s) besides the main one run after preloading\n" in result.stderr
+    parents = {w["rank"]: w["ppid"] for w in _who(result.stdout)}
+    assert parents[0] != pid and parents[1] == parents[2] == pid, (parents, pid)
+
+
+@pytest.mark.integration
 def test_a_preload_that_fails_to_import_falls_back_once(tmp_path: Path) -> None:
     (tmp_path / "ok.py").write_text(_OK)
     pid, result = _run(tmp_path, ["-n", "2", "--preload", "no_such_module", "ok.py"])
