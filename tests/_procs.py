@@ -28,17 +28,23 @@ LAUNCHER_PREFIXES = ("SLURM", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMI", "MP
                      "TORCHELASTIC_", "UNIRANK_", "GROUP_", "ROLE_", "MASTER_")
 #: torchrun's variables that no prefix above covers
 LAUNCHER_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
+#: the one ``UNIRANK_`` variable that commands a test starts do inherit: UNIRANK_NO_PRELOAD, so
+#: that the no-preload lane (tests/supervisor/test_no_preload_lane.py) runs the suites that
+#: start workers with every worker started as its own interpreter
+KEPT_NAMES = frozenset({"UNIRANK_NO_PRELOAD"})
 
 
 def launcher_free_environ(extra: Optional[Mapping[str, str]] = None, *,
                           drop: Iterable[str] = (),
                           drop_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
     """This process's environment without any launcher's variables (:data:`LAUNCHER_PREFIXES`,
-    :data:`LAUNCHER_NAMES`), nor the variables named in ``drop`` or starting with one of
-    ``drop_prefixes``, updated with ``extra``. Reads the whole environment."""
+    :data:`LAUNCHER_NAMES`, but :data:`KEPT_NAMES`), nor the variables named in ``drop`` or
+    starting with one of ``drop_prefixes``, updated with ``extra``. Reads the whole
+    environment."""
     names = LAUNCHER_NAMES | frozenset(drop)
     prefixes = LAUNCHER_PREFIXES + drop_prefixes
-    env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes) and k not in names}
+    env = {k: v for k, v in os.environ.items()
+           if k not in names and (k in KEPT_NAMES or not k.startswith(prefixes))}
     env.update(extra or {})
     return env
 

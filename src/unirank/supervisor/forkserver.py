@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
     why = _preload([m for m in args.preload.split(",") if m])
     if why is not None:
         _send(control, {"error": why})
-        return 1
+        sys.stderr.flush()
+        os._exit(1)  # not sys.exit: a non-daemon thread a preload started would keep it alive
     preloaded = (started, time.time())
     gc.freeze()
     _send(control, {"ready": True, "preloaded": list(preloaded)})

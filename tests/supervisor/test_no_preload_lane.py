@@ -1,0 +1,45 @@
+"""The no-preload lane: the suites that start workers, run again with ``UNIRANK_NO_PRELOAD=1``,
+so that workers started as their own interpreters (``--no-preload``, the fallback of the fork
+server) keep every behaviour those suites check, as the forked workers do by default.
+
+tests/_procs.py's ``launcher_free_environ`` keeps UNIRANK_NO_PRELOAD, so every ``unirank run``
+those suites start inherits it. Left out: the tests that check the fork server itself (its
+timeline rows, tests/supervisor/test_forkserver.py), those that need the Slurm testbed or
+mpirun, and the import-time value tests, which with no server compare a fresh interpreter
+with itself.
+
+Environment variables read: the caller's environment, without launcher variables, for the
+inner pytest.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _procs import launcher_free_environ
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 1200.0
+MODULES = ("tests/supervisor/test_procs.py", "tests/supervisor/test_bootstrap.py",
+           "tests/supervisor/test_whole_lines.py", "tests/supervisor/test_timeline.py",
+           "tests/supervisor/test_forked_worker.py")
+LEFT_OUT = ("tests/supervisor/test_timeline.py::test_timeline_of_a_local_run",
+            "tests/supervisor/test_forked_worker.py::test_import_time_values_are_the_worker_s_own")
+
+
+def test_the_suites_pass_without_the_fork_server() -> None:
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+               "-m", "not slurm and not mpi", *MODULES,
+               *(arg for test in LEFT_OUT for arg in ("--deselect", test))]
+    proc = subprocess.run(command, cwd=REPO, env=launcher_free_environ({"UNIRANK_NO_PRELOAD": "1"}),
+                          capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+    tail = (proc.stdout + proc.stderr)[-8000:]
+    assert proc.returncode == 0, tail
+    assert " passed" in tail and "deselected" in tail, tail
