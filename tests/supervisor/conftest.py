@@ -117,7 +117,8 @@ def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
     return lines
 
 
-WORKER_MARK = b"unirank.supervisor.bootstrap"
+#: on the command line of every worker: the bootstrap's, or the fork server's it was forked from
+WORKER_MARK = b"unirank.supervisor."
 
 
 @pytest.fixture

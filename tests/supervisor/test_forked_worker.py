@@ -307,9 +307,6 @@ def a_function_so_that_the_globals_are_a_cycle():
 """
 
 
-@pytest.mark.xfail(not FORKED, strict=True, reason=(
-    "a worker started as its own interpreter runs the script with runpy, whose globals are "
-    "cyclic garbage at exit, which CPython does not finalise: the file is not flushed"))
 def test_a_file_left_open_is_flushed(tmp_path: Path) -> None:
     """As ``python script.py`` does (its ``__main__`` is cleared at exit). A forked worker ends
     with ``os._exit``: without flushing every open file first, the data would be lost."""

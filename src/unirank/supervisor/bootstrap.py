@@ -37,8 +37,12 @@ def main() -> None:
         from unirank.supervisor.pdeathsig import die_with_parent
 
         die_with_parent(int(supervisor), signal.SIGKILL)
+    import atexit
+
+    from unirank.supervisor.target import flush_open_streams
     from unirank.supervisor.worker import run_worker
 
+    atexit.register(flush_open_streams)  # runs after the program's own handlers
     run_worker(sys.argv[1:], entered_at=entered_at)
 
 

@@ -27,10 +27,7 @@ the new session were set in :mod:`.forkserver` before the server gave the child'
 from __future__ import annotations
 
 import atexit
-import contextlib
-import ctypes
 import fcntl
-import gc
 import io
 import os
 import signal
@@ -41,6 +38,7 @@ from typing import Any, NoReturn
 
 from unirank.supervisor.forkserver import Request
 from unirank.supervisor.importtime import apply_worker_values
+from unirank.supervisor.target import flush_open_streams
 from unirank.supervisor.worker import run_worker
 
 __all__ = ["become_worker", "leave", "place_fds"]
@@ -107,22 +105,6 @@ def _run(request: Request) -> tuple[int, bool]:
     return 0, False
 
 
-def _flush_all() -> None:
-    """Flush every open Python stream, then C's stdio buffers."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, OSError, ValueError):
-            stream.flush()
-    for obj in gc.get_objects():
-        if isinstance(obj, io.IOBase):
-            try:
-                if not obj.closed:
-                    obj.flush()
-            except (OSError, ValueError):
-                pass
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).fflush(None)
-
-
 def leave(code: int, interrupted: bool = False) -> NoReturn:
     """End the worker as the interpreter would, without its module teardown (see the module
     docstring)."""
@@ -130,7 +112,7 @@ def leave(code: int, interrupted: bool = False) -> NoReturn:
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
-    _flush_all()
+    flush_open_streams()
     if interrupted:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)

@@ -11,16 +11,23 @@ an uncaught exception is recorded in the worker's error file (:mod:`unirank.erro
 
 from __future__ import annotations
 
+import builtins
+import contextlib
+import ctypes
+import gc
+import importlib.machinery
+import io
 import os
 import runpy
 import sys
 import types
+import zipfile
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from unirank.errorfile import record_exception
 
-__all__ = ["USAGE", "run_target"]
+__all__ = ["USAGE", "flush_open_streams", "run_target"]
 
 USAGE = ("usage: python -m unirank.supervisor.bootstrap (SCRIPT | -m MODULE | --exec PROGRAM | "
          "--call FILE) [ARGS...]")
@@ -58,6 +65,24 @@ def _trimmed_excepthook(
     return excepthook
 
 
+def flush_open_streams() -> None:
+    """Flush every open Python stream (files a program left open included), then C's stdio
+    buffers: what the exit of ``python script.py`` does when it clears its ``__main__``. A script
+    run through runpy leaves its globals as cyclic garbage, which the interpreter's exit does not
+    finalise, so the worker's exit calls this."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            stream.flush()
+    for obj in gc.get_objects():
+        # type(), not isinstance(): the latter reads __class__, which some objects compute
+        if issubclass(type(obj), io.IOBase):
+            with contextlib.suppress(OSError, ValueError):
+                if not obj.closed:
+                    obj.flush()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).fflush(None)
+
+
 def _exec(argv: Sequence[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -66,6 +91,23 @@ def _exec(argv: Sequence[str]) -> None:
     except OSError as exc:
         raise SystemExit(f"unirank: cannot run {argv[0]!r} (--no-python): "
                          f"{exc.strerror or exc}") from None
+
+
+def _run_script(script: str) -> None:
+    """Run ``script`` as ``python script`` does: as ``__main__`` (which stays in
+    ``sys.modules``), with an absolute ``__file__`` and ``sys.argv[0]`` as given; a folder or a
+    zip archive with a ``__main__.py`` through runpy."""
+    path = os.path.abspath(script)
+    if not os.path.isfile(path) or zipfile.is_zipfile(path):
+        runpy.run_path(script, run_name="__main__")
+        return
+    loader = importlib.machinery.SourceFileLoader("__main__", path)
+    code = compile(loader.get_data(path), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(__file__=path, __cached__=None, __loader__=loader, __spec__=None,
+                         __package__=None, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    exec(code, main.__dict__)
 
 
 def run_target(argv: Sequence[str]) -> None:
@@ -87,4 +129,4 @@ def run_target(argv: Sequence[str]) -> None:
         script = argv[0]
         sys.argv = [script, *argv[1:]]
         sys.path[0] = os.path.dirname(os.path.abspath(script))
-        runpy.run_path(script, run_name="__main__")
+        _run_script(script)
