@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import selectors
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -99,6 +100,41 @@ def wait_gone(pids: Iterable[int], timeout: float = 30.0,
         for fd in fds:
             os.close(fd)
     return [pid for pid in pids if is_live(pid, mark)]
+
+
+def read_stdout_until(proc: subprocess.Popen[bytes], done: Callable[[bytes], bool],
+                      timeout: float, what: str) -> bytes:
+    """``proc``'s stdout from now until ``done(all read so far)``, read unbuffered (what is not
+    read yet stays in the pipe for ``communicate``); fails after ``timeout``, or when stdout
+    closes first, naming ``what`` was awaited."""
+    assert proc.stdout is not None
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while not done(seen):
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {what} after {timeout:g} s; stdout so far:\n{seen!r}"
+        ready, _, _ = select.select([proc.stdout], [], [], left)
+        if ready:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, f"stdout closed before {what}:\n{seen!r}"
+            seen += chunk
+    return seen
+
+
+def run_to_end(command: Sequence[str], cwd: Path, env: Mapping[str, str], timeout: float,
+               stdout: Optional[int] = None) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """Run ``command`` (stdin empty, output captured as text) to its end: its pid, and how it
+    ended; fails, after killing it, when it runs past ``timeout``."""
+    proc = subprocess.Popen(list(command), cwd=cwd, env=dict(env),
+                            stdout=subprocess.PIPE if stdout is None else stdout,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate(timeout=timeout)
+        raise AssertionError(f"{command[:4]} did not end in {timeout} s:\n{out}\n{err}") from None
+    return proc.pid, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def assert_snippet_runs(code: str, timeout: float = 60) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -30,6 +29,8 @@ if TYPE_CHECKING:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _outputs import EXAMPLES, PY, REPO, local_env
 from test_sbatch_cmd import _described, start
+
+from _procs import read_stdout_until
 
 pytestmark = pytest.mark.integration
 
@@ -211,18 +212,8 @@ def test_spawned_workers_stopped_by_sigusr2_end_the_script_with_79(tmp_path: Pat
 def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
     """stdout of ``proc`` up to a chunk holding ``marker``, read unbuffered (what is not read
     yet stays in the pipe for ``communicate``); fails after ``timeout``."""
-    assert proc.stdout is not None
-    seen = b""
-    deadline = time.monotonic() + timeout
-    while marker.encode() not in seen:
-        left = deadline - time.monotonic()
-        assert left > 0, f"no {marker!r} after {timeout:g} s; stdout so far:\n{seen!r}"
-        ready, _, _ = select.select([proc.stdout], [], [], left)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            assert chunk, f"stdout closed before {marker!r}:\n{seen!r}"
-            seen += chunk
-    return seen.decode()
+    return read_stdout_until(proc, lambda seen: marker.encode() in seen, timeout,
+                             repr(marker)).decode()
 
 
 # --- THE preemption test on the Slurm testbed ------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import launcher_free_environ
+from _procs import launcher_free_environ, run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -44,25 +44,18 @@ def _run(cwd: Path, args: Sequence[str], env: Optional[Mapping[str, str]] = None
          ) -> subprocess.CompletedProcess[str]:
     """Run ``unirank run ARGS`` to the end and check which path started its workers (see the
     module docstring)."""
-    proc = subprocess.Popen([sys.executable, "-m", "unirank", "run", *args], cwd=cwd,
-                            env=launcher_free_environ(env, drop=drop),
-                            stdout=subprocess.PIPE if stdout is None else stdout,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate(timeout=TIMEOUT)
-        raise AssertionError(f"unirank run did not end in {TIMEOUT} s:\n{out}\n{err}") from None
+    pid, result = run_to_end([sys.executable, "-m", "unirank", "run", *args], cwd,
+                             launcher_free_environ(env, drop=drop), TIMEOUT, stdout)
+    out, err = result.stdout, result.stderr
     parents = [int(p) for p in re.findall(r"^PARENT (\d+)$", out or "", re.M)]
     parents += [int(p) for p in re.findall(r"^PARENT (\d+)$", err, re.M)]
     assert parents, f"no worker said who its parent is:\n{out}\n{err}"
     if FORKED:
         assert FALLBACK not in err, err
-        assert len(set(parents)) == 1 and proc.pid not in parents, (parents, proc.pid)
+        assert len(set(parents)) == 1 and pid not in parents, (parents, pid)
     else:
-        assert set(parents) == {proc.pid}, (parents, proc.pid)
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        assert set(parents) == {pid}, (parents, pid)
+    return result
 
 
 def _fresh(code: str, environ: Mapping[str, str], cwd: Path) -> Any:
@@ -200,16 +193,21 @@ print("WHAT " + json.dumps({
 """
 
 
+def _plain_what(args: Sequence[str], cwd: Path) -> Any:
+    """The WHAT record of ``python ARGS``, run plainly in ``cwd``."""
+    plain = subprocess.run([sys.executable, *args], cwd=cwd, timeout=TIMEOUT,
+                           capture_output=True, text=True, env=launcher_free_environ())
+    assert plain.returncode == 0, plain.stderr
+    return _tagged(plain.stdout, "WHAT")[0]
+
+
 def test_a_script_sees_what_python_gives_it(tmp_path: Path) -> None:
     script = tmp_path / "what.py"
     script.write_text(_PARENT + _WHAT)
     result = _run(tmp_path, ["-n", "1", "what.py", "a", "--b"])
     assert result.returncode == 0, result.stderr
     (ours,) = _tagged(result.stdout, "WHAT")
-    plain = subprocess.run([sys.executable, "what.py", "a", "--b"], cwd=tmp_path, timeout=TIMEOUT,
-                           capture_output=True, text=True, env=launcher_free_environ())
-    assert plain.returncode == 0, plain.stderr
-    assert ours == _tagged(plain.stdout, "WHAT")[0]
+    assert ours == _plain_what(["what.py", "a", "--b"], tmp_path)
     assert ours["argv"] == ["what.py", "a", "--b"] and ours["file"] == str(script)
     assert ours["path0"] == str(tmp_path) and ours["name"] == "__main__"
 
@@ -221,10 +219,7 @@ def test_a_module_sees_what_python_m_gives_it(tmp_path: Path) -> None:
     result = _run(tmp_path, ["-n", "1", "-m", "pkg.mod", "x"])
     assert result.returncode == 0, result.stderr
     (ours,) = _tagged(result.stdout, "WHAT")
-    plain = subprocess.run([sys.executable, "-m", "pkg.mod", "x"], cwd=tmp_path, timeout=TIMEOUT,
-                           capture_output=True, text=True, env=launcher_free_environ())
-    assert plain.returncode == 0, plain.stderr
-    assert ours == _tagged(plain.stdout, "WHAT")[0]
+    assert ours == _plain_what(["-m", "pkg.mod", "x"], tmp_path)
     assert ours["argv"] == [str(tmp_path / "pkg" / "mod.py"), "x"]
     assert ours["name"] == "__main__" and ours["spec"] == "pkg.mod"
 

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import assert_snippet_runs, launcher_free_environ, wait_gone
+from _procs import assert_snippet_runs, launcher_free_environ, run_to_end, wait_gone
 from unirank.supervisor.forkserver import _preload, fork_hazard
 
 TIMEOUT = 180.0
@@ -57,16 +57,7 @@ def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
 def _run(cwd: Path, args: Sequence[str],
          env: Optional[Mapping[str, str]] = None) -> tuple[int, subprocess.CompletedProcess[str]]:
     """Run ``unirank run ARGS`` to the end: its pid, and how it ended."""
-    proc = subprocess.Popen([sys.executable, "-m", "unirank", "run", *args], cwd=cwd,
-                            env=_env(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate(timeout=TIMEOUT)
-        raise AssertionError(f"unirank run did not end in {TIMEOUT} s:\n{out}\n{err}") from None
-    return proc.pid, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_to_end([sys.executable, "-m", "unirank", "run", *args], cwd, _env(env), TIMEOUT)
 
 
 def _who(stdout: str) -> list[dict[str, Any]]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import is_live, launcher_free_environ
+from _procs import is_live, launcher_free_environ, read_stdout_until
 
 pytestmark = pytest.mark.integration
 
@@ -48,17 +48,9 @@ def _settled_state(pid: int) -> str:
 
 def _ready_lines(proc: subprocess.Popen[bytes], count: int) -> list[list[str]]:
     """The first ``count`` READY lines of ``proc``'s stdout, split; fails after TIMEOUT."""
-    assert proc.stdout is not None
-    seen = b""
-    deadline = time.monotonic() + TIMEOUT
-    while seen.count(b"READY ") < count or not seen.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        assert left > 0, f"workers not ready after {TIMEOUT:g} s: {seen!r}"
-        ready, _, _ = select.select([proc.stdout], [], [], left)
-        if ready:
-            chunk = os.read(proc.stdout.fileno(), 65536)
-            assert chunk, f"unirank run ended early: {seen!r}"
-            seen += chunk
+    seen = read_stdout_until(
+        proc, lambda seen: seen.count(b"READY ") >= count and seen.endswith(b"\n"), TIMEOUT,
+        f"{count} READY lines")
     return [line.split()[1:] for line in seen.decode().splitlines() if line.startswith("READY ")]
 
 
