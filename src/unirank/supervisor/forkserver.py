@@ -176,11 +176,12 @@ class _Server:
             _send(self.control, {"refused": hazard})
             return None
         ready_r, ready_w = os.pipe()
+        server_pid = os.getpid()
         forked_at = time.time()
         pid = os.fork()
         if pid == 0:
             os.close(ready_r)
-            return self._child(message, fds, ready_w, forked_at)
+            return self._child(message, fds, (ready_w, server_pid), forked_at)
         os.close(ready_w)
         for fd in fds:
             os.close(fd)
@@ -191,9 +192,11 @@ class _Server:
         _send(self.control, {"pid": pid})
         return None
 
-    def _child(self, message: dict[str, Any], fds: list[int], ready_w: int,
+    def _child(self, message: dict[str, Any], fds: list[int], ready: tuple[int, int],
                forked_at: float) -> Request:
-        server_pid = os.getppid()
+        """In the forked child: its own signals and session, death with the server (``ready``:
+        the pipe to close once done, and the server's pid), the server's descriptors closed."""
+        ready_w, server_pid = ready
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for signum, disposition in self.dispositions.items():
