@@ -113,7 +113,9 @@ def test_worker_environment_is_torchrun_s(tmp_path: Path) -> None:
         # as `python env.py --backend gloo -n 5` would see it
         assert info["argv"] == ["env.py", "--backend", "gloo", "-n", "5"]
         assert info["name"] == "__main__"
-        assert info["file"] == "env.py" and info["main_file"] == "env.py"
+        # (python 3.9+ gives a script's __main__ an absolute __file__)
+        script = str(tmp_path / "env.py")
+        assert info["file"] == script and info["main_file"] == script
         assert info["path0"] == str(tmp_path)
     assert len(run_ids) == 1 and None not in run_ids
     assert envs[0]["env"]["MASTER_PORT"] == envs[1]["env"]["MASTER_PORT"]
