@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 
 __version__ = "0.1.0"
@@ -72,6 +71,7 @@ _RUNTIME_NAMES = frozenset(
 )
 
 if TYPE_CHECKING:  # pragma: no cover
+    from unirank.distenv import DistEnv
     from unirank.launchers import detect
     from unirank.runtime import *  # noqa: F403
 
@@ -85,11 +85,15 @@ def __getattr__(name: str) -> Any:
         from unirank.launchers import detect
 
         return detect
+    if name == "DistEnv":  # served lazily too: a worker forked or bootstrapped starts faster
+        from unirank.distenv import DistEnv
+
+        return DistEnv
     raise AttributeError(f"module 'unirank' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_RUNTIME_NAMES, "detect"})
+    return sorted({*globals(), *_RUNTIME_NAMES, "detect", "DistEnv"})
 
 
 __all__ = ["ConfigError", "DistEnv", "__version__", "detect", *sorted(_RUNTIME_NAMES)]

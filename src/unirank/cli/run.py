@@ -17,16 +17,15 @@ import argparse
 import os
 import signal
 import sys
-import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
-from unirank.supervisor.plan import LaunchRequest
 
 if TYPE_CHECKING:
+    from unirank.distenv import DistEnv
     from unirank.supervisor.forkclient import ForkServer
+    from unirank.supervisor.plan import LaunchRequest
     from unirank.supervisor.procs import EngineOptions
     from unirank.supervisor.summary import RunResult
 
@@ -256,6 +255,8 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
                     if args.init_timeout is not None or join_timeout is None
                     else resolve_init_timeout(join_timeout, environ,
                                               option="--rdzv-conf join_timeout"))
+    from unirank.supervisor.plan import LaunchRequest
+
     return LaunchRequest(
         nproc_per_node=None if auto else nproc,
         spawn_default=nproc,
@@ -397,11 +398,13 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
                   environ: Mapping[str, str], options: EngineOptions, target: list[str],
                   server: ForkServer | None) -> RunResult:
     """Plan this node's workers, then start and supervise them."""
+    from uuid import uuid4
+
     from unirank.supervisor.plan import make_plan
     from unirank.supervisor.procs import run_plan
 
     try:
-        plan = make_plan(request, outer, environ, run_id_fallback=uuid.uuid4().hex)
+        plan = make_plan(request, outer, environ, run_id_fallback=uuid4().hex)
     except ConfigError as exc:
         _refuse(exc.renamed(_OPTION_NAMES), request, outer)
     if plan.world_size > 1:  # at once, not after the workers' init timeout
@@ -426,10 +429,26 @@ def main(args: argparse.Namespace) -> int:
         print(f"unirank run: {problem.message}", file=sys.stderr, flush=True)
         return problem.exit_code
     environ = dict(os.environ)
+    target = target_of(args)
+    from unirank.supervisor.forkclient import start_server
+
+    # first: it imports torch while this process plans
+    server = start_server(target, environ, _preload(args.preload, no_preload=args.no_preload),
+                          prog="unirank run")
+    try:
+        return _run(args, environ, target, server)
+    finally:
+        if server is not None:
+            server.close()
+
+
+def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
+         server: ForkServer | None) -> int:
+    """Plan, start and supervise this node's workers (``server``: the node's fork server, if
+    any); returns the exit code."""
     notes: list[str] = []
     request = build_request(args, environ, notes)
     options = engine_options(args)
-    target = target_of(args)
     notes += [f"{name} is accepted but has no effect: {why}" for name, why in _NOTED.items()
               if getattr(args, "noted_" + name[2:].replace("-", "_"), None) is not None]
     for note in notes:
@@ -438,18 +457,12 @@ def main(args: argparse.Namespace) -> int:
     if outer.launch_required and not request.standalone:
         from unirank.supervisor.reexec import reexec_through_srun
 
+        if server is not None:
+            server.close()  # this process becomes srun: the step's unirank run starts its own
         nnodes = request.nnodes if request.nnodes is not None else max(1, outer.num_nodes)
         nproc = _nproc_in_allocation(args, request, outer)
         reexec_through_srun(nnodes, inner_command(args, nproc, nnodes), environ)
-    from unirank.supervisor.forkclient import start_server
-
-    # it imports torch while this process plans
-    server = start_server(target, environ, options.preload, prog="unirank run")
-    try:
-        result = _plan_and_run(args, request, outer, environ, options, target, server)
-    finally:
-        if server is not None:
-            server.close()
+    result = _plan_and_run(args, request, outer, environ, options, target, server)
     from unirank.supervisor.summary import format_summary
 
     summary = format_summary(result)

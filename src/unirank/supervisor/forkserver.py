@@ -39,7 +39,6 @@ which it takes (``os.environ``, so C's ``getenv`` too) before it imports.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import importlib
@@ -50,12 +49,13 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = ["SHIELDED", "Request", "fork_hazard", "main"]
 
+USAGE = ("python -m unirank.supervisor.forkserver --control FD [--supervisor PID] "
+         "[--preload MODULE,...]")
 #: the largest message (a worker's environment differences)
 MAX_MESSAGE = 1 << 20
 #: the most file descriptors one request passes
@@ -68,8 +68,7 @@ SHIELDED = tuple(getattr(signal, name) for name in (
     "SIGTTIN", "SIGTTOU"))
 
 
-@dataclass
-class Request:
+class Request(NamedTuple):
     """What a forked child needs to become its worker (see :mod:`.forked`)."""
 
     #: the target: ``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``--call FILE``
@@ -215,23 +214,24 @@ class _Server:
         )
 
 
-def _arguments(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m unirank.supervisor.forkserver")
-    parser.add_argument("--control", type=int, required=True)
-    parser.add_argument("--supervisor", type=int, default=0)
-    parser.add_argument("--preload", default="torch")
-    return parser.parse_args(argv)
+def _arguments(argv: list[str]) -> dict[str, str]:
+    """``--control FD --supervisor PID --preload MODULE,...`` (what :mod:`.forkclient` passes;
+    no argparse: the server's start is on every run's critical path)."""
+    pairs = dict(zip(argv[::2], argv[1::2]))
+    if len(argv) % 2 or not pairs.get("--control", "").isdigit():
+        raise SystemExit(f"usage: {USAGE}")
+    return pairs
 
 
 def main(argv: list[str] | None = None) -> int:
     """Preload, serve, and in a forked child become the worker (see the module docstring)."""
     dispositions = {signum: signal.signal(signum, signal.SIG_IGN) for signum in SHIELDED}
-    args = _arguments(argv)
-    if args.supervisor:
+    args = _arguments(sys.argv[1:] if argv is None else argv)
+    if args.get("--supervisor", "").isdigit():
         from unirank.supervisor.pdeathsig import die_with_parent
 
-        die_with_parent(args.supervisor, signal.SIGKILL)
-    control = socket.socket(fileno=args.control)
+        die_with_parent(int(args["--supervisor"]), signal.SIGKILL)
+    control = socket.socket(fileno=int(args["--control"]))
     control.set_inheritable(False)
     try:
         data = control.recv(MAX_MESSAGE)  # the workers' common environment
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.clear()
     os.environ.update(json.loads(data)["environ"])
     started = time.time()
-    why = _preload([m for m in args.preload.split(",") if m])
+    why = _preload([m for m in args.get("--preload", "torch").split(",") if m])
     if why is not None:
         _send(control, {"error": why})
         sys.stderr.flush()

@@ -23,11 +23,13 @@ import in every process, forked or not.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ctypes
 
 __all__ = ["SERVER_ONLY", "apply_worker_values", "blas_threads", "openblas_thread_count"]
 
@@ -53,6 +55,8 @@ def openblas_thread_count(environ: Mapping[str, str]) -> int:
 
 def _loaded_openblas() -> Iterator[ctypes.CDLL]:
     """The OpenBLAS libraries this process has loaded (numpy's, torch's, scipy's)."""
+    import ctypes
+
     seen: set[str] = set()
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
@@ -80,6 +84,8 @@ def _function(library: ctypes.CDLL, name: str) -> Any:
 
 def blas_threads() -> list[int]:
     """The thread count of each loaded OpenBLAS (for tests and ``--timeline``)."""
+    import ctypes
+
     counts = []
     for library in _loaded_openblas():
         getter = _function(library, "openblas_get_num_threads")
@@ -98,6 +104,8 @@ def apply_worker_values(environ: Mapping[str, str]) -> None:
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()
+    import ctypes
+
     count = openblas_thread_count(environ)
     for library in _loaded_openblas():
         setter = _function(library, "openblas_set_num_threads")
