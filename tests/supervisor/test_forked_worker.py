@@ -353,3 +353,22 @@ def test_unbuffered_output_as_the_environment_says(tmp_path: Path, how: str) -> 
     assert seen["stdio"]["stdout"][0] is unbuffered
     assert seen["stdio"] == _fresh(_STDIO + "print(json.dumps(info))\n", seen["environ"],
                                    tmp_path)
+
+
+def test_the_garbage_collector_is_on_and_frees_cycles(tmp_path: Path) -> None:
+    """The fork server imports with the collector off; its workers have it on, as any
+    interpreter: a reference cycle made by the program is freed by a collection."""
+    (tmp_path / "gc_on.py").write_text(_PARENT + """
+import gc, weakref
+class Node:
+    pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+gone = weakref.ref(a)
+del a, b
+gc.collect()
+print(f"GC {gc.isenabled()} {gone() is None}", flush=True)
+""")
+    result = _run(tmp_path, ["-n", "1", "gc_on.py"])
+    assert result.returncode == 0, result.stderr
+    assert "GC True True" in result.stdout, result.stdout
