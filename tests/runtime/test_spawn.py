@@ -220,3 +220,36 @@ def test_user_created_group_is_used_under_torchrun() -> None:
     rows = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))
     # ur.Parallel() adopted the script's group and left it initialised afterwards
     assert rows == ["RESULT 0 2 gloo 2 True", "RESULT 1 2 gloo 2 True"]
+
+
+_PARENTS_JOB = """
+import os, sys
+import unirank as ur
+
+def work(local_rank):
+    print(f"PARENT {ur.get_rank()} {os.getppid()}", flush=True)
+
+if __name__ == "__main__":
+    print(f"SCRIPT {os.getpid()}", flush=True)
+    with ur.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+        parallel.run(work)
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_parallel_forks_its_workers_from_the_fork_server(tmp_path: Path, preload: bool) -> None:
+    """``Parallel`` starts its workers through the same engine as ``unirank run``: forked from
+    one fork server (a child of the script), or, with UNIRANK_NO_PRELOAD=1, as the script's own
+    children."""
+    (tmp_path / "parents.py").write_text(_PARENTS_JOB)
+    env = {} if preload else {"UNIRANK_NO_PRELOAD": "1"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "parents.py")], cwd=tmp_path,
+                          env=launcher_free_environ(env, drop=("UNIRANK_NO_PRELOAD",)),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    script = int(proc.stdout.split("SCRIPT ", 1)[1].split()[0])
+    parents = {int(line.split()[1]): int(line.split()[2]) for line in proc.stdout.splitlines()
+               if line.startswith("PARENT ")}
+    assert sorted(parents) == [0, 1], proc.stdout
+    assert len(set(parents.values())) == 1, parents
+    assert (next(iter(parents.values())) != script) is preload, (script, parents)
