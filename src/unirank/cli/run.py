@@ -299,8 +299,7 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
     return EngineOptions(grace_period=grace, output=output, signals=signals,
                          timeline=bool(args.timeline or args.timeline_json),
-                         timeline_json=args.timeline_json or None,
-                         preload=_preload(args.preload, no_preload=bool(args.no_preload)))
+                         timeline_json=args.timeline_json or None)
 
 
 def _preload(text: str, *, no_preload: bool) -> tuple[str, ...] | None:

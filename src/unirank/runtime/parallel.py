@@ -181,12 +181,11 @@ class Parallel:
 
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
-        options = EngineOptions(prog=PROG)
-        server = start_server(["--call", path], os.environ, options.preload, prog=PROG)
+        server = start_server(["--call", path], os.environ, (), prog=PROG)
         try:
             write_call(call, path)
-            result = run_plan(plan, ["--call", path], environ=os.environ, options=options,
-                              server=server)
+            result = run_plan(plan, ["--call", path], environ=os.environ,
+                              options=EngineOptions(prog=PROG), server=server)
         finally:
             if server is not None:
                 server.close()

@@ -96,9 +96,6 @@ class EngineOptions:
     #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
     timeline: bool = False
     timeline_json: str | None = None
-    #: the modules the node's fork server imports besides torch (``--preload``); None: start
-    #: every worker as its own interpreter (``--no-preload``)
-    preload: tuple[str, ...] | None = ()
 
 
 @dataclass(frozen=True)
