@@ -26,14 +26,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from unirank.contract import NO_PRELOAD_VAR
 from unirank.supervisor.importtime import SERVER_ONLY
 
-__all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "ForkServer", "server_environ", "start_server",
-           "why_not_served"]
+__all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "ForkServer", "fallback_line", "server_environ",
+           "start_server", "why_not_served"]
 
 #: what the server always imports; ``--preload`` adds to it
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "unirank.supervisor.forked")
@@ -58,6 +58,11 @@ def why_not_served(target: Sequence[str]) -> str | None:
     return None
 
 
+def fallback_line(why: str) -> str:
+    """The one line said when workers start as their own interpreters instead (``why``)."""
+    return f"starting workers as their own interpreters: {why}"
+
+
 def start_server(target: Sequence[str], environ: Mapping[str, str],
                  preload: Sequence[str] | None, *, prog: str, err_fd: int = 2) -> ForkServer | None:
     """Start the node's fork server, unless it is off (``preload`` None, UNIRANK_NO_PRELOAD=1)
@@ -69,7 +74,7 @@ def start_server(target: Sequence[str], environ: Mapping[str, str],
         return None
     why = why_not_served(target)
     if why is not None:
-        os.write(err_fd, f"{prog}: starting workers as their own interpreters: {why}\n".encode())
+        os.write(err_fd, f"{prog}: {fallback_line(why)}\n".encode())
         return None
     return ForkServer.start(environ, preload, err_fd)
 
@@ -159,12 +164,19 @@ class ForkServer:
         while self._take(0.0):
             pass
 
-    def _reply(self, timeout: float) -> dict[str, Any] | None:
+    def _take_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Take messages until ``done()``; False when the server is gone or ``timeout`` passed
+        first."""
         deadline = time.monotonic() + timeout
-        while not self._replies:
+        while not done():
             remaining = deadline - time.monotonic()
             if not self._take(remaining) and (self.gone or remaining <= 0):
-                return None
+                return False
+        return True
+
+    def _reply(self, timeout: float) -> dict[str, Any] | None:
+        if not self._take_until(lambda: bool(self._replies), timeout):
+            return None
         return self._replies.pop(0)
 
     def exit_code(self, pid: int) -> int | None:
@@ -230,11 +242,7 @@ class ForkServer:
 
     def wait_exits(self, pids: Sequence[int], timeout: float) -> None:
         """Wait (at most ``timeout``) until the server reported each of ``pids``."""
-        deadline = time.monotonic() + timeout
-        while any(p not in self._exits for p in pids) and not self.gone:
-            remaining = deadline - time.monotonic()
-            if not self._take(remaining) and remaining <= 0:
-                return
+        self._take_until(lambda: all(p in self._exits for p in pids), timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """End the server: it ends when its socket closes (its workers with it). Idempotent."""

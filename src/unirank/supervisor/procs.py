@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Union
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.requeue import REQUEUE_EXIT_CODE
-from unirank.supervisor.forkclient import ForkServer, server_environ
+from unirank.supervisor.forkclient import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LineBuffer, OutputOptions
 from unirank.supervisor.plan import Plan, Worker
@@ -334,7 +334,7 @@ class Supervisor:
                 why = answer
             if not server.told:
                 server.told = True
-                self._say(f"starting workers as their own interpreters: {why}")
+                self._say(fallback_line(why))
         proc = subprocess.Popen(list(launch.argv), env=env, stdout=stdio[0], stderr=stdio[1],
                                 pass_fds=fds, start_new_session=True)
         return proc.pid, proc
@@ -767,8 +767,7 @@ def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bo
     cannot serve."""
     why = server.wait_ready()
     if why is not None:
-        os.write(err_fd, f"{options.prog}: starting workers as their own interpreters: "
-                         f"{why}\n".encode())
+        os.write(err_fd, f"{options.prog}: {fallback_line(why)}\n".encode())
     return why is not None
 
 
