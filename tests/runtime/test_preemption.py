@@ -102,17 +102,25 @@ def test_exit_for_requeue_outside_any_launcher_exits_0(capsys: pytest.CaptureFix
         capsys.readouterr().err)
 
 
+def _exit_for_requeue_in_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                             **slurm: str) -> object:
+    """``ur.exit_for_requeue()`` in Slurm job 43 (plus the ``slurm`` variables), with only
+    ``tmp_path``'s stand-ins on PATH: the code it exits with."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for name, value in {"SLURM_JOB_ID": "43", **slurm}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as caught:
+        ur.exit_for_requeue()
+    return caught.value.code
+
+
 def test_exit_for_requeue_under_slurm_requeues_and_exits_79(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     _stand_in(tmp_path, "scontrol", f'echo "$@" > {tmp_path}/asked')
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setenv("SLURM_JOB_ID", "43")
-    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "40")
-    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
-    with pytest.raises(SystemExit) as caught:
-        ur.exit_for_requeue()
-    assert caught.value.code == REQUEUE_EXIT_CODE
+    code = _exit_for_requeue_in_job(monkeypatch, tmp_path, SLURM_ARRAY_JOB_ID="40",
+                                    SLURM_ARRAY_TASK_ID="3")
+    assert code == REQUEUE_EXIT_CODE
     assert (tmp_path / "asked").read_text() == "requeue 40_3\n"
     assert "requeueing job 40_3" in capsys.readouterr().err
 
@@ -120,11 +128,7 @@ def test_exit_for_requeue_under_slurm_requeues_and_exits_79(
 def test_without_scontrol_the_batch_shell_is_left_to_requeue(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setenv("SLURM_JOB_ID", "43")
-    with pytest.raises(SystemExit) as caught:
-        ur.exit_for_requeue()
-    assert caught.value.code == REQUEUE_EXIT_CODE
+    assert _exit_for_requeue_in_job(monkeypatch, tmp_path) == REQUEUE_EXIT_CODE
     assert ("unirank: scontrol not found: exiting with 79 so that the batch script requeues "
             "job 43") in capsys.readouterr().err
 
@@ -133,11 +137,6 @@ def test_past_the_cap_every_rank_fails_with_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
     _stand_in(tmp_path, "scontrol", f"touch {tmp_path}/asked")
-    monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setenv("SLURM_JOB_ID", "43")
-    monkeypatch.setenv("SLURM_RESTART_COUNT", "10")
-    with pytest.raises(SystemExit) as caught:
-        ur.exit_for_requeue()
-    assert caught.value.code == 1
+    assert _exit_for_requeue_in_job(monkeypatch, tmp_path, SLURM_RESTART_COUNT="10") == 1
     assert "unirank: not requeueing job 43 again: it ran 11 times" in capsys.readouterr().err
     assert not (tmp_path / "asked").exists()
