@@ -8,7 +8,8 @@ server) armed the parent-death signal:
 3. otherwise host or join the store and wait until every rank has joined (:mod:`.workerstore`),
    hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
    :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
-   run), and run the target;
+   run), and run the target, applying the variables it sets before it imports torch
+   (:mod:`.lateenv`);
 4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
    the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
    other workers are done and gather the timeline.
@@ -22,7 +23,7 @@ from typing import Any
 
 from unirank.contract import PRIVATE_VARIABLES
 from unirank.store import hand_over
-from unirank.supervisor import workerstore
+from unirank.supervisor import lateenv, workerstore
 from unirank.supervisor.target import run_target
 from unirank.supervisor.workerinfo import WorkerInfo, read_worker_info
 
@@ -91,6 +92,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
         recorder.mark("joined")
         recorder.install_hooks()
         recorder.mark("script")
+    lateenv.watch(environ, report=info.rank == 0)
     ok = False
     try:
         run_target(argv)
