@@ -18,14 +18,17 @@ starts would be too late for the computations before it). The wrapper costs one 
 Applied (with torch 2.13; plain ``python`` reads each at ``import torch``):
 
 * MKL_NUM_THREADS, else OMP_NUM_THREADS: torch's intra-op thread count
-  (``torch.set_num_threads``), at most the machine's physical cores, as MKL caps it;
+  (``torch.set_num_threads``), at most the machine's physical cores, as MKL caps it (a count
+  above the cores gives the cores here, as under ``python``; a machine with hyper-threads was
+  not at hand to check that MKL leaves them out);
 * OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS: each loaded OpenBLAS's count
   (:func:`unirank.supervisor.importtime.set_openblas_threads`);
 * TORCH_DISTRIBUTED_DEBUG: ``torch.distributed.set_debug_level_from_env`` (DETAIL then wraps the
   groups started afterwards in their checking wrapper, as at import);
 * TORCH_LOGS, TORCH_LOGS_OUT, TORCH_LOGS_FORMAT, TORCH_LOGS_TRACE_ID_FILTER, TORCH_TRACE,
   TORCH_DTRACE: ``torch._logging._init_logs``;
-* TORCH_CPP_LOG_LEVEL (set, not unset): c10's ``initLogging``, which reads it again.
+* TORCH_CPP_LOG_LEVEL (set, not unset): c10's ``c10::initLogging()``, which reads it again,
+  called through ctypes by its exported C++ name (reported instead where a torch lacks it).
 
 Reported (no call changes them once loaded): TORCH_SHOW_CPP_STACKTRACES, libgomp's
 OMP_PROC_BIND, OMP_PLACES, OMP_WAIT_POLICY and GOMP_SPINCOUNT, the thread counts and
