@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="this node's rank (default: from the launcher; needed for several nodes "
             "without one)")
     _option(parser, "--master-addr", dest="master_addr", default=None, metavar="ADDR",
-            help="host of rank 0 (default: launcher, MASTER_ADDR, or 127.0.0.1 on one node)")
+            help="host of rank 0 (default: the launcher's; else 127.0.0.1 on one node, "
+            "MASTER_ADDR on several)")
     _option(parser, "--master-port", dest="master_port", default=None, metavar="PORT",
             help="rendezvous port (default: launcher, MASTER_PORT, or a free port on one node)")
     _option(parser, "--rdzv-backend", dest="rdzv_backend", default="static", metavar="NAME",

@@ -121,6 +121,9 @@ def check_port(facts: Facts) -> Check | None:
                      "export MASTER_PORT=<a free port, the same on every rank>")
     if facts.agent_store:
         return Check("master port", OK, f"{port} (already bound by the launcher's agent)")
+    if facts.port_picked:
+        return Check("master port", OK, f"{port} (free: picked for these ranks, as unirank "
+                     "run picks one on a single node)")
     low, high = facts.ephemeral or (0, -1)
     if low <= port <= high:
         return Check("master port", WARN,
