@@ -30,7 +30,6 @@ def facts(**changes: Any) -> Facts:
         env_error=None, backend="auto", spawn=None, gpus=0, cuda_visible=None,
         expected_tasks=("SLURM_STEP_NUM_TASKS", 2),
         master=Lookup("node1", ("10.0.0.1",), "", 0.001),
-        local_addresses=frozenset({"127.0.0.1", "10.0.0.5", "172.17.0.1"}),
         serves=False, agent_store=False, port_free=None, port_owner=None, ephemeral=(32768, 60999),
         probe="refused", interfaces=IFACES, route_ip="10.0.0.5",
         reverse=(Lookup("10.0.0.1", ("node1",), "", 0.002),

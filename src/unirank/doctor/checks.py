@@ -186,7 +186,7 @@ def check_route(facts: Facts) -> Check | None:
         return Check("route to master", FAIL, f"no route from this node to {target}",
                      "export MASTER_ADDR=<an address of the first node this node can reach>")
     detail = f"{iface} ({facts.route_ip}) routes to {target}"
-    here = target in facts.local_addresses or target.startswith("127.")
+    here = netroute.is_own(target, facts.interfaces)
     if iface.startswith(NCCL_EXCLUDED) and not here:
         return Check("route to master", WARN, f"{detail}; NCCL leaves {iface} out by default",
                      f"export NCCL_SOCKET_IFNAME={iface}")

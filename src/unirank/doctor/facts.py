@@ -55,7 +55,6 @@ class Facts:
     cuda_visible: str | None
     expected_tasks: tuple[str, int] | None
     master: Lookup | None
-    local_addresses: frozenset[str]
     serves: bool
     agent_store: bool
     port_free: bool | None
@@ -121,11 +120,6 @@ def _detect(environ: Mapping[str, str]) -> tuple[DistEnv | None, ConfigError | N
         return None, exc
 
 
-def _local_addresses(ifaces: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
-    found = {addr for addrs in ifaces.values() for addr in addrs}
-    return frozenset(found | {"127.0.0.1"})
-
-
 def _reverse_queries(ip: str | None) -> tuple[str, ...]:
     """The master's address, and its IPv4-mapped IPv6 form for an IPv4 one (how a dual-stack
     store sees an IPv4 peer)."""
@@ -160,10 +154,9 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
     if env is not None and master is not None:
         env = _with_master(env, master)
     ifaces = netroute.interfaces()
-    local = _local_addresses(ifaces)
     lookup = netinfo.resolve(env.master_addr) if env and env.master_addr else None
     ip = lookup.answer[0] if lookup and lookup.answer else None
-    is_local = ip is not None and (ip in local or ip.startswith("127."))
+    is_local = ip is not None and netroute.is_own(ip, ifaces)
     if serves is None:
         serves = bool(env and env.rank == 0 and is_local and not uses_agent_store(environ))
     port = env.master_port if env else None
@@ -172,7 +165,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
     return Facts(
         env=env, env_error=error, backend=backend, spawn=spawn,
         gpus=visible_gpu_count(environ), cuda_visible=environ.get("CUDA_VISIBLE_DEVICES"),
-        expected_tasks=expected_world(environ), master=lookup, local_addresses=local,
+        expected_tasks=expected_world(environ), master=lookup,
         serves=serves, agent_store=uses_agent_store(environ), port_free=free,
         port_owner=netinfo.port_owner(port) if free is False and port else None,
         ephemeral=netinfo.ephemeral_range(),
