@@ -147,7 +147,6 @@ def require_own(host: str, *, source: str, timeout: float = RESOLVE_TIMEOUT,
         f"is not an address of this host{resolved}, but rank 0 serves the rendezvous store "
         "here, so no rank would find it there (each would wait out the init timeout)",
         variable=source, value=host,
-        hint=f"on one node drop {source} (the rendezvous then uses 127.0.0.1); on several, "
-             "give this node's own host name or address"
-             + (f" ({', '.join(own[:4])})" if own else ""),
+        hint=f"give {source} this node's host name or one of its addresses (127.0.0.1 will "
+             "do on one node" + (f"; here: {', '.join(own[:4])}" if own else "") + ")",
     )
