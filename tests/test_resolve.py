@@ -82,7 +82,8 @@ def _assert_one_line(result: subprocess.CompletedProcess[str], prefix: str, sour
 
 @pytest.mark.parametrize("how", ["env", "option"])
 def test_unirank_run_refuses_before_starting_workers(how: str) -> None:
-    given = ["--master-addr", BAD] if how == "option" else []
+    """An inherited MASTER_ADDR counts on several nodes only (one node uses 127.0.0.1)."""
+    given = ["--master-addr", BAD] if how == "option" else ["--nnodes", "2", "--node-rank", "1"]
     result = _run([sys.executable, "-m", "unirank", "run", "-n", "2", *given,
                    "examples/helloworld.py"], {"MASTER_ADDR": BAD} if how == "env" else {})
     _assert_one_line(result, "unirank run: error: ",

@@ -21,7 +21,8 @@ import socket
 import struct
 from collections.abc import Mapping
 
-__all__ = ["holder", "interface_towards", "interfaces", "parse_if_inet6", "route_source"]
+__all__ = ["holder", "interface_towards", "interfaces", "is_own", "parse_if_inet6",
+           "route_source"]
 
 _SIOCGIFCONF = 0x8912
 #: struct ifreq: a 16-byte name, then a union as large as a sockaddr or a struct ifmap
@@ -103,3 +104,18 @@ def holder(address: str | None, ifaces: Mapping[str, tuple[str, ...]]) -> str | 
 def interface_towards(address: str) -> str | None:
     """The interface this host uses to reach ``address`` (None when it cannot be told)."""
     return holder(route_source(address), interfaces())
+
+
+def is_own(address: str, ifaces: Mapping[str, tuple[str, ...]]) -> bool:
+    """True when ``address`` (an IP address; brackets, an IPv6 zone and an IPv4-mapped IPv6 form
+    are accepted) is this host's: loopback, unspecified (``0.0.0.0``, ``::``), or held by one
+    of ``ifaces`` (:func:`interfaces`). Nothing is sent. Pure."""
+    try:
+        ip = ipaddress.ip_address(address.strip("[]").split("%")[0])
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    if ip.is_loopback or ip.is_unspecified:
+        return True
+    return holder(str(ip), ifaces) is not None

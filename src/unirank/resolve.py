@@ -1,10 +1,18 @@
-"""The master address must resolve: the one rule both start-up paths apply before torch sees it.
+"""The master address must resolve, and where the store is served it must be this host's: the
+rules both start-up paths apply before torch sees the address.
 
 torch's store client given a name that does not resolve retries for the whole init timeout
 (printing a warning each time) and then fails in a C++ frame dump. ``unirank run``'s parent
 (before it starts any worker) and :func:`unirank.store.open_store` (under :func:`unirank.init`
 and the worker bootstrap) call :func:`require_resolvable` instead, which ends at once with one
 line: the name, the variable or option it came from, and what to do.
+
+The process that serves the rendezvous store (node rank 0's ``unirank run`` or ``Parallel``,
+and rank 0 of :func:`unirank.init` where no agent serves it) also calls :func:`require_own`:
+a master address that is none of this host's addresses (a stale ``MASTER_ADDR`` from a shell
+profile) would leave every rank waiting for the whole init timeout, so it ends at once with one
+line instead. It decides from this host's interface addresses (:mod:`unirank.netroute`) and
+sends nothing.
 
 ``getaddrinfo`` itself can block for a long time on a name server that does not answer, so it
 runs in a daemon thread bounded by a timeout. This module does not import torch.
@@ -22,7 +30,8 @@ from typing import Any, Generic, TypeVar
 
 from unirank.errors import ConfigError
 
-__all__ = ["RESOLVE_TIMEOUT", "Bounded", "bounded", "master_addr_source", "require_resolvable"]
+__all__ = ["RESOLVE_TIMEOUT", "Bounded", "bounded", "master_addr_source", "require_own",
+           "require_resolvable"]
 
 _T = TypeVar("_T")
 
@@ -102,4 +111,42 @@ def require_resolvable(host: str, *, source: str, timeout: float = RESOLVE_TIMEO
         variable=source, value=host,
         hint="give the host name or address of rank 0's node, one that resolves on every node "
              f"(check: getent hosts {host})",
+    )
+
+
+def _addresses(host: str, timeout: float) -> tuple[str, ...] | None:
+    """``host`` itself for an IP address, else the addresses it resolves to within ``timeout``
+    seconds (None: it does not resolve in time, which :func:`require_resolvable` reports)."""
+    if _is_literal(host):
+        return (host,)
+    found = bounded(lambda: socket.getaddrinfo(host, None, type=socket.SOCK_STREAM), timeout)
+    if found.value is None:
+        return None
+    return tuple(str(info[4][0]) for info in found.value)
+
+
+def require_own(host: str, *, source: str, timeout: float = RESOLVE_TIMEOUT,
+                ifaces: Mapping[str, tuple[str, ...]] | None = None) -> None:
+    """Raise a one-line ConfigError naming ``host`` and ``source`` when ``host``, the master
+    address of a store this process is about to serve, is none of this host's addresses
+    (loopback, unspecified, any interface's; a name counts when it resolves to one of them).
+    ``ifaces``: this host's interfaces (default :func:`unirank.netroute.interfaces`). A name
+    that does not resolve within ``timeout`` is left to :func:`require_resolvable`."""
+    from unirank import netroute
+
+    addresses = _addresses(host, timeout) if host else None
+    if addresses is None:
+        return
+    ifaces = netroute.interfaces() if ifaces is None else ifaces
+    if any(netroute.is_own(address, ifaces) for address in addresses):
+        return
+    own = [a for names in ifaces.values() for a in names
+           if not netroute.is_own(a, {}) and not a.startswith("fe80:")]
+    resolved = "" if _is_literal(host) else f" ({', '.join(addresses)})"
+    raise ConfigError(
+        f"is not an address of this host{resolved}, but rank 0 serves the rendezvous store "
+        "here, so no rank would find it there (each would wait out the init timeout)",
+        variable=source, value=host,
+        hint=f"give {source} this node's host name or one of its addresses (127.0.0.1 will "
+             "do on one node" + (f"; here: {', '.join(own[:4])}" if own else "") + ")",
     )

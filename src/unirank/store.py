@@ -6,6 +6,9 @@ an agent already does) open it here, with the same flags and one error translati
 
 * a master host that does not resolve is a :class:`~unirank.errors.ConfigError` naming it and
   the variable it came from, before torch sees it (:func:`unirank.resolve.require_resolvable`);
+  so is one that is not this host's where this process serves the store itself
+  (:func:`unirank.resolve.require_own`; a listening socket was opened, and the address
+  checked, by ``unirank run``'s or ``Parallel``'s parent);
 * a port already taken where this process must serve is a :class:`~unirank.errors.ConfigError`
   naming MASTER_PORT;
 * any other failure (nothing answers within the timeout, the connection drops) is a
@@ -129,12 +132,15 @@ def open_store(
     ``served_by`` names who serves the store in the message (``"rank 0"``), ``hint`` what to
     check, ``addr_source`` where ``addr`` came from. A client first waits for the port with
     short Python connection attempts (:func:`_await_listener`), so that a SIGINT ends the wait
-    and the timeout is kept. Raises ConfigError when ``addr`` does not resolve or the port is
-    taken and this process must serve, StoreError on any other failure.
+    and the timeout is kept. Raises ConfigError when ``addr`` does not resolve, or when this
+    process must serve and ``addr`` is not this host's or the port is taken; StoreError on any
+    other failure.
     """
-    from unirank.resolve import require_resolvable
+    from unirank.resolve import require_own, require_resolvable
 
     require_resolvable(addr, source=addr_source)
+    if serve and listen_fd is None:
+        require_own(addr, source=addr_source)
     connect = timeout
     if not serve:  # the port answers now (a listening socket may answer before its server
         # serves: torch's handshake then waits, for what is left of the timeout)

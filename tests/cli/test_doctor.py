@@ -103,12 +103,35 @@ def test_nccl_without_gpus_fails() -> None:
 
 
 def test_two_spawned_ranks_are_healthy() -> None:
-    proc = doctor("-n", "2", "--json", env={"MASTER_PORT": str(free_port())})
+    port = free_port()
+    proc = doctor("-n", "2", "--json", env={"MASTER_PORT": str(port)})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = checks(proc)
     assert rows["group"]["status"] == "OK"
-    assert rows["group"]["detail"].startswith("2 ranks on 1 node(s) ")
+    assert rows["group"]["detail"].startswith("2 ranks on 1 node(s) (")
+    assert f") joined a gloo group on port {port} in " in rows["group"]["detail"]
+    assert rows["master port"]["detail"].split(" ")[0] == str(port)
     assert rows["same versions"]["status"] == "OK"
+    header = json.loads(proc.stdout)["header"]
+    assert header[0].startswith("unirank doctor: 2 spawned rank(s), ranks 0-1 of 2, on "), header
+    assert header[0].endswith("; group check: gloo group of 2, timeout 15 s"), header
+
+
+#: TEST-NET-2 (RFC 5737): on no interface of this host
+FOREIGN = "198.51.100.7"
+
+
+def test_spawned_ranks_check_the_master_and_port_they_use() -> None:
+    """``-n`` on one node: the rows check 127.0.0.1 and the free port the group then meets on,
+    not a stale MASTER_ADDR nor 29500."""
+    proc = doctor("-n", "2", "--json", env={"MASTER_ADDR": FOREIGN})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = checks(proc)
+    assert rows["master address"]["detail"].startswith("127.0.0.1 -> 127.0.0.1 "), rows
+    port = rows["master port"]["detail"].split(" ")[0]
+    assert port != "29500" and rows["master port"]["status"] == "OK", rows
+    assert f"joined a gloo group on port {port} in " in rows["group"]["detail"], rows
+    assert FOREIGN not in proc.stdout + proc.stderr
 
 
 def test_under_unirank_run_two_ranks_are_healthy() -> None:
@@ -140,6 +163,22 @@ def test_a_blocking_failure_skips_the_group() -> None:
     proc = doctor("-n", "2", "--json", env={"GLOO_SOCKET_IFNAME": "nosuch0"})
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = checks(proc)
-    assert rows["group"]["status"] == "FAIL"
-    assert rows["group"]["detail"] == "not tried: fix the failures above first"
+    assert rows["group"]["status"] == "SKIP"
+    assert rows["group"]["detail"] == ("skipped: the 'GLOO_SOCKET_IFNAME' row failed, and no "
+                                       "group can form until it is fixed")
     assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_unreachable_master_skips_the_group() -> None:
+    """Rank 1 of a torchrun-style world whose master no packet reaches: the group is not
+    tried (it would wait out the timeout, printing torch's C++ frames); the row names the
+    master row that failed."""
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": FOREIGN, "MASTER_PORT": str(free_port())}
+    proc = doctor("--json", "--timeout", "120", env=env, timeout=100)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = checks(proc)
+    assert rows["master reachable"]["status"] == "FAIL", rows
+    assert rows["group"]["status"] == "SKIP", rows
+    assert rows["group"]["detail"].startswith("skipped: the 'master reachable' row failed")
+    assert proc.stderr == ""

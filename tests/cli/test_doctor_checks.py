@@ -13,7 +13,7 @@ from unirank.doctor import checks
 from unirank.doctor.facts import Facts, Versions, expected_world
 from unirank.doctor.groupchecks import RankReport, group_checks, join_failed
 from unirank.doctor.netinfo import Lookup
-from unirank.doctor.result import FAIL, OK, WARN, Check, format_table, merge, to_json
+from unirank.doctor.result import FAIL, OK, SKIP, WARN, Check, format_table, merge, to_json
 from unirank.errors import ConfigError
 from unirank.joincheck import InitTimeoutError
 
@@ -30,7 +30,6 @@ def facts(**changes: Any) -> Facts:
         env_error=None, backend="auto", spawn=None, gpus=0, cuda_visible=None,
         expected_tasks=("SLURM_STEP_NUM_TASKS", 2),
         master=Lookup("node1", ("10.0.0.1",), "", 0.001),
-        local_addresses=frozenset({"127.0.0.1", "10.0.0.5", "172.17.0.1"}),
         serves=False, agent_store=False, port_free=None, port_owner=None, ephemeral=(32768, 60999),
         probe="refused", interfaces=IFACES, route_ip="10.0.0.5",
         reverse=(Lookup("10.0.0.1", ("node1",), "", 0.002),
@@ -265,3 +264,54 @@ def test_table_and_json() -> None:
     assert "HINT: export B=1" in text
     assert text.splitlines()[-1] == "doctor FAILED: 1 OK, 0 WARN, 1 FAIL"
     assert to_json(rows)["ok"] is False
+
+
+def test_an_unreachable_master_alone_blocks_the_group() -> None:
+    """The route exists but the connect times out: the group is not tried."""
+    from unirank.cli.doctor import group_blocker
+
+    rows = checks.local_checks(facts(probe="timeout"))
+    assert [r.name for r in rows if r.status == FAIL] == ["master reachable"]
+    blocker = group_blocker(rows)
+    assert blocker is not None and blocker.name == "master reachable"
+    assert group_blocker(checks.local_checks(facts())) is None
+
+
+def test_a_skipped_row_is_counted_apart() -> None:
+    rows = [Check("a", FAIL, "broken", "export A=1"), Check("group", SKIP, "skipped")]
+    assert format_table(rows).splitlines()[-1] == "doctor FAILED: 0 OK, 0 WARN, 1 FAIL, 1 SKIP"
+
+
+def test_a_port_picked_for_spawned_ranks_does_not_warn_about_its_range() -> None:
+    """``-n`` on one node picks a free port, as unirank run does: it is bound at once."""
+    check = row(checks.local_checks(facts(port_picked=True, serves=True, port_free=True,
+                                          env=dataclasses.replace(facts().env,
+                                                                  master_port=40000))),
+                "master port")
+    assert (check.status, check.detail.split(" ")[0]) == (OK, "40000")
+
+
+def test_the_group_row_names_the_port_the_group_met_on() -> None:
+    reports = [report(r, "n", port=41234) for r in (0, 1)]
+    check = row(group_checks(reports, expected_nodes=(), backend="gloo", seconds=1.0), "group")
+    assert "joined a gloo group on port 41234 in 1.0 s" in check.detail
+
+
+def test_torch_cpp_frames_are_kept_off_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    """What the process and a child write to fd 2 passes, but torch's C++ log lines and frame
+    dumps (also as a failure summary quotes them)."""
+    import os
+    import subprocess
+    import sys
+
+    from unirank.doctor.quiet import without_cpp_frames
+
+    noise = ("[W1125 18:46:29.883876765 TCPStore.cpp:340] [c10d] TCP client failed\n"
+             "Exception raised from throwTimeoutError at socket.cpp:1030:\n"
+             "frame #0: c10::Error::Error() + 0x98 (0x7ff in libc10.so)\n"
+             "<omitting python frames>\n\n    | frame #3: <unknown function>\n")
+    with without_cpp_frames():
+        os.write(2, f"{noise}kept line\n".encode())
+        subprocess.run([sys.executable, "-c", f"import sys; sys.stderr.write({noise!r} + "
+                        "'child line\\n')"], check=True, timeout=60)
+    assert capfd.readouterr().err == "kept line\nchild line\n"

@@ -107,6 +107,11 @@ LAYOUTS = [
      (4, 2, 2, 1), [2, 3], ("head", 29500)),
     (req(PARALLEL, nproc_per_node=2, nnodes=2, node_rank=1), local({"MASTER_ADDR": "h"}), {},
      SPAWN, (4, 2, 2, 1), [2, 3], ("h", 29500)),
+    # one node does not use an inherited MASTER_ADDR (as torchrun): a stale one cannot mislead
+    (req(RUN, nproc_per_node=2), local({"MASTER_ADDR": "10.9.9.9"}), {}, SPAWN,
+     (2, 2, 1, 0), [0, 1], ("127.0.0.1", 0)),
+    (req(PARALLEL, nproc_per_node=2), local({"MASTER_ADDR": "10.9.9.9"}), {}, SPAWN,
+     (2, 2, 1, 0), [0, 1], ("127.0.0.1", 0)),
     # a one-task allocation shell is a world of one process, for both
     (PARALLEL, ALLOC_ONE, {}, IN_PLACE, (1, 1, 1, 0), [0], ("127.0.0.1", derive_port("77"))),
     (req(PARALLEL, nproc_per_node=2), ALLOC_ONE, {}, SPAWN, (2, 2, 1, 0), [0, 1],

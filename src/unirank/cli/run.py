@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="this node's rank (default: from the launcher; needed for several nodes "
             "without one)")
     _option(parser, "--master-addr", dest="master_addr", default=None, metavar="ADDR",
-            help="host of rank 0 (default: launcher, MASTER_ADDR, or 127.0.0.1 on one node)")
+            help="host of rank 0 (default: the launcher's; else 127.0.0.1 on one node, "
+            "MASTER_ADDR on several)")
     _option(parser, "--master-port", dest="master_port", default=None, metavar="PORT",
             help="rendezvous port (default: launcher, MASTER_PORT, or a free port on one node)")
     _option(parser, "--rdzv-backend", dest="rdzv_backend", default="static", metavar="NAME",
@@ -360,15 +361,12 @@ def _nproc_in_allocation(args: argparse.Namespace, request: LaunchRequest,
     return default
 
 
-def _master_source(args: argparse.Namespace, outer: DistEnv) -> str:
-    """The option or variable the master address came from."""
-    from unirank.resolve import master_addr_source
-
-    if args.master_addr:
-        return "--master-addr"
-    if args.rdzv_endpoint:
-        return "--rdzv-endpoint"
-    return master_addr_source(outer.sources)
+def _master_source(args: argparse.Namespace, planned: str) -> str:
+    """The option or variable the master address came from (``planned``: the plan's
+    ``master_source``, with ``master_addr`` for the options)."""
+    if planned != "master_addr":
+        return planned or "MASTER_ADDR"
+    return "--master-addr" if args.master_addr or not args.rdzv_endpoint else "--rdzv-endpoint"
 
 
 def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoReturn:
@@ -397,6 +395,7 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
                   environ: Mapping[str, str], options: EngineOptions, target: list[str],
                   server: ForkServer | None) -> RunResult:
     """Plan this node's workers, then start and supervise them."""
+    from dataclasses import replace
     from uuid import uuid4
 
     from unirank.supervisor.plan import make_plan
@@ -406,10 +405,11 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
         plan = make_plan(request, outer, environ, run_id_fallback=uuid4().hex)
     except ConfigError as exc:
         _refuse(exc.renamed(_OPTION_NAMES), request, outer)
+    plan = replace(plan, master_source=_master_source(args, plan.master_source))
     if plan.world_size > 1:  # at once, not after the workers' init timeout
         from unirank.resolve import require_resolvable
 
-        require_resolvable(plan.master_addr, source=_master_source(args, outer))
+        require_resolvable(plan.master_addr, source=plan.master_source)
     return run_plan(plan, target, environ=environ, options=options, server=server)
 
 

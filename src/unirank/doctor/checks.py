@@ -121,6 +121,9 @@ def check_port(facts: Facts) -> Check | None:
                      "export MASTER_PORT=<a free port, the same on every rank>")
     if facts.agent_store:
         return Check("master port", OK, f"{port} (already bound by the launcher's agent)")
+    if facts.port_picked:
+        return Check("master port", OK, f"{port} (free: picked for these ranks, as unirank "
+                     "run picks one on a single node)")
     low, high = facts.ephemeral or (0, -1)
     if low <= port <= high:
         return Check("master port", WARN,
@@ -183,7 +186,7 @@ def check_route(facts: Facts) -> Check | None:
         return Check("route to master", FAIL, f"no route from this node to {target}",
                      "export MASTER_ADDR=<an address of the first node this node can reach>")
     detail = f"{iface} ({facts.route_ip}) routes to {target}"
-    here = target in facts.local_addresses or target.startswith("127.")
+    here = netroute.is_own(target, facts.interfaces)
     if iface.startswith(NCCL_EXCLUDED) and not here:
         return Check("route to master", WARN, f"{detail}; NCCL leaves {iface} out by default",
                      f"export NCCL_SOCKET_IFNAME={iface}")

@@ -7,6 +7,7 @@ build from ``torch/version.py``, read as text (importing torch costs about 2 s).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import os
@@ -54,7 +55,6 @@ class Facts:
     cuda_visible: str | None
     expected_tasks: tuple[str, int] | None
     master: Lookup | None
-    local_addresses: frozenset[str]
     serves: bool
     agent_store: bool
     port_free: bool | None
@@ -64,6 +64,7 @@ class Facts:
     interfaces: Mapping[str, tuple[str, ...]]
     route_ip: str | None
     ifname_vars: Mapping[str, str] = field(default_factory=dict)
+    port_picked: bool = False
     reverse: tuple[Lookup, ...] = ()
     versions: Versions | None = None
     node: str = ""
@@ -119,11 +120,6 @@ def _detect(environ: Mapping[str, str]) -> tuple[DistEnv | None, ConfigError | N
         return None, exc
 
 
-def _local_addresses(ifaces: Mapping[str, tuple[str, ...]]) -> frozenset[str]:
-    found = {addr for addrs in ifaces.values() for addr in addrs}
-    return frozenset(found | {"127.0.0.1"})
-
-
 def _reverse_queries(ip: str | None) -> tuple[str, ...]:
     """The master's address, and its IPv4-mapped IPv6 form for an IPv4 one (how a dual-stack
     store sees an IPv4 peer)."""
@@ -132,21 +128,35 @@ def _reverse_queries(ip: str | None) -> tuple[str, ...]:
     return (ip,) if ":" in ip else (ip, f"::ffff:{ip}")
 
 
+def _with_master(env: DistEnv, master: tuple[str, int, str]) -> DistEnv:
+    """``env`` with the master (address, port, where the address came from) of the ranks the
+    doctor lays out itself."""
+    addr, port, source = master
+    return dataclasses.replace(env, master_addr=addr, master_port=port,
+                               sources={**env.sources, "master_addr": source})
+
+
 def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
-           serves: bool | None = None) -> Facts:
+           serves: bool | None = None, master: tuple[str, int, str] | None = None,
+           port_picked: bool = False) -> Facts:
     """This rank's facts. ``serves``: whether this process would serve the store on the master
     port (default: rank 0 on the master's host), so that the port must be free here.
+    ``master``: the address, port and address source the ranks will use, where the doctor
+    starts them itself (``-n``: its plan's, so that the rows check what the group uses);
+    default: the detected launcher's. ``port_picked``: that port was picked free just now (as
+    the engine picks one for a single node), so its range does not matter.
 
     Reads: the launcher's variables (through :func:`unirank.launchers.detect`),
     CUDA_VISIBLE_DEVICES, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, SLURM_STEP_ID and the task
     counts of :func:`expected_world`.
     """
     env, error = _detect(environ)
+    if env is not None and master is not None:
+        env = _with_master(env, master)
     ifaces = netroute.interfaces()
-    local = _local_addresses(ifaces)
-    master = netinfo.resolve(env.master_addr) if env and env.master_addr else None
-    ip = master.answer[0] if master and master.answer else None
-    is_local = ip is not None and (ip in local or ip.startswith("127."))
+    lookup = netinfo.resolve(env.master_addr) if env and env.master_addr else None
+    ip = lookup.answer[0] if lookup and lookup.answer else None
+    is_local = ip is not None and netroute.is_own(ip, ifaces)
     if serves is None:
         serves = bool(env and env.rank == 0 and is_local and not uses_agent_store(environ))
     port = env.master_port if env else None
@@ -155,7 +165,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
     return Facts(
         env=env, env_error=error, backend=backend, spawn=spawn,
         gpus=visible_gpu_count(environ), cuda_visible=environ.get("CUDA_VISIBLE_DEVICES"),
-        expected_tasks=expected_world(environ), master=master, local_addresses=local,
+        expected_tasks=expected_world(environ), master=lookup,
         serves=serves, agent_store=uses_agent_store(environ), port_free=free,
         port_owner=netinfo.port_owner(port) if free is False and port else None,
         ephemeral=netinfo.ephemeral_range(),
@@ -163,7 +173,7 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
         interfaces=ifaces, route_ip=netroute.route_source(ip) if ip else None,
         ifname_vars={k: environ[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
                      if environ.get(k)},
-        reverse=reverse, versions=versions(),
+        reverse=reverse, versions=versions(), port_picked=port_picked,
         node=env.node_name if env and env.node_name else socket.gethostname(),
     )
 

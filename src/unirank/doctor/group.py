@@ -40,7 +40,7 @@ def rank_report(facts: Facts, checks: Sequence[Check], environ: Mapping[str, str
     master = facts.master.answer if facts.master else None
     return RankReport(rank=ur.get_rank(), node=facts.node, checks=tuple(checks), master=master,
                       versions=facts.versions, gpu=physical_gpu(environ, local_rank, facts.gpus),
-                      clock=0.0)
+                      clock=0.0, port=facts.env.master_port if facts.env else None)
 
 
 def gather_reports(report: RankReport) -> list[RankReport]:

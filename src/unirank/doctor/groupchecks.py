@@ -20,7 +20,7 @@ MAX_SKEW = 1.0
 class RankReport:
     """What one rank sends rank 0: who it is, its local rows, and the facts compared across
     ranks (``gpu``: the physical GPU it would use, None on the CPU; ``clock``: its wall clock
-    at the gather)."""
+    at the gather; ``port``: the master port its group met on)."""
 
     rank: int
     node: str
@@ -29,6 +29,7 @@ class RankReport:
     versions: Versions | None
     gpu: str | None
     clock: float
+    port: int | None = None
 
     @property
     def who(self) -> str:
@@ -49,8 +50,9 @@ def check_joined(reports: Sequence[RankReport], expected_nodes: Sequence[str],
                  seconds: float) -> Check:
     """Every rank joined; the nodes that joined are those the launcher named."""
     nodes = sorted({r.node for r in reports})
+    port = f" on port {reports[0].port}" if reports and reports[0].port else ""
     detail = f"{len(reports)} ranks on {len(nodes)} node(s) ({', '.join(nodes)}) joined a " \
-        f"gloo group in {seconds:.1f} s"
+        f"gloo group{port} in {seconds:.1f} s"
     missing = sorted(set(expected_nodes) - set(nodes))
     if missing:
         return Check("group", FAIL, f"{detail}, but no rank joined from {', '.join(missing)}",

@@ -9,18 +9,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["FAIL", "OK", "WARN", "Check", "failed", "format_table", "merge", "to_json"]
+__all__ = ["FAIL", "OK", "SKIP", "WARN", "Check", "failed", "format_table", "merge", "to_json"]
 
 OK = "OK"
 WARN = "WARN"
 FAIL = "FAIL"
-_ORDER = {OK: 0, WARN: 1, FAIL: 2}
+#: not run, because a failure above makes it pointless (the detail names that row)
+SKIP = "SKIP"
+_ORDER = {OK: 0, SKIP: 1, WARN: 2, FAIL: 3}
 
 
 @dataclass(frozen=True)
 class Check:
-    """One check's verdict: ``status`` is OK, WARN or FAIL; ``hint`` the exact variable or option
-    to set (empty when there is nothing to do)."""
+    """One check's verdict: ``status`` is OK, WARN, FAIL or SKIP; ``hint`` the exact variable or
+    option to set (empty when there is nothing to do)."""
 
     name: str
     status: str
@@ -72,9 +74,11 @@ def format_table(checks: Sequence[Check], header: Sequence[str] = ()) -> str:
         lines.append(f"{check.name:<{width}}  {check.status:<6}  {check.detail}")
         if check.hint and check.status != OK:
             lines.append(f"{'':<{width}}  {'':<6}  HINT: {check.hint}")
-    counts = {s: sum(c.status == s for c in checks) for s in (OK, WARN, FAIL)}
+    counts = {s: sum(c.status == s for c in checks) for s in (OK, WARN, FAIL, SKIP)}
     verdict = "FAILED" if counts[FAIL] else "passed"
-    lines.append(f"doctor {verdict}: {counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL")
+    skipped = f", {counts[SKIP]} SKIP" if counts[SKIP] else ""
+    lines.append(f"doctor {verdict}: {counts[OK]} OK, {counts[WARN]} WARN, {counts[FAIL]} FAIL"
+                 + skipped)
     return "\n".join(lines)
 
 

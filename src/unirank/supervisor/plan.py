@@ -24,14 +24,19 @@ The rules, in order (``L`` is the number of processes the outer launcher put on 
    ``nproc_per_node`` it runs in place (``Parallel``) or uses ``spawn_default`` (``unirank run``).
 5. **No launcher** (a world of one process): ``nproc_per_node`` workers (else ``spawn_default``;
    ``Parallel`` without either runs serially in place). One node unless ``nnodes`` says more;
-   several nodes need ``node_rank`` and ``master_addr`` (or MASTER_ADDR).
+   several nodes need ``node_rank`` and ``master_addr`` (or MASTER_ADDR). One node's master is
+   ``master_addr`` if given, else ``127.0.0.1``: an inherited MASTER_ADDR is not used there (as
+   torchrun, whose ``--master-addr`` defaults to ``127.0.0.1``), so a stale one from a shell
+   profile cannot send the ranks elsewhere.
 
 Everywhere: ``nnodes`` and ``node_rank`` given while the launcher also knows them must agree with
 it (a ConfigError names both numbers); ``master_addr``/``master_port`` given win over the
 launcher and the environment. The port is, in order: the option, MASTER_PORT
 (``DistEnv.master_port_given``; not the one a torchrun agent of a single worker serves for
 itself), a free port when this process starts every rank of the world, else the launcher's
-(Slurm: derived from the job id) or 29500. Workers get
+(Slurm: derived from the job id) or 29500. ``Plan.master_source`` says where the master
+address came from (``master_addr``, the launcher's source such as MASTER_ADDR, or empty for
+the ``127.0.0.1`` default), for the one-line errors about it. Workers get
 OMP_NUM_THREADS=1 only when more than one share the node (as torchrun).
 """
 
@@ -48,6 +53,7 @@ from unirank.contract import (
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.rendezvous import DEFAULT_PORT
+from unirank.resolve import master_addr_source
 from unirank.store import uses_agent_store
 
 __all__ = [
@@ -121,6 +127,7 @@ class Plan:
     max_restarts: int = 0
     role: str = "default"
     virtual_local_rank: bool = False
+    master_source: str = ""
 
     @property
     def nproc_per_node(self) -> int:
@@ -244,7 +251,17 @@ class _Layout:
     hosts: tuple[str, ...]
 
 
-def _assemble(layout: _Layout, settings: _Settings) -> Plan:
+def _source(request: LaunchRequest, outer: DistEnv, layout: _Layout) -> str:
+    """Where ``layout``'s master address came from: the request, the outer launcher (or an
+    inherited MASTER_ADDR), or nowhere (the ``127.0.0.1`` default: empty)."""
+    if request.master_addr:
+        return "master_addr"
+    if outer.master_addr and layout.master_addr == outer.master_addr:
+        return master_addr_source(outer.sources)
+    return ""
+
+
+def _assemble(layout: _Layout, settings: _Settings, source: str) -> Plan:
     return Plan(
         mode=layout.mode, workers=layout.workers, world_size=layout.world_size,
         local_world_size=layout.local_world_size, nnodes=layout.nnodes,
@@ -252,7 +269,7 @@ def _assemble(layout: _Layout, settings: _Settings) -> Plan:
         master_port=layout.master_port, hosts=layout.hosts, run_id=settings.run_id,
         node_name=settings.node_name, init_timeout=settings.init_timeout,
         launcher=settings.launcher, max_restarts=settings.max_restarts, role=settings.role,
-        virtual_local_rank=settings.virtual_local_rank,
+        virtual_local_rank=settings.virtual_local_rank, master_source=source,
     )
 
 
@@ -296,9 +313,9 @@ def make_plan(
         init_timeout=request.init_timeout, launcher=outer.launcher,
         max_restarts=request.max_restarts, role=request.role,
         virtual_local_rank=request.virtual_local_rank)
-    if outer.world_size > 1:
-        return _assemble(_under_launcher(request, outer), settings)
-    return _assemble(_without_launcher(request, outer, environ), settings)
+    layout = (_under_launcher(request, outer) if outer.world_size > 1
+              else _without_launcher(request, outer, environ))
+    return _assemble(layout, settings, _source(request, outer, layout))
 
 
 def _under_launcher(request: LaunchRequest, outer: DistEnv) -> _Layout:
@@ -343,7 +360,8 @@ def _without_launcher(request: LaunchRequest, outer: DistEnv,
         return _Layout(IN_PLACE, (Worker(0, 0),), 1, 1, 1, 0, outer.master_addr or "127.0.0.1",
                        outer.master_port or DEFAULT_PORT, (outer.node_name,))
     node_rank = _node_rank_without_launcher(request, nnodes)
-    given_addr = request.master_addr or (outer.master_addr if outer.master_addr_given else None)
+    inherited = outer.master_addr if outer.master_addr_given and nnodes > 1 else None
+    given_addr = request.master_addr or inherited
     if given_addr is None and nnodes > 1:
         raise ConfigError(
             f"is needed with {nnodes} nodes: they must agree on the host of rank 0",

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Union
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.requeue import REQUEUE_EXIT_CODE
+from unirank.resolve import require_own
 from unirank.supervisor.forkclient import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LineBuffer, OutputOptions
@@ -781,7 +782,8 @@ def run_plan(
     err_fd: int = 2,
     server: ForkServer | None = None,
 ) -> RunResult:
-    """Open the store's port (where rank 0 runs), start this node's workers and supervise
+    """Open the store's port (where rank 0 runs, once its master address is known to be this
+    host's: :func:`unirank.resolve.require_own`), start this node's workers and supervise
     them, restarting the group up to ``plan.max_restarts`` times after a failure (forked
     again from the same server).
 
@@ -796,7 +798,8 @@ def run_plan(
     options = replace(options, output=replace(options.output, console_tty=os.isatty(out_fd)))
     sock: socket.socket | None = None
     try:
-        if plan.hosts_store:
+        if plan.hosts_store:  # rank 0 serves here: the master address must be this host's
+            require_own(plan.master_addr, source=plan.master_source or "MASTER_ADDR")
             sock = open_store_socket(plan.master_port, host=plan.master_addr,
                                      option="MASTER_PORT")
             plan = plan.with_port(int(sock.getsockname()[1]))
