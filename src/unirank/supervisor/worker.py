@@ -2,7 +2,8 @@
 as its own interpreter) or :mod:`unirank.supervisor.forked` (a worker forked from the fork
 server) armed the parent-death signal:
 
-1. read the worker's settings and wiring (:mod:`.workerinfo`), then remove the private
+1. show the worker's command line as a fresh interpreter's (:mod:`.cmdline`), read the
+   worker's settings and wiring (:mod:`.workerinfo`), then remove the private
    variables from the environment and keep the supervisor's pipes from the program's children;
 2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
 3. otherwise host or join the store and wait until every rank has joined (:mod:`.workerstore`),
@@ -23,6 +24,7 @@ from typing import Any
 from unirank.contract import PRIVATE_VARIABLES
 from unirank.store import hand_over
 from unirank.supervisor import workerstore
+from unirank.supervisor.cmdline import show_command_line
 from unirank.supervisor.target import run_target
 from unirank.supervisor.workerinfo import WorkerInfo, read_worker_info
 
@@ -75,6 +77,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
     Reads: ``environ`` (default ``os.environ``), as :func:`.read_worker_info` says.
     """
     environ = os.environ if environ is None else environ
+    show_command_line(argv)
     info = read_worker_info(environ)
     _scrub(environ)
     workerstore.private_fds(info)
