@@ -51,6 +51,7 @@ _PARALLEL = _DRAWS + """
 import unirank as ur
 def work(local_rank):
     print("DRAWS", json.dumps({"rank": ur.get_rank(), "restart": 0, **draws()}), flush=True)
+    ur.barrier()  # no rank ends (and closes its gloo pairs) while another still connects
 if __name__ == "__main__":
     with ur.Parallel(backend="gloo", nproc_per_node=3) as parallel:
         parallel.run(work)
