@@ -33,7 +33,8 @@ import numpy, torch
 def draws():
     return {"torch_seed": torch.initial_seed(), "torch": torch.rand(4).tolist(),
             "randperm": torch.randperm(16).tolist(), "random": random.random(),
-            "numpy": numpy.random.rand(), "authkey": bytes(multiprocessing.current_process().authkey).hex()}
+            "numpy": numpy.random.rand(),
+            "authkey": bytes(multiprocessing.current_process().authkey).hex()}
 """
 _SCRIPT = _DRAWS + """
 import os

@@ -59,10 +59,14 @@ _shown: list[ctypes.Array[ctypes.c_char]] = []
 class _MmMap(ctypes.Structure):
     """``struct prctl_mm_map`` (linux/prctl.h)."""
 
-    _fields_ = [(name, ctypes.c_uint64) for name in (
-        "start_code", "end_code", "start_data", "end_data", "start_brk", "brk", "start_stack",
-        "arg_start", "arg_end", "env_start", "env_end")] + [
-        ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32)]
+    _fields_ = (
+        ("start_code", ctypes.c_uint64), ("end_code", ctypes.c_uint64),
+        ("start_data", ctypes.c_uint64), ("end_data", ctypes.c_uint64),
+        ("start_brk", ctypes.c_uint64), ("brk", ctypes.c_uint64),
+        ("start_stack", ctypes.c_uint64), ("arg_start", ctypes.c_uint64),
+        ("arg_end", ctypes.c_uint64), ("env_start", ctypes.c_uint64),
+        ("env_end", ctypes.c_uint64), ("auxv", ctypes.c_void_p),
+        ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32))
 
 
 def fresh_argv(target: Sequence[str], python: str | None = None) -> list[str] | None:
