@@ -123,3 +123,39 @@ def test_in_place_fallback_fills_with_nul_and_cuts_to_its_range(repeat: int) -> 
         assert shown == wanted.ljust(len(original), b"\0")
     else:
         assert shown == wanted[:len(original) - 1] + b"\0"
+
+
+_PARALLEL = """
+import json, os, sys
+import unirank as ur
+def work(local_rank):
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        shown = cmdline.read().decode()
+    print("SEEN", json.dumps({"orig_argv": sys.orig_argv, "cmdline": shown}), flush=True)
+    ur.barrier()  # no rank ends (and closes its gloo pairs) while another still connects
+if __name__ == "__main__":
+    print("PARENT", json.dumps(sys.orig_argv), flush=True)
+    with ur.Parallel(backend="gloo", nproc_per_node=2) as parallel:
+        parallel.run(work)
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["forked", "no-preload"])
+def test_parallel_workers_show_their_program_s_command_line(tmp_path: Path,
+                                                            preload: bool) -> None:
+    """A ``Parallel`` worker runs a function of the program: it reads as that program, as a
+    child of ``multiprocessing``'s fork would."""
+    (tmp_path / "parallel_cmd.py").write_text(_PARALLEL)
+    env = launcher_free_environ({} if preload else {"UNIRANK_NO_PRELOAD": "1"},
+                                drop=("UNIRANK_NO_PRELOAD",))
+    proc = subprocess.run([sys.executable, "parallel_cmd.py", "--lr", "0.1"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT,
+                          stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stderr
+    parent = json.loads(proc.stdout.split("PARENT ", 1)[1].splitlines()[0])
+    assert parent == [sys.executable, "parallel_cmd.py", "--lr", "0.1"]
+    workers = [json.loads(m) for m in re.findall(r"^SEEN (.*)$", proc.stdout, re.M)]
+    assert len(workers) == 2, proc.stdout
+    for worker in workers:
+        assert worker["orig_argv"] == parent
+        assert worker["cmdline"] == "\0".join(parent) + "\0"

@@ -28,9 +28,10 @@ bootstrap's range always holds its worker's command line (it is that line plus
 
 ``/proc/self/comm`` needs nothing: the server and the bootstrap are started as
 ``sys.executable``, as a fresh worker is. ``--exec`` (``--no-python``) replaces the process with
-the program, which has its own; a ``Parallel`` worker (``--call FILE``) runs a function, not a
-command: it keeps its command line and gets its environment block. Linux only: elsewhere only
-``sys.orig_argv`` changes.
+the program, which has its own. A ``Parallel`` worker (``--call FILE``) runs a function of the
+program that started it: it shows that program's command line and ``sys.orig_argv`` (as a child
+of ``multiprocessing``'s fork does), so that ``pgrep -f train.py`` finds it too. Linux only:
+elsewhere only ``sys.orig_argv`` changes.
 
 Reads: nothing from the environment (the worker's environment is passed in).
 """
@@ -69,12 +70,22 @@ class _MmMap(ctypes.Structure):
         ("auxv_size", ctypes.c_uint32), ("exe_fd", ctypes.c_uint32))
 
 
-def fresh_argv(target: Sequence[str], python: str | None = None) -> list[str] | None:
+def fresh_argv(target: Sequence[str], python: str | None = None,
+               parent: int | None = None) -> list[str] | None:
     """The command line a fresh interpreter running ``target`` (``SCRIPT ARGS`` or
-    ``-m MODULE ARGS``) has; None for ``--exec`` and ``--call`` (see the module docstring)."""
-    if not target or target[0] in ("--exec", "--call"):
+    ``-m MODULE ARGS``) has; for ``--call``, that of the program ``parent`` (the pid of the
+    ``Parallel`` that started the worker); None for ``--exec``, or when ``parent``'s cannot be
+    read (see the module docstring)."""
+    if not target or target[0] == "--exec":
         return None
-    return [python or sys.executable, *target]
+    if target[0] != "--call":
+        return [python or sys.executable, *target]
+    try:
+        with open(f"/proc/{parent}/cmdline", "rb") as cmdline:
+            found = cmdline.read()
+    except OSError:
+        return None
+    return [os.fsdecode(arg) for arg in found.split(b"\0")[:-1]] or None
 
 
 def _encoded(strings: Iterable[str]) -> bytes:
@@ -133,12 +144,14 @@ def _current_args() -> bytes:
         return cmdline.read()
 
 
-def show_as_fresh(target: Sequence[str], environ: Mapping[str, str]) -> None:
+def show_as_fresh(target: Sequence[str], environ: Mapping[str, str],
+                  parent: int | None = None) -> None:
     """Make ``sys.orig_argv``, the process's command line and its environment block a fresh
-    interpreter's running ``target`` with ``environ`` (see the module docstring)."""
+    interpreter's running ``target`` with ``environ`` (``parent``: the pid of the program that
+    started the worker; see the module docstring)."""
     if target and target[0] == "--exec":
         return
-    argv = fresh_argv(target)
+    argv = fresh_argv(target, parent=parent)
     if argv is not None:
         sys.orig_argv = argv
     if not sys.platform.startswith("linux"):

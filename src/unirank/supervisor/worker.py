@@ -79,7 +79,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
     environ = os.environ if environ is None else environ
     info = read_worker_info(environ)
     _scrub(environ)
-    show_as_fresh(argv, environ)
+    show_as_fresh(argv, environ, info.supervisor_pid)
     workerstore.private_fds(info)
     if argv and argv[0] == "--exec":
         if info.store_fd is not None:
