@@ -23,7 +23,7 @@ refuses it, the environment block stays as it was, and the arguments are written
 process's own argument range, the rest filled with NULs (``/proc/self/cmdline`` then ends with
 those NULs; ``ps`` and ``pgrep`` do not show them); a command line longer than that range is cut
 to its length, its last byte a NUL: the interpreter, the script and the first arguments stay. A
-bootstrap's range always holds its worker's command line (it is that line plus
+bootstrap's range always holds a script's or module's command line (it is that line plus
 ``-m unirank.supervisor.bootstrap``); a forked worker's is the server's.
 
 ``/proc/self/comm`` needs nothing: the server and the bootstrap are started as

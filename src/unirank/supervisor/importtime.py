@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import ctypes
 
 __all__ = ["SERVER_ONLY", "apply_worker_values", "blas_threads", "openblas_thread_count",
-           "reseed_random_streams"]
+           "reseed_random_streams", "set_openblas_threads"]
 
 #: what the server's environment sets besides the workers' common environment
 SERVER_ONLY = {"OPENBLAS_NUM_THREADS": "1"}
@@ -136,6 +136,15 @@ def apply_worker_values(environ: Mapping[str, str]) -> None:
     Reads: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS (from ``environ``).
     """
     reseed_random_streams()
+    set_openblas_threads(environ)
+
+
+def set_openblas_threads(environ: Mapping[str, str]) -> None:
+    """Give each loaded OpenBLAS the thread count ``environ`` asks for
+    (:func:`openblas_thread_count`).
+
+    Reads: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS (from ``environ``).
+    """
     import ctypes
 
     count = openblas_thread_count(environ)
