@@ -74,7 +74,7 @@ class Runner:
 
     @staticmethod
     def wait_gone(pids: Sequence[int], timeout: float = 30.0,
-                  mark: bytes = b"unirank.supervisor.bootstrap") -> list[int]:
+                  mark: bytes = os.fsencode(sys.executable)) -> list[int]:
         """See :func:`wait_gone`."""
         return wait_gone(pids, timeout, mark)  # from tests/_procs.py
 
@@ -117,8 +117,8 @@ def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
     return lines
 
 
-#: on the command line of every worker: the bootstrap's, or the fork server's it was forked from
-WORKER_MARK = b"unirank.supervisor."
+#: on the command line of every worker (a fresh interpreter's: the interpreter, then the target)
+WORKER_MARK = os.fsencode(sys.executable)
 
 
 @pytest.fixture

@@ -306,11 +306,14 @@ def test_sigkill_of_the_supervisor_leaves_no_server_and_no_worker(
     who = _read_who(proc, 2)
     server = {w["ppid"] for w in who}
     assert len(server) == 1 and proc.pid not in server
-    pids = [*server, *(w["pid"] for w in who)]
-    assert wait_gone(pids, timeout=0, mark=SERVER_MARK) == pids  # all live before the kill
+    workers = [w["pid"] for w in who]
+    # all live before the kill (a worker's command line is a fresh interpreter's)
+    assert wait_gone(server, timeout=0, mark=SERVER_MARK) == list(server)
+    assert wait_gone(workers, timeout=0, mark=b"sleeper.py") == workers
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=TIMEOUT)
-    assert wait_gone(pids, timeout=60, mark=SERVER_MARK) == []
+    assert wait_gone(server, timeout=60, mark=SERVER_MARK) == []
+    assert wait_gone(workers, timeout=60, mark=b"sleeper.py") == []
 
 
 @pytest.mark.integration

@@ -9,8 +9,8 @@ Before any of the program's code runs, the child
 2. applies its own environment (the whole contract: RANK, LOCAL_RANK, CUDA_VISIBLE_DEVICES,
    ...), as differences from the server's, through ``os.environ`` (so C code's ``getenv`` sees
    it too), and makes stdout and stderr unbuffered when PYTHONUNBUFFERED says so;
-3. sets the values its libraries fixed when the server imported them to the worker's own
-   (:mod:`.importtime`);
+3. sets the values its libraries fixed when the server imported them to the worker's own, and
+   seeds its random streams again (:mod:`.importtime`);
 4. runs :func:`unirank.supervisor.worker.run_worker`, as the bootstrap does;
 5. ends as the interpreter does (:func:`leave`): the exit code of ``SystemExit``, or the
    traceback through ``sys.excepthook`` and exit code 1; non-daemon threads joined, atexit

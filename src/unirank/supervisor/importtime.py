@@ -14,11 +14,27 @@ torch's own intra-op count (OMP_NUM_THREADS, MKL_NUM_THREADS) is read at import 
 environment, so it is the workers' own already; its pools start at the first parallel operation,
 in the worker.
 
-Random state seeded from the operating system at import would be the same in every forked
-worker: Python's ``random`` reseeds itself in a forked child, and numpy's global generator
-(``numpy.random.rand``; torch imports numpy) is reseeded here, so that each worker draws its
-own numbers as a fresh interpreter would. torch's default generator has a fixed seed at
-import in every process, forked or not.
+Random state seeded from the operating system in each process would be the same in every
+forked worker, so each worker draws its own numbers as a fresh interpreter does
+(:func:`reseed_random_streams`):
+
+* torch's CPU default generator (``torch.rand``, ``randperm``, dropout, a DataLoader's shuffle
+  and its workers' seeds) is seeded from the operating system when torch is imported; each
+  worker seeds it again the same way (``torch.default_generator.seed()``, not ``torch.seed()``,
+  which would also queue ``torch.cuda.manual_seed_all``: a fresh interpreter does not);
+* CUDA's generators are left alone: torch creates each one when CUDA is first used, with its
+  fixed default seed (``default_rng_seed_val``), in every fresh process; the server never
+  initialises CUDA nor queues a CUDA call, so a worker's start as a fresh one's (not checked
+  here: this machine has no GPU);
+* Python's ``random`` reseeds itself in a forked child (``os.register_at_fork``), ``tempfile``
+  makes a new generator when the pid changes, ``uuid.uuid4``, ``secrets`` and numpy's
+  ``default_rng()`` read the operating system each time;
+* numpy's legacy global generator (``numpy.random.rand``; torch imports numpy) is reseeded;
+* ``multiprocessing``'s authentication key (``current_process().authkey``, random per fresh
+  interpreter; torch imports multiprocessing) is drawn again.
+
+Python's string hash seed is fixed when an interpreter starts and cannot change afterwards: a
+forked worker keeps the server's (docs/run.md lists what a forked worker cannot make identical).
 """
 
 from __future__ import annotations
@@ -32,7 +48,7 @@ if TYPE_CHECKING:
     import ctypes
 
 __all__ = ["SERVER_ONLY", "apply_worker_values", "blas_threads", "openblas_thread_count",
-           "set_openblas_threads"]
+           "reseed_random_streams", "set_openblas_threads"]
 
 #: what the server's environment sets besides the workers' common environment
 SERVER_ONLY = {"OPENBLAS_NUM_THREADS": "1"}
@@ -96,15 +112,30 @@ def blas_threads() -> list[int]:
     return counts
 
 
-def apply_worker_values(environ: Mapping[str, str]) -> None:
-    """Give each loaded OpenBLAS the thread count ``environ`` asks for, and numpy's global
-    generator a fresh seed (see the module docstring).
-
-    Reads: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS (from ``environ``).
-    """
+def reseed_random_streams() -> None:
+    """Seed again, from the operating system, what a fresh interpreter seeds on its own and a
+    fork inherits: torch's CPU default generator, numpy's legacy global generator and
+    ``multiprocessing``'s authentication key, for those that are loaded (see the module
+    docstring)."""
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is not None:
+        generator.seed()
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         numpy_random.seed()
+    process = sys.modules.get("multiprocessing.process")
+    if process is not None:
+        process.current_process().authkey = os.urandom(32)
+
+
+def apply_worker_values(environ: Mapping[str, str]) -> None:
+    """Give each loaded OpenBLAS the thread count ``environ`` asks for, and the random streams
+    fresh seeds (see the module docstring).
+
+    Reads: OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS (from ``environ``).
+    """
+    reseed_random_streams()
     set_openblas_threads(environ)
 
 

@@ -4,6 +4,7 @@ server) armed the parent-death signal:
 
 1. read the worker's settings and wiring (:mod:`.workerinfo`), then remove the private
    variables from the environment and keep the supervisor's pipes from the program's children;
+   show the command line and environment block of a fresh interpreter (:mod:`.cmdline`);
 2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
 3. otherwise host or join the store and wait until every rank has joined (:mod:`.workerstore`),
    hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
@@ -24,6 +25,7 @@ from typing import Any
 from unirank.contract import PRIVATE_VARIABLES
 from unirank.store import hand_over
 from unirank.supervisor import lateenv, workerstore
+from unirank.supervisor.cmdline import show_as_fresh
 from unirank.supervisor.target import run_target
 from unirank.supervisor.workerinfo import WorkerInfo, read_worker_info
 
@@ -78,6 +80,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
     environ = os.environ if environ is None else environ
     info = read_worker_info(environ)
     _scrub(environ)
+    show_as_fresh(argv, environ, info.supervisor_pid)
     workerstore.private_fds(info)
     if argv and argv[0] == "--exec":
         if info.store_fd is not None:
