@@ -9,12 +9,15 @@ small screen of the stream's own, so that they never reach a terminal that other
 * A row is *finished* when its line ends (``\\n``) and the stream can no longer go back to it;
   finished lines come out of :meth:`RankRows.feed` in order, each once.
 * Until then a row is *live* (:meth:`RankRows.live`): a bar being redrawn, a partial line.
-* A stream that never moves up has a screen one row high: every ``\\n`` finishes its row (a blank
-  one waits for the next finished row or the end, as tqdm's ``position=`` begins with ``\\n``
-  before its first move up). Once it moves up, its screen holds up to :data:`MAX_ROWS` rows; a
-  row pushed off the top is finished (blank rows are dropped).
+* A stream that never moves up has a screen one row high: every ``\\n`` finishes its row. tqdm
+  moves down (``\\n``) before it moves up, so two rows wait for what follows: a blank one (tqdm's
+  ``position=``), and one drawn after a ``\\r`` (a bar, under a nested bar); they are finished by
+  the next finished line or the end, and reopened by a move up. Once a stream moves up, its
+  screen holds up to :data:`MAX_ROWS` rows; a row pushed off the top is finished (blank rows are
+  dropped).
 * :meth:`RankRows.close` (the end of the stream) finishes what is left: a one-row screen's open
-  line, a taller screen's rows that are not blank.
+  line, a taller screen's rows that are not blank. Rows that were redrawn lose the spaces that
+  padded them.
 
 Other escape sequences are kept in the text (colours) or dropped (other cursor and mode
 controls). Bytes that are not UTF-8 pass through unchanged (``surrogateescape``).
@@ -42,6 +45,9 @@ class RankRows:
         self._row = 0
         self._col = 0
         self._blanks = 0  # blank finished rows of a one-row screen, not passed on yet
+        self._bar = False  # the one-row screen's row was drawn after a "\r"
+        self._redraw = False  # a "\r" came: what is written now redraws the row
+        self._held: str | None = None  # a bar's finished row that a move up may yet reopen
         self._pending = ""  # an escape sequence cut in two
         #: the stream has moved its cursor up: its screen is taller than one row
         self.positioned = False
@@ -67,21 +73,30 @@ class RankRows:
 
     def live(self) -> list[str]:
         """The rows still being drawn that show something (a one-row screen's open line)."""
-        return [row for row in self._rows if row.strip()]
+        held = [self._held] if self._held is not None and self._held.strip() else []
+        return held + [row for row in self._rows if row.strip()]
 
     def close(self) -> list[str]:
         """At the end of the stream: the lines left to pass on."""
         done = self.feed(b"") if self._pending else []
         if self.positioned:
-            done += [row for row in self._rows if row.strip()]
-        elif self._rows[0].strip():
-            done += [""] * self._blanks + [self._rows[0]]
+            done += [row.rstrip(" ") for row in self._rows if row.strip()]
         else:
-            done += [""] * self._blanks
-        self._rows, self._row, self._col, self._blanks = [""], 0, 0, 0
+            done += self._release()
+            if self._rows[0].strip():
+                done.append(self._rows[0])
+        self._rows, self._row, self._col = [""], 0, 0
+        self._bar = self._redraw = False
+        return done
+
+    def _release(self) -> list[str]:
+        """The held bar row and the blank rows after it, finished now."""
+        done = ([self._held] if self._held is not None else []) + [""] * self._blanks
+        self._held, self._blanks = None, 0
         return done
 
     def _write(self, text: str) -> None:
+        self._bar = self._bar or self._redraw
         row = self._rows[self._row]
         if self._col > len(row):
             row += " " * (self._col - len(row))
@@ -93,6 +108,7 @@ class RankRows:
         char = text[at]
         if char == "\r":
             self._col = 0
+            self._redraw = True
             return at + 1
         if char == "\n":
             self._newline(done)
@@ -124,24 +140,27 @@ class RankRows:
         if not self.positioned:
             self.positioned = True
             # tqdm's position= starts with "\n" before its first move up: those rows were its
-            self._rows = [""] * min(self._blanks, MAX_ROWS - 1) + self._rows
+            above = ([self._held] if self._held is not None else []) + [""] * self._blanks
+            self._rows = above[-(MAX_ROWS - 1):] + self._rows
             self._row = len(self._rows) - 1
-            self._blanks = 0
+            self._held, self._blanks = None, 0
         self._row = max(0, self._row - count)
 
     def _newline(self, done: list[str]) -> None:
-        self._col = 0
+        self._col, self._redraw = 0, False
         if self._row + 1 < len(self._rows):
             self._row += 1
             return
         if not self.positioned:
             line = self._rows[0]
-            if line:
-                done += [""] * self._blanks + [line]
-                self._blanks = 0
+            if self._bar and line.strip():
+                done += self._release()
+                self._held = line.rstrip(" ")  # a redrawn row's padding
+            elif line:
+                done += self._release() + [line]
             else:
                 self._blanks += 1
-            self._rows[0] = ""
+            self._rows[0], self._bar, self._redraw = "", False, False
             return
         self._rows.append("")
         self._row += 1
@@ -149,4 +168,4 @@ class RankRows:
             top = self._rows.pop(0)
             self._row -= 1
             if top.strip():
-                done.append(top)
+                done.append(top.rstrip(" "))
