@@ -118,4 +118,5 @@ class LogView:
                 shown = [*shown, *fresh]
                 self._due[key] = now + self._every
         self._shown[key] = [row for row in shown if row in live]
-        return _encode("".join(f"{prefix}{_SGR.sub('', line)}\n" for line in out))
+        text = "".join(f"{prefix}{line}\n" for line in out)
+        return _encode(_SGR.sub("", text) if "\x1b" in text else text)

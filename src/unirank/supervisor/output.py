@@ -4,12 +4,13 @@ I/O).
 * Every worker's stdout and stderr go through its node's supervisor, which passes them on in
   whole lines, each in one write (:class:`LineBuffer`): the lines of workers that share a console
   are never glued together, whatever buffering the workers use (``python -u``,
-  ``PYTHONUNBUFFERED=1``), and ``\\r`` progress bars (tqdm) still redraw in place. A partial
-  line is passed on as it is once it is :data:`PARTIAL_LINE_DELAY` seconds old. When the console
+  ``PYTHONUNBUFFERED=1``). A partial line is passed on once it is :data:`PARTIAL_LINE_DELAY`
+  seconds old. Progress bars (``\\r``, ``\\x1b[A``) are read per stream by
+  :mod:`~unirank.supervisor.rows` and drawn by :mod:`~unirank.supervisor.console`. When the console
   is a terminal, workers write unbuffered (PYTHONUNBUFFERED=1 unless it is set), so that output
   still shows as it is printed although their stdout is a pipe (``isatty()`` is false in a
   worker, as under srun or mpirun; a program that is not Python block-buffers it, as there).
-* ``--tag-output``: ``[rank3]:`` before every line, like torchrun's
+* ``--tag-output``: ``[rank3]:`` before every line (and bar), like torchrun's
   ``--log-line-prefix-template '[rank${rank}]:'`` (``${rank}``, ``${local_rank}`` and
   ``${role_name}`` are expanded in a template).
 * ``--redirects`` / ``--tee`` (torchrun's values: ``0`` none, ``1`` stdout, ``2`` stderr, ``3``

@@ -13,7 +13,9 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
 * The signals to forward (default SIGINT, SIGTERM, SIGUSR1, SIGUSR2) go to every worker; SIGINT
   and SIGTERM then start the same grace period (a second one kills at once).
 * Each worker's stdout and stderr go through the supervisor, which passes them on in whole lines
-  (:class:`~unirank.supervisor.output.LineBuffer`), tags them, filters them
+  (:class:`~unirank.supervisor.output.LineBuffer`, :class:`~unirank.supervisor.rows.RankRows`),
+  draws progress bars in place on a terminal and as a few lines elsewhere
+  (:mod:`~unirank.supervisor.console`), tags them, filters them
   (``--local-ranks-filter``), writes them to log files (``--redirects``, ``--tee``, torchrun's
   ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``) and keeps stderr's tail for the failure
   summary.
