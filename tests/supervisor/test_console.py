@@ -134,6 +134,7 @@ def test_fit_cuts_to_one_column_less_than_the_width_and_keeps_colours_whole() ->
     assert fit("abcdef", 4) == "abc"
     assert fit("abc", 4) == "abc"
     assert fit("\x1b[32mabcdef", 4) == "\x1b[32mabc\x1b[0m"
+    assert fit("\u5b66\u7fd2\u4e2d", 6) == "\u5b66\u7fd2"  # two columns each
 
 
 def test_a_line_from_unirank_itself_goes_above_the_bars() -> None:

@@ -20,6 +20,7 @@ Both put the stream's ``--tag-output`` prefix before every line and row.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Sequence
 
 __all__ = ["PROGRESS_EVERY", "LogView", "TerminalView", "fit"]
@@ -35,8 +36,9 @@ def _encode(text: str) -> bytes:
 
 
 def fit(text: str, width: int) -> str:
-    """``text`` cut to ``width - 1`` columns (colour sequences take none), so that the cursor
-    never reaches the last column and the row never wraps."""
+    """``text`` cut to ``width - 1`` columns (colour sequences take none, wide East Asian
+    characters two), so that the cursor never reaches the last column and the row never
+    wraps."""
     room = max(1, width - 1)
     out: list[str] = []
     used = pos = 0
@@ -48,10 +50,11 @@ def fit(text: str, width: int) -> str:
             coloured = True
             pos = match.end()
             continue
-        if used == room:
+        columns = 2 if unicodedata.east_asian_width(text[pos]) in "WF" else 1
+        if used + columns > room:
             return "".join(out) + (_RESET if coloured else "")
         out.append(text[pos])
-        used += 1
+        used += columns
         pos += 1
     return "".join(out)
 
