@@ -95,3 +95,10 @@ def test_an_escape_sequence_cut_in_two_is_applied_whole() -> None:
 def test_colours_stay_with_the_text_and_bytes_that_are_not_utf8_pass_through() -> None:
     rows = RankRows()
     assert rows.feed(b"\x1b[31mred\x1b[0m \xff\n") == ["\x1b[31mred\x1b[0m \udcff"]
+
+
+def test_controls_that_do_not_fit_a_shared_screen_are_dropped() -> None:
+    rows = RankRows()
+    assert rows.feed(b"\x1b[?25l\x1b7a\x1b8b\x1b[2Jc\n") == ["abc"]
+    rows.feed(b"half\x1b[")
+    assert rows.close() == ["half"]

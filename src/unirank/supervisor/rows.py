@@ -19,7 +19,7 @@ small screen of the stream's own, so that they never reach a terminal that other
   line, a taller screen's rows that are not blank. Rows that were redrawn lose the spaces that
   padded them.
 
-Other escape sequences are kept in the text (colours) or dropped (other cursor and mode
+Other escape sequences are kept in the text (colours) or dropped (other cursor, screen and mode
 controls). Bytes that are not UTF-8 pass through unchanged (``surrogateescape``).
 """
 
@@ -95,7 +95,8 @@ class RankRows:
 
     def close(self) -> list[str]:
         """At the end of the stream: the lines left to pass on."""
-        done = self.feed(b"") if self._pending else []
+        done: list[str] = []
+        self._pending = ""  # an escape sequence the stream never finished
         if self.positioned:
             done += [row.rstrip(" ") for row in self._rows if row.strip()]
         else:
@@ -134,8 +135,7 @@ class RankRows:
         if match is None:
             if len(text) - at < 16 and (len(text) == at + 1 or text[at + 1] == "["):
                 return -1  # wait for the rest of the sequence
-            self._write(char)
-            return at + 1
+            return at + 2  # ESC and one character (save or restore the cursor...): dropped
         self._escape(match.group(1), match.group(2), match.group(0))
         return match.end()
 
