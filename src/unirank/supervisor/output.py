@@ -4,12 +4,13 @@ I/O).
 * Every worker's stdout and stderr go through its node's supervisor, which passes them on in
   whole lines, each in one write (:class:`LineBuffer`): the lines of workers that share a console
   are never glued together, whatever buffering the workers use (``python -u``,
-  ``PYTHONUNBUFFERED=1``), and ``\\r`` progress bars (tqdm) still redraw in place. A partial
-  line is passed on as it is once it is :data:`PARTIAL_LINE_DELAY` seconds old. When the console
+  ``PYTHONUNBUFFERED=1``). A partial line is passed on once it is :data:`PARTIAL_LINE_DELAY`
+  seconds old. Progress bars (``\\r``, ``\\x1b[A``) are read per stream by
+  :mod:`~unirank.supervisor.rows` and drawn by :mod:`~unirank.supervisor.console`. When the console
   is a terminal, workers write unbuffered (PYTHONUNBUFFERED=1 unless it is set), so that output
   still shows as it is printed although their stdout is a pipe (``isatty()`` is false in a
   worker, as under srun or mpirun; a program that is not Python block-buffers it, as there).
-* ``--tag-output``: ``[rank3]:`` before every line, like torchrun's
+* ``--tag-output``: ``[rank3]:`` before every line (and bar), like torchrun's
   ``--log-line-prefix-template '[rank${rank}]:'`` (``${rank}``, ``${local_rank}`` and
   ``${role_name}`` are expanded in a template).
 * ``--redirects`` / ``--tee`` (torchrun's values: ``0`` none, ``1`` stdout, ``2`` stderr, ``3``
@@ -36,6 +37,7 @@ TAG_TEMPLATE = "[rank${rank}]:"
 PARTIAL_LINE_DELAY = 0.1
 #: bytes of a partial line that are passed on at once, however young
 PARTIAL_LINE_LIMIT = 65536
+_CURSOR_UP = b"\x1b[A"
 _STD_VALUE = re.compile(r"^[0-3]$")
 _STD_MAPPING = re.compile(r"^[0-9]+:[0-3](,[0-9]+:[0-3])*$")
 
@@ -123,29 +125,20 @@ def tag_for(rank: int) -> bytes:
 
 
 class LineBuffer:
-    """One worker stream cut into whole lines, each starting with ``prefix`` (none by default).
-
-    What :meth:`feed` gets up to its last line end (``\\n``, or the ``\\r`` with which a progress
-    bar redraws itself) passes on at once, in one piece; the rest, a partial line, waits for its
-    end, but never longer than :data:`PARTIAL_LINE_DELAY` seconds after its first byte came (nor
-    past :data:`PARTIAL_LINE_LIMIT` bytes): then :meth:`flush_partial` passes it on as it is and
-    the line stays *open*. An unbuffered ``print`` writes its text and its newline apart, a few
-    microseconds apart: held together, they reach the console as one line. Before another stream
-    writes where an open line is shown, :meth:`interrupt` ends that line; the newline that later
-    ends it in the worker's own output is then dropped, so no line is glued to another stream's
-    and none is left empty. The prefix starts every line (after ``\\n``, not after ``\\r``), as
-    torchrun's ``--log-line-prefix-template`` does.
+    """One worker stream cut where a terminal would act: what :meth:`feed` gets up to its last
+    line end (``\\n``, the ``\\r`` with which a progress bar redraws itself, or the
+    ``\\x1b[A`` with which it moves up) passes on at once, in one piece; the rest, a partial
+    line, waits for its end, but never longer than :data:`PARTIAL_LINE_DELAY` seconds after its
+    first byte came (nor past :data:`PARTIAL_LINE_LIMIT` bytes): then :meth:`flush_partial`
+    passes it on. An unbuffered ``print`` writes its text and its newline apart, a few
+    microseconds apart: held together, they reach the console as one line.
+    :class:`~unirank.supervisor.rows.RankRows` then reads what is passed on.
     """
 
-    def __init__(self, prefix: bytes = b"") -> None:
-        self._prefix = prefix
+    def __init__(self) -> None:
         self._partial = b""
-        self._line_start = True
-        self._drop_newline = False
         #: when (a ``time.monotonic()`` value) the partial line's first byte came, or None
         self.held_since: float | None = None
-        #: what was passed on ends inside a line
-        self.open = False
 
     @property
     def deadline(self) -> float | None:
@@ -155,7 +148,9 @@ class LineBuffer:
     def feed(self, data: bytes, now: float = 0.0) -> bytes:
         """The whole lines (and ``\\r`` updates) in the pending bytes plus ``data``."""
         text = self._partial + data
-        cut = max(text.rfind(b"\n"), text.rfind(b"\r"))
+        up = text.rfind(_CURSOR_UP)
+        cut = max(text.rfind(b"\n"), text.rfind(b"\r"),
+                  up + len(_CURSOR_UP) - 1 if up >= 0 else -1)
         if cut < 0:
             self._partial = text
             if text and self.held_since is None:
@@ -163,45 +158,9 @@ class LineBuffer:
             return self.flush_partial() if len(text) >= PARTIAL_LINE_LIMIT else b""
         self._partial = text[cut + 1:]
         self.held_since = now if self._partial else None
-        return self._pass(text[:cut + 1])
+        return text[:cut + 1]
 
     def flush_partial(self) -> bytes:
-        """The partial line as it is (its line stays open), or b"" when none is held."""
+        """The partial line as it is, or b"" when none is held."""
         chunk, self._partial, self.held_since = self._partial, b"", None
-        return self._pass(chunk)
-
-    def interrupt(self) -> bytes:
-        """A newline that ends the open line (b"" when none is open) before another stream's
-        output; the stream's own newline that would have ended it is then dropped."""
-        if not self.open:
-            return b""
-        self.open = False
-        self._line_start = True
-        self._drop_newline = True
-        return b"\n"
-
-    def close(self) -> bytes:
-        """At the end of the stream: the partial line, and a newline ending any open line."""
-        rest = self.flush_partial()
-        if self.open:
-            rest += b"\n"
-            self.open = False
-            self._line_start = True
-        return rest
-
-    def _pass(self, chunk: bytes) -> bytes:
-        if self._drop_newline and chunk:
-            self._drop_newline = False
-            if chunk.startswith(b"\n"):
-                chunk = chunk[1:]
-        if not chunk:
-            return b""
-        out = chunk
-        if self._prefix:
-            parts = chunk.split(b"\n")  # parts[0] goes on the current line, each other starts one
-            out = b"\n".join(
-                part if (i == 0 and not self._line_start) or (i == len(parts) - 1 and not part)
-                else self._prefix + part for i, part in enumerate(parts))
-        self._line_start = chunk.endswith(b"\n")
-        self.open = not self._line_start
-        return out
+        return chunk

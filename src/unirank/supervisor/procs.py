@@ -13,7 +13,9 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
 * The signals to forward (default SIGINT, SIGTERM, SIGUSR1, SIGUSR2) go to every worker; SIGINT
   and SIGTERM then start the same grace period (a second one kills at once).
 * Each worker's stdout and stderr go through the supervisor, which passes them on in whole lines
-  (:class:`~unirank.supervisor.output.LineBuffer`), tags them, filters them
+  (:class:`~unirank.supervisor.output.LineBuffer`, :class:`~unirank.supervisor.rows.RankRows`),
+  draws progress bars in place on a terminal and as a few lines elsewhere
+  (:mod:`~unirank.supervisor.console`), tags them, filters them
   (``--local-ranks-filter``), writes them to log files (``--redirects``, ``--tee``, torchrun's
   ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``) and keeps stderr's tail for the failure
   summary.
@@ -55,10 +57,12 @@ from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.requeue import REQUEUE_EXIT_CODE
 from unirank.resolve import require_own
+from unirank.supervisor.console import LogView, TerminalView
 from unirank.supervisor.forkclient import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LineBuffer, OutputOptions
 from unirank.supervisor.plan import Plan, Worker
+from unirank.supervisor.rows import RankRows
 from unirank.supervisor.summary import (
     OutputTail,
     RunResult,
@@ -147,11 +151,15 @@ class WorkerLaunch:
 class _Stream:
     """One worker output pipe: where its lines go, how they are tagged, what is kept."""
 
-    def __init__(self, fd: int, targets: list[int], lines: LineBuffer,
+    def __init__(self, fd: int, key: int, targets: list[int], prefix: bytes | None,
                  tail: OutputTail | None) -> None:
         self.fd = fd
+        #: its place among the node's streams (a terminal shows live rows in this order)
+        self.key = key
         self.targets = targets
-        self.lines = lines
+        self.prefix = (prefix or b"").decode("utf-8", "surrogateescape")
+        self.lines = LineBuffer()
+        self.rows = RankRows()
         self.tail = tail
 
 
@@ -207,10 +215,10 @@ class Supervisor:
         self._workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._streams: dict[int, _Stream] = {}
-        #: what each output fd writes to (fds 1 and 2 are often one terminal), and which stream's
-        #: line is left open there
+        #: what each output fd writes to (fds 1 and 2 are often one terminal), and how the
+        #: streams that share it are shown there
         self._sinks: dict[int, tuple[int, int]] = {}
-        self._open_lines: dict[tuple[int, int], _Stream] = {}
+        self._views: dict[tuple[int, int], TerminalView | LogView] = {}
         self._files: list[int] = []
         self._first_failure: _Worker | None = None
         self._stop_signal: int | None = None
@@ -315,8 +323,9 @@ class Supervisor:
                                   (out_read, out_targets, None)):
             os.set_blocking(fd, False)
             for target in targets:
-                self._sink(target)
-            stream = _Stream(fd, targets, LineBuffer(launch.prefix or b""), tail)
+                self._view(target)
+            stream = _Stream(fd, 2 * launch.local_rank + (tail is not None), targets,
+                             launch.prefix, tail)
             self._streams[fd] = stream
             self._selector.register(fd, selectors.EVENT_READ, stream)
 
@@ -492,42 +501,41 @@ class Supervisor:
     def _feed(self, stream: _Stream, data: bytes) -> None:
         if stream.tail is not None:
             stream.tail.feed(data)
-        self._emit(stream, stream.lines.feed(data, time.monotonic()))
+        self._show(stream, stream.lines.feed(data, time.monotonic()))
 
-    def _emit(self, stream: _Stream, out: bytes) -> None:
-        """Write ``out`` (whole lines, or a partial line that is due) to each of ``stream``'s
-        targets in one write, after ending another stream's line left open there."""
-        if not out:
+    def _show(self, stream: _Stream, chunk: bytes, *, end: bool = False) -> None:
+        """Apply ``chunk`` to the stream's rows and show what changed on each of its targets
+        (see :mod:`.console`); ``end``: the stream ended."""
+        if not chunk and not end:
             return
+        lines = stream.rows.feed(chunk)
+        if end:
+            lines += stream.rows.close()
+        live = [] if end else stream.rows.live()
+        now = time.monotonic()
         for target in stream.targets:
-            owner = self._open_lines.get(self._sinks[target])
-            if owner is not None and owner is not stream:
-                self._end_open_line(owner)
-        for target in stream.targets:
-            self._write(target, out)
-            if stream.lines.open:
-                self._open_lines[self._sinks[target]] = stream
-            elif self._open_lines.get(self._sinks[target]) is stream:
-                del self._open_lines[self._sinks[target]]
+            self._write(target, self._view(target).update(stream.key, stream.prefix, lines,
+                                                          live, now))
 
-    def _sink(self, fd: int) -> tuple[int, int]:
-        if fd not in self._sinks:
-            self._sinks[fd] = _sink_of(fd)
-        return self._sinks[fd]
-
-    def _end_open_line(self, owner: _Stream) -> None:
-        newline = owner.lines.interrupt()
-        for target in owner.targets:
-            self._write(target, newline)
-            if self._open_lines.get(self._sinks[target]) is owner:
-                del self._open_lines[self._sinks[target]]
+    def _view(self, fd: int) -> TerminalView | LogView:
+        """How ``fd``'s sink shows the streams, its terminal's width brought up to date."""
+        sink = self._sinks.get(fd)
+        if sink is None:
+            sink = self._sinks[fd] = _sink_of(fd)
+        view = self._views.get(sink)
+        if view is None:
+            view = self._views[sink] = TerminalView() if os.isatty(fd) else LogView()
+        if isinstance(view, TerminalView):
+            with contextlib.suppress(OSError):
+                view.width = os.get_terminal_size(fd).columns
+        return view
 
     def _flush_partial_lines(self, now: float) -> None:
         """Pass on the partial lines held for ``PARTIAL_LINE_DELAY`` (see :mod:`.output`)."""
         for stream in list(self._streams.values()):
             deadline = stream.lines.deadline
             if deadline is not None and deadline <= now:
-                self._emit(stream, stream.lines.flush_partial())
+                self._show(stream, stream.lines.flush_partial())
 
     def _pump(self, stream: _Stream) -> None:
         try:
@@ -540,7 +548,7 @@ class Supervisor:
         self._feed(stream, data)
 
     def _close_stream(self, stream: _Stream) -> None:
-        self._emit(stream, stream.lines.close())
+        self._show(stream, stream.lines.flush_partial(), end=True)
         self._selector.unregister(stream.fd)
         del self._streams[stream.fd]
         os.close(stream.fd)
@@ -573,10 +581,8 @@ class Supervisor:
             view = view[written:]
 
     def _say(self, message: str) -> None:
-        owner = self._open_lines.get(self._sink(self._err_fd))
-        if owner is not None:
-            self._end_open_line(owner)
-        self._write(self._err_fd, f"{self._prog}: {message}\n".encode())
+        self._write(self._err_fd, self._view(self._err_fd).update(
+            -1, "", [f"{self._prog}: {message}"], [], time.monotonic()))
 
     # -- the end ------------------------------------------------------------------------------
 
