@@ -49,17 +49,24 @@ def test_foreign_addresses(address: str) -> None:
 
 
 def test_a_name_counts_when_it_resolves_to_an_own_address() -> None:
-    require_own("localhost", source="MASTER_ADDR", ifaces={})  # loopback: always own
+    require_own("localhost", source="MASTER_ADDR", environ={}, ifaces={})  # loopback: always own
 
 
 def test_a_foreign_master_is_one_line_naming_address_source_and_hint() -> None:
     with pytest.raises(ConfigError) as info:
-        require_own(FOREIGN, source="--master-addr", ifaces=IFACES)
+        require_own(FOREIGN, source="--master-addr", environ={}, ifaces=IFACES)
     message = str(info.value)
     assert message.startswith(f"--master-addr='{FOREIGN}': is not an address of this host")
     assert message.endswith("HINT: give --master-addr this node's host name or one of its "
-                            "addresses (127.0.0.1 will do on one node; here: 10.1.2.3)")
+                            "addresses (127.0.0.1 will do on one node; here: 10.1.2.3), or set "
+                            "UNIRANK_MASTER_FORWARDED=1 if it is forwarded to this host")
     assert "\n" not in message
+
+
+def test_a_master_forwarded_to_this_host_is_taken_as_given() -> None:
+    """A NAT or virtual address is none of the interfaces': UNIRANK_MASTER_FORWARDED=1 says so."""
+    require_own(FOREIGN, source="MASTER_ADDR", environ={"UNIRANK_MASTER_FORWARDED": "1"},
+                ifaces=IFACES)
 
 
 def _marked(extra: dict[str, str]) -> tuple[dict[str, str], str]:

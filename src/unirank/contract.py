@@ -35,6 +35,7 @@ __all__ = [
     "INIT_TIMEOUT_VAR",
     "LAUNCHER_VAR",
     "LINGER_FD_VAR",
+    "MASTER_FORWARDED_VAR",
     "MAX_REQUEUES_VAR",
     "MAX_RESTARTS_VAR",
     "NODE_NAMES_VAR",
@@ -82,6 +83,10 @@ MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"
 #: ``1``: every worker starts as its own interpreter (``unirank run --no-preload``), not forked
 #: from the node's preloading fork server
 NO_PRELOAD_VAR = "UNIRANK_NO_PRELOAD"
+#: ``1``: the master address reaches this host through a forwarding (NAT, a virtual or cloud
+#: public address) though it is none of its interfaces' addresses: the store host's check that
+#: the address is its own (:func:`unirank.resolve.require_own`) is skipped
+MASTER_FORWARDED_VAR = "UNIRANK_MASTER_FORWARDED"
 #: the default of UNIRANK_MAX_REQUEUES
 DEFAULT_MAX_REQUEUES = 10
 #: seconds every rank waits for the others to join when nothing else says how long

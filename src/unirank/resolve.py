@@ -125,14 +125,23 @@ def _addresses(host: str, timeout: float) -> tuple[str, ...] | None:
     return tuple(str(info[4][0]) for info in found.value)
 
 
-def require_own(host: str, *, source: str, timeout: float = RESOLVE_TIMEOUT,
+def require_own(host: str, *, source: str, environ: Mapping[str, str],
+                timeout: float = RESOLVE_TIMEOUT,
                 ifaces: Mapping[str, tuple[str, ...]] | None = None) -> None:
     """Raise a one-line ConfigError naming ``host`` and ``source`` when ``host``, the master
     address of a store this process is about to serve, is none of this host's addresses
     (loopback, unspecified, any interface's; a name counts when it resolves to one of them).
     ``ifaces``: this host's interfaces (default :func:`unirank.netroute.interfaces`). A name
-    that does not resolve within ``timeout`` is left to :func:`require_resolvable`."""
+    that does not resolve within ``timeout`` is left to :func:`require_resolvable`.
+
+    Reads: UNIRANK_MASTER_FORWARDED (from ``environ``; ``1`` skips the check, for an address
+    forwarded to this host: NAT, a virtual or cloud public address).
+    """
     from unirank import netroute
+    from unirank.contract import MASTER_FORWARDED_VAR
+
+    if environ.get(MASTER_FORWARDED_VAR, "").strip() == "1":
+        return
 
     addresses = _addresses(host, timeout) if host else None
     if addresses is None:
@@ -148,5 +157,6 @@ def require_own(host: str, *, source: str, timeout: float = RESOLVE_TIMEOUT,
         "here, so no rank would find it there (each would wait out the init timeout)",
         variable=source, value=host,
         hint=f"give {source} this node's host name or one of its addresses (127.0.0.1 will "
-             "do on one node" + (f"; here: {', '.join(own[:4])}" if own else "") + ")",
+             "do on one node" + (f"; here: {', '.join(own[:4])}" if own else "")
+             + f"), or set {MASTER_FORWARDED_VAR}=1 if it is forwarded to this host",
     )

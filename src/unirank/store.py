@@ -124,13 +124,15 @@ def open_store(
     served_by: str = "",
     hint: str,
     addr_source: str = "MASTER_ADDR",
+    environ: Mapping[str, str] | None = None,
 ) -> Any:
     """A ``TCPStore`` at ``addr:port``: the server itself with ``serve`` (on ``listen_fd``, a
     socket already listening, when given), else a client; ``timeout`` (seconds) bounds the
     connection and every later wait on it.
 
     ``served_by`` names who serves the store in the message (``"rank 0"``), ``hint`` what to
-    check, ``addr_source`` where ``addr`` came from. A client first waits for the port with
+    check, ``addr_source`` where ``addr`` came from, ``environ`` the process's environment (for
+    :func:`unirank.resolve.require_own`). A client first waits for the port with
     short Python connection attempts (:func:`_await_listener`), so that a SIGINT ends the wait
     and the timeout is kept. Raises ConfigError when ``addr`` does not resolve, or when this
     process must serve and ``addr`` is not this host's or the port is taken; StoreError on any
@@ -140,7 +142,7 @@ def open_store(
 
     require_resolvable(addr, source=addr_source)
     if serve and listen_fd is None:
-        require_own(addr, source=addr_source)
+        require_own(addr, source=addr_source, environ=environ or {})
     connect = timeout
     if not serve:  # the port answers now (a listening socket may answer before its server
         # serves: torch's handshake then waits, for what is left of the timeout)

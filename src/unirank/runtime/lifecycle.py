@@ -73,7 +73,7 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
             addr, port, rank=env.rank, timeout=timeout, serve=serve, multi_tenant=serve,
             hint="check that rank 0 (or the launcher's agent) runs and that MASTER_ADDR and "
                  "MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late",
-            addr_source=master_addr_source(env.sources),
+            addr_source=master_addr_source(env.sources), environ=environ,
         )
     except StoreError as exc:
         raise InitError(str(exc)) from exc

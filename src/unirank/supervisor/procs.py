@@ -805,7 +805,8 @@ def run_plan(
     sock: socket.socket | None = None
     try:
         if plan.hosts_store:  # rank 0 serves here: the master address must be this host's
-            require_own(plan.master_addr, source=plan.master_source or "MASTER_ADDR")
+            require_own(plan.master_addr, source=plan.master_source or "MASTER_ADDR",
+                        environ=environ)
             sock = open_store_socket(plan.master_port, host=plan.master_addr,
                                      option="MASTER_PORT")
             plan = plan.with_port(int(sock.getsockname()[1]))
