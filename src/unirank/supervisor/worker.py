@@ -7,8 +7,10 @@ server) armed the parent-death signal:
 2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
 3. otherwise host or join the store and wait until every rank has joined (:mod:`.workerstore`),
    hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
-   :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
-   run), and run the target;
+   :func:`unirank.init` starts its group on it without connecting again), have each start of
+   the run's process group wait, within the init timeout, for every rank to start it
+   (:mod:`.groupstart`, ``ur.init`` and a plain ``init_process_group`` alike), and run the
+   target;
 4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
    the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
    other workers are done and gather the timeline.
@@ -22,7 +24,7 @@ from typing import Any
 
 from unirank.contract import PRIVATE_VARIABLES
 from unirank.store import hand_over
-from unirank.supervisor import workerstore
+from unirank.supervisor import groupstart, workerstore
 from unirank.supervisor.target import run_target
 from unirank.supervisor.workerinfo import WorkerInfo, read_worker_info
 
@@ -87,6 +89,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
     store = workerstore.rendezvous(info)
     hand_over(store, rank=info.rank, world_size=info.world_size, addr=info.master_addr,
               port=info.master_port)
+    groupstart.install(store, info)
     if recorder is not None:
         recorder.mark("joined")
         recorder.install_hooks()
