@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 from unirank.joincheck import InitTimeoutError, JoinAbortedError, announce_and_wait
@@ -42,33 +43,46 @@ def _for_this_world(bound: inspect.BoundArguments, info: WorkerInfo) -> bool:
     return rank in (-1, None, info.rank) and world_size in (-1, None, info.world_size)
 
 
-def install(store: Any, info: WorkerInfo) -> None:
+def install(store: Any, info: WorkerInfo) -> Callable[[], None]:
     """Wrap ``init_process_group`` (in ``torch.distributed`` and its ``distributed_c10d``) so
     that each start of this run's group first waits, at most ``info.init_timeout``, until
     every rank has started it (see the module docstring). ``store``: the store the bootstrap
-    joined on, kept alive by the worker for its whole program."""
+    joined on. Returns the function that puts the original back and lets go of ``store``
+    (the worker's end)."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     original = c10d.init_process_group
     signature = inspect.signature(original)
     starts = [0]
+    held = [store]
 
     @functools.wraps(original)
     def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        bound = signature.bind_partial(*args, **kwargs)
-        if not c10d.is_initialized() and _for_this_world(bound, info):
+        try:
+            bound = signature.bind_partial(*args, **kwargs)
+        except TypeError:  # torch's own call says what is wrong
+            return original(*args, **kwargs)
+        if held and not c10d.is_initialized() and _for_this_world(bound, info):
             starts[0] += 1
             try:
-                _wait_for_every_rank(store, info, starts[0] - 1)
+                _wait_for_every_rank(held[0], info, starts[0] - 1)
             except (InitTimeoutError, JoinAbortedError) as exc:
                 # its traceback ends here, as if init_process_group raised it
                 raise exc.with_traceback(None) from None
         return original(*args, **kwargs)
 
-    for module in (dist, c10d):
-        if getattr(module, "init_process_group", None) is original:
-            setattr(module, "init_process_group", init_process_group)  # noqa: B010
+    modules = [m for m in (dist, c10d) if getattr(m, "init_process_group", None) is original]
+    for module in modules:
+        setattr(module, "init_process_group", init_process_group)  # noqa: B010
+
+    def uninstall() -> None:
+        held.clear()
+        for module in modules:
+            if getattr(module, "init_process_group", None) is init_process_group:
+                setattr(module, "init_process_group", original)  # noqa: B010
+
+    return uninstall
 
 
 def _wait_for_every_rank(store: Any, info: WorkerInfo, start: int) -> None:

@@ -89,7 +89,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
     store = workerstore.rendezvous(info)
     hand_over(store, rank=info.rank, world_size=info.world_size, addr=info.master_addr,
               port=info.master_port)
-    groupstart.install(store, info)
+    uninstall = groupstart.install(store, info)
     if recorder is not None:
         recorder.mark("joined")
         recorder.install_hooks()
@@ -102,5 +102,6 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
         ok = exc.code in (None, 0)
         raise
     finally:
+        uninstall()
         _finish(store, info, recorder, ok=ok)
         del store  # a server lives exactly as long as the program and its linger
