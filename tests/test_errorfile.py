@@ -49,3 +49,23 @@ def test_failure_time_reads_torchelastic_files(tmp_path: Path) -> None:
     assert failure_time(tmp_path / "missing.json") is None
     (tmp_path / "bad.json").write_text("{")
     assert failure_time(tmp_path / "bad.json") is None
+
+
+def test_a_requeue_exit_is_not_recorded(tmp_path: Path) -> None:
+    """SystemExit(79) stopped the rank to be requeued: not a failure, no record."""
+    path = tmp_path / "error.json"
+    record_exception(SystemExit(79), {ERROR_FILE_VAR: str(path)})
+    assert not path.exists()
+
+
+def test_a_record_of_a_lost_peer_is_told_apart(tmp_path: Path) -> None:
+    """gloo's words for a peer that went away mark the record as a consequence."""
+    own, lost = tmp_path / "own.json", tmp_path / "lost.json"
+    record_exception(SystemExit(3), {ERROR_FILE_VAR: str(own)})
+    record_exception(RuntimeError(
+        "[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[127.0.0.1]:6062"), {ERROR_FILE_VAR: str(lost)})
+    own_record, lost_record = read_failure(own), read_failure(lost)
+    assert own_record is not None and lost_record is not None
+    assert (own_record.exit_code, own_record.lost_peer) == (3, False)
+    assert (lost_record.exit_code, lost_record.lost_peer) == (1, True)

@@ -475,3 +475,17 @@ def test_a_rank_arriving_after_the_abort_ends_at_once(server: Any) -> None:
     abort_join(server, "node nodeC refused")
     with pytest.raises(JoinAbortedError, match="node nodeC refused"):
         announce_and_wait(_client(server), rank=2, world_size=4, node_name="nodeC", timeout=300)
+
+
+def test_a_wait_at_the_group_s_start_says_so() -> None:
+    """At a group's start the missing ranks run but have not started it: the message says
+    that, and what to look at, in one line."""
+    message = str(InitTimeoutError([2], world_size=3, timeout=3.0, nodes={2: "vm"}, rank=0,
+                                   group_start=True))
+    assert message.startswith("rank 0: init timeout: 1 of 3 ranks did not start their process "
+                              "group within 3 s: rank 2 (on vm). Check what those ranks do "
+                              "before init_process_group / ur.init")
+    assert message.endswith("or raise --init-timeout / UNIRANK_INIT_TIMEOUT.")
+    unknown = str(InitTimeoutError([], world_size=3, timeout=3.0, group_start=True))
+    assert "not every one of the 3 ranks started its process group within 3 s" in unknown
+    assert "\n" not in message + unknown

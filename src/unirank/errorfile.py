@@ -6,7 +6,10 @@ earliest timestamp as the root cause. ``unirank run`` gives its workers the same
 unirank writes the same file (plus a sub-second ``unirank_time``) at the moment the user's code
 raises, before the process group is torn down. That matters: when one rank raises, its peers
 fail a moment later with "connection closed by peer", and they may well *exit* first; the
-timestamps, not the order of exits, say which rank was the cause.
+timestamps, not the order of exits, say which rank was the cause. A record whose message says
+that a peer went away (gloo's "Connection closed by peer", a reset connection, NCCL's aborted
+communicator or watchdog timeout) is a *consequence* (:attr:`RecordedFailure.lost_peer`): the
+supervisor blames it only when no rank failed on its own account.
 
 No torch here: the supervisor parent reads these files.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import traceback
 from collections.abc import Mapping
@@ -23,26 +27,36 @@ from pathlib import Path
 
 from unirank.contract import ERROR_FILE_VAR
 from unirank.errors import ConfigError
+from unirank.requeue import REQUEUE_EXIT_CODE
 
 __all__ = [
     "ERROR_FILE_VAR",
+    "LOST_PEER",
     "RecordedFailure",
     "failure_time",
     "read_failure",
     "record_exception",
 ]
 
-
+#: what torch says in a rank whose peer went away (its failure is a consequence of the peer's)
+LOST_PEER = re.compile(
+    r"connection closed by peer|connection reset by peer|broken pipe|"
+    r"remote process exited|communicator was aborted|watchdog caught collective|"
+    r"failed to recv, got 0 bytes",
+    re.IGNORECASE,
+)
 
 def record_exception(exc: BaseException, environ: Mapping[str, str] | None = None) -> None:
-    """Write ``exc`` to this worker's error file, unless it is a clean exit or already written.
+    """Write ``exc`` to this worker's error file, unless it is a clean exit (``SystemExit``
+    with 0, None or :data:`~unirank.requeue.REQUEUE_EXIT_CODE`: stopped to be requeued, not a
+    failure) or already written.
 
     The first record wins: the exception where the failure started, not a later one raised
     while unwinding. Never raises (a failure report must not hide the failure).
 
     Reads: TORCHELASTIC_ERROR_FILE.
     """
-    if isinstance(exc, SystemExit) and exc.code in (None, 0):
+    if isinstance(exc, SystemExit) and exc.code in (None, 0, REQUEUE_EXIT_CODE):
         return
     path = (os.environ if environ is None else environ).get(ERROR_FILE_VAR)
     if not path:
@@ -82,12 +96,14 @@ def _exit_code(exc: BaseException) -> int:
 class RecordedFailure:
     """What a worker's error file says: when (seconds since the epoch), what, the exit code
     the exception means (1, or a SystemExit's code), and whether it was a ConfigError (a
-    one-line launch or usage mistake)."""
+    one-line launch or usage mistake), and whether its message says a peer went away
+    (:data:`LOST_PEER`: the failure of another rank, seen here)."""
 
     time: float
     message: str
     exit_code: int
     config_error: bool = False
+    lost_peer: bool = False
 
 
 def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
@@ -108,7 +124,7 @@ def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return RecordedFailure(when, text.strip().splitlines()[-1] if text.strip() else "", code,
-                           config_error)
+                           config_error, LOST_PEER.search(text) is not None)
 
 
 def failure_time(path: str | os.PathLike[str]) -> float | None:

@@ -5,7 +5,8 @@ When some ranks never start (a node that failed to boot, a wrong task count, a t
 rank that did start fails within the init timeout with a one-line message that names the missing
 ranks and, where known, their nodes.
 
-Used by ``unirank run``'s worker bootstrap (on the raw store, once per store) and by
+Used by ``unirank run``'s worker bootstrap (on the raw store, once per store; then again at
+the start of each process group, :mod:`unirank.supervisor.groupstart`) and by
 :func:`unirank.init` (under a ``PrefixStore`` per attempt and init, so a restart or a second init
 starts from fresh keys). This module does not import torch: it only calls the store's ``set``,
 ``get``, ``add``, ``wait`` and ``check``.
@@ -149,12 +150,15 @@ class InitTimeoutError(RuntimeError):
         timeout: float,
         nodes: dict[int, str | None] | None = None,
         rank: int | None = None,
+        group_start: bool = False,
     ) -> None:
         self.missing_ranks: list[int] = sorted(missing_ranks)
         self.world_size = world_size
         self.timeout = timeout
         self.nodes: dict[int, str | None] = dict(nodes or {})
         self.rank = rank
+        #: the wait was at the start of a process group (the ranks run, but have not started it)
+        self.group_start = group_start
         super().__init__(self._message())
 
     def _describe_missing(self) -> str:
@@ -172,21 +176,24 @@ class InitTimeoutError(RuntimeError):
     def _message(self) -> str:
         who = f"rank {self.rank}: " if self.rank is not None else ""
         waited = _format_seconds(self.timeout)
+        did, done = (("did not start their process group", "started its process group")
+                     if self.group_start else ("did not join", "joined"))
         if self.missing_ranks:
             what = (
-                f"{len(self.missing_ranks)} of {self.world_size} ranks did not join within "
+                f"{len(self.missing_ranks)} of {self.world_size} ranks {did} within "
                 f"{waited}: {self._describe_missing()}."
             )
         else:
             what = (
-                f"not every one of the {self.world_size} ranks joined within {waited}, and the "
-                "rendezvous store could not tell which are missing."
+                f"not every one of the {self.world_size} ranks {done} within {waited}, and "
+                "the rendezvous store could not tell which are missing."
             )
-        return (
-            f"{who}init timeout: {what} Check that those ranks were started (task counts of "
-            "srun/mpirun, --nnodes and --node-rank on every node), that their nodes reach "
-            "MASTER_ADDR:MASTER_PORT, or raise --init-timeout / UNIRANK_INIT_TIMEOUT."
-        )
+        check = ("Check what those ranks do before init_process_group / ur.init (loading data, "
+                 "a slow file system)" if self.group_start else
+                 "Check that those ranks were started (task counts of srun/mpirun, --nnodes and "
+                 "--node-rank on every node), that their nodes reach MASTER_ADDR:MASTER_PORT")
+        return (f"{who}init timeout: {what} {check}, or raise --init-timeout / "
+                "UNIRANK_INIT_TIMEOUT.")
 
 
 class JoinAbortedError(RuntimeError):
@@ -279,10 +286,12 @@ def _timeout_error(
     world_size: int,
     timeout: float,
     rank_to_node: Callable[[int], str | None] | None,
+    group_start: bool,
 ) -> InitTimeoutError:
     nodes = {r: rank_to_node(r) for r in missing} if (missing and rank_to_node) else {}
     return InitTimeoutError(
-        missing or [], world_size=world_size, timeout=timeout, nodes=nodes, rank=rank
+        missing or [], world_size=world_size, timeout=timeout, nodes=nodes, rank=rank,
+        group_start=group_start,
     )
 
 
@@ -353,6 +362,7 @@ def _coordinate(
     world_size: int,
     timeout: float,
     rank_to_node: Callable[[int], str | None] | None,
+    group_start: bool,
 ) -> None:
     """Rank 0 after its wait ran out: publish the verdict, wait for the others to read it."""
     if _all_came(store, 0, world_size):  # the last rank arrived as the wait ran out
@@ -370,7 +380,7 @@ def _coordinate(
             store.wait([_seen_key(r) for r in joined],
                        timedelta(seconds=min(LINGER, max(timeout, 0.001))))
     raise _timeout_error(missing, rank=0, world_size=world_size, timeout=timeout,
-                         rank_to_node=rank_to_node)
+                         rank_to_node=rank_to_node, group_start=group_start)
 
 
 def _stand_in(store: StoreLike, world_size: int, grace: float) -> list[int] | None:
@@ -396,6 +406,7 @@ def _follow(
     world_size: int,
     timeout: float,
     rank_to_node: Callable[[int], str | None] | None,
+    group_start: bool,
 ) -> None:
     """Any other rank after its wait ran out: take rank 0's verdict, or a stand-in's."""
     if _all_came(store, rank, world_size):
@@ -414,7 +425,7 @@ def _follow(
         with contextlib.suppress(RuntimeError, OSError):
             store.set(_seen_key(rank), "1")
     raise _timeout_error(missing, rank=rank, world_size=world_size, timeout=timeout,
-                         rank_to_node=rank_to_node)
+                         rank_to_node=rank_to_node, group_start=group_start)
 
 
 def announce_and_wait(
@@ -425,6 +436,7 @@ def announce_and_wait(
     node_name: str,
     timeout: float,
     rank_to_node: Callable[[int], str | None] | None = None,
+    group_start: bool = False,
 ) -> None:
     """Set ``unirank/join/<rank>`` = ``node_name`` in ``store``, then wait for every rank.
 
@@ -441,7 +453,8 @@ def announce_and_wait(
     ranks are missing. Other store errors before the deadline (the store's host went away)
     propagate. A node that gave up (:func:`abort_join`) ends the wait at once with
     :class:`JoinAbortedError`. Each rank must call this once per store (or ``PrefixStore``
-    prefix).
+    prefix). ``group_start``: the ranks wait at the start of a process group
+    (:mod:`unirank.supervisor.groupstart`), which the timeout's message then says.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside the world of {world_size}")
@@ -452,7 +465,8 @@ def announce_and_wait(
         _aborted(store, rank, world_size)
         return
     if rank == 0:
-        _coordinate(store, world_size=world_size, timeout=timeout, rank_to_node=rank_to_node)
+        _coordinate(store, world_size=world_size, timeout=timeout, rank_to_node=rank_to_node,
+                    group_start=group_start)
     else:
         _follow(store, rank=rank, world_size=world_size, timeout=timeout,
-                rank_to_node=rank_to_node)
+                rank_to_node=rank_to_node, group_start=group_start)

@@ -4,8 +4,10 @@
 and port; rank 0 serves it unless ``TORCHELASTIC_USE_AGENT_STORE=True`` says an agent already
 does, as ``torchrun``, ``unirank run`` and :class:`~unirank.runtime.parallel.Parallel` arrange),
 has every rank announce itself so that ranks that never join are named within the init timeout
-(not again in a worker whose bootstrap already did), then has the chosen
-backend's entry (:mod:`unirank.runtime.backends`) start its group on that store.
+(in a worker of ``unirank run``, whose bootstrap already joined, the bootstrap's wrapper of
+``init_process_group`` does it instead, bounded by ``--init-timeout``:
+:mod:`unirank.supervisor.groupstart`), then has the chosen backend's entry
+(:mod:`unirank.runtime.backends`) start its group on that store.
 """
 
 from __future__ import annotations
@@ -83,7 +85,9 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     """The store this init's group starts on, once every rank has joined (the join watchdog,
     :mod:`unirank.joincheck`), under this attempt's and init's key prefix. The first init in a
     worker whose bootstrap already ran the join check takes the store it joined on
-    (:func:`unirank.store.take_joined`) and does not join again.
+    (:func:`unirank.store.take_joined`) and does not join here: the bootstrap's wrapper of
+    ``init_process_group`` has every rank join at the group's start
+    (:mod:`unirank.supervisor.groupstart`).
 
     Reads: TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT.
     """

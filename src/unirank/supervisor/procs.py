@@ -7,9 +7,13 @@ own session (process group), as under torchrun, so that a terminal's Ctrl-C reac
 supervisor, which forwards it once, and so that stopping a worker stops its children too.
 
 * When a worker fails (non-zero exit or death by a signal), the others get SIGTERM, then SIGKILL
-  after the grace period. The root cause is the failed worker whose error was recorded first
-  (its ``TORCHELASTIC_ERROR_FILE``) among those that failed on their own; a worker stopped by
-  this teardown is never the root cause. The exit code is the root cause's.
+  after the grace period. The root cause is the worker that failed first on its own, whatever
+  order the exits are seen in (:meth:`Supervisor._root_cause`): its failure's time is the one
+  it recorded (its ``TORCHELASTIC_ERROR_FILE``, written the moment its program raised or
+  exited), else when its end was seen; a failure recorded as a lost peer (gloo's "Connection
+  closed by peer"...) counts only when no rank failed on its own account, and a worker stopped
+  by this teardown (ended by the signal it was sent, or recorded after it) never does. The
+  exit code is the root cause's.
 * The signals to forward (default SIGINT, SIGTERM, SIGUSR1, SIGUSR2) go to every worker; SIGINT
   and SIGTERM then start the same grace period (a second one kills at once).
 * Each worker's stdout and stderr go through the supervisor, which passes them on in whole lines
@@ -37,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import select
 import selectors
@@ -174,6 +179,10 @@ class _Worker:
         self.tail = OutputTail()
         #: when (time.time()) the supervisor first signalled this worker to stop, if it did
         self.stopped_at: float | None = None
+        #: the signals the teardown sent it (SIGTERM, SIGKILL)
+        self.stop_signals: set[int] = set()
+        #: when (time.time()) the supervisor saw it end
+        self.ended_at: float | None = None
         #: its program ended (it closed its done pipe), though the process may still be exiting
         self.program_done = False
 
@@ -457,6 +466,7 @@ class Supervisor:
             if code is None:
                 continue
             worker.returncode = code
+            worker.ended_at = time.time()
             if (code not in (0, REQUEUE_EXIT_CODE) and self._first_failure is None
                     and self._stop_signal is None):
                 self._first_failure = worker
@@ -483,6 +493,7 @@ class Supervisor:
         for worker in self._alive():
             if worker.stopped_at is None:
                 worker.stopped_at = now
+            worker.stop_signals.add(int(signum))
             _send(worker.pid, signum, group=True)
         if self._deadline is None:
             self._deadline = time.monotonic() + self._grace
@@ -492,6 +503,7 @@ class Supervisor:
         for worker in self._alive():
             if worker.stopped_at is None:
                 worker.stopped_at = now
+            worker.stop_signals.add(int(signal.SIGKILL))
             _send(worker.pid, signal.SIGKILL, group=True)
         self._killing = True
         self._deadline = time.monotonic() + self._kill_wait
@@ -618,26 +630,21 @@ class Supervisor:
     def _root_cause(self) -> tuple[_Worker, bool] | None:
         """The root cause, and whether it ended on its own (else it was stopped while failing).
 
-        Candidates are the failed workers that failed on their own: they ended before this
-        supervisor signalled them, or recorded an error (see :mod:`unirank.errorfile`) before
-        it did. Among them the earliest recorded error wins (peers of a rank that raised fail a
-        moment later and may exit first); without records, the first worker seen to fail.
+        Candidates are the failed workers that failed on their own: a worker that recorded its
+        error (see :mod:`unirank.errorfile`) before this supervisor signalled it, or one without
+        a record that did not end by a signal the teardown sent it (a worker killed by, say,
+        SIGSEGV may be seen to end after the teardown signalled it). The earliest failure wins:
+        a record's time, else when the end was seen; failures recorded as a lost peer come
+        after all others (they are the consequence of another rank's failure, and may be
+        recorded or seen first). Without candidates, the first worker seen to fail.
         """
         if self._first_failure is None:
             return None
-        timed = []
-        for worker in self._workers:
-            if worker.returncode in (None, 0) or not worker.launch.error_file:
-                continue
-            record = read_failure(worker.launch.error_file)
-            if record is None:
-                continue
-            on_its_own = worker.stopped_at is None or record.time <= worker.stopped_at
-            if on_its_own:
-                timed.append((record.time, worker.launch.rank, worker))
-        if not timed:
+        ranked = [(key, worker) for worker in self._workers
+                  if (key := _failure_key(worker)) is not None]
+        if not ranked:
             return self._first_failure, True
-        worker = min(timed, key=lambda item: item[:2])[2]
+        worker = min(ranked, key=lambda item: item[0])[1]
         return worker, worker.stopped_at is None
 
     def _result(self) -> RunResult:
@@ -665,12 +672,29 @@ class Supervisor:
                          unreaped=self._unreaped)
 
 
+def _failure_key(worker: _Worker) -> tuple[bool, float, int] | None:
+    """How ``worker`` ranks as the root cause (lower first: not a lost peer, then the time it
+    failed, then its rank), or None when it did not fail on its own (see
+    :meth:`Supervisor._root_cause`)."""
+    code = worker.returncode
+    if code in (None, 0, REQUEUE_EXIT_CODE):
+        return None
+    record = read_failure(worker.launch.error_file) if worker.launch.error_file else None
+    if record is None:
+        if code is not None and code < 0 and -code in worker.stop_signals:
+            return None  # the teardown's signal ended it
+        return (False, worker.ended_at or math.inf, worker.launch.rank)
+    if worker.stopped_at is not None and record.time > worker.stopped_at:
+        return None  # it failed because the teardown stopped it
+    return (record.lost_peer, record.time, worker.launch.rank)
+
+
 def _attempt_end(result: RunResult) -> str:
     """How an attempt that is restarted ended, for the restart's line."""
     if result.requeued:
         return f"stopped to be requeued (exit code {REQUEUE_EXIT_CODE})"
     first = result.first_failure
-    cause = (f"rank {first.rank}: {describe_returncode(first.returncode)}"
+    cause = (f"rank {first.rank}: {first.describe()}"
              if first else f"exit code {exit_code_of(result.exit_code)}")
     return f"failed ({cause})"
 

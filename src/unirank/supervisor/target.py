@@ -6,7 +6,10 @@ that :class:`~unirank.runtime.parallel.Parallel` pickled: run by
 ``runtime/``).
 
 Tracebacks leave out the bootstrap's and runpy's frames, which ``python script.py`` lacks, and
-an uncaught exception is recorded in the worker's error file (:mod:`unirank.errorfile`).
+an exception that leaves the target (a ``SystemExit`` with a failing code included) is recorded
+in the worker's error file (:mod:`unirank.errorfile`) at once, before the worker's own ending
+(exit barrier, interpreter teardown) closes its connections to the other ranks: so its time
+comes before the failures it causes in them.
 """
 
 from __future__ import annotations
@@ -47,6 +50,14 @@ def _hidden(filename: str) -> bool:
     return path in _HIDDEN or os.path.basename(path) == "runpy.py"
 
 
+def _trim(exc: BaseException) -> BaseException:
+    """``exc`` with the bootstrap's and runpy's leading frames left out of its traceback."""
+    tb = exc.__traceback__
+    while tb is not None and _hidden(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return exc.with_traceback(tb)
+
+
 def _trimmed_excepthook(
     hook: Callable[[type[BaseException], BaseException, types.TracebackType | None], Any],
 ) -> Callable[[type[BaseException], BaseException, types.TracebackType | None], Any]:
@@ -55,11 +66,10 @@ def _trimmed_excepthook(
     def excepthook(
         kind: type[BaseException], value: BaseException, tb: types.TracebackType | None
     ) -> Any:
-        while tb is not None and _hidden(tb.tb_frame.f_code.co_filename):
-            tb = tb.tb_next
         if isinstance(value, BaseException):
-            value = value.with_traceback(tb)  # the default hook prints value.__traceback__
+            value = _trim(value.with_traceback(tb))  # the default hook prints __traceback__
             record_exception(value)
+            tb = value.__traceback__
         return hook(kind, value, tb)
 
     return excepthook
@@ -112,10 +122,22 @@ def _run_script(script: str) -> None:
 
 def run_target(argv: Sequence[str]) -> None:
     """Run ``SCRIPT ARGS...``, ``-m MODULE ARGS...``, ``--exec PROGRAM ARGS...`` or
-    ``--call FILE`` (see the module docstring)."""
+    ``--call FILE`` (see the module docstring); what it raises is recorded, then raised on.
+
+    Reads: TORCHELASTIC_ERROR_FILE (through :func:`~unirank.errorfile.record_exception`).
+    """
     if not argv or (argv[0] in ("-m", "--exec", "--call") and len(argv) < 2):
         raise SystemExit(USAGE)
     sys.excepthook = _trimmed_excepthook(sys.excepthook)
+    try:
+        _dispatch(argv)
+    except BaseException as exc:
+        record_exception(_trim(exc))
+        raise
+
+
+def _dispatch(argv: Sequence[str]) -> None:
+    """Run the target ``argv`` names."""
     if argv[0] == "--exec":
         _exec(argv[1:])
     elif argv[0] == "--call":

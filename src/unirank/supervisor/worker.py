@@ -8,9 +8,8 @@ server) armed the parent-death signal:
 2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
 3. otherwise host or join the store and wait until every rank has joined (:mod:`.workerstore`),
    hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
-   :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
-   run), and run the target, applying the variables it sets before it imports torch
-   (:mod:`.lateenv`);
+from unirank.supervisor import groupstart, lateenv, workerstore
+from unirank.supervisor.cmdline import show_as_fresh
 4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
    the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
    other workers are done and gather the timeline.
@@ -24,7 +23,7 @@ from typing import Any
 
 from unirank.contract import PRIVATE_VARIABLES
 from unirank.store import hand_over
-from unirank.supervisor import lateenv, workerstore
+from unirank.supervisor import groupstart, lateenv, workerstore
 from unirank.supervisor.cmdline import show_as_fresh
 from unirank.supervisor.target import run_target
 from unirank.supervisor.workerinfo import WorkerInfo, read_worker_info
@@ -91,6 +90,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
     store = workerstore.rendezvous(info)
     hand_over(store, rank=info.rank, world_size=info.world_size, addr=info.master_addr,
               port=info.master_port)
+    uninstall = groupstart.install(store, info)
     if recorder is not None:
         recorder.mark("joined")
         recorder.install_hooks()
@@ -104,5 +104,6 @@ def run_worker(argv: Sequence[str], *, entered_at: float,
         ok = exc.code in (None, 0)
         raise
     finally:
+        uninstall()
         _finish(store, info, recorder, ok=ok)
         del store  # a server lives exactly as long as the program and its linger
