@@ -3,7 +3,9 @@
 A tiny model wrapped in DistributedDataParallel (gloo), AdamW, one forward, backward and
 optimizer step. With ``UNIRANK_BENCH_TIMES=<dir>`` each rank writes ``<dir>/<rank>.json`` with
 the wall-clock time its first step finished; the harness takes the last rank's, minus the
-launch.
+launch. It then ends at once (``os._exit``): what this measures ends there, and torch's teardown
+of a DDP model after the step (``destroy_process_group``, the model's reducer) sometimes hangs
+or aborts, under torchrun too, which would only make the figures wait for timeouts.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def main() -> None:
     if out:
         with open(os.path.join(out, f"{dist.get_rank()}.json"), "w") as fh:
             json.dump({"first_step": done}, fh)
-    dist.destroy_process_group()
+    os._exit(0)
 
 
 if __name__ == "__main__":
