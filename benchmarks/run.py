@@ -14,6 +14,10 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
   cli      `unirank --help`, `unirank info` cold start / `python -c pass`              <= 4x
   reduce   per-call `ur.all_reduce` / `dist.all_reduce` on a 4-byte tensor            <= 1.03x
   init16   init latency of 16 local ranks under `unirank run`, worst of 5             <= 150 ms
+  ddp      time to the first DDP training step (launch to the last rank's first AdamW step
+           done), `unirank run -n 2` / `torchrun --standalone -n 2`      (no target: figures)
+  ddp8     the same with 8 workers                                                      <= 0.30
+           (both also show, no target: `unirank run --no-preload` / the same torchrun)
   train    samples/s of examples/train.py's loop with ur.auto_* / the same written by hand
            (DDP + DistributedSampler), 2 local ranks, interleaved runs                  >= 0.98
            (init latency = last rank leaving init_process_group - last rank entering it, i.e.
@@ -39,6 +43,7 @@ import _pss
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 HELLO = str(HERE / "_hello_worker.py")
+DDP_STEP = str(HERE / "_ddp_step_worker.py")
 
 
 def clean_env() -> dict[str, str]:
@@ -100,6 +105,47 @@ def bench_start8(repeat: int) -> bool:
           f"{med['no-preload'] / med['torchrun']:8.3f}x  (no target)")
     return report("unirank run -n 8 / torchrun --standalone -n 8", med["unirank"] / med["torchrun"],
                   0.35, "x")
+
+
+def first_step(cmd: Sequence[str], n: int) -> float:
+    """Seconds from launching ``cmd`` to the last of its ``n`` ranks finishing its first step."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**clean_env(), "UNIRANK_BENCH_TIMES": tmp}
+        launched = time.time()
+        subprocess.run(cmd, env=env, check=True, timeout=300, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        marks = [json.loads(p.read_text())["first_step"] for p in Path(tmp).glob("*.json")]
+    assert len(marks) == n, f"expected {n} ranks' first steps, got {len(marks)}"
+    return max(marks) - launched
+
+
+def bench_first_step(n: int, target: float | None, repeat: int) -> bool:
+    cmds = {"unirank": unirank_run(n, DDP_STEP), "no-preload": unirank_run(n, DDP_STEP,
+                                                                          "--no-preload"),
+            "torchrun": torchrun(n, DDP_STEP)}
+    times: dict[str, list[float]] = {name: [] for name in cmds}
+    for _ in range(repeat):
+        for name, cmd in cmds.items():
+            times[name].append(first_step(cmd, n))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(f"ddp first step, -n {n}: unirank run {med['unirank']:.3f}s, --no-preload "
+          f"{med['no-preload']:.3f}s, torchrun {med['torchrun']:.3f}s (medians of {repeat}; "
+          f"load average {os.getloadavg()[0]:.2f})")
+    print(f"  {f'first DDP step: --no-preload -n {n} / torchrun -n {n}':<52} "
+          f"{med['no-preload'] / med['torchrun']:8.3f}x  (no target)")
+    label = f"first DDP step: unirank run -n {n} / torchrun -n {n}"
+    if target is None:
+        print(f"  {label:<52} {med['unirank'] / med['torchrun']:8.3f}x  (no target)")
+        return True
+    return report(label, med["unirank"] / med["torchrun"], target, "x")
+
+
+def bench_ddp(repeat: int) -> bool:
+    return bench_first_step(2, None, repeat)
+
+
+def bench_ddp8(repeat: int) -> bool:
+    return bench_first_step(8, 0.30, repeat)
 
 
 def bench_pss8(repeat: int) -> bool:
@@ -227,6 +273,8 @@ BENCHES: dict[str, Callable[[int], bool]] = {
     "reduce": bench_reduce,
     "init16": bench_init16,
     "train": bench_train,
+    "ddp": bench_ddp,
+    "ddp8": bench_ddp8,
 }
 
 

@@ -10,6 +10,10 @@ environment as differences from the server's, and its descriptors (stdout, stder
 socket, the linger or done pipe), which the server's child puts at the numbers the worker's
 environment names.
 
+A job whose script builds a DDP or FSDP model, or compiles one (:func:`warm_modules`), has the
+server import :data:`WARM_PRELOAD` too: what DDP's construction imports (through
+``torch._dynamo``) that is safe to import before the fork.
+
 What the server cannot serve starts as its own interpreter, as before (:func:`why_not_served`
 and :meth:`ForkServer.why_not`): ``--no-python``, a platform without ``fork`` and
 ``SCM_RIGHTS``, a worker whose interpreter start-up variables (``PYTHON*``, ``LD_*``) differ
@@ -32,11 +36,26 @@ from typing import Any
 from unirank.contract import NO_PRELOAD_VAR
 from unirank.supervisor.importtime import SERVER_ONLY
 
-__all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "ForkServer", "fallback_line", "server_environ",
-           "start_server", "why_not_served"]
+__all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "WARM_PRELOAD", "ForkServer", "fallback_line",
+           "server_environ", "start_server", "warm_modules", "why_not_served"]
 
 #: what the server always imports; ``--preload`` adds to it
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "unirank.supervisor.forked")
+#: what a DDP job's first step imports that the server may import too: about a third of
+#: ``torch._dynamo``'s import, which DDP's constructor triggers in every worker. They start no
+#: thread and keep no per-process state. ``torch._dynamo`` itself, ``torch._inductor`` and
+#: ``torch.distributed.fsdp`` are left out: imported before the script runs they make a DDP
+#: script hang at its end (torch's gloo thread waits for the GIL while the main thread joins
+#: it), under torchrun too when the script imports them first
+WARM_PRELOAD = ("sympy", "torch.fx.experimental.symbolic_shapes")
+#: the variables :data:`WARM_PRELOAD` reads when imported: a worker whose values differ from
+#: those the server imported with cannot be forked from it
+_WARM_PREFIXES = ("SYMPY_", "MPMATH_")
+#: what names a script that builds a DDP or FSDP model, or compiles one
+_WARM_MARKS = (b"DistributedDataParallel", b"FullyShardedDataParallel", b"fully_shard",
+               b"torch.compile", b"auto_model")
+#: how much of a script :func:`warm_modules` reads
+_SCAN_BYTES = 1 << 20
 #: how long the server may take to import (a cold shared filesystem is slow)
 READY_TIMEOUT = 600.0
 #: how long one fork may take to be answered
@@ -63,10 +82,25 @@ def fallback_line(why: str) -> str:
     return f"starting workers as their own interpreters: {why}"
 
 
+def warm_modules(target: Sequence[str]) -> tuple[str, ...]:
+    """:data:`WARM_PRELOAD` when ``target`` is a script (``SCRIPT ARGS``) whose text names DDP,
+    FSDP, ``torch.compile`` or ``ur.auto_model``; otherwise nothing (a module, a program, a
+    function, a script it cannot read), so that other jobs start as fast as before."""
+    if not target or target[0] in ("-m", "--exec", "--call"):
+        return ()
+    try:
+        with open(target[0], "rb") as script:
+            text = script.read(_SCAN_BYTES)
+    except OSError:
+        return ()
+    return WARM_PRELOAD if any(mark in text for mark in _WARM_MARKS) else ()
+
+
 def start_server(target: Sequence[str], environ: Mapping[str, str],
                  preload: Sequence[str] | None, *, prog: str, err_fd: int = 2) -> ForkServer | None:
     """Start the node's fork server, unless it is off (``preload`` None, UNIRANK_NO_PRELOAD=1)
-    or cannot serve this run (then say why, once).
+    or cannot serve this run (then say why, once). It imports ``preload`` and
+    :func:`warm_modules` besides :data:`DEFAULT_PRELOAD`.
 
     Reads (from ``environ``): UNIRANK_NO_PRELOAD.
     """
@@ -76,7 +110,7 @@ def start_server(target: Sequence[str], environ: Mapping[str, str],
     if why is not None:
         os.write(err_fd, f"{prog}: {fallback_line(why)}\n".encode())
         return None
-    return ForkServer.start(environ, preload, err_fd)
+    return ForkServer.start(environ, [*warm_modules(target), *preload], err_fd)
 
 
 def server_environ(environs: Sequence[Mapping[str, str]]) -> dict[str, str]:
@@ -94,8 +128,10 @@ class ForkServer:
     """One running fork server (see the module docstring)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket,
-                 environ: Mapping[str, str]) -> None:
+                 environ: Mapping[str, str], import_prefixes: tuple[str, ...] = ()) -> None:
         self._proc = proc
+        #: the variables its preloaded modules read at import (see :meth:`why_not`)
+        self._import_prefixes = import_prefixes
         self._control = control
         #: what the server's interpreter started with, then what it imported with
         self._started_with = dict(environ)
@@ -126,7 +162,8 @@ class ForkServer:
                                     start_new_session=True)
         finally:
             theirs.close()
-        return cls(proc, ours, environ)
+        warm = any(name in WARM_PRELOAD for name in modules)
+        return cls(proc, ours, environ, _WARM_PREFIXES if warm else ())
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -209,14 +246,19 @@ class ForkServer:
 
     def why_not(self, environ: Mapping[str, str]) -> str | None:
         """Why this worker (its whole environment) cannot be forked from the server: the
-        server is broken, or a variable read when an interpreter starts differs (but
-        PYTHONUNBUFFERED, which the worker applies itself)."""
+        server is broken, a variable read when an interpreter starts differs (but
+        PYTHONUNBUFFERED, which the worker applies itself), or one that a warm module
+        (:data:`WARM_PRELOAD`) read at import differs from what the server imported with."""
         if self.broken is not None:
             return self.broken
         for name in set(environ) | set(self._started_with):
             if name.startswith(_START_TIME_PREFIXES) and name not in _APPLIED_AFTER_FORK and \
                     environ.get(name) != self._started_with.get(name):
                 return f"{name} differs between this worker and the fork server"
+        for name in set(environ) | set(self._environ):
+            if name.startswith(self._import_prefixes) and \
+                    environ.get(name) != self._environ.get(name):
+                return f"{name} differs between this worker and the fork server's imports"
         return None
 
     def spawn(self, target: Sequence[str], environ: Mapping[str, str],
