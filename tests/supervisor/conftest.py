@@ -127,3 +127,14 @@ def runner(tmp_path: Path) -> Iterator[Runner]:
     made = Runner(tmp_path)
     yield made
     made.close()
+
+
+@pytest.fixture
+def started() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test started; killed at its end."""
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=TIMEOUT)

@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,16 +40,6 @@ print("SEEN", json.dumps({"pid": os.getpid(), "orig_argv": sys.orig_argv, "argv"
                           "comm": name}), flush=True)
 signal.pause()
 """
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=TIMEOUT)
 
 
 def _fresh_comm() -> str:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -258,17 +258,6 @@ def test_a_restart_forks_from_the_same_server(tmp_path: Path) -> None:
 
 
 _SLEEPER = _WHO + "import threading\nthreading.Event().wait(300)\n"
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes a test started; killed at its end."""
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=TIMEOUT)
 
 
 def _read_who(proc: subprocess.Popen[bytes], count: int) -> list[dict[str, Any]]:
