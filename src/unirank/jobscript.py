@@ -133,7 +133,8 @@ def _waited(spec: JobSpec, srun: str) -> list[str]:
     if forwarded is not None:
         lines += [f"# --signal B:{forwarded} comes to this shell alone: pass it to srun, which "
                   "passes it to the ranks.",
-                  f"trap 'kill -{forwarded} \"$srun_pid\" 2>/dev/null' {forwarded}"]
+                  "# ($! is srun as soon as it starts; $srun_pid may not be set yet)",
+                  f"trap 'kill -{forwarded} \"$!\" 2>/dev/null' {forwarded}"]
     return [
         *lines,
         f"{srun} &",
