@@ -428,7 +428,9 @@ class Supervisor:
                     f"{self._grace:g} s ({signal_name(signum)} again to kill now)"
                 )
             self._signal_all(signum, deadline=not slurms)
-        elif not slurms:
+        elif slurms:
+            self._signal_all(signum, deadline=False)
+        else:
             self._kill_all()
 
     def _exit_code(self, worker: _Worker) -> int | None:
