@@ -127,14 +127,16 @@ def test_golden_files_hold_no_machine_interpreter() -> None:
         assert sys.executable not in (GOLDEN / name).read_text(), name
 
 
-#: a stand-in srun: says READY, waits for SIGUSR2 or SIGTERM (blocked, then sigwait: no
-#: handler), says which came and exits 79, as ranks that saved and stopped do
+#: a stand-in srun: says READY, waits up to 60 s for SIGUSR2 or SIGTERM (blocked, then
+#: sigtimedwait: no handler), says which came and exits 79, as ranks that saved and stopped do
 FAKE_SRUN = f"""#!{sys.executable}
 import signal, sys
 signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGUSR2, signal.SIGTERM}})
 print("READY", flush=True)
-got = signal.sigwait({{signal.SIGUSR2, signal.SIGTERM}})
-print("srun got", signal.Signals(got).name, flush=True)
+got = signal.sigtimedwait({{signal.SIGUSR2, signal.SIGTERM}}, 60)
+if got is None:
+    sys.exit("srun got no signal in 60 s")
+print("srun got", signal.Signals(got.si_signo).name, flush=True)
 sys.exit({REQUEUE_EXIT_CODE})
 """
 
@@ -156,13 +158,13 @@ def _run_script(script: str, tmp_path: Path, signals: list[str]) -> tuple[int, s
                             stdin=subprocess.DEVNULL)
     try:
         seen = read_stdout_until(proc, lambda out: b"READY\n" in out, 60, "srun's READY")
+        srun = int(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                  text=True, timeout=30).stdout.split()[0])
         for name in signals:
             if name == "TERM":
-                srun = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                      text=True, timeout=30).stdout.split()
-                os.kill(int(srun[0]), signal.SIGTERM)
+                os.kill(srun, signal.SIGTERM)
             os.kill(proc.pid, signal.Signals["SIG" + name])
-        rest, _ = proc.communicate(timeout=60)
+        rest, _ = proc.communicate(timeout=90)  # the stand-in gives up after 60 s
     finally:
         if proc.poll() is None:
             proc.kill()
