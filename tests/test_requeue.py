@@ -14,6 +14,7 @@ from unirank.requeue import (
     parse_time_left,
     requeue_refusal,
     requeue_target,
+    slurm_run_state,
     stop_signals,
 )
 from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
@@ -22,11 +23,29 @@ from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
 def test_stop_signals_default_per_launcher_and_configurable() -> None:
     assert stop_signals({}) == (signal.SIGUSR2, signal.SIGTERM)
     assert stop_signals({"RANK": "0", "WORLD_SIZE": "2"}) == (signal.SIGUSR2, signal.SIGTERM)
-    assert stop_signals({"SLURM_JOB_ID": "7"}) == (signal.SIGUSR2,)
+    assert stop_signals({"SLURM_JOB_ID": "7"}) == (signal.SIGUSR2, signal.SIGTERM)
     assert stop_signals({"UNIRANK_STOP_SIGNALS": "usr1, SIGTERM,USR1"}) == (
         signal.SIGUSR1, signal.SIGTERM)
     assert stop_signals({"UNIRANK_STOP_SIGNALS": "12", "SLURM_JOB_ID": "7"}) == (
         signal.Signals(12),)
+
+
+@pytest.mark.parametrize(("shown", "restart_count", "run_state"), [
+    ("JobId=5 JobState=RUNNING Restarts=0", None, "running"),
+    ("JobId=5 JobState=COMPLETING Requeue=1 Restarts=1", None, "requeued"),  # scontrol requeue
+    ("JobId=5 JobState=COMPLETING Requeue=1 Restarts=2", "1", "requeued"),
+    ("JobId=5 JobState=COMPLETING Requeue=1 Restarts=1", "1", "ending"),  # scancel, run 2
+    ("JobId=5 JobState=COMPLETING Restarts=0", None, "ending"),  # scancel
+    ("JobId=5 JobState=TIMEOUT Restarts=0", None, "ending"),
+    ("", None, "running"),  # no answer: as before, unirank requeues
+])
+def test_slurm_run_state_tells_a_requeue_from_a_cancel(
+    shown: str, restart_count: str | None, run_state: str,
+) -> None:
+    environ = {"SLURM_JOB_ID": "5"}
+    if restart_count is not None:
+        environ["SLURM_RESTART_COUNT"] = restart_count
+    assert slurm_run_state(shown, environ) == run_state
 
 
 @pytest.mark.parametrize(("value", "message"), [

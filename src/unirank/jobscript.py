@@ -11,7 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePath
 
-from unirank.jobspec import JobSpec
+from unirank.jobspec import JobSpec, signal_for_batch_shell
 from unirank.requeue import REQUEUE_EXIT_CODE
 
 __all__ = ["default_job_name", "render"]
@@ -105,7 +105,8 @@ def _explicit_env(spec: JobSpec) -> list[str]:
     ]
 
 
-def _launch(spec: JobSpec) -> list[str]:
+def _command(spec: JobSpec) -> tuple[str, str]:
+    """Why, and the srun line (srun's --quiet: no notes of its own on a stop or requeue)."""
     target = (["-m", spec.program] if spec.module else [spec.program]) + list(spec.program_args)
     if spec.launch == "node":
         why = (f"# srun starts one task per node; each runs unirank run, which starts "
@@ -115,7 +116,41 @@ def _launch(spec: JobSpec) -> list[str]:
     else:
         why = "# srun starts one task per rank; each finds its rank, world and master from Slurm."
         command = [spec.python, *target]
-    return [_block("Launch"), why, "srun " + shlex.join(command), "status=$?"]
+    return why, "srun --quiet " + shlex.join(command)
+
+
+def _waited(spec: JobSpec, srun: str) -> list[str]:
+    """srun in the background, waited for by a batch shell that traps Slurm's SIGTERM (and
+    forwards a ``B:`` warning signal to srun, which passes it to the ranks)."""
+    forwarded = signal_for_batch_shell(spec.warning_signal() or "")
+    lines = [
+        "# Slurm ends a run (scancel, a requeue, preemption, the time limit) with SIGTERM to",
+        "# every process of the job: the ranks save their checkpoint and stop; this shell waits",
+        "# for them and leaves the requeue to Slurm.",
+        'ended=""',
+        "trap 'ended=TERM' TERM",
+    ]
+    if forwarded is not None:
+        lines += [f"# --signal B:{forwarded} comes to this shell alone: pass it to srun, which "
+                  "passes it to the ranks.",
+                  "# ($! is srun as soon as it starts; $srun_pid may not be set yet)",
+                  f"trap 'kill -{forwarded} \"$!\" 2>/dev/null' {forwarded}"]
+    return [
+        *lines,
+        f"{srun} &",
+        "srun_pid=$!",
+        "# A trapped signal ends a wait early: wait again until srun is gone.",
+        'while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; done',
+        'wait "$srun_pid"',
+        "status=$?",
+    ]
+
+
+def _launch(spec: JobSpec) -> list[str]:
+    why, srun = _command(spec)
+    if spec.requeue or signal_for_batch_shell(spec.warning_signal() or "") is not None:
+        return [_block("Launch"), why, *_waited(spec, srun)]
+    return [_block("Launch"), why, srun, "status=$?"]
 
 
 def _requeue(spec: JobSpec) -> list[str]:
@@ -127,12 +162,14 @@ def _requeue(spec: JobSpec) -> list[str]:
         f"# Ranks that saved their checkpoint and stopped to run again exit with {code}",
         "# (unirank.requeue). The batch shell requeues the job itself, which works where the",
         "# ranks run in a container without scontrol. An array task requeues only itself.",
-        f'if [ "$status" -eq {code} ]; then',
+        "# After Slurm's SIGTERM the requeue is Slurm's (a cancel must not be requeued).",
+        f'if [ "$status" -eq {code} ] && [ -z "$ended" ]; then',
         '    job="$SLURM_JOB_ID"',
         '    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then',
         '        job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
         "    fi",
-        '    echo "unirank sbatch: the ranks stopped to be requeued; requeueing job $job"',
+        f'    echo "unirank sbatch: stopped to be requeued (exit code {code}); requeueing job '
+        '$job"',
         '    scontrol requeue "$job"',
         "fi",
     ]

@@ -27,6 +27,7 @@ __all__ = [
     "parse_env",
     "parse_signal",
     "parse_time",
+    "signal_for_batch_shell",
 ]
 
 LAUNCH_MODES = ("tasks", "node")
@@ -150,6 +151,20 @@ def parse_signal(text: str) -> tuple[str, int]:
         raise ConfigError("lead time is above 65535 s, sbatch's limit", variable="--signal",
                           value=text, hint="give the seconds before the time limit, e.g. @120")
     return text.strip(), lead
+
+
+def signal_for_batch_shell(text: str) -> Optional[str]:
+    """The signal a ``B:`` (or ``RB:``) ``--signal`` sends to the batch shell alone, as
+    ``kill`` names it (``USR2``, or the number of a signal without a name); None without
+    ``B:``, when Slurm signals the job's steps (the ranks) itself."""
+    match = _SIGNAL.fullmatch(text.strip())
+    if match is None or "B" not in (match["where"] or ""):
+        return None
+    number = _signal_number(match["sig"], text)
+    try:
+        return _signal.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)
 
 
 def looks_secret(name: str) -> bool:

@@ -21,7 +21,8 @@ Why 79: it is used by none of the programs between the batch shell and a rank:
 others stop with 79 is outweighed by 79: the restart count caps how often that can repeat.
 
 This module also holds the pure parts of the stop -> checkpoint -> requeue pattern (which
-signals ask for a stop, squeue's time format, the job to requeue, the cap on requeues);
+signals ask for a stop, squeue's time format, the job to requeue, the cap on requeues, whether
+Slurm is already ending or requeueing the run);
 :mod:`unirank.runtime.preemption` is the part the training loop calls.
 """
 
@@ -39,6 +40,7 @@ __all__ = [
     "parse_time_left",
     "requeue_refusal",
     "requeue_target",
+    "slurm_run_state",
     "stop_signals",
 ]
 
@@ -50,15 +52,16 @@ REQUEUE_EXIT_CODE = 79
 
 def stop_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
     """The signals that ask the ranks to stop: UNIRANK_STOP_SIGNALS (``USR2,TERM``), else
-    SIGUSR2, plus SIGTERM outside Slurm (torchrun, Kubernetes and ``unirank run`` stop their
-    workers with SIGTERM; under Slurm SIGTERM comes with the kill, KillWait seconds later).
+    SIGUSR2 and SIGTERM. SIGUSR2 is the warning of ``unirank sbatch``'s ``--signal``. SIGTERM
+    is how torchrun, Kubernetes and ``unirank run`` stop their workers, and how Slurm ends a
+    run (scancel, ``scontrol requeue``, preemption, the time limit; SIGKILL follows KillWait
+    seconds later): the ranks save their checkpoint first, and :func:`slurm_run_state` tells
+    a requeue from a cancel.
 
-    Reads: UNIRANK_STOP_SIGNALS, SLURM_JOB_ID.
+    Reads: UNIRANK_STOP_SIGNALS.
     """
     given = environ.get(STOP_SIGNALS_VAR, "").strip()
     if not given:
-        if environ.get("SLURM_JOB_ID"):
-            return (signal.SIGUSR2,)
         return (signal.SIGUSR2, signal.SIGTERM)
     found = []
     for word in given.replace(" ", ",").split(","):
@@ -142,3 +145,28 @@ def requeue_refusal(environ: Mapping[str, str]) -> str | None:
     return (f"unirank: not requeueing job {requeue_target(environ)} again: it ran "
             f"{count + 1} times (SLURM_RESTART_COUNT={count}, {MAX_REQUEUES_VAR}={cap}); "
             f"raise {MAX_REQUEUES_VAR} if it needs more runs to finish")
+
+
+def _restarts(text: str) -> int:
+    return int(text) if text.strip().isdigit() else 0
+
+
+def slurm_run_state(show_job: str, environ: Mapping[str, str]) -> str:
+    """What Slurm is doing with this run, from ``scontrol show job -o JOB``'s line:
+
+    * ``"requeued"``: Slurm has requeued the job (``scontrol requeue``, preemption): its
+      ``Restarts`` is past this run's SLURM_RESTART_COUNT; it runs again by itself;
+    * ``"running"``: the job runs (a stop asked by a signal or the time left): unirank
+      requeues it;
+    * ``"ending"``: Slurm is ending it for good (scancel, the time limit, a node's failure):
+      it must not be requeued.
+
+    Reads: SLURM_RESTART_COUNT.
+    """
+    fields = dict(word.split("=", 1) for word in show_job.split() if "=" in word)
+    if _restarts(fields.get("Restarts", "0")) > _restarts(environ.get("SLURM_RESTART_COUNT",
+                                                                          "0")):
+        return "requeued"
+    if fields.get("JobState", "RUNNING") in ("RUNNING", "CONFIGURING", "SUSPENDED"):
+        return "running"
+    return "ending"

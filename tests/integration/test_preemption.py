@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -267,3 +267,111 @@ def test_preempted_job_checkpoints_requeues_resumes_and_matches_an_unbroken_run(
     assert " Restarts=1 " in shown, shown
     log = Path(re.search(r"StdOut=(\S+)", shown).group(1)).read_text()  # type: ignore[union-attr]
     assert "stopped at step" in log and "resumed from" in log  # both runs in the one log
+
+
+def _start_held(testbed: SlurmTestbed, launch: str, tag: str,
+                extra: Sequence[str] = ()) -> tuple[Any, int, Path]:
+    """``unirank sbatch --requeue --follow`` of train.py on two nodes, holding at
+    :data:`HOLD_AT` on its first run (see :data:`HOLD`); the follower, job id and checkpoint."""
+    checkpoint = testbed.work_dir / f"{tag}-{launch}.pt"
+    checkpoint.unlink(missing_ok=True)
+    following, job = start(testbed, [
+        "-N", "2", "--ntasks-per-node", "1", "--launch", launch, "--requeue", *extra,
+        "--follow", "--env", "UNIRANK_INIT_TIMEOUT=60",
+        *(f"--env={name}={value}" for name, value in _held_env(str(checkpoint)).items()
+          if name == "PYTHONPATH" or name.startswith("UNIRANK_TEST_HOLD")),
+        "--", TRAIN, *ARGS, "--checkpoint", str(checkpoint)], minutes=6)
+    return following, job, checkpoint
+
+
+def _job_line(job: int) -> str:
+    return subprocess.run(["scontrol", "show", "job", "-o", str(job)], capture_output=True,
+                          text=True, timeout=30).stdout
+
+
+def _resumed_run(testbed: SlurmTestbed, launch: str, tag: str, stop: Sequence[str],
+                 extra: Sequence[str] = ()) -> tuple[subprocess.CompletedProcess[str], int]:
+    """Hold the first run, run ``stop`` (JOBID appended), release the requeued job and follow
+    it to its end: the finished ``unirank sbatch --follow`` and the job id."""
+    following, job, _checkpoint = _start_held(testbed, launch, tag, extra)
+    try:
+        following.wait_for("^HOLDING")
+        subprocess.run([*stop, str(job)], check=True, timeout=30, capture_output=True)
+        testbed.release_requeued(job)
+        following.wait_for("^resumed from")
+    finally:
+        done = following.finish()
+    return done, job
+
+
+def _check_resumed(done: subprocess.CompletedProcess[str], job: int, unbroken: str) -> str:
+    """The job stopped after saving, ran again from the checkpoint and matches an unbroken
+    run; its log (returned) holds both runs."""
+    out = done.stdout
+    assert done.returncode == 0, _described(done)
+    stopped = re.search(r"stopped at step (\d+): checkpoint saved to ", out)
+    assert stopped, _described(done)
+    epoch, batch = _position(int(stopped.group(1)))
+    assert f"at epoch {epoch}, batch {batch} (step {stopped.group(1)})" in out, _described(done)
+    assert _digest(out) == unbroken
+    assert f"unirank sbatch: job {job} was requeued (restart 1)" in done.stderr
+    shown = _job_line(job)
+    assert " Restarts=1 " in shown, shown
+    return Path(re.search(r"StdOut=(\S+)", shown).group(1)).read_text()  # type: ignore[union-attr]
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launch", ["tasks", "node"])
+def test_scontrol_requeue_saves_the_checkpoint_first_and_the_job_resumes_from_it(
+    slurm_testbed: SlurmTestbed, unbroken: str, launch: str,
+) -> None:
+    """An administrator's ``scontrol requeue JOBID`` (Slurm's SIGTERM to every process of the
+    job, SIGKILL KillWait seconds later, as preemption with PreemptMode=REQUEUE does): the
+    ranks save their checkpoint before the job stops, rank 0 leaves the requeue to Slurm, and
+    the requeued job resumes from the checkpoint and ends with an unbroken run's parameters.
+    The log says "stopped to be requeued (exit code 79)", not a failure."""
+    done, job = _resumed_run(slurm_testbed, launch, "admin-requeue", ["scontrol", "requeue"])
+    log = _check_resumed(done, job, unbroken)
+    assert (f"unirank: stopped to be requeued (exit code {REQUEUE_EXIT_CODE}); Slurm requeues "
+            f"job {job}") in log, log
+    if launch == "node":
+        assert "unirank run: stopped to be requeued (exit code 79)" in log, log
+    for failure in ("Terminated", "SIGTERM", "FAILED", "Traceback", "requeue failed",
+                    "forcing job termination", "Job step aborted"):
+        assert failure not in log, log
+
+
+@pytest.mark.slurm
+def test_batch_signal_is_forwarded_to_the_ranks_which_save_and_requeue(
+    slurm_testbed: SlurmTestbed, unbroken: str,
+) -> None:
+    """``--signal B:USR2@60`` sends the warning to the batch shell alone; the script's trap
+    passes it to srun, which passes it to the ranks: they save, requeue and resume
+    (``scancel --batch --signal=USR2`` is what Slurm does at the warning time)."""
+    done, job = _resumed_run(slurm_testbed, "tasks", "batch-signal",
+                             ["scancel", "--batch", "--signal=USR2"],
+                             ["--signal", "B:USR2@60"])
+    log = _check_resumed(done, job, unbroken)
+    assert f"requeueing job {job}" in log, log
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launch", ["tasks", "node"])
+def test_scancel_saves_the_checkpoint_and_the_job_is_not_requeued(
+    slurm_testbed: SlurmTestbed, launch: str,
+) -> None:
+    """A user's ``scancel JOBID`` (SIGTERM, like a requeue): the ranks save their checkpoint,
+    say that the job ends without a requeue, and the job stays CANCELLED with Restarts=0."""
+    following, job, checkpoint = _start_held(slurm_testbed, launch, "scancel")
+    try:
+        following.wait_for("^HOLDING")
+        subprocess.run(["scancel", str(job)], check=True, timeout=30, capture_output=True)
+    finally:
+        done = following.finish()
+    assert f"unirank sbatch: job {job} CANCELLED" in done.stderr, _described(done)
+    assert "stopped at step" in done.stdout and checkpoint.is_file(), _described(done)
+    assert (f"unirank: stopped after the checkpoint; Slurm is ending job {job} without a "
+            "requeue") in done.stdout, _described(done)
+    assert "requeueing job" not in done.stdout and "was requeued" not in done.stderr
+    shown = _job_line(job)
+    assert " JobState=CANCELLED " in shown and " Restarts=0 " in shown, shown

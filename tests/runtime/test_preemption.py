@@ -55,11 +55,12 @@ def test_a_signal_sets_a_flag_that_the_next_call_returns_and_handlers_come_back(
         signal.signal(signal.SIGUSR2, old)
 
 
-def test_under_slurm_only_sigusr2_is_watched_unless_configured(
+def test_under_slurm_sigterm_is_watched_too_unless_configured(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Slurm ends a run (scancel, requeue, preemption) with SIGTERM: a stop, to save first."""
     monkeypatch.setenv("SLURM_JOB_ID", "5")
-    assert ur.watch_stop_signals() == (signal.SIGUSR2,)
+    assert ur.watch_stop_signals() == (signal.SIGUSR2, signal.SIGTERM)
     ur.unwatch_stop_signals()
     monkeypatch.setenv("UNIRANK_STOP_SIGNALS", "USR1")
     assert ur.watch_stop_signals() == (signal.SIGUSR1,)
@@ -114,15 +115,46 @@ def _exit_for_requeue_in_job(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
     return caught.value.code
 
 
+def _scontrol(folder: Path, shown: str) -> None:
+    """A stand-in scontrol: ``show job`` prints ``shown``; every call is recorded in asked."""
+    _stand_in(folder, "scontrol", f'echo "$@" >> {folder}/asked\n'
+              f'[ "$1" = show ] && echo "{shown}"; exit 0')
+
+
 def test_exit_for_requeue_under_slurm_requeues_and_exits_79(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _stand_in(tmp_path, "scontrol", f'echo "$@" > {tmp_path}/asked')
+    _scontrol(tmp_path, "JobId=41 ArrayJobId=40 ArrayTaskId=3 JobState=RUNNING Restarts=0")
     code = _exit_for_requeue_in_job(monkeypatch, tmp_path, SLURM_ARRAY_JOB_ID="40",
                                     SLURM_ARRAY_TASK_ID="3")
     assert code == REQUEUE_EXIT_CODE
-    assert (tmp_path / "asked").read_text() == "requeue 40_3\n"
+    assert (tmp_path / "asked").read_text() == "show job -o 40_3\nrequeue 40_3\n"
     assert "requeueing job 40_3" in capsys.readouterr().err
+
+
+def test_a_job_that_slurm_requeues_already_is_left_to_slurm(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``scontrol requeue`` by an admin, or preemption: SIGTERM, and Restarts is already one
+    past this run's SLURM_RESTART_COUNT: no second requeue, exit 79 (not a failure)."""
+    _scontrol(tmp_path, "JobId=43 JobState=COMPLETING Restarts=2")
+    assert _exit_for_requeue_in_job(monkeypatch, tmp_path,
+                                    SLURM_RESTART_COUNT="1") == REQUEUE_EXIT_CODE
+    assert (tmp_path / "asked").read_text() == "show job -o 43\n"
+    assert ("unirank: stopped to be requeued (exit code 79); Slurm requeues job 43"
+            in capsys.readouterr().err)
+
+
+def test_a_cancelled_job_is_not_requeued_and_ends_as_sigterm_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+) -> None:
+    """scancel (or the time limit): SIGTERM, the job COMPLETING with the same Restarts: the
+    checkpoint is saved, nothing is requeued, every rank exits 143."""
+    _scontrol(tmp_path, "JobId=43 JobState=COMPLETING Restarts=0")
+    assert _exit_for_requeue_in_job(monkeypatch, tmp_path) == 128 + signal.SIGTERM
+    assert (tmp_path / "asked").read_text() == "show job -o 43\n"
+    assert ("unirank: stopped after the checkpoint; Slurm is ending job 43 without a requeue"
+            in capsys.readouterr().err)
 
 
 def test_without_scontrol_the_batch_shell_is_left_to_requeue(

@@ -191,3 +191,50 @@ sys.stdout.write("no newline at the end")
         assert f"[rank{r}]:err line of {r}\n" in result.stderr
         assert f"[rank{r}]:no newline at the end\n" in result.stdout
     assert all(line.startswith("[rank") for line in result.stdout.splitlines())
+
+
+# Each SIGTERM writes one byte to a pipe; the worker exits 79 (saved, to be requeued) after two.
+_TWO_TERMS = """
+import os, select, signal, sys
+wake_r, wake_w = os.pipe()
+signal.signal(signal.SIGTERM, lambda signum, frame: os.write(wake_w, b"t"))
+rank = os.environ["RANK"]
+print(f"ready {rank}", flush=True)
+for count in (1, 2):
+    if not select.select([wake_r], [], [], 60)[0]:
+        sys.exit(5)
+    os.read(wake_r, 1)
+    print(f"rank {rank} got SIGTERM {count}", flush=True)
+sys.exit(79)
+"""
+
+#: one task of a one-node Slurm step (job 5), as srun gives it
+_SLURM_STEP = {
+    "SLURM_JOB_ID": "5", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0", "SLURM_NTASKS": "1", "SLURM_NNODES": "1",
+    "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_NODELIST": "localhost",
+    "SLURMD_NODENAME": "localhost", "SLURM_TASKS_PER_NODE": "1", "SLURM_STEP_NUM_TASKS": "1",
+    "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_TASKS_PER_NODE": "1",
+}
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_under_slurm_sigterm_is_forwarded_without_a_deadline_or_a_kill_on_repeat(
+    runner: Runner, preload: bool,
+) -> None:
+    """Slurm sends SIGTERM to every process of the step (srun passes on its own as well) and
+    SIGKILL after KillWait: ``unirank run`` forwards each SIGTERM and kills nothing itself, so
+    that workers saving a checkpoint finish it; they exit 79 and the run says so in one line."""
+    runner.script("two_terms.py", _TWO_TERMS)
+    proc = runner.start(["-n", "2", *([] if preload else ["--no-preload"]), "two_terms.py"],
+                        env=_SLURM_STEP)
+    assert proc.stdout is not None
+    runner.read_lines(proc.stdout, 2, contains="ready")
+    proc.send_signal(signal.SIGTERM)
+    runner.read_lines(proc.stdout, 2, contains="got SIGTERM 1")
+    proc.send_signal(signal.SIGTERM)
+    _out, err = proc.communicate(timeout=runner.timeout)
+    assert proc.returncode == 79, err.decode()
+    assert err.decode().strip().splitlines() == [
+        "unirank run: stopped to be requeued (exit code 79): ranks 0-1 saved and stopped so "
+        "that the run goes on later; not a failure"], err.decode()

@@ -82,7 +82,9 @@ def _job_options(parser: argparse.ArgumentParser) -> None:
         "per node running unirank run --nproc-per-node N SCRIPT")
     add("--backend", metavar="|".join(BACKENDS),
         help="the backend the script will use, for the GPU check (auto: nccl with GPUs)")
-    add("--python", metavar="PYTHON", help="the interpreter in the job (default python)")
+    add("--python", metavar="PYTHON",
+        help="the interpreter in the job (default: this one, the absolute path of the Python "
+        "running unirank sbatch)")
     add("--explicit-env", action="store_const", const=True,
         help="write MASTER_ADDR/MASTER_PORT lines (unirank derives them without)")
     add("--config", metavar="FILE", help="TOML file of defaults; flags win")
@@ -152,6 +154,12 @@ def _check_program(args: argparse.Namespace) -> None:
                           "for a module")
 
 
+def default_python() -> str:
+    """The interpreter the job runs when ``--python`` is not given: the one running unirank
+    sbatch (so the job imports the same unirank), not whatever ``python`` the job's PATH finds."""
+    return sys.executable or "python"
+
+
 def build_spec(args: argparse.Namespace) -> JobSpec:
     """The checked JobSpec of the parsed options merged over the ``--config`` file."""
     from unirank.jobconfig import merge, read_config
@@ -161,6 +169,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
     defaults = read_config(args.config) if args.config else {}
     merged = merge(defaults, flags)
     merged["env"] = parse_env(tuple(merged.get("env", ())))
+    merged.setdefault("python", default_python())
     program_args = list(args.program_args)
     if program_args and program_args[0] == "--":
         program_args = program_args[1:]

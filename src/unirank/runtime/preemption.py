@@ -1,14 +1,15 @@
 """Stop, checkpoint, requeue, resume: what a training loop calls.
 
 * :func:`stop_requested` asked at step boundaries: True on every rank at the same call once any
-  rank got a stop signal (:func:`unirank.requeue.stop_signals`: SIGUSR2, plus SIGTERM outside
-  Slurm) or, with ``time_margin``, once the job has less than that many seconds left. The ranks
+  rank got a stop signal (:func:`unirank.requeue.stop_signals`: SIGUSR2 and SIGTERM) or, with
+  ``time_margin``, once the job has less than that many seconds left. The ranks
   agree through one all_reduce MAX of one int (unirank's own, so gloo, nccl, Horovod and XLA
   work), every ``every``-th call; at world size 1 there is no collective.
 * :func:`time_left`: seconds until the Slurm job's end, None outside Slurm or without a limit.
 * :func:`exit_for_requeue`: after the checkpoint is saved, requeue the Slurm job (rank 0,
-  ``scontrol requeue``) and end every rank with
-  :data:`~unirank.requeue.REQUEUE_EXIT_CODE`; past the cap on requeues, fail with one line.
+  ``scontrol requeue``; not when Slurm's own SIGTERM is ending or requeueing it) and end every
+  rank with :data:`~unirank.requeue.REQUEUE_EXIT_CODE`; past the cap on requeues, fail with
+  one line.
 
 The signal handler only sets a flag; the checkpoint is saved by the loop, never in a handler.
 """
@@ -31,6 +32,7 @@ from unirank.requeue import (
     parse_time_left,
     requeue_refusal,
     requeue_target,
+    slurm_run_state,
     stop_signals,
 )
 from unirank.runtime import collectives, state
@@ -66,12 +68,12 @@ def _handler(signum: int, frame: FrameType | None) -> None:
 
 def watch_stop_signals(signals: Iterable[int | signal.Signals] | None = None) -> tuple[int, ...]:
     """Install the flag-setting handler for ``signals`` (default: UNIRANK_STOP_SIGNALS, else
-    SIGUSR2, plus SIGTERM outside Slurm); the handlers they had are kept and put back by
+    SIGUSR2 and SIGTERM); the handlers they had are kept and put back by
     :func:`unwatch_stop_signals`. Called by the first :func:`stop_requested`; call it earlier
     when a signal may come before the first step. Only from the main thread; elsewhere it
     watches nothing. Returns the signals watched.
 
-    Reads: UNIRANK_STOP_SIGNALS, SLURM_JOB_ID.
+    Reads: UNIRANK_STOP_SIGNALS.
     """
     wanted = [int(s) for s in (stop_signals(os.environ) if signals is None else signals)]
     if threading.current_thread() is not threading.main_thread():
@@ -107,7 +109,7 @@ def stop_requested(every: int = 1, time_margin: float | None = None) -> bool:
     last agreed). ``time_margin``: also stop once :func:`time_left` is at most that many
     seconds. Once True it stays True. At world size 1 it answers every call, no collective.
 
-    Reads: UNIRANK_STOP_SIGNALS, SLURM_JOB_ID (first call), and for ``time_margin`` what
+    Reads: UNIRANK_STOP_SIGNALS (first call), and for ``time_margin`` what
     :func:`time_left` reads.
     """
     if every < 1:
@@ -163,25 +165,47 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _requeue_slurm_job(target: str) -> None:
-    """Rank 0: ``scontrol requeue TARGET`` where scontrol is on PATH, else leave it to the
-    batch shell (``unirank sbatch --requeue`` requeues on exit code 79)."""
+def _scontrol(scontrol: str, *args: str) -> subprocess.CompletedProcess[str] | str:
+    """``scontrol ARGS``' answer, or why it could not be run."""
+    try:
+        return subprocess.run([scontrol, *args], capture_output=True, text=True,
+                              timeout=_COMMAND_TIMEOUT, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+
+
+def _requeue_slurm_job(target: str) -> int:
+    """Rank 0: requeue the job unless Slurm is ending or requeueing it already (its SIGTERM);
+    the exit code every rank then ends with: 79, or 143 (SIGTERM's) for a job ending for good.
+    Without scontrol on PATH, 79: the batch shell requeues (``unirank sbatch --requeue``).
+
+    Reads: SLURM_RESTART_COUNT, PATH (scontrol).
+    """
+    code = REQUEUE_EXIT_CODE
     scontrol = shutil.which("scontrol")
     if scontrol is None:
-        _say(f"unirank: scontrol not found: exiting with {REQUEUE_EXIT_CODE} so that the "
-             f"batch script requeues job {target}")
-        return
-    _say(f"unirank: stopped to be requeued; requeueing job {target}")
-    try:
-        answer = subprocess.run([scontrol, "requeue", target], capture_output=True, text=True,
-                                timeout=_COMMAND_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        _say(f"unirank: scontrol requeue {target} failed ({exc}); exiting with "
-             f"{REQUEUE_EXIT_CODE} for the batch script")
-        return
-    if answer.returncode != 0:
+        _say(f"unirank: scontrol not found: exiting with {code} so that the batch script "
+             f"requeues job {target}")
+        return code
+    shown = _scontrol(scontrol, "show", "job", "-o", target)
+    text = shown.stdout if isinstance(shown, subprocess.CompletedProcess) else ""
+    run_state = slurm_run_state(text, os.environ)
+    if run_state == "requeued":
+        _say(f"unirank: stopped to be requeued (exit code {code}); Slurm requeues job {target}")
+        return code
+    if run_state == "ending":
+        _say(f"unirank: stopped after the checkpoint; Slurm is ending job {target} without a "
+             "requeue (cancelled, or at its time limit): submit it again to resume")
+        return 128 + int(signal.SIGTERM)
+    _say(f"unirank: stopped to be requeued (exit code {code}); requeueing job {target}")
+    answer = _scontrol(scontrol, "requeue", target)
+    if isinstance(answer, str):
+        _say(f"unirank: scontrol requeue {target} failed ({answer}); exiting with {code} for "
+             "the batch script")
+    elif answer.returncode != 0:
         _say(f"unirank: scontrol requeue {target} failed: {answer.stderr.strip()}; exiting "
-             f"with {REQUEUE_EXIT_CODE} for the batch script")
+             f"with {code} for the batch script")
+    return code
 
 
 def exit_for_requeue() -> NoReturn:
@@ -189,10 +213,14 @@ def exit_for_requeue() -> NoReturn:
 
     Every rank waits for the others (a barrier), then: under Slurm, past the cap on requeues
     (UNIRANK_MAX_REQUEUES, default 10, against SLURM_RESTART_COUNT) every rank exits 1 after
-    one line; else rank 0 requeues the job (``scontrol requeue``, an array task only itself)
-    and every rank exits with :data:`~unirank.requeue.REQUEUE_EXIT_CODE` (79). Outside Slurm
-    it exits 79 as well (``unirank run --max-restarts`` and torchrun restart the workers),
-    except a lone process that no launcher started, which exits 0 ("run it again to resume").
+    one line; else rank 0 asks Slurm about the job (``scontrol show job``): one that Slurm
+    requeues already (``scontrol requeue``, preemption) is left to it; one that Slurm is ending
+    (scancel, the time limit) is not requeued and every rank exits 143 (SIGTERM's code); else
+    rank 0 requeues it (``scontrol requeue``, an array task only itself). Every rank then exits
+    with rank 0's code, :data:`~unirank.requeue.REQUEUE_EXIT_CODE` (79) unless the job ends.
+    Outside Slurm it exits 79 as well (``unirank run --max-restarts`` and torchrun restart the
+    workers), except a lone process that no launcher started, which exits 0 ("run it again to
+    resume").
 
     Reads: SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID, SLURM_RESTART_COUNT,
     UNIRANK_MAX_REQUEUES, PATH (scontrol), and what launcher detection reads.
@@ -207,9 +235,10 @@ def exit_for_requeue() -> NoReturn:
         sys.exit(1)
     target = requeue_target(os.environ)
     if target is not None:
-        if rank == 0:
-            _requeue_slurm_job(target)
-        sys.exit(REQUEUE_EXIT_CODE)
+        code = _requeue_slurm_job(target) if rank == 0 else 0
+        if state.is_initialized() and state.get_world_size() > 1:
+            code = int(collectives.all_reduce(code, op="MAX"))  # rank 0's, on every rank
+        sys.exit(code)
     if state.dist_env().launcher == "local" and state.get_world_size() == 1:
         _say("unirank: stopped after the checkpoint; run the same command again to resume")
         sys.exit(0)

@@ -15,7 +15,10 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
   by this teardown (ended by the signal it was sent, or recorded after it) never does. The
   exit code is the root cause's.
 * The signals to forward (default SIGINT, SIGTERM, SIGUSR1, SIGUSR2) go to every worker; SIGINT
-  and SIGTERM then start the same grace period (a second one kills at once).
+  and SIGTERM then start the same grace period (a second one kills at once). Under Slurm
+  (SLURM_JOB_ID set) SIGTERM starts none and a second one is only forwarded: Slurm sends it to
+  every process of the step and SIGKILL KillWait seconds later, which is the workers' time to
+  save a checkpoint.
 * Each worker's stdout and stderr go through the supervisor, which passes them on in whole lines
   (:class:`~unirank.supervisor.output.LineBuffer`, :class:`~unirank.supervisor.rows.RankRows`),
   draws progress bars in place on a terminal and as a few lines elsewhere
@@ -210,6 +213,7 @@ class Supervisor:
         prog: str = "unirank run",
         kill_wait: float = KILL_WAIT,
         server: ForkServer | None = None,
+        slurm_kills: bool = False,
     ) -> None:
         self._launches = list(launches)
         #: the node's fork server (None: every worker starts as its own interpreter)
@@ -221,6 +225,8 @@ class Supervisor:
         self._err_fd = err_fd
         self._prog = prog
         self._kill_wait = kill_wait
+        #: under Slurm, whose SIGTERM comes with a SIGKILL KillWait seconds later
+        self._slurm_kills = slurm_kills
         self._workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._streams: dict[int, _Stream] = {}
@@ -430,13 +436,19 @@ class Supervisor:
             # SIGCHLD: the loop reaps after every wakeup
 
     def _on_stop_signal(self, signum: int) -> None:
+        # Slurm sends SIGTERM to every process of the step (srun passes on its own too) and
+        # SIGKILL after KillWait: the workers get that long to save, no deadline of ours
+        slurms = self._slurm_kills and signum == signal.SIGTERM
         if self._stop_signal is None and self._first_failure is None:
             self._stop_signal = signum
-            self._say(
-                f"got {signal_name(signum)}: forwarded to the workers; SIGKILL in "
-                f"{self._grace:g} s ({signal_name(signum)} again to kill now)"
-            )
-            self._signal_all(signum)
+            if not slurms:
+                self._say(
+                    f"got {signal_name(signum)}: forwarded to the workers; SIGKILL in "
+                    f"{self._grace:g} s ({signal_name(signum)} again to kill now)"
+                )
+            self._signal_all(signum, deadline=not slurms)
+        elif slurms:
+            self._signal_all(signum, deadline=False)
         else:
             self._kill_all()
 
@@ -488,14 +500,14 @@ class Supervisor:
         )
         self._signal_all(signal.SIGTERM)
 
-    def _signal_all(self, signum: int) -> None:
+    def _signal_all(self, signum: int, *, deadline: bool = True) -> None:
         now = time.time()
         for worker in self._alive():
             if worker.stopped_at is None:
                 worker.stopped_at = now
             worker.stop_signals.add(int(signum))
             _send(worker.pid, signum, group=True)
-        if self._deadline is None:
+        if deadline and self._deadline is None:
             self._deadline = time.monotonic() + self._grace
 
     def _kill_all(self) -> None:
@@ -864,7 +876,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
-                server=server,
+                server=server, slurm_kills=bool(environ.get("SLURM_JOB_ID")),
             ).run()
             if (result.exit_code == 0 or result.stop_signal is not None
                     or attempt >= plan.max_restarts
