@@ -4,6 +4,7 @@ set-ups exit 0; each provoked failure exits 1 with its row and exact hint."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from typing import Any, Optional
 import pytest
 
 from _procs import free_port, launcher_free_environ
+from conftest import unavailable
 from unirank import netroute
 
 UNIRANK = [sys.executable, "-m", "unirank", "doctor"]
@@ -169,13 +171,32 @@ def test_a_blocking_failure_skips_the_group() -> None:
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
+#: an address with a route but no owner inside a private network namespace (see
+#: :func:`in_private_network`): a connect to it gets no answer, and no packet leaves
+UNANSWERED = "10.255.255.1"
+
+
+def in_private_network(command: list[str]) -> list[str]:
+    """``command`` run by ``unshare`` in a network namespace of its own (a user namespace too,
+    so that no root is needed where the kernel allows it) whose loopback also routes
+    10.255.255.0/24: nothing sent to :data:`UNANSWERED` leaves the namespace."""
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run(
+            [unshare, "-rn", "true"], capture_output=True, timeout=30).returncode != 0:
+        unavailable("unshare -rn (a private network namespace) is not available here")
+    setup = "ip link set lo up && ip route add 10.255.255.0/24 dev lo src 127.0.0.1 && exec \"$@\""
+    return [unshare, "-rn", "sh", "-c", setup, "sh", *command]
+
+
 def test_an_unreachable_master_skips_the_group() -> None:
     """Rank 1 of a torchrun-style world whose master no packet reaches: the group is not
     tried (it would wait out the timeout, printing torch's C++ frames); the row names the
     master row that failed."""
     env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-           "MASTER_ADDR": FOREIGN, "MASTER_PORT": str(free_port())}
-    proc = doctor("--json", "--timeout", "120", env=env, timeout=100)
+           "MASTER_ADDR": UNANSWERED, "MASTER_PORT": str(free_port())}
+    proc = subprocess.run(in_private_network([*UNIRANK, "--json", "--timeout", "120"]),
+                          env=launcher_free_environ(env), capture_output=True, text=True,
+                          timeout=100, stdin=subprocess.DEVNULL)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     rows = checks(proc)
     assert rows["master reachable"]["status"] == "FAIL", rows
