@@ -147,26 +147,25 @@ def requeue_refusal(environ: Mapping[str, str]) -> str | None:
             f"raise {MAX_REQUEUES_VAR} if it needs more runs to finish")
 
 
-def _restarts(text: str) -> int:
-    return int(text) if text.strip().isdigit() else 0
-
-
 def slurm_run_state(show_job: str, environ: Mapping[str, str]) -> str:
-    """What Slurm is doing with this run, from ``scontrol show job -o JOB``'s line:
+    """What Slurm is doing with this run, from ``scontrol show job -o JOB``'s line (read by
+    :func:`unirank.slurmjob.parse_scontrol`):
 
     * ``"requeued"``: Slurm has requeued the job (``scontrol requeue``, preemption): its
       ``Restarts`` is past this run's SLURM_RESTART_COUNT; it runs again by itself;
-    * ``"running"``: the job runs (a stop asked by a signal or the time left): unirank
-      requeues it;
+    * ``"running"``: the job runs (a stop asked by a signal or the time left), or scontrol said
+      nothing: unirank requeues it;
     * ``"ending"``: Slurm is ending it for good (scancel, the time limit, a node's failure):
       it must not be requeued.
 
     Reads: SLURM_RESTART_COUNT.
     """
-    fields = dict(word.split("=", 1) for word in show_job.split() if "=" in word)
-    if _restarts(fields.get("Restarts", "0")) > _restarts(environ.get("SLURM_RESTART_COUNT",
-                                                                          "0")):
-        return "requeued"
-    if fields.get("JobState", "RUNNING") in ("RUNNING", "CONFIGURING", "SUSPENDED"):
+    from unirank.slurmjob import parse_scontrol
+
+    info = parse_scontrol(show_job)
+    if info is None:
         return "running"
-    return "ending"
+    count = environ.get("SLURM_RESTART_COUNT", "0").strip()
+    if info.restarts > (int(count) if count.isdigit() else 0):
+        return "requeued"
+    return "running" if info.state in ("RUNNING", "CONFIGURING", "SUSPENDED") else "ending"
