@@ -100,7 +100,7 @@ def test_a_torchrun_style_rank_0_ends_in_init() -> None:
 
 
 def test_a_worker_bootstrap_given_the_name_ends_with_one_line() -> None:
-    result = _run([sys.executable, "-m", "unirank.supervisor.bootstrap",
+    result = _run([sys.executable, "-m", "unirank.supervisor.worker.bootstrap",
                     "examples/helloworld.py"], {
         "RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
         "MASTER_ADDR": BAD, "MASTER_PORT": str(free_port())})

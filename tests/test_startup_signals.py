@@ -86,7 +86,7 @@ def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 _HELLO = [sys.executable, "examples/helloworld.py"]
-_BOOTSTRAP = [sys.executable, "-m", "unirank.supervisor.bootstrap", "examples/helloworld.py"]
+_BOOTSTRAP = [sys.executable, "-m", "unirank.supervisor.worker.bootstrap", "examples/helloworld.py"]
 
 
 @pytest.mark.parametrize("command", [_HELLO, _BOOTSTRAP], ids=["init", "bootstrap"])

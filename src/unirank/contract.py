@@ -76,7 +76,7 @@ NO_SRUN_VAR = "UNIRANK_NO_SRUN"
 SRUN_REEXEC_VAR = "UNIRANK_SRUN_REEXEC"
 #: the node's name as the supervisor knows it (see :func:`unirank.launchers.node_name`)
 NODE_NAME_VAR = "UNIRANK_NODE_NAME"
-#: the signals that ask the ranks to stop (``USR2,TERM``; see :mod:`unirank.requeue`)
+#: the signals that ask the ranks to stop (``USR2,TERM``; see :mod:`unirank.sbatch.requeue`)
 STOP_SIGNALS_VAR = "UNIRANK_STOP_SIGNALS"
 #: how many times a Slurm job may be requeued (``SLURM_RESTART_COUNT``) before it stops failing
 MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from unirank.contract import ERROR_FILE_VAR
 from unirank.errors import ConfigError
-from unirank.requeue import REQUEUE_EXIT_CODE
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 
 __all__ = [
     "ERROR_FILE_VAR",
@@ -48,7 +48,7 @@ LOST_PEER = re.compile(
 
 def record_exception(exc: BaseException, environ: Mapping[str, str] | None = None) -> None:
     """Write ``exc`` to this worker's error file, unless it is a clean exit (``SystemExit``
-    with 0, None or :data:`~unirank.requeue.REQUEUE_EXIT_CODE`: stopped to be requeued, not a
+    with 0, None or :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`: stopped to be requeued, not a
     failure) or already written.
 
     The first record wins: the exception where the failure started, not a later one raised

@@ -1,61 +1,6 @@
-"""``python -m unirank.jobenv MASTER_ADDR|MASTER_PORT``: the rendezvous of a batch job's first step.
+"""``python -m unirank.jobenv``: kept for batch scripts written by earlier versions; see
+:mod:`unirank.sbatch.jobenv`."""
+from unirank.sbatch.jobenv import main
 
-The lines ``unirank sbatch --explicit-env`` writes call this from the batch shell, so that the
-values shown are those every rank of the job's first ``srun`` step derives on its own: the same
-rules (:func:`unirank.launchers._base.resolve_master`, :mod:`unirank.rendezvous`), with the
-job's first node as host and step 0 as step. MASTER_ADDR/MASTER_PORT already set win, as they
-do in the ranks. Never imports torch.
-"""
-
-from __future__ import annotations
-
-import os
-import sys
-from collections.abc import Mapping, Sequence
-
-from unirank.envvars import first_set
-from unirank.errors import ConfigError
-from unirank.hostlist import first_host
-from unirank.launchers import slurm
-from unirank.launchers._base import Master, MasterHint, resolve_master
-
-__all__ = ["FIRST_STEP_ID", "batch_master", "main"]
-
-#: the step id of a batch job's first ``srun``
-FIRST_STEP_ID = "0"
-
-
-def batch_master(environ: Mapping[str, str]) -> Master:
-    """Rank 0's host and the port for the first step of the batch job described by ``environ``.
-
-    Reads: SLURM_JOB_ID / SLURM_JOBID, SLURM_JOB_NODELIST / SLURM_NODELIST, MASTER_ADDR,
-    MASTER_PORT.
-    """
-    jid, jid_var = slurm.job_id(environ)
-    if jid is None:
-        raise ConfigError("not in a Slurm job", variable="SLURM_JOB_ID", value=None,
-                          hint="python -m unirank.jobenv runs in a batch script")
-    hosts_var = first_set(environ, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-    hosts = (first_host(environ[hosts_var], variable=hosts_var),) if hosts_var else ()
-    hint = MasterHint(hosts=hosts, hosts_source=hosts_var or "", job_id=jid,
-                      step_id=FIRST_STEP_ID, job_source=jid_var)
-    return resolve_master(environ, hint, single_node=not hosts)
-
-
-def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Print the value of MASTER_ADDR or MASTER_PORT (the one argument) for this batch job."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args not in (["MASTER_ADDR"], ["MASTER_PORT"]):
-        print("usage: python -m unirank.jobenv MASTER_ADDR|MASTER_PORT", file=sys.stderr)
-        return 2
-    try:
-        master = batch_master(os.environ if environ is None else environ)
-    except ConfigError as exc:
-        print(f"unirank.jobenv: error: {exc}", file=sys.stderr)
-        return 2
-    print(master.addr if args[0] == "MASTER_ADDR" else master.port)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover - the script's entry
-    sys.exit(main())
+if __name__ == "__main__":
+    raise SystemExit(main())

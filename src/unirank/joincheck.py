@@ -6,7 +6,7 @@ rank that did start fails within the init timeout with a one-line message that n
 ranks and, where known, their nodes.
 
 Used by ``unirank run``'s worker bootstrap (on the raw store, once per store; then again at
-the start of each process group, :mod:`unirank.supervisor.groupstart`) and by
+the start of each process group, :mod:`unirank.supervisor.worker.groupstart`) and by
 :func:`unirank.init` (under a ``PrefixStore`` per attempt and init, so a restart or a second init
 starts from fresh keys). This module does not import torch: it only calls the store's ``set``,
 ``get``, ``add``, ``wait`` and ``check``.
@@ -454,7 +454,7 @@ def announce_and_wait(
     propagate. A node that gave up (:func:`abort_join`) ends the wait at once with
     :class:`JoinAbortedError`. Each rank must call this once per store (or ``PrefixStore``
     prefix). ``group_start``: the ranks wait at the start of a process group
-    (:mod:`unirank.supervisor.groupstart`), which the timeout's message then says.
+    (:mod:`unirank.supervisor.worker.groupstart`), which the timeout's message then says.
     """
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside the world of {world_size}")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from unirank.requeue import REQUEUE_EXIT_CODE
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
     from conftest import SlurmTestbed
@@ -117,7 +117,7 @@ def _workers(pid: int) -> list[int]:
     found = []
     for child in _children(pid):
         with open(f"/proc/{child}/cmdline", "rb") as file:
-            forks = b"unirank.supervisor.forkserver" in file.read()
+            forks = b"unirank.supervisor.fork.server" in file.read()
         found += _children(child) if forks else [child]
     return found
 

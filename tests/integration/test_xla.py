@@ -31,7 +31,8 @@ CPU = {"PJRT_DEVICE": "CPU"}
 #: version cannot change, and the engine's own behaviour (signals, teardown, restarts, output
 #: routing), which is the same whatever the workers import.
 LOW_END_TESTS = ["tests/runtime", "tests/test_joincheck.py", "tests/test_errorfile.py",
-                 "tests/supervisor/test_bootstrap.py", "tests/supervisor/test_timeline.py",
+                 "tests/supervisor/worker/test_bootstrap.py",
+                 "tests/supervisor/worker/test_timeline.py",
                  "tests/cli"]
 #: tests under LOW_END_TESTS that prove only the engine or the CLI's parsing (a renamed one is
 #: simply run again: --deselect ignores ids it does not find)
@@ -48,7 +49,7 @@ LOW_END_DESELECTED = [
     "tests/cli/test_run.py::test_standalone_picks_a_free_port_even_with_master_port_set",
     "tests/cli/test_run.py::test_torchrun_spellings",
     "tests/cli/test_run.py::test_summary_blames_the_rank_that_failed_first_not_the_one_that_exited_first",
-    "tests/cli/test_bench.py::test_plot_writes_a_png_with_one_line_per_collective",
+    "tests/bench/test_bench_cli.py::test_plot_writes_a_png_with_one_line_per_collective",
 ]
 #: tests under LOW_END_TESTS that need what only the main interpreter has (the test extra's
 #: pytorch-ignite, Horovod): .venv-xla holds torch, torch_xla and unirank, nothing more

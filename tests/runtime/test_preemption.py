@@ -17,8 +17,8 @@ import pytest
 
 import unirank as ur
 from unirank.distenv import DistEnv
-from unirank.requeue import REQUEUE_EXIT_CODE
 from unirank.runtime import preemption
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 
 _SLURM = ("SLURM_JOB_ID", "SLURM_JOB_END_TIME", "SLURM_RESTART_COUNT", "SLURM_ARRAY_JOB_ID",
           "SLURM_ARRAY_TASK_ID", "UNIRANK_STOP_SIGNALS", "UNIRANK_MAX_REQUEUES")

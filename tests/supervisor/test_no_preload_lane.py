@@ -4,7 +4,7 @@ server) keep every behaviour those suites check, as the forked workers do by def
 
 tests/_procs.py's ``launcher_free_environ`` keeps UNIRANK_NO_PRELOAD, so every ``unirank run``
 those suites start inherits it. Left out: the tests that check the fork server itself (its
-timeline rows, tests/supervisor/test_forkserver.py), those that need the Slurm testbed or
+timeline rows, tests/supervisor/fork/test_forkserver.py), those that need the Slurm testbed or
 mpirun, and the import-time value tests, which with no server compare a fresh interpreter
 with itself.
 
@@ -26,11 +26,11 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT = 1200.0
-MODULES = ("tests/supervisor/test_procs.py", "tests/supervisor/test_bootstrap.py",
-           "tests/supervisor/test_whole_lines.py", "tests/supervisor/test_timeline.py",
-           "tests/supervisor/test_forked_worker.py")
-LEFT_OUT = ("tests/supervisor/test_timeline.py::test_timeline_of_a_local_run",
-            "tests/supervisor/test_forked_worker.py::test_import_time_values_are_the_worker_s_own")
+MODULES = ("tests/supervisor/test_procs.py", "tests/supervisor/worker/test_bootstrap.py",
+           "tests/supervisor/test_whole_lines.py", "tests/supervisor/worker/test_timeline.py",
+           "tests/supervisor/fork/test_forked_worker.py")
+LEFT_OUT = ("tests/supervisor/worker/test_timeline.py::test_timeline_of_a_local_run",
+            "tests/supervisor/fork/test_forked_worker.py::test_import_time_values_are_the_worker_s_own")
 
 
 def test_the_suites_pass_without_the_fork_server() -> None:

@@ -24,7 +24,7 @@ from unirank.errors import ConfigError
 
 if TYPE_CHECKING:
     from unirank.distenv import DistEnv
-    from unirank.supervisor.forkclient import ForkServer
+    from unirank.supervisor.fork.client import ForkServer
     from unirank.supervisor.plan import LaunchRequest
     from unirank.supervisor.procs import EngineOptions
     from unirank.supervisor.summary import RunResult
@@ -429,7 +429,7 @@ def main(args: argparse.Namespace) -> int:
         return problem.exit_code
     environ = dict(os.environ)
     target = target_of(args)
-    from unirank.supervisor.forkclient import start_server
+    from unirank.supervisor.fork.client import start_server
 
     # first: it imports torch while this process plans
     server = start_server(target, environ, _preload(args.preload, no_preload=args.no_preload),

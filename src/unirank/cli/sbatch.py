@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from unirank.errors import ConfigError
-from unirank.jobspec import BACKENDS, DEFAULT_REQUEUE_SIGNAL, LAUNCH_MODES, JobSpec
+from unirank.sbatch.spec import BACKENDS, DEFAULT_REQUEUE_SIGNAL, LAUNCH_MODES, JobSpec
 
 _EPILOG = (
     "Examples: unirank sbatch -N 2 --ntasks-per-node 4 --gpus-per-node 4 -t 2:00:00 train.py "
@@ -162,8 +162,8 @@ def default_python() -> str:
 
 def build_spec(args: argparse.Namespace) -> JobSpec:
     """The checked JobSpec of the parsed options merged over the ``--config`` file."""
-    from unirank.jobconfig import merge, read_config
-    from unirank.jobspec import check_spec, parse_env
+    from unirank.sbatch.config import merge, read_config
+    from unirank.sbatch.spec import check_spec, parse_env
 
     flags: dict[str, Any] = {field: getattr(args, dest) for dest, field in _FIELDS.items()}
     defaults = read_config(args.config) if args.config else {}
@@ -191,7 +191,7 @@ def _submit(spec: JobSpec, script: str, args: argparse.Namespace) -> int:
 
     Reads: PATH, and the variables that ``--env NAME`` passes through.
     """
-    from unirank.slurmjob import require_program, submit
+    from unirank.sbatch.commands import require_program, submit
 
     sbatch = require_program("sbatch")
     if args.follow:
@@ -202,14 +202,14 @@ def _submit(spec: JobSpec, script: str, args: argparse.Namespace) -> int:
     print(answer if args.parsable else f"Submitted batch job {job_id}", flush=True)
     if not args.follow:
         return 0
-    from unirank.jobfollow import follow
+    from unirank.sbatch.follow import follow
 
     return follow(job_id, ranks="rank" if spec.launch == "tasks" else "node task")
 
 
 def main(args: argparse.Namespace) -> int:
     """Check the options, render the script, then print or submit it; the exit code."""
-    from unirank.jobscript import render
+    from unirank.sbatch.script import render
 
     _check_modes(args)
     _check_program(args)

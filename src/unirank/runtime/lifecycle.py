@@ -6,7 +6,7 @@ does, as ``torchrun``, ``unirank run`` and :class:`~unirank.runtime.parallel.Par
 has every rank announce itself so that ranks that never join are named within the init timeout
 (in a worker of ``unirank run``, whose bootstrap already joined, the bootstrap's wrapper of
 ``init_process_group`` does it instead, bounded by ``--init-timeout``:
-:mod:`unirank.supervisor.groupstart`), then has the chosen backend's entry
+:mod:`unirank.supervisor.worker.groupstart`), then has the chosen backend's entry
 (:mod:`unirank.runtime.backends`) start its group on that store.
 """
 
@@ -87,7 +87,7 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     worker whose bootstrap already ran the join check takes the store it joined on
     (:func:`unirank.store.take_joined`) and does not join here: the bootstrap's wrapper of
     ``init_process_group`` has every rank join at the group's start
-    (:mod:`unirank.supervisor.groupstart`).
+    (:mod:`unirank.supervisor.worker.groupstart`).
 
     Reads: TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT.
     """

@@ -176,7 +176,7 @@ class Parallel:
         self._spawn(self.plan, call)
 
     def _spawn(self, plan: Plan, call: Call) -> None:
-        from unirank.supervisor.forkclient import start_server
+        from unirank.supervisor.fork.client import start_server
         from unirank.supervisor.procs import EngineOptions, run_plan
 
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")

@@ -1,14 +1,14 @@
 """Stop, checkpoint, requeue, resume: what a training loop calls.
 
 * :func:`stop_requested` asked at step boundaries: True on every rank at the same call once any
-  rank got a stop signal (:func:`unirank.requeue.stop_signals`: SIGUSR2 and SIGTERM) or, with
+  rank got a stop signal (:func:`unirank.sbatch.requeue.stop_signals`: SIGUSR2 and SIGTERM) or, with
   ``time_margin``, once the job has less than that many seconds left. The ranks
   agree through one all_reduce MAX of one int (unirank's own, so gloo, nccl, Horovod and XLA
   work), every ``every``-th call; at world size 1 there is no collective.
 * :func:`time_left`: seconds until the Slurm job's end, None outside Slurm or without a limit.
 * :func:`exit_for_requeue`: after the checkpoint is saved, requeue the Slurm job (rank 0,
   ``scontrol requeue``; not when Slurm's own SIGTERM is ending or requeueing it) and end every
-  rank with :data:`~unirank.requeue.REQUEUE_EXIT_CODE`; past the cap on requeues, fail with
+  rank with :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`; past the cap on requeues, fail with
   one line.
 
 The signal handler only sets a flag; the checkpoint is saved by the loop, never in a handler.
@@ -27,7 +27,8 @@ from collections.abc import Iterable
 from types import FrameType
 from typing import Any, NoReturn
 
-from unirank.requeue import (
+from unirank.runtime import collectives, state
+from unirank.sbatch.requeue import (
     REQUEUE_EXIT_CODE,
     parse_time_left,
     requeue_refusal,
@@ -35,7 +36,6 @@ from unirank.requeue import (
     slurm_run_state,
     stop_signals,
 )
-from unirank.runtime import collectives, state
 
 __all__ = ["exit_for_requeue", "stop_requested", "time_left", "unwatch_stop_signals",
            "watch_stop_signals"]
@@ -217,7 +217,7 @@ def exit_for_requeue() -> NoReturn:
     requeues already (``scontrol requeue``, preemption) is left to it; one that Slurm is ending
     (scancel, the time limit) is not requeued and every rank exits 143 (SIGTERM's code); else
     rank 0 requeues it (``scontrol requeue``, an array task only itself). Every rank then exits
-    with rank 0's code, :data:`~unirank.requeue.REQUEUE_EXIT_CODE` (79) unless the job ends.
+    with rank 0's code, :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) unless the job ends.
     Outside Slurm it exits 79 as well (``unirank run --max-restarts`` and torchrun restart the
     workers), except a lone process that no launcher started, which exits 0 ("run it again to
     resume").

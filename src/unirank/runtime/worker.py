@@ -4,7 +4,7 @@ end it), the one place that does so for ``Parallel`` in place, for its spawned w
 a backend's own launcher.
 
 :func:`run_call_file` is the one seam from ``supervisor/`` into ``runtime/``: the worker
-bootstrap (:mod:`unirank.supervisor.target`) calls it for ``--call FILE`` and imports nothing
+bootstrap (:mod:`unirank.supervisor.worker.target`) calls it for ``--call FILE`` and imports nothing
 else from here.
 """
 

@@ -1,14 +1,16 @@
-"""The local worker supervisor behind ``unirank run``.
+"""The local worker supervisor behind ``unirank run`` and ``Parallel``.
 
-The parent process (``unirank run``) never imports torch: it plans the workers (:mod:`.plan`)
-and their environments (:mod:`.workerenv`), opens the rendezvous port on node 0
-(:mod:`.listen`), starts and watches the workers (:mod:`.procs`) and reports how they ended
-(:mod:`.summary`). Each worker is forked from the node's fork server, which imported torch once
-(:mod:`.forkclient`, :mod:`.forkserver`, :mod:`.forked`), or, where it cannot be, starts in
-:mod:`.bootstrap`; either arms the parent-death signal (:mod:`.pdeathsig`) and hands over to
-:mod:`.worker`: it hosts or joins the rendezvous store and
-waits for every rank to join (:mod:`.workerstore`, :mod:`unirank.joincheck`), then runs the
-user's script exactly as ``python script.py`` would (:mod:`.target`).
+Folders show which process runs the code:
+
+- this folder: the parent (``unirank run``), which never imports torch. It plans the workers
+  (:mod:`.plan`) and their environments (:mod:`.workerenv`), opens the rendezvous port on
+  node 0 (:mod:`.listen`), starts and watches the workers (:mod:`.engine`, :mod:`.attempts`,
+  :mod:`.streams`) and reports how they ended (:mod:`.summary`);
+- :mod:`.fork`: the fork server that imported torch once and must never run a thread, its
+  client in the parent and the forked child becoming its worker;
+- :mod:`.worker`: each worker, forked or started as its own interpreter
+  (:mod:`.worker.bootstrap`): it hosts or joins the rendezvous store, waits for every rank,
+  then runs the user's program exactly as ``python script.py`` would.
 
 This package's ``__init__`` imports nothing, so that a worker's bootstrap starts quickly.
 """

@@ -28,11 +28,11 @@ supervisor, which forwards it once, and so that stopping a worker stops its chil
   summary.
 * With ``max_restarts`` a failed group is stopped and started again, TORCHELASTIC_RESTART_COUNT
   counting up; every attempt's root cause goes into the summary.
-* A worker that exits with :data:`~unirank.requeue.REQUEUE_EXIT_CODE` (79) saved its checkpoint
-  and stopped to run again: no failure, no teardown. When every worker ended with 0 or 79 the
-  run's exit code is 79 (one line, no failure summary). ``max_restarts`` restarts such a group
-  too, except under Slurm (SLURM_JOB_ID set), where 79 is passed on for the batch script to
-  requeue the job.
+* A worker that exits with :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) saved its
+  checkpoint and stopped to run again: no failure, no teardown. When every worker ended with 0
+  or 79 the run's exit code is 79 (one line, no failure summary). ``max_restarts`` restarts
+  such a group too, except under Slurm (SLURM_JOB_ID set), where 79 is passed on for the batch
+  script to requeue the job.
 * Workers arm PR_SET_PDEATHSIG in their bootstrap, so a supervisor killed by SIGKILL leaves no
   orphans; when the supervisor ends it kills whatever is left in the workers' groups.
 * The worker that hosts the rendezvous store (rank 0) gets the read end of a *linger pipe*; the
@@ -63,10 +63,10 @@ from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
-from unirank.requeue import REQUEUE_EXIT_CODE
 from unirank.resolve import require_own
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.supervisor.console import LogView, TerminalView
-from unirank.supervisor.forkclient import ForkServer, fallback_line, server_environ
+from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import LineBuffer, OutputOptions
 from unirank.supervisor.plan import Plan, Worker
@@ -734,7 +734,7 @@ def _send(pid: int, signum: int, *, group: bool) -> None:
 def worker_command(target: Sequence[str], python: str | None = None) -> tuple[str, ...]:
     """The command line of a worker: the bootstrap, then ``SCRIPT ARGS``, ``-m MODULE ARGS``,
     ``--exec PROGRAM ARGS`` (``--no-python``) or ``--call FILE`` (``Parallel``)."""
-    return (python or sys.executable, "-m", "unirank.supervisor.bootstrap", *target)
+    return (python or sys.executable, "-m", "unirank.supervisor.worker.bootstrap", *target)
 
 
 def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
@@ -784,7 +784,7 @@ def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[str, boo
 
 def _report_timeline(path: str, options: EngineOptions, err_fd: int) -> None:
     """Print the start-up timeline rank 0 gathered (where rank 0 ran), and write its JSON."""
-    from unirank.supervisor.timeline import format_table
+    from unirank.supervisor.worker.timeline import format_table
 
     try:
         with open(path, encoding="utf-8") as fh:
@@ -832,7 +832,7 @@ def run_plan(
     ``target`` is what follows the bootstrap on the worker's command line (see
     :func:`worker_command`); ``environ`` the base of every worker's environment (see
     :func:`~unirank.supervisor.workerenv.worker_environ`); ``server`` the node's fork server
-    (:func:`~unirank.supervisor.forkclient.start_server`; None: every worker starts as its own
+    (:func:`~unirank.supervisor.fork.client.start_server`; None: every worker starts as its own
     interpreter), which this function configures and closes.
     """
     options = options or EngineOptions()

@@ -6,7 +6,7 @@ import signal
 from dataclasses import dataclass, field
 
 from unirank.joincheck import format_ranks
-from unirank.requeue import REQUEUE_EXIT_CODE
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 
 __all__ = [
     "OutputTail",

@@ -1,0 +1,171 @@
+"""The exit code that tells "stopped to be requeued" from a failure.
+
+A rank that saved its checkpoint and stops so that the job runs again exits with
+:data:`REQUEUE_EXIT_CODE`. The batch script that ``unirank sbatch --requeue`` writes checks the
+step's exit status and, on this code, requeues the job from the batch shell
+(``scontrol requeue``), which also works where the ranks run in a container without
+``scontrol``.
+
+Why 79: it is used by none of the programs between the batch shell and a rank:
+
+* Python exits 1 on an uncaught exception and 2 on a usage error (argparse);
+* torchrun and ``unirank run`` exit 1 when a worker fails;
+* shells use 126 (not executable), 127 (not found) and 128 + N (killed by signal N, up to 192);
+* coreutils ``timeout`` uses 124 and 125; systemd 200..243;
+* ``sysexits.h`` spans 64..78 (EX_USAGE .. EX_CONFIG), so 79 is the first code past it;
+* Slurm reports a task's signal apart from its exit code, and ``srun``'s own errors exit 1.
+
+``srun`` exits with the highest exit code of its tasks: when every rank stops at the same step
+(as unirank's stop agreement makes them) the step exits 79; a rank that dies of a signal
+(128 + N) outweighs it and the job is not requeued. A rank that fails with 1..78 while the
+others stop with 79 is outweighed by 79: the restart count caps how often that can repeat.
+
+This module also holds the pure parts of the stop -> checkpoint -> requeue pattern (which
+signals ask for a stop, squeue's time format, the job to requeue, the cap on requeues, whether
+Slurm is already ending or requeueing the run);
+:mod:`unirank.runtime.preemption` is the part the training loop calls.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+
+from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR, STOP_SIGNALS_VAR
+from unirank.errors import ConfigError
+
+__all__ = [
+    "REQUEUE_EXIT_CODE",
+    "max_requeues",
+    "parse_time_left",
+    "requeue_refusal",
+    "requeue_target",
+    "slurm_run_state",
+    "stop_signals",
+]
+
+REQUEUE_EXIT_CODE = 79
+
+
+# -- the pure parts of stop -> checkpoint -> requeue (runtime.preemption does the rest) --------
+
+
+def stop_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
+    """The signals that ask the ranks to stop: UNIRANK_STOP_SIGNALS (``USR2,TERM``), else
+    SIGUSR2 and SIGTERM. SIGUSR2 is the warning of ``unirank sbatch``'s ``--signal``. SIGTERM
+    is how torchrun, Kubernetes and ``unirank run`` stop their workers, and how Slurm ends a
+    run (scancel, ``scontrol requeue``, preemption, the time limit; SIGKILL follows KillWait
+    seconds later): the ranks save their checkpoint first, and :func:`slurm_run_state` tells
+    a requeue from a cancel.
+
+    Reads: UNIRANK_STOP_SIGNALS.
+    """
+    given = environ.get(STOP_SIGNALS_VAR, "").strip()
+    if not given:
+        return (signal.SIGUSR2, signal.SIGTERM)
+    found = []
+    for word in given.replace(" ", ",").split(","):
+        if not word:
+            continue
+        name = word.upper() if word.upper().startswith("SIG") else "SIG" + word.upper()
+        try:
+            signum = signal.Signals[name] if not word.isdigit() else signal.Signals(int(word))
+        except (KeyError, ValueError):
+            hint = "give signal names separated by commas, e.g. USR2,TERM"
+            raise ConfigError("names no signal", variable=STOP_SIGNALS_VAR, value=given,
+                              hint=hint) from None
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            raise ConfigError(f"{signum.name} cannot be caught", variable=STOP_SIGNALS_VAR,
+                              value=given, hint="give catchable signals, e.g. USR2,TERM")
+        found.append(signum)
+    return tuple(dict.fromkeys(found))
+
+
+def parse_time_left(text: str) -> float | None:
+    """Seconds in squeue's ``%L`` (``D-HH:MM:SS``, ``HH:MM:SS``, ``MM:SS``); None for
+    ``UNLIMITED``, ``NOT_SET``, ``INVALID`` or anything else."""
+    text = text.strip()
+    days = 0
+    if "-" in text:
+        head, text = text.split("-", 1)
+        if not head.isdigit():
+            return None
+        days = int(head)
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    seconds = 0
+    for part in parts:
+        seconds = seconds * 60 + int(part)
+    if days and len(parts) < 3:  # D-HH or D-HH:MM
+        seconds *= 60 ** (3 - len(parts))
+    return float(days * 86400 + seconds)
+
+
+def requeue_target(environ: Mapping[str, str]) -> str | None:
+    """The job ``scontrol requeue`` names: ``ARRAYJOB_TASK`` for an array task (it requeues
+    only itself), else the job id; None outside Slurm.
+
+    Reads: SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID.
+    """
+    job = environ.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else job
+
+
+def max_requeues(environ: Mapping[str, str]) -> int:
+    """UNIRANK_MAX_REQUEUES (0 or more), default :data:`DEFAULT_MAX_REQUEUES`.
+
+    Reads: UNIRANK_MAX_REQUEUES.
+    """
+    given = environ.get(MAX_REQUEUES_VAR, "").strip()
+    if not given:
+        return DEFAULT_MAX_REQUEUES
+    if not given.isdigit():
+        raise ConfigError("is not a whole number, 0 or more", variable=MAX_REQUEUES_VAR,
+                          value=given, hint="give how many times the job may be requeued")
+    return int(given)
+
+
+def requeue_refusal(environ: Mapping[str, str]) -> str | None:
+    """The one line that stops a job requeued too often (SLURM_RESTART_COUNT at the cap),
+    else None.
+
+    Reads: SLURM_JOB_ID, SLURM_RESTART_COUNT, UNIRANK_MAX_REQUEUES.
+    """
+    if not environ.get("SLURM_JOB_ID"):
+        return None
+    cap = max_requeues(environ)
+    restarts = environ.get("SLURM_RESTART_COUNT", "0").strip()
+    count = int(restarts) if restarts.isdigit() else 0
+    if count < cap:
+        return None
+    return (f"unirank: not requeueing job {requeue_target(environ)} again: it ran "
+            f"{count + 1} times (SLURM_RESTART_COUNT={count}, {MAX_REQUEUES_VAR}={cap}); "
+            f"raise {MAX_REQUEUES_VAR} if it needs more runs to finish")
+
+
+def slurm_run_state(show_job: str, environ: Mapping[str, str]) -> str:
+    """What Slurm is doing with this run, from ``scontrol show job -o JOB``'s line (read by
+    :func:`unirank.sbatch.commands.parse_scontrol`):
+
+    * ``"requeued"``: Slurm has requeued the job (``scontrol requeue``, preemption): its
+      ``Restarts`` is past this run's SLURM_RESTART_COUNT; it runs again by itself;
+    * ``"running"``: the job runs (a stop asked by a signal or the time left), or scontrol said
+      nothing: unirank requeues it;
+    * ``"ending"``: Slurm is ending it for good (scancel, the time limit, a node's failure):
+      it must not be requeued.
+
+    Reads: SLURM_RESTART_COUNT.
+    """
+    from unirank.sbatch.commands import parse_scontrol
+
+    info = parse_scontrol(show_job)
+    if info is None:
+        return "running"
+    count = environ.get("SLURM_RESTART_COUNT", "0").strip()
+    if info.restarts > (int(count) if count.isdigit() else 0):
+        return "requeued"
+    return "running" if info.state in ("RUNNING", "CONFIGURING", "SUSPENDED") else "ending"

@@ -1,0 +1,271 @@
+"""What ``unirank sbatch`` is asked to submit: :class:`JobSpec`, and the checks of its parts.
+
+Everything here is pure: text in, values or a one-line :class:`~unirank.errors.ConfigError` out.
+Nothing reads the environment or runs a program; the command line and ``--config`` file become
+a JobSpec in :mod:`unirank.cli.sbatch`, and :mod:`unirank.sbatch.script` renders it.
+"""
+
+from __future__ import annotations
+
+import re
+import signal as _signal
+from dataclasses import dataclass
+from typing import Optional
+
+from unirank.errors import ConfigError
+
+__all__ = [
+    "BACKENDS",
+    "DEFAULT_REQUEUE_SIGNAL",
+    "DEFAULT_SIGNAL_LEAD_S",
+    "LAUNCH_MODES",
+    "SECRET_MARKERS",
+    "EnvItem",
+    "JobSpec",
+    "check_spec",
+    "looks_secret",
+    "parse_env",
+    "parse_signal",
+    "parse_time",
+    "signal_for_batch_shell",
+]
+
+LAUNCH_MODES = ("tasks", "node")
+BACKENDS = ("auto", "gloo", "nccl")
+#: a name holding one of these (any case) is taken for a secret: no value of it in a script
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+#: the warning signal's lead time with --requeue: long enough to save a checkpoint
+DEFAULT_SIGNAL_LEAD_S = 120
+#: the warning --requeue asks for when --signal is not given (USR2: NCCL may catch USR1)
+DEFAULT_REQUEUE_SIGNAL = f"USR2@{DEFAULT_SIGNAL_LEAD_S}"
+#: sbatch's own lead time when ``--signal`` names no ``@TIME``
+SBATCH_SIGNAL_LEAD_S = 60
+
+_TIME_HINT = "use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch's formats)"
+_TIME_FORMS = (
+    (re.compile(r"(\d+)"), ("m",)),
+    (re.compile(r"(\d+):(\d+)"), ("m", "s")),
+    (re.compile(r"(\d+):(\d+):(\d+)"), ("h", "m", "s")),
+    (re.compile(r"(\d+)-(\d+)"), ("d", "h")),
+    (re.compile(r"(\d+)-(\d+):(\d+)"), ("d", "h", "m")),
+    (re.compile(r"(\d+)-(\d+):(\d+):(\d+)"), ("d", "h", "m", "s")),
+)
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+_SIGNAL = re.compile(r"(?:(?P<where>[RB]{1,2}):)?(?P<sig>[A-Za-z0-9]+)(?:@(?P<lead>\d+))?")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LITERAL_ASSIGN = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(?![\"']?\$)([^\s,;]+)")
+
+EnvItem = tuple[str, Optional[str]]
+"""``(NAME, VALUE)`` for ``--env NAME=VALUE``, ``(NAME, None)`` to pass NAME through."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One batch job: the layout, the ``#SBATCH`` options, and what each rank runs.
+
+    ``tasks_per_node`` is the number of ranks on each node whatever ``launch`` is: with
+    ``launch="tasks"`` each rank is a Slurm task; with ``launch="node"`` one Slurm task per node
+    runs ``unirank run --nproc-per-node tasks_per_node``. ``cpus_per_task`` is per rank.
+    ``signal`` is sbatch's ``[{R|B}:]SIG[@TIME]`` text; ``env`` holds :data:`EnvItem`s.
+    """
+
+    program: str
+    program_args: tuple[str, ...] = ()
+    module: bool = False
+    nodes: int = 1
+    tasks_per_node: int = 1
+    gpus_per_node: int = 0
+    cpus_per_task: Optional[int] = None
+    mem: Optional[str] = None
+    time: Optional[str] = None
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    job_name: Optional[str] = None
+    output: Optional[str] = None
+    error: Optional[str] = None
+    constraint: Optional[str] = None
+    requeue: bool = False
+    signal: Optional[str] = None
+    env: tuple[EnvItem, ...] = ()
+    setup: tuple[str, ...] = ()
+    launch: str = "tasks"
+    sbatch_args: tuple[str, ...] = ()
+    explicit_env: bool = False
+    backend: str = "auto"
+    python: str = "python"
+
+    def warning_signal(self) -> Optional[str]:
+        """The ``--signal`` the script asks for: as given, else the default with --requeue."""
+        if self.signal is not None:
+            return self.signal
+        return DEFAULT_REQUEUE_SIGNAL if self.requeue else None
+
+    def passed_names(self) -> tuple[str, ...]:
+        """The names of ``--env NAME`` items, passed from the submitting shell."""
+        return tuple(name for name, value in self.env if value is None)
+
+    def set_values(self) -> tuple[tuple[str, str], ...]:
+        """The ``--env NAME=VALUE`` items, written into the script."""
+        return tuple((name, value) for name, value in self.env if value is not None)
+
+
+def parse_time(text: str) -> int:
+    """sbatch's ``--time`` text as seconds (``0`` means no limit)."""
+    stripped = text.strip()
+    for pattern, units in _TIME_FORMS:
+        match = pattern.fullmatch(stripped)
+        if match:
+            return sum(int(v) * _UNIT_S[u] for v, u in zip(match.groups(), units))
+    raise ConfigError("is not a time limit", variable="--time", value=text, hint=_TIME_HINT)
+
+
+def _signal_number(name: str, text: str) -> int:
+    if name.isdigit():
+        number = int(name)
+        if 1 <= number <= 64:
+            return number
+    else:
+        upper = name.upper()
+        try:
+            return int(_signal.Signals[upper if upper.startswith("SIG") else "SIG" + upper])
+        except KeyError:
+            pass
+    raise ConfigError("names no signal", variable="--signal", value=text,
+                      hint="write [{R|B}:]SIG[@SECONDS] as sbatch does, e.g. USR2@120")
+
+
+def parse_signal(text: str) -> tuple[str, int]:
+    """sbatch's ``--signal`` text checked: ``(normalised text, lead time in seconds)``.
+
+    ``USR2@120`` -> ``("USR2@120", 120)``; ``B:TERM`` -> ``("B:TERM", 60)`` (sbatch's default
+    lead when no ``@TIME`` is given).
+    """
+    match = _SIGNAL.fullmatch(text.strip())
+    if match is None:
+        raise ConfigError("is not sbatch's signal syntax", variable="--signal", value=text,
+                          hint="write [{R|B}:]SIG[@SECONDS], e.g. USR2@120 or B:TERM@60")
+    _signal_number(match["sig"], text)
+    lead = int(match["lead"]) if match["lead"] else SBATCH_SIGNAL_LEAD_S
+    if lead > 65535:
+        raise ConfigError("lead time is above 65535 s, sbatch's limit", variable="--signal",
+                          value=text, hint="give the seconds before the time limit, e.g. @120")
+    return text.strip(), lead
+
+
+def signal_for_batch_shell(text: str) -> Optional[str]:
+    """The signal a ``B:`` (or ``RB:``) ``--signal`` sends to the batch shell alone, as
+    ``kill`` names it (``USR2``, or the number of a signal without a name); None without
+    ``B:``, when Slurm signals the job's steps (the ranks) itself."""
+    match = _SIGNAL.fullmatch(text.strip())
+    if match is None or "B" not in (match["where"] or ""):
+        return None
+    number = _signal_number(match["sig"], text)
+    try:
+        return _signal.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)
+
+
+def looks_secret(name: str) -> bool:
+    """True when ``name`` holds TOKEN, KEY, SECRET or PASSWORD in any case."""
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
+
+
+def _secret_refusal(name: str, where: str) -> ConfigError:
+    return ConfigError(
+        f"{where} gives a value for {name}, which looks secret: Slurm keeps every batch "
+        "script, readable by its admins (scontrol write batch_script)",
+        hint=f"export {name} in this shell and pass it through with --env {name}",
+    )
+
+
+def parse_env(items: tuple[str, ...]) -> tuple[EnvItem, ...]:
+    """``--env`` items as ``(NAME, VALUE)``/``(NAME, None)``; a later item for a name wins.
+
+    A value for a name that :func:`looks_secret` is refused, its value never shown.
+    """
+    found: dict[str, Optional[str]] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not _NAME.fullmatch(name):
+            raise ConfigError("is not NAME or NAME=VALUE", variable="--env",
+                              value=name if sep else item,
+                              hint="e.g. --env NCCL_DEBUG=INFO, or --env HF_TOKEN to pass "
+                              "it from this shell")
+        if sep and looks_secret(name):
+            raise _secret_refusal(name, "--env")
+        found.pop(name, None)
+        found[name] = value if sep else None
+    return tuple(found.items())
+
+
+def _check_secrets(spec: JobSpec) -> None:
+    """Refuse a literal secret-looking assignment in a --setup line or an --sbatch-arg."""
+    for option, texts in (("--setup", spec.setup), ("--sbatch-arg", spec.sbatch_args)):
+        for text in texts:
+            for name, _value in _LITERAL_ASSIGN.findall(text):
+                if looks_secret(name):
+                    raise _secret_refusal(name, option)
+
+
+def _check_gpus(spec: JobSpec) -> None:
+    nccl = spec.backend == "nccl" or (spec.backend == "auto" and spec.gpus_per_node > 0)
+    if nccl and spec.tasks_per_node > spec.gpus_per_node:
+        picked = "" if spec.backend == "nccl" else " (what --backend auto picks with GPUs)"
+        raise ConfigError(
+            f"{spec.tasks_per_node} ranks per node but {spec.gpus_per_node} GPU(s) per node "
+            f"with nccl{picked}: nccl needs one GPU per rank",
+            hint=f"give --gpus-per-node {spec.tasks_per_node}, or --ntasks-per-node "
+            f"{max(1, spec.gpus_per_node)}, or --backend gloo",
+        )
+
+
+def _check_choices(spec: JobSpec) -> None:
+    if spec.launch not in LAUNCH_MODES:
+        raise ConfigError("is not a launch mode", variable="--launch", value=spec.launch,
+                          hint="use tasks (one Slurm task per rank running python SCRIPT) or "
+                          "node (one task per node running unirank run)")
+    if spec.backend not in BACKENDS:
+        raise ConfigError("is not a backend unirank sbatch checks", variable="--backend",
+                          value=spec.backend, hint="use auto, gloo or nccl")
+    for option, number, least in (("--nodes", spec.nodes, 1),
+                                  ("--ntasks-per-node", spec.tasks_per_node, 1),
+                                  ("--gpus-per-node", spec.gpus_per_node, 0),
+                                  ("--cpus-per-task", spec.cpus_per_task, 1)):
+        if number is not None and number < least:
+            raise ConfigError(f"must be at least {least}", variable=option, value=str(number),
+                              hint=f"give a whole number, {least} or more")
+
+
+def _check_signal_lead(spec: JobSpec) -> None:
+    warning = spec.warning_signal()
+    if warning is None or spec.time is None:
+        return
+    _text, lead = parse_signal(warning)
+    limit = parse_time(spec.time)
+    if limit and lead >= limit:
+        raise ConfigError(
+            f"the warning signal {warning} comes {lead} s before the time limit, but --time "
+            f"{spec.time} is only {limit} s: the job would be warned as it starts",
+            hint="give a longer --time or a shorter lead, e.g. --signal USR2@30",
+        )
+
+
+def check_spec(spec: JobSpec) -> JobSpec:
+    """``spec`` when it can be submitted; else the ConfigError of its first problem.
+
+    Checks the launch mode, backend, counts, time format, signal syntax and lead time, GPUs per
+    rank with nccl, and secrets in ``--env``/``--setup``/``--sbatch-arg``.
+    """
+    _check_choices(spec)
+    if spec.time is not None:
+        parse_time(spec.time)
+    if spec.signal is not None:
+        parse_signal(spec.signal)
+    parse_env(tuple(name if value is None else f"{name}={value}" for name, value in spec.env))
+    _check_secrets(spec)
+    _check_gpus(spec)
+    _check_signal_lead(spec)
+    return spec

@@ -1,0 +1,121 @@
+"""What a worker's bootstrap knows about its worker: read once from the environment the
+supervisor gave it (see :mod:`..workerenv`), then passed around as a value."""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from unirank.contract import (
+    DONE_FD_VAR,
+    EXIT_TIMEOUT_VAR,
+    LINGER_FD_VAR,
+    NODE_NAME_VAR,
+    NODE_NAMES_VAR,
+    STORE_FD_VAR,
+    SUPERVISOR_PID_VAR,
+    TIMELINE_FILE_VAR,
+    TIMELINE_VAR,
+    parse_seconds,
+    resolve_init_timeout,
+)
+from unirank.envvars import read_int, read_optional_int
+from unirank.errors import ConfigError
+
+__all__ = ["WorkerInfo", "read_worker_info"]
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """The worker's place, its rendezvous settings and the supervisor's wiring."""
+
+    rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    node_name: str
+    #: the nodes in node-rank order, as a compressed host list (expanded only to name a node)
+    node_names: str
+    init_timeout: float
+    store_fd: int | None
+    supervisor_pid: int | None = None
+    exit_timeout: float | None = None
+    linger_fd: int | None = None
+    done_fd: int | None = None
+    #: ``--timeline``: when the supervisor started this worker (None: off)
+    timeline_start: float | None = None
+    #: ``--timeline``, rank 0: where to write every rank's gathered times
+    timeline_file: str = ""
+
+    def node_of(self, rank: int) -> str:
+        """The node that runs ``rank``: its host name where known, else its node rank."""
+        node = rank // max(1, self.local_world_size)
+        if node == self.node_rank and self.node_name:
+            return self.node_name
+        names = _expand_names(self.node_names)
+        if 0 <= node < len(names):
+            return names[node]
+        return f"node rank {node}"
+
+
+@functools.lru_cache(maxsize=1)
+def _expand_names(hostlist: str) -> tuple[str, ...]:
+    """The node names of a compressed host list (on the failure path only)."""
+    from unirank.hostlist import expand
+
+    try:
+        return tuple(expand(hostlist)) if hostlist else ()
+    except ConfigError:
+        return ()
+
+
+def _required(environ: Mapping[str, str], name: str) -> int:
+    if not environ.get(name, "").strip():
+        raise ConfigError(f"{name} is not set", hint="start workers with unirank run")
+    return read_int(environ, name)
+
+
+def _fd(environ: Mapping[str, str], name: str) -> int | None:
+    return read_optional_int(environ, name) if environ.get(name, "").strip() else None
+
+
+def _read(environ: Mapping[str, str]) -> WorkerInfo:
+    exit_text = environ.get(EXIT_TIMEOUT_VAR, "")
+    timeline = environ.get(TIMELINE_VAR, "")
+    return WorkerInfo(
+        rank=_required(environ, "RANK"),
+        world_size=_required(environ, "WORLD_SIZE"),
+        local_world_size=read_optional_int(environ, "LOCAL_WORLD_SIZE") or 1,
+        node_rank=read_optional_int(environ, "GROUP_RANK") or 0,
+        master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
+        master_port=_required(environ, "MASTER_PORT"),
+        node_name=environ.get(NODE_NAME_VAR) or socket.gethostname(),
+        node_names=environ.get(NODE_NAMES_VAR, ""),
+        init_timeout=resolve_init_timeout(None, environ),
+        store_fd=_fd(environ, STORE_FD_VAR),
+        supervisor_pid=_fd(environ, SUPERVISOR_PID_VAR),
+        exit_timeout=parse_seconds(exit_text, EXIT_TIMEOUT_VAR) if exit_text else None,
+        linger_fd=_fd(environ, LINGER_FD_VAR),
+        done_fd=_fd(environ, DONE_FD_VAR),
+        timeline_start=parse_seconds(timeline, TIMELINE_VAR) if timeline else None,
+        timeline_file=environ.get(TIMELINE_FILE_VAR, ""),
+    )
+
+
+def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
+    """The worker's place, rendezvous settings and wiring; a bad or missing value is a one-line
+    ``SystemExit`` ("unirank bootstrap: VAR=...: what HINT: do").
+
+    Reads: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+    UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_INIT_TIMEOUT, UNIRANK_STORE_FD,
+    UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD, UNIRANK_DONE_FD,
+    UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE.
+    """
+    try:
+        return _read(environ)
+    except ConfigError as exc:
+        raise SystemExit(f"unirank bootstrap: {exc}") from None

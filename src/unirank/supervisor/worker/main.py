@@ -1,0 +1,112 @@
+"""The worker bootstrap's sequence, after :mod:`.bootstrap` (a worker
+started as its own interpreter) or :mod:`..fork.child` (a worker forked from the
+fork server) armed the parent-death signal:
+
+1. read the worker's settings and wiring (:mod:`.info`), then remove the private
+   variables from the environment and keep the supervisor's pipes from the program's children;
+   show the command line and environment block of a fresh interpreter (:mod:`.cmdline`);
+2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
+3. otherwise host or join the store and wait until every rank has joined (:mod:`.store`),
+   hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
+from unirank.supervisor.worker import groupstart
+from unirank.supervisor.worker import lateenv
+from unirank.supervisor.worker import store as workerstore
+from unirank.supervisor.worker.cmdline import show_as_fresh
+4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
+   the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
+   other workers are done and gather the timeline.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import MutableMapping, Sequence
+from typing import Any
+
+from unirank.contract import PRIVATE_VARIABLES
+from unirank.store import hand_over
+from unirank.supervisor.worker import groupstart, lateenv
+from unirank.supervisor.worker import store as workerstore
+from unirank.supervisor.worker.cmdline import show_as_fresh
+from unirank.supervisor.worker.info import WorkerInfo, read_worker_info
+from unirank.supervisor.worker.target import run_target
+
+__all__ = ["run_worker"]
+
+
+def _scrub(environ: MutableMapping[str, str]) -> None:
+    for name in PRIVATE_VARIABLES:
+        environ.pop(name, None)
+
+
+def _recorder(info: WorkerInfo, entered_at: float,
+              preloaded: tuple[float, float] | None) -> Any:
+    """The ``--timeline`` recorder (None when off), with the times before this call
+    (``preloaded``: when the fork server's imports started and ended)."""
+    if info.timeline_start is None:
+        return None
+    from unirank.supervisor.worker.timeline import Recorder
+
+    recorder = Recorder(info.rank, info.node_name, info.timeline_start, preloaded)
+    recorder.times["bootstrap"] = entered_at
+    import torch.distributed  # noqa: F401  (what the rendezvous imports first)
+
+    recorder.mark("torch")
+    return recorder
+
+
+def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
+    """The end of the program: timeline, done pipe, exit barrier, linger (see the docstring)."""
+    if recorder is not None:
+        recorder.publish(store)
+    workerstore.done(info)
+    if info.exit_timeout is not None:
+        workerstore.exit_barrier(store, info, wait=ok and info.rank == 0)
+    if ok:
+        workerstore.linger(info)
+        if recorder is not None and info.timeline_file:
+            from unirank.supervisor.worker.timeline import gather
+
+            gather(store, info.world_size, info.timeline_file)
+
+
+def run_worker(argv: Sequence[str], *, entered_at: float,
+               environ: MutableMapping[str, str] | None = None,
+               preloaded: tuple[float, float] | None = None) -> None:
+    """Rendezvous, then run the target ``argv`` (see the module docstring); ``entered_at`` is
+    when the bootstrap started, or the fork server forked this worker (the timeline's
+    ``bootstrap`` phase), ``preloaded`` when that server's imports started and ended.
+
+    Reads: ``environ`` (default ``os.environ``), as :func:`.read_worker_info` says.
+    """
+    environ = os.environ if environ is None else environ
+    info = read_worker_info(environ)
+    _scrub(environ)
+    show_as_fresh(argv, environ, info.supervisor_pid)
+    workerstore.private_fds(info)
+    if argv and argv[0] == "--exec":
+        if info.store_fd is not None:
+            workerstore.host_store(info)
+        run_target(argv)
+        return
+    recorder = _recorder(info, entered_at, preloaded)
+    store = workerstore.rendezvous(info)
+    hand_over(store, rank=info.rank, world_size=info.world_size, addr=info.master_addr,
+              port=info.master_port)
+    uninstall = groupstart.install(store, info)
+    if recorder is not None:
+        recorder.mark("joined")
+        recorder.install_hooks()
+        recorder.mark("script")
+    lateenv.watch(environ, report=info.rank == 0)
+    ok = False
+    try:
+        run_target(argv)
+        ok = True
+    except SystemExit as exc:
+        ok = exc.code in (None, 0)
+        raise
+    finally:
+        uninstall()
+        _finish(store, info, recorder, ok=ok)
+        del store  # a server lives exactly as long as the program and its linger

@@ -1,0 +1,137 @@
+"""The start-up timeline (``unirank run --timeline``): when each rank reached each start-up phase.
+
+Phases, in order: the node's fork server started and ended its imports (``preload``,
+``preloaded``: the same for every rank of a node; absent when workers start as their own
+interpreters), the supervisor started the worker process (``started``: asked the server to fork
+it), the bootstrap ran its first line (``bootstrap``: the forked child began), torch was
+imported (``torch``), every rank had joined (``joined``), the user's program started
+(``script``), ``init_process_group`` returned (``pg_init``) and the first collective called
+from Python returned (``first_collective``: ``barrier``, ``all_reduce``, ``broadcast`` or
+``all_gather``; a collective made inside C++, as DDP's first broadcast, is not seen). The last
+two are seen by wrapping those torch functions before the program starts.
+
+Each rank keeps its own times (``time.time()``, a few calls) and, at the end of its program,
+sets them in the rendezvous store under one key (O(1) per rank). Rank 0, which hosts the store
+and already waits for the others at its end, reads them all in one ``multi_get`` and writes them
+to the file its supervisor named; node 0's supervisor prints the table. Off, nothing of this
+runs. Pure except :class:`Recorder`'s hooks and the store calls.
+
+The worker's bootstrap (:mod:`.info`) reads UNIRANK_TIMELINE (the launch time, set by the
+supervisor when on) and UNIRANK_TIMELINE_FILE (rank 0 only: where to write the gathered times),
+and passes the :class:`Recorder` it builds along.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from unirank.contract import TIMELINE_FILE_VAR, TIMELINE_VAR
+
+__all__ = ["PHASES", "TIMELINE_FILE_VAR", "TIMELINE_VAR", "Recorder", "format_table", "gather"]
+
+KEY_PREFIX = "unirank/timeline/"
+PHASES: tuple[tuple[str, str], ...] = (
+    ("preload", "fork server importing"),
+    ("preloaded", "fork server imported"),
+    ("started", "worker process started"),
+    ("bootstrap", "bootstrap entered"),
+    ("torch", "torch imported"),
+    ("joined", "all ranks joined"),
+    ("script", "user script started"),
+    ("pg_init", "process group initialised"),
+    ("first_collective", "first collective done"),
+)
+_SERVER_PHASES = ("preload", "preloaded")
+_COLLECTIVES = ("barrier", "all_reduce", "broadcast", "all_gather")
+
+
+class Recorder:
+    """One rank's phase times."""
+
+    def __init__(self, rank: int, node: str, started: float,
+                 preloaded: tuple[float, float] | None = None) -> None:
+        self.rank = rank
+        self.node = node
+        self.times: dict[str, float] = (
+            {} if preloaded is None else {"preload": preloaded[0], "preloaded": preloaded[1]})
+        self.times["started"] = started
+
+    def mark(self, phase: str) -> None:
+        """Note that this rank reached ``phase`` now (the first time only)."""
+        self.times.setdefault(phase, time.time())
+
+    def install_hooks(self) -> None:
+        """Wrap ``init_process_group`` and the first collectives to see when they return."""
+        import torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+
+        for name, phase in (("init_process_group", "pg_init"),
+                            *((c, "first_collective") for c in _COLLECTIVES)):
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue
+            wrapped = self._wrap(original, phase)
+            for module in (dist, c10d):
+                if getattr(module, name, None) is original:
+                    setattr(module, name, wrapped)
+
+    def _wrap(self, fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            self.mark(phase)
+            return result
+
+        return wrapper
+
+    def publish(self, store: Any) -> None:
+        """Set this rank's times in the store (one key). Never raises."""
+        with contextlib.suppress(Exception):  # a timeline must not fail a job
+            store.set(f"{KEY_PREFIX}{self.rank}",
+                      json.dumps({"rank": self.rank, "node": self.node, "times": self.times}))
+
+
+def gather(store: Any, world_size: int, path: str) -> None:
+    """Rank 0: read every rank's times (those that published) and write them to ``path``."""
+    try:
+        keys = [f"{KEY_PREFIX}{r}" for r in range(world_size)]
+        if not store.check(keys):  # a rank ended without publishing: take the others'
+            keys = [k for k in keys if store.check([k])]
+        values = store.multi_get(keys) if keys else []
+        records = [json.loads(bytes(v).decode()) for v in values]
+    except Exception:
+        records = []
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(records, fh)
+
+
+def format_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """One row per phase: min / median / max over ranks, in seconds after the first worker
+    started, and the slowest rank with its node."""
+    if not records:
+        return "unirank run: timeline: no rank reported its times\n"
+    origin = min(min(r["times"].values()) for r in records if r["times"])
+    first = "fork server" if any("preload" in r["times"] for r in records) else "worker"
+    lines = [f"unirank run: start-up timeline of {len(records)} rank(s), seconds after the "
+             f"first {first} started",
+             f"  {'phase':<27} {'min':>8} {'median':>8} {'max':>8}  slowest"]
+    for key, label in PHASES:
+        seen = [(r["times"][key] - origin, r) for r in records if key in r["times"]]
+        if not seen and key in _SERVER_PHASES:
+            continue  # workers started as their own interpreters
+        if not seen:
+            lines.append(f"  {label:<27} {'-':>8} {'-':>8} {'-':>8}  (not seen)")
+            continue
+        values = sorted(v for v, _ in seen)
+        worst, who = max(seen, key=lambda item: (item[0], -item[1]["rank"]))
+        missing = f" ({len(records) - len(seen)} rank(s) never reached it)" \
+            if len(seen) < len(records) else ""
+        lines.append(f"  {label:<27} {values[0]:8.3f} {statistics.median(values):8.3f} "
+                     f"{worst:8.3f}  rank {who['rank']} on {who['node']}{missing}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,84 @@
+"""The fork server outlives the signals a batch system sends to every process of a job step
+(``scancel --signal=USR2``, a time limit's SIGTERM), and its workers get the signal dispositions
+of a fresh interpreter back. Real ``unirank run``, real processes, real signals."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _procs import is_live, launcher_free_environ, read_stdout_until
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120.0
+
+# each worker says who its parent is and how its signals are set, then waits for stdin's end
+_WORKER = """
+import os, signal, sys
+names = ("SIGTERM", "SIGUSR1", "SIGUSR2", "SIGHUP")
+default = all(signal.getsignal(getattr(signal, n)) == signal.SIG_DFL for n in names)
+interrupt = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+print(f"READY {os.environ['RANK']} {os.getppid()} {default} {interrupt}", flush=True)
+sys.stdin.read()
+"""
+
+
+def _settled_state(pid: int) -> str:
+    """The state of ``pid`` once it stopped (T) or died (Z, or "gone"); fails after TIMEOUT."""
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return "gone"
+        if state in ("T", "t", "Z", "X"):
+            return "T" if state in ("T", "t") else "Z"
+        select.select([], [], [], 0.01)  # a stop or a death takes a scheduling slice
+    raise AssertionError(f"pid {pid} neither stopped nor died in {TIMEOUT:g} s")
+
+
+def _ready_lines(proc: subprocess.Popen[bytes], count: int) -> list[list[str]]:
+    """The first ``count`` READY lines of ``proc``'s stdout, split; fails after TIMEOUT."""
+    seen = read_stdout_until(
+        proc, lambda seen: seen.count(b"READY ") >= count and seen.endswith(b"\n"), TIMEOUT,
+        f"{count} READY lines")
+    return [line.split()[1:] for line in seen.decode().splitlines() if line.startswith("READY ")]
+
+
+def test_the_server_outlives_a_step_s_signals_and_workers_get_default_dispositions(
+        tmp_path: Path) -> None:
+    script = tmp_path / "wait.py"
+    script.write_text(_WORKER)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "unirank", "run", "-n", "2", str(script)], cwd=tmp_path,
+        env=launcher_free_environ(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE)
+    try:
+        lines = _ready_lines(proc, 2)
+        servers = {ppid for _rank, ppid, _default, _interrupt in lines}
+        assert len(servers) == 1 and int(next(iter(servers))) != proc.pid, lines
+        assert all(d == "True" and i == "True" for _r, _p, d, i in lines), lines
+        server = int(next(iter(servers)))
+        for signum in (signal.SIGTERM, signal.SIGUSR2, signal.SIGUSR1, signal.SIGINT,
+                       signal.SIGHUP):
+            os.kill(server, signum)  # what a step-wide signal does to the server
+        # a process a signal kills never stops: one that stops survived the signals before
+        os.kill(server, signal.SIGSTOP)
+        assert _settled_state(server) == "T", "the fork server died of a step's signal"
+        os.kill(server, signal.SIGCONT)
+        assert is_live(server, b"unirank.supervisor.fork.server")
+        _out, err = proc.communicate(b"", timeout=TIMEOUT)  # stdin ends: so do the workers
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
