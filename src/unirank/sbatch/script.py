@@ -139,8 +139,8 @@ def _waited(spec: JobSpec, srun: str) -> list[str]:
         *lines,
         f"{srun} &",
         "srun_pid=$!",
-        "# A trapped signal ends a wait early: wait again until srun is gone.",
-        'while kill -0 "$srun_pid" 2>/dev/null; do wait "$srun_pid"; done',
+        "# Traps run between polls: a trap that ends a wait early can lose srun's status.",
+        'while kill -0 "$srun_pid" 2>/dev/null; do sleep 1; done',
         'wait "$srun_pid"',
         "status=$?",
     ]

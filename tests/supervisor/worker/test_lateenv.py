@@ -137,7 +137,7 @@ def test_an_unset_thread_count_is_reported() -> None:
 def test_the_import_wrapper_goes_away_at_the_first_import_of_torch(tmp_path: Path) -> None:
     """Nothing is paid after that import: ``builtins.__import__`` is Python's own again."""
     code = ("import builtins, os\nimport torch\noriginal = builtins.__import__\n"
-            "from unirank.supervisor import lateenv\n"
+            "from unirank.supervisor.worker import lateenv\n"
             "lateenv.watch(os.environ, report=True)\n"
             "assert builtins.__import__ is not original\n"
             "import json\nassert builtins.__import__ is not original\n"
