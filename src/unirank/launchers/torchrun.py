@@ -140,10 +140,10 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         if hosts:
             sources["hosts"] = hosts_var
     run_id = environ.get(RUN_ID_VAR)
-    jid = slurm.job_id(environ)
+    jid = V.job_id(environ)
     if jid[0] is None and run_id not in (None, "", "none"):
         jid = (run_id, RUN_ID_VAR)
-    step = (environ.get(V.STEP_ID[0]), "")
+    step = (V.step_id(environ)[0], "")
     return finish(NAME, environ, ctx, replace(layout, sources=sources), hosts=hosts,
                   job_id=jid, step_id=step)
 
