@@ -95,7 +95,7 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
         raise ConfigError(
             f"is not set and {world} task(s) do not split evenly over {num_nodes} node(s)",
             variable=V.STEP_TASKS_PER_NODE[0], value=None,
-            hint="run under srun, which sets SLURM_STEP_TASKS_PER_NODE",
+            hint=f"run under srun, which sets {V.STEP_TASKS_PER_NODE[0]}",
         )
     return StepLayout(world, world_var, hosts, hosts_var, num_nodes, nodes_var, tpn, tpn_var)
 

@@ -24,7 +24,7 @@ from unirank.launchers import slurm_vars as V
 from unirank.launchers._base import Context, Launcher, Layout, MasterHint, finish
 
 NAME = "slurm-allocation"
-_ALONE = "alone: no srun step (SLURM_STEP_ID unset)"
+_ALONE = f"alone: no srun step ({V.STEP_ID[0]} unset)"
 
 
 def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:

@@ -73,9 +73,9 @@ def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: 
         nodeid = environ.get(V.NODEID, "?")
         raise ConfigError(
             f"torchrun's node rank GROUP_RANK={node_rank} disagrees with this srun task's "
-            f"SLURM_PROCID={procid} (SLURM_NODEID={nodeid})",
+            f"{V.PROCID}={procid} ({V.NODEID}={nodeid})",
             variable="GROUP_RANK", value=str(node_rank),
-            hint="pass torchrun --node_rank $SLURM_NODEID (in single quotes, so each task expands "
+            hint=f"pass torchrun --node_rank ${V.NODEID} (in single quotes, so each task expands "
             "it), or use unirank run, which reads it itself",
         )
 
