@@ -73,14 +73,15 @@ def _stand_in(folder: Path, name: str, body: str) -> None:
 
 
 def test_time_left_from_the_end_time_or_squeue(tmp_path: Path) -> None:
-    assert ur.time_left({}) is None  # outside Slurm
+    assert ur.time_left(environ={}) is None  # outside Slurm
     ur.unwatch_stop_signals()
-    left = ur.time_left({"SLURM_JOB_ID": "5", "SLURM_JOB_END_TIME": str(int(time.time()) + 100)})
+    ends = str(int(time.time()) + 100)
+    left = ur.time_left(environ={"SLURM_JOB_ID": "5", "SLURM_JOB_END_TIME": ends})
     assert left is not None and 90 < left <= 100
     ur.unwatch_stop_signals()
     _stand_in(tmp_path, "squeue", f'echo "$@" > {tmp_path}/asked; echo "1-00:00:10"')
     environ = {"SLURM_JOB_ID": "5", "PATH": str(tmp_path)}
-    left = ur.time_left(environ)
+    left = ur.time_left(environ=environ)
     assert left is not None and 86300 < left <= 86410
     assert ur.stop_requested(time_margin=60, environ=environ) is False
     assert ur.stop_requested(time_margin=90000, environ=environ) is True
@@ -90,14 +91,14 @@ def test_time_left_from_the_end_time_or_squeue(tmp_path: Path) -> None:
 def test_time_left_knows_the_job_by_its_older_variable_too(tmp_path: Path) -> None:
     """SLURM_JOBID alone (the older spelling) is a Slurm job as SLURM_JOB_ID is."""
     _stand_in(tmp_path, "squeue", f'echo "$@" > {tmp_path}/asked; echo "10:00"')
-    left = ur.time_left({"SLURM_JOBID": "6", "PATH": str(tmp_path)})
+    left = ur.time_left(environ={"SLURM_JOBID": "6", "PATH": str(tmp_path)})
     assert left is not None and 500 < left <= 600
     assert (tmp_path / "asked").read_text() == "-h -j 6 -o %L\n"
 
 
 def test_exit_for_requeue_outside_any_launcher_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as caught:
-        ur.exit_for_requeue({})
+        ur.exit_for_requeue(environ={})
     assert caught.value.code == 0
     assert "stopped after the checkpoint; run the same command again to resume" in (
         capsys.readouterr().err)
@@ -107,7 +108,7 @@ def _exit_for_requeue_in_job(tmp_path: Path, **slurm: str) -> object:
     """``ur.exit_for_requeue()`` in Slurm job 43 (``slurm`` variables replace or add to
     SLURM_JOB_ID=43), with only ``tmp_path``'s stand-ins on PATH: the code it exits with."""
     with pytest.raises(SystemExit) as caught:
-        ur.exit_for_requeue({"PATH": str(tmp_path), "SLURM_JOB_ID": "43", **slurm})
+        ur.exit_for_requeue(environ={"PATH": str(tmp_path), "SLURM_JOB_ID": "43", **slurm})
     return caught.value.code
 
 
@@ -176,7 +177,7 @@ def test_a_job_known_by_its_older_variable_is_requeued_too(
     run (which would exit 79 without asking Slurm)."""
     _scontrol(tmp_path, "JobId=44 JobState=RUNNING Restarts=0")
     with pytest.raises(SystemExit) as caught:
-        ur.exit_for_requeue({"PATH": str(tmp_path), "SLURM_JOBID": "44"})
+        ur.exit_for_requeue(environ={"PATH": str(tmp_path), "SLURM_JOBID": "44"})
     assert caught.value.code == REQUEUE_EXIT_CODE
     assert (tmp_path / "asked").read_text() == "show job -o 44\nrequeue 44\n"
     assert "requeueing job 44" in capsys.readouterr().err

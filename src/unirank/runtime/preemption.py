@@ -108,7 +108,7 @@ def _local_request(time_margin: float | None, environ: Mapping[str, str]) -> int
     if not _STOP.watched:
         watch_stop_signals(environ=environ)
     if time_margin is not None and not _STOP.flag:
-        left = time_left(environ)
+        left = time_left(environ=environ)
         if left is not None and left <= time_margin:
             _STOP.flag = True
     return int(_STOP.flag)
@@ -142,7 +142,7 @@ def stop_requested(every: int = 1, time_margin: float | None = None, *,
     return _STOP.agreed
 
 
-def time_left(environ: Mapping[str, str] | None = None) -> float | None:
+def time_left(*, environ: Mapping[str, str] | None = None) -> float | None:
     """Seconds until the Slurm job's end (0 once past it); None outside Slurm or for a job
     without a time limit. SLURM_JOB_END_TIME where Slurm sets it, else ``squeue -o %L``,
     asked once and remembered. ``environ``: the environment to read (default ``os.environ``).
@@ -206,7 +206,7 @@ def _requeue_slurm_job(target: str, environ: Mapping[str, str]) -> int:
     return code
 
 
-def exit_for_requeue(environ: Mapping[str, str] | None = None) -> NoReturn:
+def exit_for_requeue(*, environ: Mapping[str, str] | None = None) -> NoReturn:
     """End this rank so that the run goes on later from its checkpoint (save it first).
 
     Every rank waits for the others (a barrier), then: under Slurm, past the cap on requeues
