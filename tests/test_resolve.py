@@ -20,8 +20,11 @@ from typing import Any
 import pytest
 
 from _procs import free_port, launcher_free_environ
+from unirank import netroute, resolve
+from unirank.doctor import netinfo
 from unirank.errors import ConfigError
 from unirank.resolve import master_addr_source, require_resolvable
+from unirank.supervisor.listen import store_family
 
 REPO = Path(__file__).resolve().parents[1]
 BAD = "no.such.host.invalid"
@@ -57,6 +60,46 @@ def test_a_name_server_that_does_not_answer_is_bounded(monkeypatch: pytest.Monke
             require_resolvable("slow.example", source="MASTER_ADDR", timeout=0.2)
     finally:
         release.set()
+
+
+def _blocking_name_service(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event,
+                                                                      list[str]]:
+    """``socket.getaddrinfo`` and ``gethostbyaddr`` that block until the event is set, when
+    asked from a bounded look-up's thread; asked from the main thread (an unbounded look-up) they
+    answer at once, and the name is recorded in the list. The bound is made 0.05 s."""
+    release, unbounded = threading.Event(), []
+
+    def answer(name: str, port: Any = None, *_args: Any, **_kwargs: Any) -> Any:
+        if threading.current_thread() is threading.main_thread():
+            unbounded.append(name)
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port or 0))]
+        release.wait()
+        raise socket.gaierror(-3, "Temporary failure in name resolution")
+
+    def reverse(address: str) -> Any:
+        answer(address)
+        return ("localhost", [], [address])
+
+    monkeypatch.setattr(socket, "getaddrinfo", answer)
+    monkeypatch.setattr(socket, "gethostbyaddr", reverse)
+    monkeypatch.setattr(resolve, "RESOLVE_TIMEOUT", 0.05)
+    return release, unbounded
+
+
+def test_every_name_look_up_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store's family, the route to an address and doctor's look-ups, for a name whose
+    look-up never ends: each gives its "does not resolve" answer, and none asked unbounded."""
+    release, unbounded = _blocking_name_service(monkeypatch)
+    try:
+        assert store_family("slow.example") == socket.AF_INET6
+        assert netroute.route_source("slow.example") is None
+        found = netinfo.resolve("slow.example", limit=0.05)
+        assert (found.answer, found.error) == (None, "no answer within 0.05 s")
+        back = netinfo.reverse_lookup("192.0.2.1", limit=0.05)
+        assert (back.answer, back.error) == (None, "no answer within 0.05 s")
+    finally:
+        release.set()
+    assert unbounded == []
 
 
 def test_the_source_is_where_the_launcher_found_it() -> None:

@@ -65,13 +65,14 @@ class DistEnv:
         :attr:`must_launch`."""
         if self.must_launch:
             from unirank.errors import ConfigError
+            from unirank.launchers.slurm_vars import STEP_ID
 
             tasks = f"{self.planned_tasks} tasks" if self.planned_tasks else \
                 f"{self.num_nodes} nodes"
             raise ConfigError(
                 f"this is a Slurm allocation shell (sbatch or salloc) holding {tasks}, but no "
                 "task was launched",
-                variable="SLURM_STEP_ID",
+                variable=STEP_ID[0],
                 value=None,
                 hint=f"start the tasks with: {command}",
             )

@@ -8,7 +8,8 @@ with it, and ``unirank doctor`` suggests NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME
 
 Standard library only (no psutil, no torch): every IPv4 address through ``SIOCGIFCONF``, every
 IPv6 address from ``/proc/net/if_inet6``. Where these Linux interfaces are missing the
-addresses are missing too, and the answer is None.
+addresses are missing too, and the answer is None. A name is looked up through
+:func:`unirank.resolve.lookup`, bounded. Reads no environment variables.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import ipaddress
 import socket
 import struct
 from collections.abc import Mapping
+
+from unirank.resolve import lookup
 
 __all__ = ["holder", "interface_towards", "interfaces", "is_own", "parse_if_inet6",
            "route_source"]
@@ -37,10 +40,14 @@ def _family(address: str) -> socket.AddressFamily:
 
 def route_source(address: str) -> str | None:
     """The local address the kernel would send from to reach ``address`` (an IPv4 or IPv6
-    address, or a name, which is looked up as IPv4), or None without a route."""
+    address, or a name, which is looked up as IPv4, bounded), or None without a route or for a
+    name that does not resolve in time."""
     family = _family(address)
+    found = lookup(address, 9, family=family, kind=socket.SOCK_DGRAM).value
+    if not found:
+        return None
+    target = found[0][4]
     try:
-        target = socket.getaddrinfo(address, 9, family, socket.SOCK_DGRAM)[0][4]
         with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.connect(target)  # UDP: no packet is sent, only the route is chosen
             return str(probe.getsockname()[0]).split("%")[0]

@@ -14,6 +14,7 @@ from typing import Any
 
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
+from unirank.launchers import slurm_vars as V
 
 __all__ = [
     "MASK",
@@ -27,7 +28,8 @@ __all__ = [
     "masked",
 ]
 
-SLURM_VARIABLES = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NTASKS", "SLURM_JOB_NODELIST")
+#: the Slurm variables the report shows, in its order
+SLURM_VARIABLES = (V.PROCID, V.LOCALID, V.JOB_NUM_TASKS[0], V.JOB_NODELIST[0])
 VARIABLE_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
 SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 MASK = "****"
@@ -59,17 +61,17 @@ def masked(name: str, value: str) -> str:
 def _slurm_section(environ: Mapping[str, str]) -> dict[str, Any] | None:
     """Reads: SLURM_JOBID, SLURM_JOB_ID, SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS,
     SLURM_JOB_NODELIST."""
-    if "SLURM_JOBID" not in environ and "SLURM_JOB_ID" not in environ:
+    if V.job_id(environ)[0] is None:
         return None
     from unirank.hostlist import expand
 
     section: dict[str, Any] = {name: environ.get(name) for name in SLURM_VARIABLES}
-    nodelist = environ.get("SLURM_JOB_NODELIST")
+    nodelist = environ.get(V.JOB_NODELIST[0])
     section["hostnames"] = None
     section["hostnames_error"] = None
     if nodelist is not None:
         try:
-            section["hostnames"] = expand(nodelist, variable="SLURM_JOB_NODELIST")
+            section["hostnames"] = expand(nodelist, variable=V.JOB_NODELIST[0])
         except ConfigError as exc:
             section["hostnames_error"] = str(exc)
     return section

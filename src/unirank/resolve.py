@@ -15,7 +15,13 @@ line instead. It decides from this host's interface addresses (:mod:`unirank.net
 sends nothing.
 
 ``getaddrinfo`` itself can block for a long time on a name server that does not answer, so it
-runs in a daemon thread bounded by a timeout. This module does not import torch.
+runs in a daemon thread bounded by a timeout. :func:`lookup` and :func:`reverse_lookup` are the
+only name look-ups of unirank (tests/test_layout_rules.py keeps it so): the store's listening
+family (:mod:`unirank.supervisor.listen`), the route to an address (:mod:`unirank.netroute`) and
+doctor's timed look-ups (:mod:`unirank.doctor.netinfo`) ask them. This module does not import
+torch.
+
+Reads: UNIRANK_MASTER_FORWARDED (:func:`require_own`, from the mapping it is given).
 """
 
 from __future__ import annotations
@@ -30,8 +36,8 @@ from typing import Any, Generic, TypeVar
 
 from unirank.errors import ConfigError
 
-__all__ = ["RESOLVE_TIMEOUT", "Bounded", "bounded", "master_addr_source", "require_own",
-           "require_resolvable"]
+__all__ = ["RESOLVE_TIMEOUT", "Bounded", "bounded", "lookup", "master_addr_source", "require_own",
+           "require_resolvable", "reverse_lookup"]
 
 _T = TypeVar("_T")
 
@@ -87,9 +93,24 @@ def bounded(fn: Callable[[], _T], limit: float) -> Bounded[_T]:
     return Bounded(box.get("value"), box.get("error"), seconds, False)
 
 
+def lookup(host: str, port: int | None = None, *, family: int = 0,
+           kind: int = socket.SOCK_STREAM, timeout: float | None = None) -> Bounded[list[Any]]:
+    """``socket.getaddrinfo(host, port, family, kind)`` bounded by ``timeout`` seconds (default
+    :data:`RESOLVE_TIMEOUT`): the one forward look-up of unirank."""
+    limit = RESOLVE_TIMEOUT if timeout is None else timeout
+    return bounded(lambda: list(socket.getaddrinfo(host, port, family, kind)), limit)
+
+
+def reverse_lookup(address: str, *, timeout: float | None = None) -> Bounded[str]:
+    """The name ``address`` maps back to (``gethostbyaddr``, as torch's store asks), bounded by
+    ``timeout`` seconds (default :data:`RESOLVE_TIMEOUT`): the one reverse look-up of unirank."""
+    limit = RESOLVE_TIMEOUT if timeout is None else timeout
+    return bounded(lambda: socket.gethostbyaddr(address)[0], limit)
+
+
 def _lookup(host: str, timeout: float) -> str | None:
     """None when ``host`` resolves within ``timeout`` seconds, else why not."""
-    found = bounded(lambda: socket.getaddrinfo(host, None, type=socket.SOCK_STREAM), timeout)
+    found = lookup(host, timeout=timeout)
     if found.timed_out:
         return f"no answer from the name service within {timeout:g} s"
     if found.error is None:
@@ -119,7 +140,7 @@ def _addresses(host: str, timeout: float) -> tuple[str, ...] | None:
     seconds (None: it does not resolve in time, which :func:`require_resolvable` reports)."""
     if _is_literal(host):
         return (host,)
-    found = bounded(lambda: socket.getaddrinfo(host, None, type=socket.SOCK_STREAM), timeout)
+    found = lookup(host, timeout=timeout)
     if found.value is None:
         return None
     return tuple(str(info[4][0]) for info in found.value)

@@ -84,6 +84,12 @@ def test_expected_world_reads_the_step_only_inside_a_step() -> None:
     assert expected_world({"OMPI_COMM_WORLD_SIZE": "3"}) == ("OMPI_COMM_WORLD_SIZE", 3)
 
 
+def test_expected_world_knows_a_step_by_its_older_variable_too() -> None:
+    """SLURM_STEPID alone (the older spelling) is a step, as for the launcher's detection."""
+    assert expected_world({"SLURM_STEP_NUM_TASKS": "4", "SLURM_STEPID": "0"}) == (
+        "SLURM_STEP_NUM_TASKS", 4)
+
+
 def test_nccl_without_a_cuda_build_fails() -> None:
     check = row(checks.local_checks(facts(backend="nccl")), "gpus")
     assert check.status == FAIL

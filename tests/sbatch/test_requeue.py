@@ -74,6 +74,16 @@ def test_requeue_target_is_the_job_or_the_array_task() -> None:
                            "SLURM_ARRAY_TASK_ID": "3"}) == "40_3"
 
 
+def test_the_older_job_id_variable_names_the_same_job() -> None:
+    """SLURM_JOBID alone is the job as SLURM_JOB_ID is, for the target and for the cap."""
+    assert requeue_target({"SLURM_JOBID": "42"}) == requeue_target({"SLURM_JOB_ID": "42"})
+    assert requeue_target({"SLURM_JOBID": "42"}) == "42"
+    capped = {"SLURM_RESTART_COUNT": "10"}
+    assert requeue_refusal({"SLURM_JOBID": "42", **capped}) == (
+        requeue_refusal({"SLURM_JOB_ID": "42", **capped}))
+    assert requeue_refusal({"SLURM_JOBID": "42", **capped}) is not None
+
+
 def test_requeues_are_capped_by_the_restart_count() -> None:
     assert max_requeues({}) == 10
     assert max_requeues({"UNIRANK_MAX_REQUEUES": "2"}) == 2

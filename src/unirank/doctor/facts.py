@@ -24,13 +24,14 @@ from unirank.distenv import DistEnv
 from unirank.doctor import netinfo
 from unirank.doctor.netinfo import Lookup
 from unirank.errors import ConfigError
+from unirank.launchers import slurm_vars as V
 from unirank.store import uses_agent_store
 from unirank.supervisor.devices import visible_gpu_count
 
 __all__ = ["Facts", "Versions", "expected_world", "gather", "versions"]
 
 #: variables that say how many tasks a launcher started, in the order they are trusted
-_TASK_COUNTS = ("SLURM_STEP_NUM_TASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
+_TASK_COUNTS = (V.STEP_NUM_TASKS[0], "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE")
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,11 @@ def expected_world(environ: Mapping[str, str]) -> tuple[str, int] | None:
     """``(variable, count)``: how many tasks the launcher says it started, where it says so
     (inside an srun step, mpirun), for comparing with the detected world size.
 
-    Reads: SLURM_STEP_ID, SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_SIZE.
+    Reads: SLURM_STEP_ID / SLURM_STEPID, SLURM_STEP_NUM_TASKS, OMPI_COMM_WORLD_SIZE, PMI_SIZE,
+    PMIX_SIZE.
     """
     for name in _TASK_COUNTS:
-        if name == "SLURM_STEP_NUM_TASKS" and "SLURM_STEP_ID" not in environ:
+        if name == V.STEP_NUM_TASKS[0] and V.step_id(environ)[0] is None:
             continue
         value = environ.get(name, "").strip()
         if value.isdigit():

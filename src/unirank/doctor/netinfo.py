@@ -11,11 +11,11 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any
 
-from unirank.resolve import bounded
+from unirank.resolve import Bounded, lookup
+from unirank.resolve import reverse_lookup as _reverse
 
 __all__ = [
     "Lookup",
@@ -26,9 +26,6 @@ __all__ = [
     "resolve",
     "reverse_lookup",
 ]
-
-_T = TypeVar("_T")
-
 
 @dataclass(frozen=True)
 class Lookup:
@@ -41,33 +38,32 @@ class Lookup:
     seconds: float
 
 
-def _bounded(fn: Callable[[], _T], limit: float) -> tuple[_T | None, str, float]:
-    """``fn()`` through :func:`unirank.resolve.bounded`: (value, error, seconds); a look-up
-    that hangs cannot hold doctor up."""
-    found = bounded(fn, limit)
+def _error(found: Bounded[Any], limit: float) -> str:
+    """Why a bounded look-up has no answer ("" when it has one); a look-up that hangs cannot
+    hold doctor up."""
     if found.timed_out:
-        return None, f"no answer within {limit:g} s", found.seconds
-    error = "" if found.error is None else (" ".join(str(found.error).split())
-                                            or type(found.error).__name__)
-    return found.value, error, found.seconds
+        return f"no answer within {limit:g} s"
+    return "" if found.error is None else (" ".join(str(found.error).split())
+                                           or type(found.error).__name__)
 
 
 def resolve(name: str, limit: float = 5.0) -> Lookup:
     """The IPv4 addresses ``name`` resolves to, or its IPv6 ones where it has no IPv4 one (the
     family unirank's store listens on, :func:`unirank.supervisor.listen.store_family`), timed."""
-    def query() -> tuple[str, ...]:
-        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-        ipv4 = {str(info[4][0]) for info in infos if info[0] == socket.AF_INET}
-        return tuple(sorted(ipv4 or {str(info[4][0]) for info in infos}))
-
-    value, error, seconds = _bounded(query, limit)
-    return Lookup(name, value, error, seconds)
+    found = lookup(name, timeout=limit)
+    if found.value is None:
+        return Lookup(name, None, _error(found, limit), found.seconds)
+    infos = found.value
+    ipv4 = {str(info[4][0]) for info in infos if info[0] == socket.AF_INET}
+    return Lookup(name, tuple(sorted(ipv4 or {str(info[4][0]) for info in infos})), "",
+                  found.seconds)
 
 
 def reverse_lookup(address: str, limit: float = 3.0) -> Lookup:
     """The name ``address`` maps back to (``gethostbyaddr``, as torch's store does), timed."""
-    value, error, seconds = _bounded(lambda: (socket.gethostbyaddr(address)[0],), limit)
-    return Lookup(address, value, error, seconds)
+    found = _reverse(address, timeout=limit)
+    answer = None if found.value is None else (found.value,)
+    return Lookup(address, answer, _error(found, limit), found.seconds)
 
 
 def connect_probe(address: str, port: int, limit: float = 2.0) -> str:

@@ -129,7 +129,7 @@ def build(
         step = None
     else:
         jid = _scheduler_job_id(environ)
-        step = environ.get(V.STEP_ID[0])
+        step = V.step_id(environ)[0]
     return finish(name, environ, ctx, layout,
                   master=MasterHint(hosts, hosts_var, jid[0], step, jid[1]),
                   hosts=hosts, job_id=jid)

@@ -28,18 +28,6 @@ def in_step(environ: Mapping[str, str]) -> bool:
     return first_set(environ, *V.STEP_ID) is not None and V.PROCID in environ
 
 
-def job_id(environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The Slurm job id and the variable it came from. Reads: SLURM_JOB_ID, SLURM_JOBID."""
-    name = first_set(environ, *V.JOB_ID)
-    return (environ[name], name) if name else (None, "")
-
-
-def step_id(environ: Mapping[str, str]) -> tuple[str | None, str]:
-    """The Slurm step id and the variable it came from. Reads: SLURM_STEP_ID, SLURM_STEPID."""
-    name = first_set(environ, *V.STEP_ID)
-    return (environ[name], name) if name else (None, "")
-
-
 def hosts_of(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
     """The nodes the first set of ``names`` lists, and that variable (``()``, ``""`` if none).
 
@@ -107,7 +95,7 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
         raise ConfigError(
             f"is not set and {world} task(s) do not split evenly over {num_nodes} node(s)",
             variable=V.STEP_TASKS_PER_NODE[0], value=None,
-            hint="run under srun, which sets SLURM_STEP_TASKS_PER_NODE",
+            hint=f"run under srun, which sets {V.STEP_TASKS_PER_NODE[0]}",
         )
     return StepLayout(world, world_var, hosts, hosts_var, num_nodes, nodes_var, tpn, tpn_var)
 
@@ -147,7 +135,7 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
             variable=V.LOCALID, value=environ[V.LOCALID],
             hint="the step's variables disagree; were they copied from another job?",
         )
-    jid, step = job_id(environ), step_id(environ)
+    jid, step = V.job_id(environ), V.step_id(environ)
     sources = {
         "rank": V.PROCID, "local_rank": V.LOCALID, "world_size": layout.world_var,
         "local_world_size": layout.tasks_per_node_var, "node_rank": node_rank_var,

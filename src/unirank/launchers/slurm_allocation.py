@@ -24,7 +24,7 @@ from unirank.launchers import slurm_vars as V
 from unirank.launchers._base import Context, Launcher, Layout, MasterHint, finish
 
 NAME = "slurm-allocation"
-_ALONE = "alone: no srun step (SLURM_STEP_ID unset)"
+_ALONE = f"alone: no srun step ({V.STEP_ID[0]} unset)"
 
 
 def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
@@ -34,7 +34,7 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     SLURM_JOB_NUM_NODES / SLURM_NNODES, SLURM_STEP_ID, SLURM_PROCID, SLURMD_NODENAME,
     UNIRANK_NODE_NAME, MASTER_ADDR, MASTER_PORT.
     """
-    jid = slurm.job_id(environ)
+    jid = V.job_id(environ)
     if jid[0] is None or slurm.in_step(environ):
         return None
     tasks_var = first_set(environ, *V.JOB_NUM_TASKS)

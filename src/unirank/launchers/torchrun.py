@@ -73,9 +73,9 @@ def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: 
         nodeid = environ.get(V.NODEID, "?")
         raise ConfigError(
             f"torchrun's node rank GROUP_RANK={node_rank} disagrees with this srun task's "
-            f"SLURM_PROCID={procid} (SLURM_NODEID={nodeid})",
+            f"{V.PROCID}={procid} ({V.NODEID}={nodeid})",
             variable="GROUP_RANK", value=str(node_rank),
-            hint="pass torchrun --node_rank $SLURM_NODEID (in single quotes, so each task expands "
+            hint=f"pass torchrun --node_rank ${V.NODEID} (in single quotes, so each task expands "
             "it), or use unirank run, which reads it itself",
         )
 
@@ -140,10 +140,10 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
         if hosts:
             sources["hosts"] = hosts_var
     run_id = environ.get(RUN_ID_VAR)
-    jid = slurm.job_id(environ)
+    jid = V.job_id(environ)
     if jid[0] is None and run_id not in (None, "", "none"):
         jid = (run_id, RUN_ID_VAR)
-    step = (environ.get(V.STEP_ID[0]), "")
+    step = (V.step_id(environ)[0], "")
     return finish(NAME, environ, ctx, replace(layout, sources=sources), hosts=hosts,
                   job_id=jid, step_id=step)
 

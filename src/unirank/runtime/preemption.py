@@ -12,6 +12,15 @@
   one line.
 
 The signal handler only sets a flag; the checkpoint is saved by the loop, never in a handler.
+
+The public functions are where the training program's environment comes in: each takes
+``environ`` (default: ``os.environ``, read once per call) and hands it down; nothing below reads
+``os.environ`` itself. ``squeue`` and ``scontrol`` are found on that environment's PATH and run
+through :func:`unirank.sbatch.commands.run_slurm`.
+
+Reads (each function says which): UNIRANK_STOP_SIGNALS, UNIRANK_MAX_REQUEUES, SLURM_JOB_ID /
+SLURM_JOBID, SLURM_JOB_END_TIME, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID, SLURM_RESTART_COUNT,
+PATH.
 """
 
 from __future__ import annotations
@@ -19,15 +28,16 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
+from unirank.launchers import slurm_vars as V
 from unirank.runtime import collectives, state
+from unirank.sbatch.commands import run_slurm
 from unirank.sbatch.requeue import (
     REQUEUE_EXIT_CODE,
     parse_time_left,
@@ -39,10 +49,6 @@ from unirank.sbatch.requeue import (
 
 __all__ = ["exit_for_requeue", "stop_requested", "time_left", "unwatch_stop_signals",
            "watch_stop_signals"]
-
-#: seconds ``squeue`` and ``scontrol`` may take
-_COMMAND_TIMEOUT = 30.0
-
 
 class _Stop:
     """The flag a handler sets, the signals watched, and the agreement's call counter."""
@@ -66,16 +72,23 @@ def _handler(signum: int, frame: FrameType | None) -> None:
     _STOP.signum = signum
 
 
-def watch_stop_signals(signals: Iterable[int | signal.Signals] | None = None) -> tuple[int, ...]:
-    """Install the flag-setting handler for ``signals`` (default: UNIRANK_STOP_SIGNALS, else
-    SIGUSR2 and SIGTERM); the handlers they had are kept and put back by
+def _environ(environ: Mapping[str, str] | None) -> Mapping[str, str]:
+    """``environ``, or the program's own environment when None."""
+    return os.environ if environ is None else environ
+
+
+def watch_stop_signals(signals: Iterable[int | signal.Signals] | None = None, *,
+                       environ: Mapping[str, str] | None = None) -> tuple[int, ...]:
+    """Install the flag-setting handler for ``signals`` (default: UNIRANK_STOP_SIGNALS of
+    ``environ``, else SIGUSR2 and SIGTERM); the handlers they had are kept and put back by
     :func:`unwatch_stop_signals`. Called by the first :func:`stop_requested`; call it earlier
     when a signal may come before the first step. Only from the main thread; elsewhere it
     watches nothing. Returns the signals watched.
 
     Reads: UNIRANK_STOP_SIGNALS.
     """
-    wanted = [int(s) for s in (stop_signals(os.environ) if signals is None else signals)]
+    chosen = stop_signals(_environ(environ)) if signals is None else signals
+    wanted = [int(s) for s in chosen]
     if threading.current_thread() is not threading.main_thread():
         return tuple(_STOP.watched)
     for signum in wanted:
@@ -91,30 +104,32 @@ def unwatch_stop_signals() -> None:
     _STOP.__init__()  # type: ignore[misc]
 
 
-def _local_request(time_margin: float | None) -> int:
+def _local_request(time_margin: float | None, environ: Mapping[str, str]) -> int:
     if not _STOP.watched:
-        watch_stop_signals()
+        watch_stop_signals(environ=environ)
     if time_margin is not None and not _STOP.flag:
-        left = time_left()
+        left = time_left(environ=environ)
         if left is not None and left <= time_margin:
             _STOP.flag = True
     return int(_STOP.flag)
 
 
-def stop_requested(every: int = 1, time_margin: float | None = None) -> bool:
+def stop_requested(every: int = 1, time_margin: float | None = None, *,
+                   environ: Mapping[str, str] | None = None) -> bool:
     """True on every rank at the same call once any rank was asked to stop.
 
     Call it at the same step boundaries on every rank, with the same ``every`` (the ranks agree
     every ``every``-th call: one all_reduce MAX of one int; the calls between return what was
     last agreed). ``time_margin``: also stop once :func:`time_left` is at most that many
     seconds. Once True it stays True. At world size 1 it answers every call, no collective.
+    ``environ``: the environment to read (default ``os.environ``).
 
     Reads: UNIRANK_STOP_SIGNALS (first call), and for ``time_margin`` what
     :func:`time_left` reads.
     """
     if every < 1:
         raise ValueError(f"every must be 1 or more, not {every}")
-    local = _local_request(time_margin)
+    local = _local_request(time_margin, _environ(environ))
     if _STOP.agreed:
         return True
     call, _STOP.calls = _STOP.calls, _STOP.calls + 1
@@ -127,36 +142,32 @@ def stop_requested(every: int = 1, time_margin: float | None = None) -> bool:
     return _STOP.agreed
 
 
-def time_left() -> float | None:
+def time_left(*, environ: Mapping[str, str] | None = None) -> float | None:
     """Seconds until the Slurm job's end (0 once past it); None outside Slurm or for a job
     without a time limit. SLURM_JOB_END_TIME where Slurm sets it, else ``squeue -o %L``,
-    asked once and remembered.
+    asked once and remembered. ``environ``: the environment to read (default ``os.environ``).
 
-    Reads: SLURM_JOB_ID, SLURM_JOB_END_TIME, PATH (squeue).
+    Reads: SLURM_JOB_ID / SLURM_JOBID, SLURM_JOB_END_TIME, PATH (squeue).
     """
     if not _STOP.end_known:
-        _STOP.end_time = _job_end_time()
+        _STOP.end_time = _job_end_time(_environ(environ))
         _STOP.end_known = True
     if _STOP.end_time is None:
         return None
     return max(0.0, _STOP.end_time - time.time())
 
 
-def _job_end_time() -> float | None:
-    job = os.environ.get("SLURM_JOB_ID")
+def _job_end_time(environ: Mapping[str, str]) -> float | None:
+    job = (V.job_id(environ)[0] or "").strip()
     if not job:
         return None
-    end = os.environ.get("SLURM_JOB_END_TIME", "").strip()
+    end = environ.get(V.JOB_END_TIME, "").strip()
     if end.isdigit() and int(end) > 0:
         return float(end)
-    squeue = shutil.which("squeue")
+    squeue = shutil.which("squeue", path=environ.get("PATH"))
     if squeue is None:
         return None
-    try:
-        answer = subprocess.run([squeue, "-h", "-j", job, "-o", "%L"], capture_output=True,
-                                text=True, timeout=_COMMAND_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    answer = run_slurm([squeue, "-h", "-j", job, "-o", "%L"], environ)
     left = parse_time_left(answer.stdout) if answer.returncode == 0 else None
     return None if left is None else time.time() + left
 
@@ -165,16 +176,7 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _scontrol(scontrol: str, *args: str) -> subprocess.CompletedProcess[str] | str:
-    """``scontrol ARGS``' answer, or why it could not be run."""
-    try:
-        return subprocess.run([scontrol, *args], capture_output=True, text=True,
-                              timeout=_COMMAND_TIMEOUT, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return str(exc)
-
-
-def _requeue_slurm_job(target: str) -> int:
+def _requeue_slurm_job(target: str, environ: Mapping[str, str]) -> int:
     """Rank 0: requeue the job unless Slurm is ending or requeueing it already (its SIGTERM);
     the exit code every rank then ends with: 79, or 143 (SIGTERM's) for a job ending for good.
     Without scontrol on PATH, 79: the batch shell requeues (``unirank sbatch --requeue``).
@@ -182,14 +184,13 @@ def _requeue_slurm_job(target: str) -> int:
     Reads: SLURM_RESTART_COUNT, PATH (scontrol).
     """
     code = REQUEUE_EXIT_CODE
-    scontrol = shutil.which("scontrol")
+    scontrol = shutil.which("scontrol", path=environ.get("PATH"))
     if scontrol is None:
         _say(f"unirank: scontrol not found: exiting with {code} so that the batch script "
              f"requeues job {target}")
         return code
-    shown = _scontrol(scontrol, "show", "job", "-o", target)
-    text = shown.stdout if isinstance(shown, subprocess.CompletedProcess) else ""
-    run_state = slurm_run_state(text, os.environ)
+    shown = run_slurm([scontrol, "show", "job", "-o", target], environ)
+    run_state = slurm_run_state(shown.stdout, environ)
     if run_state == "requeued":
         _say(f"unirank: stopped to be requeued (exit code {code}); Slurm requeues job {target}")
         return code
@@ -198,17 +199,14 @@ def _requeue_slurm_job(target: str) -> int:
              "requeue (cancelled, or at its time limit): submit it again to resume")
         return 128 + int(signal.SIGTERM)
     _say(f"unirank: stopped to be requeued (exit code {code}); requeueing job {target}")
-    answer = _scontrol(scontrol, "requeue", target)
-    if isinstance(answer, str):
-        _say(f"unirank: scontrol requeue {target} failed ({answer}); exiting with {code} for "
-             "the batch script")
-    elif answer.returncode != 0:
+    answer = run_slurm([scontrol, "requeue", target], environ)
+    if answer.returncode != 0:
         _say(f"unirank: scontrol requeue {target} failed: {answer.stderr.strip()}; exiting "
              f"with {code} for the batch script")
     return code
 
 
-def exit_for_requeue() -> NoReturn:
+def exit_for_requeue(*, environ: Mapping[str, str] | None = None) -> NoReturn:
     """End this rank so that the run goes on later from its checkpoint (save it first).
 
     Every rank waits for the others (a barrier), then: under Slurm, past the cap on requeues
@@ -220,22 +218,23 @@ def exit_for_requeue() -> NoReturn:
     with rank 0's code, :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) unless the job ends.
     Outside Slurm it exits 79 as well (``unirank run --max-restarts`` and torchrun restart the
     workers), except a lone process that no launcher started, which exits 0 ("run it again to
-    resume").
+    resume"). ``environ``: the environment to read (default ``os.environ``).
 
-    Reads: SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID, SLURM_RESTART_COUNT,
+    Reads: SLURM_JOB_ID / SLURM_JOBID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID, SLURM_RESTART_COUNT,
     UNIRANK_MAX_REQUEUES, PATH (scontrol), and what launcher detection reads.
     """
     if state.is_initialized() and state.get_world_size() > 1:
         collectives.barrier()
     rank = state.get_rank()
-    refusal = requeue_refusal(os.environ)
+    environ = _environ(environ)
+    refusal = requeue_refusal(environ)
     if refusal is not None:
         if rank == 0:
             _say(refusal)
         sys.exit(1)
-    target = requeue_target(os.environ)
+    target = requeue_target(environ)
     if target is not None:
-        code = _requeue_slurm_job(target) if rank == 0 else 0
+        code = _requeue_slurm_job(target, environ) if rank == 0 else 0
         if state.is_initialized() and state.get_world_size() > 1:
             code = int(collectives.all_reduce(code, op="MAX"))  # rank 0's, on every rank
         sys.exit(code)

@@ -1,10 +1,15 @@
 """Submitting a batch script and asking Slurm how the job is doing (``sbatch``, ``scontrol``,
-``sacct``, ``scancel``). The parsers are pure; the other functions run one Slurm command each,
-always with a timeout.
+``sacct``, ``scancel``). The parsers are pure; the other functions run one Slurm command each
+through :func:`run_slurm`, the one runner of Slurm commands in unirank (also for
+:mod:`unirank.runtime.preemption`'s ``squeue`` and ``scontrol``), with its one timeout,
+:data:`COMMAND_TIMEOUT_S`.
+
+Reads: PATH (to find the commands), or the ``environ`` a caller passes.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -25,6 +30,7 @@ __all__ = [
     "parse_sacct",
     "parse_scontrol",
     "require_program",
+    "run_slurm",
     "submit",
 ]
 
@@ -113,25 +119,34 @@ def parse_sacct(text: str) -> Optional[JobInfo]:
     return None
 
 
-def _run(cmd: list[str], environ: Optional[Mapping[str, str]] = None,
-         stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+def run_slurm(cmd: list[str], environ: Optional[Mapping[str, str]] = None,
+              stdin: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    """Run Slurm command ``cmd`` (text ``stdin`` on its standard input, else none) in
+    ``environ`` (default: this process's), for at most :data:`COMMAND_TIMEOUT_S`.
+
+    Never raises for the command: one that did not answer in time comes back with code 124,
+    one that could not be started with 127, each with the reason as its stderr.
+    """
+    program = os.path.basename(cmd[0])
     try:
         return subprocess.run(cmd, input=stdin, capture_output=True, text=True,
-                              timeout=COMMAND_TIMEOUT_S,
+                              timeout=COMMAND_TIMEOUT_S, check=False,
                               env=dict(environ) if environ is not None else None,
                               stdin=None if stdin is not None else subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(cmd, 124, "", f"{cmd[0]} did not answer in "
+        return subprocess.CompletedProcess(cmd, 124, "", f"{program} did not answer in "
                                            f"{COMMAND_TIMEOUT_S:g} s")
+    except OSError as exc:
+        return subprocess.CompletedProcess(cmd, 127, "", f"{program} could not run: {exc}")
 
 
 def job_info(job_id: str) -> Optional[JobInfo]:
     """The job's state from ``scontrol``, else (once the controller forgot it) ``sacct``."""
-    shown = _run(["scontrol", "show", "job", "-o", job_id])
+    shown = run_slurm(["scontrol", "show", "job", "-o", job_id])
     info = parse_scontrol(shown.stdout) if shown.returncode == 0 else None
     if info is not None or shutil.which("sacct") is None:
         return info
-    acct = _run(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode,NodeList", "-j", job_id])
+    acct = run_slurm(["sacct", "-X", "-n", "-P", "-o", "State,ExitCode,NodeList", "-j", job_id])
     return parse_sacct(acct.stdout) if acct.returncode == 0 else None
 
 
@@ -150,7 +165,7 @@ def submit(script: str, environ: Mapping[str, str], sbatch: str = "sbatch") -> t
 
     A refusal by sbatch is a ConfigError carrying sbatch's own message.
     """
-    done = _run([sbatch, "--parsable"], environ=environ, stdin=script)
+    done = run_slurm([sbatch, "--parsable"], environ=environ, stdin=script)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()] or ["(no message)"]
         raise ConfigError(f"sbatch refused the job: {lines[-1].strip()}",
@@ -162,4 +177,4 @@ def submit(script: str, environ: Mapping[str, str], sbatch: str = "sbatch") -> t
 
 def cancel(job_id: str) -> bool:
     """``scancel JOB``; True when Slurm accepted it."""
-    return _run(["scancel", job_id]).returncode == 0
+    return run_slurm(["scancel", job_id]).returncode == 0

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from unirank.envvars import first_set
 from unirank.errors import ConfigError
 from unirank.hostlist import first_host
-from unirank.launchers import slurm
+from unirank.launchers import slurm_vars as V
 from unirank.launchers._base import Master, MasterHint, resolve_master
 
 __all__ = ["FIRST_STEP_ID", "batch_master", "main"]
@@ -31,11 +31,11 @@ def batch_master(environ: Mapping[str, str]) -> Master:
     Reads: SLURM_JOB_ID / SLURM_JOBID, SLURM_JOB_NODELIST / SLURM_NODELIST, MASTER_ADDR,
     MASTER_PORT.
     """
-    jid, jid_var = slurm.job_id(environ)
+    jid, jid_var = V.job_id(environ)
     if jid is None:
-        raise ConfigError("not in a Slurm job", variable="SLURM_JOB_ID", value=None,
+        raise ConfigError("not in a Slurm job", variable=V.JOB_ID[0], value=None,
                           hint="python -m unirank.sbatch.jobenv runs in a batch script")
-    hosts_var = first_set(environ, "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+    hosts_var = first_set(environ, *V.JOB_NODELIST)
     hosts = (first_host(environ[hosts_var], variable=hosts_var),) if hosts_var else ()
     hint = MasterHint(hosts=hosts, hosts_source=hosts_var or "", job_id=jid,
                       step_id=FIRST_STEP_ID, job_source=jid_var)

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 
 from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR, STOP_SIGNALS_VAR
 from unirank.errors import ConfigError
+from unirank.launchers import slurm_vars as V
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
@@ -106,12 +107,12 @@ def requeue_target(environ: Mapping[str, str]) -> str | None:
     """The job ``scontrol requeue`` names: ``ARRAYJOB_TASK`` for an array task (it requeues
     only itself), else the job id; None outside Slurm.
 
-    Reads: SLURM_JOB_ID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID.
+    Reads: SLURM_JOB_ID / SLURM_JOBID, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID.
     """
-    job = environ.get("SLURM_JOB_ID")
+    job = V.job_id(environ)[0]
     if not job:
         return None
-    array, task = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    array, task = environ.get(V.ARRAY_JOB_ID), environ.get(V.ARRAY_TASK_ID)
     return f"{array}_{task}" if array and task else job
 
 
@@ -133,17 +134,16 @@ def requeue_refusal(environ: Mapping[str, str]) -> str | None:
     """The one line that stops a job requeued too often (SLURM_RESTART_COUNT at the cap),
     else None.
 
-    Reads: SLURM_JOB_ID, SLURM_RESTART_COUNT, UNIRANK_MAX_REQUEUES.
+    Reads: SLURM_JOB_ID / SLURM_JOBID, SLURM_RESTART_COUNT, UNIRANK_MAX_REQUEUES.
     """
-    if not environ.get("SLURM_JOB_ID"):
+    if not V.in_job(environ):
         return None
     cap = max_requeues(environ)
-    restarts = environ.get("SLURM_RESTART_COUNT", "0").strip()
-    count = int(restarts) if restarts.isdigit() else 0
+    count = V.restart_count(environ)
     if count < cap:
         return None
     return (f"unirank: not requeueing job {requeue_target(environ)} again: it ran "
-            f"{count + 1} times (SLURM_RESTART_COUNT={count}, {MAX_REQUEUES_VAR}={cap}); "
+            f"{count + 1} times ({V.RESTART_COUNT}={count}, {MAX_REQUEUES_VAR}={cap}); "
             f"raise {MAX_REQUEUES_VAR} if it needs more runs to finish")
 
 
@@ -165,7 +165,6 @@ def slurm_run_state(show_job: str, environ: Mapping[str, str]) -> str:
     info = parse_scontrol(show_job)
     if info is None:
         return "running"
-    count = environ.get("SLURM_RESTART_COUNT", "0").strip()
-    if info.restarts > (int(count) if count.isdigit() else 0):
+    if info.restarts > V.restart_count(environ):
         return "requeued"
     return "running" if info.state in ("RUNNING", "CONFIGURING", "SUSPENDED") else "ending"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePath
 
+from unirank.launchers import slurm_vars as V
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.sbatch.spec import JobSpec, signal_for_batch_shell
 
@@ -164,9 +165,9 @@ def _requeue(spec: JobSpec) -> list[str]:
         "# the ranks run in a container without scontrol. An array task requeues only itself.",
         "# After Slurm's SIGTERM the requeue is Slurm's (a cancel must not be requeued).",
         f'if [ "$status" -eq {code} ] && [ -z "$ended" ]; then',
-        '    job="$SLURM_JOB_ID"',
-        '    if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then',
-        '        job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"',
+        f'    job="${V.JOB_ID[0]}"',
+        f'    if [ -n "${{{V.ARRAY_JOB_ID}:-}}" ]; then',
+        f'        job="${{{V.ARRAY_JOB_ID}}}_${{{V.ARRAY_TASK_ID}}}"',
         "    fi",
         f'    echo "unirank sbatch: stopped to be requeued (exit code {code}); requeueing job '
         '$job"',

@@ -4,7 +4,8 @@ torch's TCPStore clients that find no listener back off and retry (up to about a
 the workers that wait, node 0's supervisor binds and listens on MASTER_PORT at once, with no torch,
 and hands the socket to rank 0's bootstrap, which builds the TCPStore server on it
 (``master_listen_fd``). Clients that connect earlier wait in the listen backlog instead of being
-refused. Reads no environment variables.
+refused. The host's name is looked up through :func:`unirank.resolve.lookup`, bounded. Reads no
+environment variables.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ipaddress
 import socket
 
 from unirank.errors import ConfigError
+from unirank.resolve import lookup
 
 __all__ = ["BACKLOG", "open_store_socket", "store_family"]
 
@@ -44,14 +46,15 @@ def store_family(host: str) -> int:
     IPv4 unless ``host`` is (or resolves only to) IPv6. torch's store looks up the name of every
     peer it accepts, and an IPv4-mapped IPv6 peer (``::ffff:127.0.0.1``) is in no hosts file, so
     a dual-stack socket sends each lookup to DNS; a lost reply there stalls the store for 5 s.
+    A name that does not resolve, or not within :data:`unirank.resolve.RESOLVE_TIMEOUT`, gets
+    IPv6 (a dual-stack socket, which takes IPv4 clients too).
     """
     try:
         return socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
     except ValueError:
         pass
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
+    infos = lookup(host).value
+    if infos is None:
         return socket.AF_INET6
     families = {info[0] for info in infos}
     return socket.AF_INET if socket.AF_INET in families or not families else socket.AF_INET6

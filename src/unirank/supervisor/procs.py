@@ -63,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
+from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.supervisor.console import LogView, TerminalView
@@ -876,11 +877,11 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
-                server=server, slurm_kills=bool(environ.get("SLURM_JOB_ID")),
+                server=server, slurm_kills=slurm_vars.in_job(environ),
             ).run()
             if (result.exit_code == 0 or result.stop_signal is not None
                     or attempt >= plan.max_restarts
-                    or (result.requeued and environ.get("SLURM_JOB_ID"))):
+                    or (result.requeued and slurm_vars.in_job(environ))):
                 if options.timeline:
                     _report_timeline(os.path.join(attempt_dir, "timeline.json"), options,
                                      err_fd)

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from unirank.contract import visible_devices
+from unirank.launchers import slurm_vars as V
 
 __all__ = [
     "CudaFacts",
@@ -59,12 +60,12 @@ def gpus_bound_per_task(environ: Mapping[str, str]) -> bool:
 
     Reads: SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND.
     """
-    value = environ.get("SLURM_GPUS_PER_TASK", "").strip()
+    value = environ.get(V.GPUS_PER_TASK, "").strip()
     # "1" or "type:1"
     count = value.rsplit(":", 1)[-1]
     if count.isdigit() and int(count) >= 1:
         return True
-    for binding in environ.get("SLURMD_TRES_BIND", "").split(","):
+    for binding in environ.get(V.TRES_BIND, "").split(","):
         parts = binding.strip().split(":")
         if len(parts) == 3 and parts[:2] == ["gpu", "per_task"] and parts[2].isdigit():
             return int(parts[2]) >= 1

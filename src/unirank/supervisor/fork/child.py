@@ -96,7 +96,8 @@ def _exit_code(code: object) -> int:
 def _run(request: Request) -> tuple[int, bool]:
     """Run the worker; its exit status, and whether a KeyboardInterrupt ended it."""
     try:
-        run_worker(request.target, entered_at=request.forked_at, preloaded=request.preloaded)
+        run_worker(request.target, entered_at=request.forked_at, environ=os.environ,
+                   preloaded=request.preloaded)
     except SystemExit as exc:
         return _exit_code(exc.code), False
     except BaseException as exc:  # the interpreter's uncaught-exception path

@@ -43,7 +43,7 @@ def main() -> None:
     from unirank.supervisor.worker.target import flush_open_streams
 
     atexit.register(flush_open_streams)  # runs after the program's own handlers
-    run_worker(sys.argv[1:], entered_at=entered_at)
+    run_worker(sys.argv[1:], entered_at=entered_at, environ=os.environ)
 
 
 if __name__ == "__main__":

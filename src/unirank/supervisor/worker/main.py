@@ -19,7 +19,6 @@ from unirank.supervisor.worker.cmdline import show_as_fresh
 
 from __future__ import annotations
 
-import os
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
@@ -70,16 +69,17 @@ def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
             gather(store, info.world_size, info.timeline_file)
 
 
-def run_worker(argv: Sequence[str], *, entered_at: float,
-               environ: MutableMapping[str, str] | None = None,
+def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMapping[str, str],
                preloaded: tuple[float, float] | None = None) -> None:
     """Rendezvous, then run the target ``argv`` (see the module docstring); ``entered_at`` is
     when the bootstrap started, or the fork server forked this worker (the timeline's
     ``bootstrap`` phase), ``preloaded`` when that server's imports started and ended.
 
-    Reads: ``environ`` (default ``os.environ``), as :func:`.read_worker_info` says.
+    ``environ`` is the worker's process environment (``os.environ``, from the bootstrap or
+    the fork server's child), which the worker's private variables are removed from.
+
+    Reads: ``environ``, as :func:`.read_worker_info` says.
     """
-    environ = os.environ if environ is None else environ
     info = read_worker_info(environ)
     _scrub(environ)
     show_as_fresh(argv, environ, info.supervisor_pid)
