@@ -8,6 +8,7 @@ shell (``sbatch`` script, ``salloc``) has only the job-scoped ones.
 from __future__ import annotations
 
 __all__ = [
+    "GPUS_PER_TASK",
     "JOB_ID",
     "JOB_NODELIST",
     "JOB_NUM_NODES",
@@ -21,6 +22,7 @@ __all__ = [
     "STEP_NUM_NODES",
     "STEP_NUM_TASKS",
     "STEP_TASKS_PER_NODE",
+    "TRES_BIND",
 ]
 
 #: the job's id (the older spelling last)
@@ -46,3 +48,9 @@ STEP_TASKS_PER_NODE = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 JOB_NODELIST = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 JOB_NUM_TASKS = ("SLURM_NTASKS", "SLURM_NPROCS")
 JOB_NUM_NODES = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+
+#: GPUs bound to each task (``srun --gpus-per-task``): a count, or ``type:count``
+GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"
+#: slurmd's resource binding of a task (``gpu:per_task:N`` under ``--gpus-per-task``; Slurm
+#: 22.05's srun exports this one but not GPUS_PER_TASK)
+TRES_BIND = "SLURMD_TRES_BIND"
