@@ -10,10 +10,12 @@ values in plain dicts or entries of a folder the test makes in place of the NVID
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from _procs import assert_snippet_runs
 from unirank.distenv import DistEnv
 from unirank.doctor import checks
 from unirank.doctor.facts import Facts, Versions
@@ -34,6 +36,24 @@ from unirank.runtime.backends import CudaFacts, choose_backend
 from unirank.sbatch.spec import JobSpec, check_spec
 
 CUDA_BUILD = Versions("3.11.7", "0.1.0", "2.13.0", "12.4")
+SRC = Path(__file__).resolve().parents[1] / "src" / "unirank"
+
+
+# --- the one home --------------------------------------------------------------------------
+
+
+def test_gpus_imports_no_torch_and_reads_no_process_environment() -> None:
+    assert "os.environ" not in (SRC / "gpus.py").read_text()
+    assert_snippet_runs("import sys, unirank.gpus; assert 'torch' not in sys.modules, 'torch'")
+
+
+def test_the_visibility_variable_is_spelled_in_gpus_only() -> None:
+    """``CUDA_VISIBLE_DEVICES`` as a string in code outside gpus.py is a second reading of it
+    (docstrings name it without quotes)."""
+    literal = re.compile(r"""["']CUDA_VISIBLE_DEVICES["']""")
+    elsewhere = sorted(str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
+                       if path.name != "gpus.py" and literal.search(path.read_text()))
+    assert elsewhere == []
 
 # --- visibility ----------------------------------------------------------------------------
 

@@ -2,8 +2,8 @@
 nccl fits a layout. The one home of these three answers for the runtime's backend choice, the
 supervisor, ``unirank doctor`` and ``unirank sbatch``.
 
-Every function takes an environment mapping or counts; none reads ``os.environ`` or imports
-torch. The only file read is the NVIDIA driver's GPU list (:func:`driver_gpu_count`), for a
+Every function takes an environment mapping or counts; none reads the process environment or
+imports torch. The only file read is the NVIDIA driver's GPU list (:func:`driver_gpu_count`), for a
 process whose ``CUDA_VISIBLE_DEVICES`` is unset.
 
 Visibility: ``CUDA_VISIBLE_DEVICES`` lists the devices a process sees; CUDA stops at the first
