@@ -10,11 +10,9 @@ import pytest
 from unirank import contract
 from unirank.contract import (
     PRIVATE_VARIABLES,
-    count_visible_devices,
     format_seconds,
     parse_seconds,
     resolve_init_timeout,
-    visible_devices,
 )
 from unirank.errors import ConfigError
 
@@ -90,16 +88,3 @@ def test_resolve_init_timeout_order_and_errors() -> None:
     with pytest.raises(ConfigError) as info:
         resolve_init_timeout("x", {}, option="timeout")
     assert info.value.variable == "timeout"
-
-
-@pytest.mark.parametrize(("value", "shown"), [
-    ("0,1", ["0", "1"]), (" 2 , 3 ", ["2", "3"]), ("", []), ("-1", []), ("NoDevFiles", []),
-    ("0,-1,2", ["0"]), ("GPU-abc,1", ["GPU-abc", "1"]), ("1,,2", ["1"]),
-])
-def test_visible_devices_stop_at_the_first_non_device(value: str, shown: list[str]) -> None:
-    assert visible_devices({"CUDA_VISIBLE_DEVICES": value}) == shown
-    assert count_visible_devices(value) == len(shown)
-
-
-def test_visible_devices_unset_is_none() -> None:
-    assert visible_devices({}) is None

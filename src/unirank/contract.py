@@ -52,11 +52,9 @@ __all__ = [
     "TIMELINE_FILE_VAR",
     "TIMELINE_VAR",
     "USE_AGENT_STORE_VAR",
-    "count_visible_devices",
     "format_seconds",
     "parse_seconds",
     "resolve_init_timeout",
-    "visible_devices",
 ]
 
 # -- torchrun's variables ---------------------------------------------------------------------
@@ -149,32 +147,3 @@ def resolve_init_timeout(
     if text is not None and text.strip():
         return parse_seconds(text, INIT_TIMEOUT_VAR)
     return DEFAULT_INIT_TIMEOUT
-
-
-def count_visible_devices(value: str) -> int:
-    """The number of devices a ``CUDA_VISIBLE_DEVICES`` value selects (see
-    :func:`visible_devices`)."""
-    return len(_entries(value))
-
-
-def _entries(value: str) -> list[str]:
-    shown: list[str] = []
-    for entry in value.split(","):
-        item = entry.strip()
-        # CUDA stops at the first entry that is not a device: empty, negative, NoDevFiles
-        if not item or item.startswith("-") or item.lower() == "nodevfiles":
-            break
-        shown.append(item)
-    return shown
-
-
-def visible_devices(environ: Mapping[str, str]) -> list[str] | None:
-    """The devices ``CUDA_VISIBLE_DEVICES`` selects, or ``None`` when it is unset.
-
-    CUDA stops at the first entry that is not a device, so an empty value, or one whose first
-    entry is negative (``-1``) or ``NoDevFiles`` (Slurm's marker for a job without GPUs), hides
-    every device. Reads: CUDA_VISIBLE_DEVICES.
-    """
-    value = environ.get("CUDA_VISIBLE_DEVICES")
-    return None if value is None else _entries(value)
-

@@ -24,9 +24,6 @@ from unirank.runtime.backends import (
     choose_backend,
     choose_device,
     cuda_facts,
-    gpus_bound_per_task,
-    planned_device,
-    visible_devices,
 )
 
 NO_CUDA = CudaFacts(available=False, device_count=0, nccl_available=False)
@@ -98,61 +95,6 @@ def test_choose_device(local_rank: int, facts: CudaFacts, expected: str) -> None
     assert choose_device(local_rank, facts) == expected
 
 
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [
-        (None, None),
-        ("", []),
-        ("0", ["0"]),
-        ("0,1", ["0", "1"]),
-        ("2, 3", ["2", "3"]),
-        ("GPU-8b1c,GPU-99aa", ["GPU-8b1c", "GPU-99aa"]),
-        ("-1", []),
-        ("-2,0", []),  # any negative entry ends the list
-        ("NoDevFiles", []),
-        ("nodevfiles", []),
-        ("0,-1,2", ["0"]),  # CUDA stops at the first invalid entry
-        ("0,,1", ["0"]),  # an empty entry too
-    ],
-)
-def test_visible_devices(value: str | None, expected: list[str] | None) -> None:
-    environ = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
-    assert visible_devices(environ) == expected
-
-
-@pytest.mark.parametrize(
-    ("environ", "local_rank", "expected"),
-    [
-        # srun -n2 --gpus-per-task=1: one task sees GPU 0, the other GPU 1; each uses cuda:0
-        ({"CUDA_VISIBLE_DEVICES": "0"}, 0, "cuda:0"),
-        ({"CUDA_VISIBLE_DEVICES": "1"}, 1, "cuda:0"),
-        # srun --ntasks-per-node=2 --gres=gpu:2: both see 0,1; local rank picks
-        ({"CUDA_VISIBLE_DEVICES": "0,1"}, 0, "cuda:0"),
-        ({"CUDA_VISIBLE_DEVICES": "0,1"}, 1, "cuda:1"),
-        ({}, 1, "cpu"),
-        ({"CUDA_VISIBLE_DEVICES": ""}, 0, "cpu"),
-    ],
-)
-def test_planned_device_from_cuda_visible_devices(
-    environ: dict[str, str], local_rank: int, expected: str
-) -> None:
-    assert planned_device(environ, local_rank) == expected
-
-
-def test_planned_device_without_cuda_is_cpu() -> None:
-    assert planned_device({"CUDA_VISIBLE_DEVICES": "0,1"}, 1, cuda_available=False) == "cpu"
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [(None, False), ("", False), ("0", False), ("1", True), ("2", True), ("a100:1", True),
-     ("x", False)],
-)
-def test_gpus_bound_per_task(value: str | None, expected: bool) -> None:
-    environ = {} if value is None else {"SLURM_GPUS_PER_TASK": value}
-    assert gpus_bound_per_task(environ) is expected
-
-
 def test_cuda_facts_agree_with_torch() -> None:
     """The facts are read from real torch (on this CPU-only machine: no CUDA, gloo)."""
     import torch
@@ -163,16 +105,6 @@ def test_cuda_facts_agree_with_torch() -> None:
     if not facts.available:
         assert choose_backend(None, facts) == "gloo"
         assert choose_device(0, facts) == "cpu"
-
-
-@pytest.mark.parametrize(
-    ("value", "expected"),
-    [("gpu:per_task:1", True), ("gpu:per_task:2", True), ("gpu:single:1", False),
-     ("cpu:per_task:1", False), ("", False), ("gpu:per_task:x", False)],
-)
-def test_gpus_bound_per_task_from_tres_bind(value: str, expected: bool) -> None:
-    """srun --gpus-per-task=1 on Slurm 22.05 sets SLURMD_TRES_BIND, not SLURM_GPUS_PER_TASK."""
-    assert gpus_bound_per_task({"SLURMD_TRES_BIND": value}) is expected
 
 
 # --- the registry --------------------------------------------------------------------------

@@ -23,11 +23,10 @@ REFUSALS = {
         ["-N", "2", "--ntasks-per-node", "4", "--gpus-per-node", "2", "--backend", "nccl", HELLO],
         "4 ranks per node but 2 GPU(s) per node with nccl: nccl needs one GPU per rank "
         "HINT: give --gpus-per-node 4, or --ntasks-per-node 2, or --backend gloo"),
-    "auto_is_nccl_with_gpus": (
-        ["--ntasks-per-node", "2", "--gpus-per-node", "1", HELLO],
-        "2 ranks per node but 1 GPU(s) per node with nccl (what --backend auto picks with "
-        "GPUs): nccl needs one GPU per rank HINT: give --gpus-per-node 2, or "
-        "--ntasks-per-node 1, or --backend gloo"),
+    "nccl_one_gpu_for_two_ranks": (
+        ["--ntasks-per-node", "2", "--gpus-per-node", "1", "--backend", "nccl", HELLO],
+        "2 ranks per node but 1 GPU(s) per node with nccl: nccl needs one GPU per rank "
+        "HINT: give --gpus-per-node 2, or --ntasks-per-node 1, or --backend gloo"),
     "missing_script": (
         ["missing.py"],
         f"SCRIPT='missing.py': is not a file HINT: give the path of the script from {REPO}, "
@@ -179,6 +178,16 @@ def test_dry_run_never_prints_a_passed_secret(
     out, err = capsys.readouterr()
     assert "#SBATCH --export=ALL,UNIRANK_TEST_API_KEY\n" in out
     assert SECRET not in out + err
+
+
+def test_auto_with_fewer_gpus_than_ranks_is_accepted(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--backend auto`` is not refused for 4 ranks on 2 GPUs: the ranks pick gloo there."""
+    monkeypatch.chdir(REPO)
+    assert main(["sbatch", "--ntasks-per-node", "4", "--gpus-per-node", "2", HELLO]) == 0
+    out, err = capsys.readouterr()
+    assert "#SBATCH --gpus-per-node=2\n" in out, err
 
 
 def _unirank(args: list[str], path: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:

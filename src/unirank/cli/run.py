@@ -238,7 +238,7 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
     """
     from unirank.cli.counts import parse_nnodes, parse_nproc
     from unirank.contract import resolve_init_timeout
-    from unirank.supervisor.devices import visible_gpu_count
+    from unirank.gpus import visible_gpu_count
 
     notes = [] if notes is None else notes
     nproc_text = "auto" if args.nproc_per_node is None else str(args.nproc_per_node)

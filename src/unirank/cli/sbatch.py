@@ -81,7 +81,8 @@ def _job_options(parser: argparse.ArgumentParser) -> None:
         help="tasks: one Slurm task per rank running python SCRIPT (default); node: one task "
         "per node running unirank run --nproc-per-node N SCRIPT")
     add("--backend", metavar="|".join(BACKENDS),
-        help="the backend the script will use, for the GPU check (auto: nccl with GPUs)")
+        help="the backend the script will use, for the GPU check (auto: nccl with a GPU "
+        "per rank, else gloo)")
     add("--python", metavar="PYTHON",
         help="the interpreter in the job (default: this one, the absolute path of the Python "
         "running unirank sbatch)")

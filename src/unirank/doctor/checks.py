@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from unirank import netroute
 from unirank.doctor.facts import Facts
 from unirank.doctor.result import FAIL, OK, WARN, Check
+from unirank.gpus import nccl_fits
 
 __all__ = ["SLOW_LOOKUP", "ifname_matches", "local_checks"]
 
@@ -54,15 +55,18 @@ def check_world(facts: Facts) -> Check | None:
 
 
 def check_gpus(facts: Facts) -> Check | None:
-    """Tasks per node vs visible GPUs vs the backend: nccl needs one GPU per rank."""
+    """Tasks per node vs visible GPUs vs the backend, by the runtime's rule
+    (:func:`unirank.gpus.nccl_fits`): nccl needs a GPU per rank; ``auto`` picks nccl exactly
+    when it fits (and torch has a CUDA build)."""
     if facts.env is None:
         return None
     ranks = facts.spawn or facts.env.local_world_size
     cuda_build = facts.versions is not None and facts.versions.torch_cuda is not None
-    layout = f"{ranks} rank(s) on this node, {facts.gpus} GPU(s) visible to this process"
+    layout = f"{ranks} rank(s) on this node, {facts.gpus} GPU(s) visible to this process" + (
+        ", bound per task" if facts.per_task_gpus else "")
+    fits = nccl_fits(facts.gpus, ranks, per_task_gpus=facts.per_task_gpus)
     if facts.backend != "nccl":
-        auto = "nccl" if cuda_build and facts.gpus >= 1 and facts.gpus in (1, ranks) \
-            else "gloo"
+        auto = "nccl" if cuda_build and fits else "gloo"
         what = f"{layout}; backend {facts.backend}" + (
             f" (picks {auto})" if facts.backend == "auto" else "")
         return Check("gpus", OK, what)
@@ -71,7 +75,7 @@ def check_gpus(facts: Facts) -> Check | None:
         return Check("gpus", FAIL, f"{layout}; nccl needs a GPU per rank but {why}",
                      "--backend gloo, or request GPUs: srun --gpus-per-task=1 "
                      "(or check CUDA_VISIBLE_DEVICES)")
-    if 1 < facts.gpus < ranks:
+    if not fits:
         return Check("gpus", FAIL, f"{layout}; nccl needs a GPU per rank, so "
                      f"{ranks - facts.gpus} rank(s) would share one",
                      f"--ntasks-per-node={facts.gpus} (or -n {facts.gpus}), or --backend gloo")

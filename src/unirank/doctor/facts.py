@@ -24,9 +24,9 @@ from unirank.distenv import DistEnv
 from unirank.doctor import netinfo
 from unirank.doctor.netinfo import Lookup
 from unirank.errors import ConfigError
+from unirank.gpus import VISIBLE_DEVICES_VAR, gpus_bound_per_task, visible_gpu_count
 from unirank.launchers import slurm_vars as V
 from unirank.store import uses_agent_store
-from unirank.supervisor.devices import visible_gpu_count
 
 __all__ = ["Facts", "Versions", "expected_world", "gather", "versions"]
 
@@ -69,6 +69,7 @@ class Facts:
     reverse: tuple[Lookup, ...] = ()
     versions: Versions | None = None
     node: str = ""
+    per_task_gpus: bool = False
 
 
 def versions() -> Versions:
@@ -149,8 +150,8 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
     the engine picks one for a single node), so its range does not matter.
 
     Reads: the launcher's variables (through :func:`unirank.launchers.detect`),
-    CUDA_VISIBLE_DEVICES, NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, SLURM_STEP_ID and the task
-    counts of :func:`expected_world`.
+    CUDA_VISIBLE_DEVICES, SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND, NCCL_SOCKET_IFNAME,
+    GLOO_SOCKET_IFNAME, SLURM_STEP_ID and the task counts of :func:`expected_world`.
     """
     env, error = _detect(environ)
     if env is not None and master is not None:
@@ -166,7 +167,8 @@ def gather(environ: Mapping[str, str], *, backend: str, spawn: int | None,
     reverse = tuple(netinfo.reverse_lookup(query) for query in _reverse_queries(ip))
     return Facts(
         env=env, env_error=error, backend=backend, spawn=spawn,
-        gpus=visible_gpu_count(environ), cuda_visible=environ.get("CUDA_VISIBLE_DEVICES"),
+        gpus=visible_gpu_count(environ), cuda_visible=environ.get(VISIBLE_DEVICES_VAR),
+        per_task_gpus=gpus_bound_per_task(environ),
         expected_tasks=expected_world(environ), master=lookup,
         serves=serves, agent_store=uses_agent_store(environ), port_free=free,
         port_owner=netinfo.port_owner(port) if free is False and port else None,

@@ -8,28 +8,12 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 
-from unirank.contract import visible_devices
 from unirank.doctor.facts import Facts, now
 from unirank.doctor.groupchecks import RankReport, group_checks, join_failed
 from unirank.doctor.result import Check, merge
+from unirank.gpus import physical_gpu
 
-__all__ = ["join_and_gather", "physical_gpu", "rank_report"]
-
-
-def physical_gpu(environ: Mapping[str, str], local_rank: int, gpus: int) -> str | None:
-    """The GPU this rank would use by unirank's device rule, as the node names it (its entry in
-    CUDA_VISIBLE_DEVICES, else its index); None on the CPU.
-
-    Reads: CUDA_VISIBLE_DEVICES.
-    """
-    from unirank.runtime.backends.facts import CudaFacts, choose_device
-
-    device = choose_device(local_rank, CudaFacts(gpus > 0, gpus, True))
-    if device == "cpu":
-        return None
-    index = int(device.split(":")[1])
-    shown = visible_devices(environ)
-    return shown[index] if shown and index < len(shown) else str(index)
+__all__ = ["join_and_gather", "rank_report"]
 
 
 def rank_report(facts: Facts, checks: Sequence[Check], environ: Mapping[str, str],

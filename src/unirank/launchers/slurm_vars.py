@@ -75,8 +75,10 @@ RESTART_COUNT = "SLURM_RESTART_COUNT"
 #: when the job's time limit ends, in seconds since the epoch (Slurm 21.08 and later)
 JOB_END_TIME = "SLURM_JOB_END_TIME"
 
-#: GPUs bound to each task (``--gpus-per-task``), and slurmd's binding of them
+#: GPUs bound to each task (``srun --gpus-per-task``): a count, or ``type:count``
 GPUS_PER_TASK = "SLURM_GPUS_PER_TASK"
+#: slurmd's resource binding of a task (``gpu:per_task:N`` under ``--gpus-per-task``; Slurm
+#: 22.05's srun exports this one but not GPUS_PER_TASK)
 TRES_BIND = "SLURMD_TRES_BIND"
 
 

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from unirank import contract
 from unirank.contract import DEFAULT_INIT_TIMEOUT
 from unirank.distenv import DistEnv
+from unirank.gpus import gpus_bound_per_task
 from unirank.launchers.slurm_allocation import launch_command
 from unirank.resolve import master_addr_source
 from unirank.runtime import backends, state
@@ -143,7 +144,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
             backend,
             facts,
             local_world_size=env.local_world_size,
-            per_task_gpus=backends.gpus_bound_per_task(environ),
+            per_task_gpus=gpus_bound_per_task(environ),
             launcher=env.launcher,
         )
     )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from unirank.errors import ConfigError
+from unirank.gpus import nccl_fits
 
 __all__ = [
     "BACKENDS",
@@ -211,12 +212,15 @@ def _check_secrets(spec: JobSpec) -> None:
 
 
 def _check_gpus(spec: JobSpec) -> None:
-    nccl = spec.backend == "nccl" or (spec.backend == "auto" and spec.gpus_per_node > 0)
-    if nccl and spec.tasks_per_node > spec.gpus_per_node:
-        picked = "" if spec.backend == "nccl" else " (what --backend auto picks with GPUs)"
+    """Refuse ``--backend nccl`` where it does not fit (:func:`unirank.gpus.nccl_fits`: each
+    rank sees the node's GPUs, bound to no task). ``auto`` is never refused: it picks nccl
+    only where it fits, else gloo, as the runtime does."""
+    if spec.backend != "nccl":
+        return
+    if not nccl_fits(spec.gpus_per_node, spec.tasks_per_node, per_task_gpus=False):
         raise ConfigError(
             f"{spec.tasks_per_node} ranks per node but {spec.gpus_per_node} GPU(s) per node "
-            f"with nccl{picked}: nccl needs one GPU per rank",
+            "with nccl: nccl needs one GPU per rank",
             hint=f"give --gpus-per-node {spec.tasks_per_node}, or --ntasks-per-node "
             f"{max(1, spec.gpus_per_node)}, or --backend gloo",
         )

@@ -29,8 +29,8 @@ from unirank.contract import (
     TIMELINE_VAR,
     USE_AGENT_STORE_VAR,
     format_seconds,
-    visible_devices,
 )
+from unirank.gpus import VISIBLE_DEVICES_VAR, own_gpu
 from unirank.hostlist import compress
 from unirank.supervisor.plan import Plan, Worker
 
@@ -75,11 +75,9 @@ def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
         env["OMP_NUM_THREADS"] = "1"
     if plan.virtual_local_rank:  # each worker sees only its own GPU, as device 0
         env["LOCAL_RANK"] = "0"
-        shown = visible_devices(base)
-        if shown:
-            env["CUDA_VISIBLE_DEVICES"] = shown[worker.local_rank % len(shown)]
-        elif shown is None:
-            env["CUDA_VISIBLE_DEVICES"] = str(worker.local_rank)
+        own = own_gpu(base, worker.local_rank)
+        if own is not None:
+            env[VISIBLE_DEVICES_VAR] = own
     return env
 
 

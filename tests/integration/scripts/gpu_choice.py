@@ -4,8 +4,9 @@ would choose for it.
 The testbed's GPUs are fake (``/dev/fakegpu*``, no CUDA behind them), so CUDA's own answers are
 *simulated* from what Slurm bound: "CUDA available, as many devices as ``CUDA_VISIBLE_DEVICES``
 lists, NCCL built in". With those facts the same pure functions that :func:`unirank.init` uses
-(:func:`choose_backend`, :func:`choose_device`, :func:`gpus_bound_per_task`, and
-:func:`planned_device`) are called on this task's real environment and real detected layout.
+(:func:`choose_backend`, :func:`choose_device`, and :mod:`unirank.gpus`'s
+:func:`gpus_bound_per_task` and :func:`planned_device`) are called on this task's real
+environment and real detected layout.
 
 Reads: CUDA_VISIBLE_DEVICES, SLURM_PROCID, SLURM_LOCALID, SLURMD_NODENAME, SLURM_STEP_GPUS,
 SLURM_GPUS_PER_TASK and whatever launcher detection reads.
@@ -16,15 +17,9 @@ from __future__ import annotations
 import json
 import os
 
+from unirank.gpus import gpus_bound_per_task, planned_device, visible_devices
 from unirank.launchers import detect
-from unirank.runtime.backends import (
-    CudaFacts,
-    choose_backend,
-    choose_device,
-    gpus_bound_per_task,
-    planned_device,
-    visible_devices,
-)
+from unirank.runtime.backends import CudaFacts, choose_backend, choose_device
 
 if __name__ == "__main__":
     env = detect(os.environ, [])

@@ -17,8 +17,7 @@ import sys
 import torch
 
 import unirank as ur
-from unirank.runtime.backends import planned_device
-from unirank.supervisor.devices import visible_gpu_count
+from unirank.gpus import planned_device, visible_gpu_count
 
 
 def body(local_rank: int) -> None:

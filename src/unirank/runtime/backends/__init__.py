@@ -15,8 +15,9 @@ Choice (:func:`choose_backend`):
   ``launchers`` (horovod under ``horovodrun``) when it can run here; else the registered
   entries with an ``auto_priority``, highest first; the first
   whose ``problem(facts)`` is ``None`` and whose ``auto_applies(...)`` holds. With the built-ins:
-  ``"nccl"`` when CUDA and NCCL are available and every local rank has a GPU of its own (as many
-  visible GPUs as local ranks, or a launcher that binds GPUs per task), else ``"gloo"``;
+  ``"nccl"`` when CUDA and NCCL are available and nccl fits the node's layout
+  (:func:`unirank.gpus.nccl_fits`: every local rank has a GPU of its own, as many visible GPUs as
+  local ranks, or a launcher that binds GPUs per task), else ``"gloo"``;
   ``"horovod"`` under horovodrun. ``auto`` never picks ``"xla-tpu"``.
 * A registered name or alias: that entry's name, or a
   :class:`~unirank.errors.ConfigError` naming ``backend`` when its ``problem(facts)`` is not
@@ -26,9 +27,9 @@ Choice (:func:`choose_backend`):
 * Anything else: a ConfigError listing the registered names.
 
 Nothing here imports torch at module import time (only :func:`cuda_facts` and the entries'
-``init``/``finalize``/``current_device`` do, when called). The environment variables read are
-those of :mod:`.facts` (CUDA_VISIBLE_DEVICES, SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND); the
-registry itself reads none.
+``init``/``finalize``/``current_device`` do, when called). The registry reads no environment
+variable: the caller passes ``per_task_gpus`` (:func:`unirank.gpus.gpus_bound_per_task`), and
+:func:`cuda_facts` reads CUDA_VISIBLE_DEVICES through torch.
 """
 
 from __future__ import annotations
@@ -53,9 +54,6 @@ from unirank.runtime.backends.facts import (
     CudaFacts,
     choose_device,
     cuda_facts,
-    gpus_bound_per_task,
-    planned_device,
-    visible_devices,
 )
 
 __all__ = [
@@ -77,12 +75,9 @@ __all__ = [
     "find",
     "for_group",
     "get",
-    "gpus_bound_per_task",
     "names",
-    "planned_device",
     "register",
     "unregister",
-    "visible_devices",
 ]
 
 #: modules of this package whose ``BACKEND`` is registered on import, in this order
@@ -189,8 +184,8 @@ def choose_backend(
 
     ``facts`` are the CUDA facts of this process (simulated in tests); ``local_world_size`` the
     number of ranks on this node; ``per_task_gpus`` whether the launcher bound GPUs per task
-    (see :func:`gpus_bound_per_task`); ``launcher`` the launcher that started this process
-    (an entry that names it in ``launchers`` wins ``auto``). Raises ConfigError for an
+    (see :func:`unirank.gpus.gpus_bound_per_task`); ``launcher`` the launcher that started this
+    process (an entry that names it in ``launchers`` wins ``auto``). Raises ConfigError for an
     unusable explicit choice or an unknown name. Rules: see this module's docstring.
     """
     name = AUTO if requested is None else normalize(requested)

@@ -45,7 +45,7 @@ class AutoRule(Protocol):
 
     def __call__(self, facts: CudaFacts, *, local_world_size: int, per_task_gpus: bool) -> bool:
         """``local_world_size``: ranks on this node; ``per_task_gpus``: the launcher bound GPUs
-        per task (see :func:`~unirank.runtime.backends.facts.gpus_bound_per_task`)."""
+        per task (see :func:`unirank.gpus.gpus_bound_per_task`)."""
         ...
 
 

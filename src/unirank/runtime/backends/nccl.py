@@ -1,8 +1,8 @@
 """The nccl backend: NVIDIA GPUs, one per rank.
 
-``auto`` picks it over gloo when CUDA and NCCL are usable and every local rank has a GPU of its
-own: as many visible GPUs as local ranks, or a launcher that binds GPUs per task
-(``SLURM_GPUS_PER_TASK`` / ``SLURMD_TRES_BIND``, read by the caller). Asked for explicitly without
+``auto`` picks it over gloo when CUDA and NCCL are usable and nccl fits the node's layout
+(:func:`unirank.gpus.nccl_fits`: every local rank has a GPU of its own, as many visible GPUs as
+local ranks, or a launcher that binds GPUs per task). Asked for explicitly without
 CUDA or without NCCL in this torch build it is a ConfigError. ``init`` makes the rank's GPU the
 current CUDA device before ``init_process_group``; a live nccl group's device is the current CUDA
 device (which init, or the user who made the group, set).
@@ -10,6 +10,7 @@ device (which init, or the user who made the group, set).
 
 from __future__ import annotations
 
+from unirank.gpus import nccl_fits
 from unirank.runtime.backends.base import Backend, torch_finalize, torch_init
 from unirank.runtime.backends.facts import CudaFacts
 
@@ -26,8 +27,8 @@ def problem(facts: CudaFacts) -> str | None:
 
 
 def auto_applies(facts: CudaFacts, *, local_world_size: int, per_task_gpus: bool) -> bool:
-    """Every local rank has a GPU of its own (two ranks cannot share one GPU under nccl)."""
-    return facts.device_count >= local_world_size or per_task_gpus
+    """nccl fits this node's layout (see :func:`unirank.gpus.nccl_fits`)."""
+    return nccl_fits(facts.device_count, local_world_size, per_task_gpus=per_task_gpus)
 
 
 def current_device() -> str:
