@@ -84,8 +84,8 @@ REFUSALS = {
         "HF_TOKEN to pass it from this shell"),
     "bad_signal": (
         ["--signal", "USR9@10", HELLO],
-        "--signal='USR9@10': names no signal HINT: write [{R|B}:]SIG[@SECONDS] as sbatch "
-        "does, e.g. USR2@120"),
+        "--signal='USR9@10': names no signal HINT: name signals a program can catch (not KILL, "
+        "STOP or CHLD), by name or number, e.g. USR2@120"),
     "signal_lead_not_below_time": (
         ["--requeue", "-t", "2", HELLO],
         "the warning signal USR2@120 comes 120 s before the time limit, but --time 2 is only "

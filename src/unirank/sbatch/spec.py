@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from unirank.errors import ConfigError
+from unirank.signals import parse_signal
 
 __all__ = [
     "BACKENDS",
@@ -25,8 +26,8 @@ __all__ = [
     "check_spec",
     "looks_secret",
     "parse_env",
-    "parse_signal",
     "parse_time",
+    "parse_warning_signal",
     "signal_for_batch_shell",
 ]
 
@@ -121,21 +122,10 @@ def parse_time(text: str) -> int:
 
 
 def _signal_number(name: str, text: str) -> int:
-    if name.isdigit():
-        number = int(name)
-        if 1 <= number <= 64:
-            return number
-    else:
-        upper = name.upper()
-        try:
-            return int(_signal.Signals[upper if upper.startswith("SIG") else "SIG" + upper])
-        except KeyError:
-            pass
-    raise ConfigError("names no signal", variable="--signal", value=text,
-                      hint="write [{R|B}:]SIG[@SECONDS] as sbatch does, e.g. USR2@120")
+    return parse_signal(name, variable="--signal", value=text, example="USR2@120")
 
 
-def parse_signal(text: str) -> tuple[str, int]:
+def parse_warning_signal(text: str) -> tuple[str, int]:
     """sbatch's ``--signal`` text checked: ``(normalised text, lead time in seconds)``.
 
     ``USR2@120`` -> ``("USR2@120", 120)``; ``B:TERM`` -> ``("B:TERM", 60)`` (sbatch's default
@@ -243,7 +233,7 @@ def _check_signal_lead(spec: JobSpec) -> None:
     warning = spec.warning_signal()
     if warning is None or spec.time is None:
         return
-    _text, lead = parse_signal(warning)
+    _text, lead = parse_warning_signal(warning)
     limit = parse_time(spec.time)
     if limit and lead >= limit:
         raise ConfigError(
@@ -263,7 +253,7 @@ def check_spec(spec: JobSpec) -> JobSpec:
     if spec.time is not None:
         parse_time(spec.time)
     if spec.signal is not None:
-        parse_signal(spec.signal)
+        parse_warning_signal(spec.signal)
     parse_env(tuple(name if value is None else f"{name}={value}" for name, value in spec.env))
     _check_secrets(spec)
     _check_gpus(spec)
