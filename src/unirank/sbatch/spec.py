@@ -12,6 +12,7 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Optional
 
+from unirank.envvars import looks_secret
 from unirank.errors import ConfigError
 from unirank.signals import parse_signal
 
@@ -20,11 +21,9 @@ __all__ = [
     "DEFAULT_REQUEUE_SIGNAL",
     "DEFAULT_SIGNAL_LEAD_S",
     "LAUNCH_MODES",
-    "SECRET_MARKERS",
     "EnvItem",
     "JobSpec",
     "check_spec",
-    "looks_secret",
     "parse_env",
     "parse_time",
     "parse_warning_signal",
@@ -33,8 +32,6 @@ __all__ = [
 
 LAUNCH_MODES = ("tasks", "node")
 BACKENDS = ("auto", "gloo", "nccl")
-#: a name holding one of these (any case) is taken for a secret: no value of it in a script
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 #: the warning signal's lead time with --requeue: long enough to save a checkpoint
 DEFAULT_SIGNAL_LEAD_S = 120
 #: the warning --requeue asks for when --signal is not given (USR2: NCCL may catch USR1)
@@ -157,12 +154,6 @@ def signal_for_batch_shell(text: str) -> Optional[str]:
         return str(number)
 
 
-def looks_secret(name: str) -> bool:
-    """True when ``name`` holds TOKEN, KEY, SECRET or PASSWORD in any case."""
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
-
-
 def _secret_refusal(name: str, where: str) -> ConfigError:
     return ConfigError(
         f"{where} gives a value for {name}, which looks secret: Slurm keeps every batch "
@@ -174,7 +165,8 @@ def _secret_refusal(name: str, where: str) -> ConfigError:
 def parse_env(items: tuple[str, ...]) -> tuple[EnvItem, ...]:
     """``--env`` items as ``(NAME, VALUE)``/``(NAME, None)``; a later item for a name wins.
 
-    A value for a name that :func:`looks_secret` is refused, its value never shown.
+    A value for a name that :func:`unirank.envvars.looks_secret` is refused, its value never
+    shown.
     """
     found: dict[str, Optional[str]] = {}
     for item in items:
