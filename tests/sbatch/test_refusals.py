@@ -98,8 +98,8 @@ REFUSALS = {
         ["--config", "CONFIG", HELLO],
         "CONFIG: key='ntasks': is not an option of unirank sbatch HINT: use one of nodes, "
         "ntasks-per-node, gpus-per-node, cpus-per-task, mem, time, partition, account, qos, "
-        "job-name, output, error, constraint, requeue, signal, env, setup, launch, sbatch-arg, "
-        "explicit-env, backend, python"),
+        "job-name, output, error, constraint, requeue, signal, sbatch-arg, env, setup, launch, "
+        "backend, python, explicit-env"),
     "config_wrong_type": (
         ["--config", "CONFIG_TYPE", HELLO],
         "CONFIG_TYPE: nodes='two': must be a whole number HINT: e.g. nodes = ..."),
