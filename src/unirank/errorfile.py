@@ -48,6 +48,7 @@ LOST_PEER = re.compile(
     re.IGNORECASE,
 )
 
+
 def exit_status(code: object) -> int:
     """The exit status of a process that ends with ``SystemExit(code)`` uncaught, as CPython
     gives it: 0 for None; an int's low 8 bits (``256`` -> 0, ``-1`` -> 255, ``True`` -> 1), and

@@ -13,10 +13,10 @@ Before any of the program's code runs, the child
    seeds its random streams again (:mod:`.importtime`);
 4. runs :func:`unirank.supervisor.worker.main.run_worker`, as the bootstrap does;
 5. ends as the interpreter does (:func:`leave`): the exit status of ``SystemExit``
-   (:func:`unirank.errorfile.exit_status`), or the
-   traceback through ``sys.excepthook`` and exit code 1; non-daemon threads joined, atexit
-   handlers run, Python's and C's buffered streams flushed (open files too), and an uncaught
-   KeyboardInterrupt ends the process by SIGINT. It skips the interpreter's module teardown:
+   (:func:`unirank.errorfile.exit_status`), or the traceback through ``sys.excepthook`` and
+   exit code 1; non-daemon threads joined, atexit handlers run, Python's and C's buffered
+   streams flushed (open files too), and an uncaught KeyboardInterrupt ends the process by
+   SIGINT. It skips the interpreter's module teardown:
    in a forked process that step writes to, and so copies, every page shared with the server
    (0.2 s per worker with torch). Objects still alive at exit are therefore not finalised,
    which Python does not promise either (``__del__``'s documentation).
