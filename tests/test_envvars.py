@@ -1,11 +1,23 @@
-"""Readers of an environment mapping (pure): every bad value is one ConfigError naming it."""
+"""Readers of an environment mapping (pure): every bad value is one ConfigError naming it; and
+the one rule for secret-looking names, which ``unirank check`` and ``unirank sbatch`` share."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from unirank.envvars import check_rank, first_set, read_int, read_optional_int
+from unirank.envvars import (
+    SECRET_MARKERS,
+    check_rank,
+    first_set,
+    looks_secret,
+    read_int,
+    read_optional_int,
+)
 from unirank.errors import ConfigError
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "unirank"
 
 
 def test_first_set_takes_the_first_present_even_if_empty() -> None:
@@ -62,3 +74,28 @@ def test_check_rank() -> None:
     with pytest.raises(ConfigError) as info:
         check_rank(5, 2, rank_var="R", size_var="S", rank_value=" 5")
     assert info.value.value == " 5"
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "wandb_api_key", "MY_SECRET_X", "DB_PASSWORD",
+                                  "KEYRING_PATH", "NCCL_DEBUG", "TOKENIZERS_PARALLELISM_X",
+                                  "PASSWD", "OMP_NUM_THREADS"])
+def test_check_masks_what_sbatch_refuses_to_write(name: str) -> None:
+    """``unirank check`` masks a value exactly when ``unirank sbatch --env NAME=VALUE`` refuses
+    to write it into a script: both ask :func:`looks_secret`."""
+    from unirank.report import MASK, masked
+    from unirank.sbatch.spec import parse_env
+
+    try:
+        parse_env((f"{name}=v",))
+        refused = False
+    except ConfigError as exc:
+        assert "looks secret" in str(exc) and "=v" not in str(exc)
+        refused = True
+    assert (masked(name, "v") == MASK) is refused is looks_secret(name)
+
+
+def test_the_secret_markers_are_spelled_in_envvars_only() -> None:
+    """A second list of markers in src/ would be a second rule that could drift from this one."""
+    spelled = sorted(str(path.relative_to(SRC)) for path in SRC.rglob("*.py")
+                     if any(f'"{marker}"' in path.read_text() for marker in SECRET_MARKERS))
+    assert spelled == ["envvars.py"]

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from unirank.errorfile import ERROR_FILE_VAR, failure_time, read_failure, record_exception
 
@@ -69,3 +73,34 @@ def test_a_record_of_a_lost_peer_is_told_apart(tmp_path: Path) -> None:
     assert own_record is not None and lost_record is not None
     assert (own_record.exit_code, own_record.lost_peer) == (3, False)
     assert (lost_record.exit_code, lost_record.lost_peer) == (1, True)
+
+
+#: SystemExit codes whose exit status CPython computes in its own way
+SYSTEM_EXIT_CODES = ("256", "-1", "'text'", "None", "True", "2 ** 70", "335")
+
+
+def _cpython_status(code: str) -> int:
+    """The exit status of ``python -c 'raise SystemExit(CODE)'``."""
+    return subprocess.run([sys.executable, "-c", f"raise SystemExit({code})"],
+                          capture_output=True, timeout=60, stdin=subprocess.DEVNULL).returncode
+
+
+@pytest.mark.parametrize("code", SYSTEM_EXIT_CODES)
+def test_exit_status_is_cpython_s(code: str) -> None:
+    from unirank.errorfile import exit_status
+
+    assert exit_status(eval(code)) == _cpython_status(code)
+
+
+@pytest.mark.parametrize("code", SYSTEM_EXIT_CODES)
+def test_the_record_says_the_exit_status_cpython_gives(code: str, tmp_path: Path) -> None:
+    """No record for a clean exit (status 0, or 79 to be requeued: 335 & 0xFF); else the
+    status the process ends with, not the code as raised."""
+    path = tmp_path / "error.json"
+    record_exception(SystemExit(eval(code)), {ERROR_FILE_VAR: str(path)})
+    status = _cpython_status(code)
+    if status in (0, 79):
+        assert not path.exists()
+        return
+    record = read_failure(path)
+    assert record is not None and record.exit_code == status, record

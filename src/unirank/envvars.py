@@ -1,4 +1,9 @@
-"""Readers of an environment mapping that turn bad values into one-line :class:`ConfigError`."""
+"""Readers of an environment mapping that turn bad values into one-line :class:`ConfigError`,
+and the one rule for which variable names hold a secret (:func:`looks_secret`: ``unirank check``
+masks their values, ``unirank sbatch`` never writes them into a script).
+
+Reads no environment variable itself: every function takes the mapping or the name.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,17 @@ from collections.abc import Mapping
 
 from unirank.errors import ConfigError
 
-__all__ = ["check_rank", "first_set", "read_int", "read_optional_int"]
+__all__ = ["SECRET_MARKERS", "check_rank", "first_set", "looks_secret", "read_int",
+           "read_optional_int"]
+
+#: a variable whose name holds one of these (any case) is taken for a secret
+SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def looks_secret(name: str) -> bool:
+    """True when the variable's name holds TOKEN, KEY, SECRET or PASSWORD, in any case."""
+    upper = name.upper()
+    return any(marker in upper for marker in SECRET_MARKERS)
 
 
 def first_set(environ: Mapping[str, str], *names: str) -> str | None:

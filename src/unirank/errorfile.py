@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 import time
 import traceback
 from collections.abc import Mapping
@@ -33,6 +34,7 @@ __all__ = [
     "ERROR_FILE_VAR",
     "LOST_PEER",
     "RecordedFailure",
+    "exit_status",
     "failure_time",
     "read_failure",
     "record_exception",
@@ -46,17 +48,30 @@ LOST_PEER = re.compile(
     re.IGNORECASE,
 )
 
+
+def exit_status(code: object) -> int:
+    """The exit status of a process that ends with ``SystemExit(code)`` uncaught, as CPython
+    gives it: 0 for None; an int's low 8 bits (``256`` -> 0, ``-1`` -> 255, ``True`` -> 1), and
+    255 for an int beyond a C long; 1 for anything else (which the interpreter prints to stderr).
+    """
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF if -sys.maxsize - 1 <= code <= sys.maxsize else 0xFF
+    return 1
+
+
 def record_exception(exc: BaseException, environ: Mapping[str, str] | None = None) -> None:
-    """Write ``exc`` to this worker's error file, unless it is a clean exit (``SystemExit``
-    with 0, None or :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`: stopped to be requeued, not a
-    failure) or already written.
+    """Write ``exc`` to this worker's error file, unless it is a clean exit (a ``SystemExit``
+    whose :func:`exit_status` is 0, or :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`:
+    stopped to be requeued, not a failure) or already written.
 
     The first record wins: the exception where the failure started, not a later one raised
     while unwinding. Never raises (a failure report must not hide the failure).
 
     Reads: TORCHELASTIC_ERROR_FILE.
     """
-    if isinstance(exc, SystemExit) and exc.code in (None, 0, REQUEUE_EXIT_CODE):
+    if isinstance(exc, SystemExit) and exit_status(exc.code) in (0, REQUEUE_EXIT_CODE):
         return
     path = (os.environ if environ is None else environ).get(ERROR_FILE_VAR)
     if not path:
@@ -71,7 +86,7 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] | None = Non
             },
         },
         "unirank_time": now,
-        "unirank_exit_code": _exit_code(exc),
+        "unirank_exit_code": exit_status(exc.code) if isinstance(exc, SystemExit) else 1,
         "unirank_config_error": isinstance(exc, ConfigError),
     }
     try:
@@ -82,22 +97,12 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] | None = Non
         pass
 
 
-def _exit_code(exc: BaseException) -> int:
-    """The exit code Python gives a process that ends with ``exc`` uncaught."""
-    if isinstance(exc, SystemExit):
-        code = exc.code
-        if code is None:
-            return 0
-        return code if isinstance(code, int) else 1
-    return 1
-
-
 @dataclass(frozen=True)
 class RecordedFailure:
     """What a worker's error file says: when (seconds since the epoch), what, the exit code
-    the exception means (1, or a SystemExit's code), and whether it was a ConfigError (a
-    one-line launch or usage mistake), and whether its message says a peer went away
-    (:data:`LOST_PEER`: the failure of another rank, seen here)."""
+    the exception means (1, or a SystemExit's :func:`exit_status`), whether it was a
+    ConfigError (a one-line launch or usage mistake), and whether its message says a peer went
+    away (:data:`LOST_PEER`: the failure of another rank, seen here)."""
 
     time: float
     message: str

@@ -13,25 +13,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from unirank.distenv import DistEnv
+from unirank.envvars import looks_secret
 from unirank.errors import ConfigError
 from unirank.launchers import slurm_vars as V
 
 __all__ = [
     "MASK",
-    "SECRET_MARKERS",
     "SLURM_VARIABLES",
     "VARIABLE_PREFIXES",
     "TorchFacts",
     "build_report",
     "format_report",
-    "is_secret",
     "masked",
 ]
 
 #: the Slurm variables the report shows, in its order
 SLURM_VARIABLES = (V.PROCID, V.LOCALID, V.JOB_NUM_TASKS[0], V.JOB_NODELIST[0])
 VARIABLE_PREFIXES = ("NCCL_", "GLOO_", "TORCH_")
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 MASK = "****"
 _UNSET = "<unset>"
 
@@ -47,15 +45,10 @@ class TorchFacts:
     devices: tuple[str, ...] = ()
 
 
-def is_secret(name: str) -> bool:
-    """True when the variable's name contains TOKEN, KEY, SECRET or PASSWORD (any case)."""
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
-
-
 def masked(name: str, value: str) -> str:
-    """``value``, or :data:`MASK` when ``name`` looks like a secret's."""
-    return MASK if is_secret(name) else value
+    """``value``, or :data:`MASK` when ``name`` looks like a secret's
+    (:func:`unirank.envvars.looks_secret`)."""
+    return MASK if looks_secret(name) else value
 
 
 def _slurm_section(environ: Mapping[str, str]) -> dict[str, Any] | None:

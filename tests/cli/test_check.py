@@ -14,7 +14,8 @@ import pytest
 
 from _procs import launcher_free_environ
 from unirank.distenv import DistEnv
-from unirank.report import TorchFacts, build_report, format_report, is_secret, masked
+from unirank.envvars import looks_secret
+from unirank.report import TorchFacts, build_report, format_report, masked
 
 CPU = TorchFacts(version="2.13.0+cpu", git_version="abc123", cuda_available=False,
                  cuda_version=None)
@@ -99,7 +100,7 @@ def test_slurm_section_with_missing_and_bad_values() -> None:
      ("GLOO_SOCKET_IFNAME", False)],
 )
 def test_secret_names(name: str, secret: bool) -> None:
-    assert is_secret(name) is secret
+    assert looks_secret(name) is secret
     assert masked(name, "v") == ("****" if secret else "v")
 
 

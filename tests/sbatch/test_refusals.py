@@ -83,8 +83,8 @@ REFUSALS = {
         "HF_TOKEN to pass it from this shell"),
     "bad_signal": (
         ["--signal", "USR9@10", HELLO],
-        "--signal='USR9@10': names no signal HINT: write [{R|B}:]SIG[@SECONDS] as sbatch "
-        "does, e.g. USR2@120"),
+        "--signal='USR9@10': names no signal HINT: name signals a program can catch (not KILL, "
+        "STOP or CHLD), by name or number, e.g. USR2@120"),
     "signal_lead_not_below_time": (
         ["--requeue", "-t", "2", HELLO],
         "the warning signal USR2@120 comes 120 s before the time limit, but --time 2 is only "
@@ -97,8 +97,8 @@ REFUSALS = {
         ["--config", "CONFIG", HELLO],
         "CONFIG: key='ntasks': is not an option of unirank sbatch HINT: use one of nodes, "
         "ntasks-per-node, gpus-per-node, cpus-per-task, mem, time, partition, account, qos, "
-        "job-name, output, error, constraint, requeue, signal, env, setup, launch, sbatch-arg, "
-        "explicit-env, backend, python"),
+        "job-name, output, error, constraint, requeue, signal, sbatch-arg, env, setup, launch, "
+        "backend, python, explicit-env"),
     "config_wrong_type": (
         ["--config", "CONFIG_TYPE", HELLO],
         "CONFIG_TYPE: nodes='two': must be a whole number HINT: e.g. nodes = ..."),

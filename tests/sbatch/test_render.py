@@ -23,7 +23,13 @@ from unirank.errors import ConfigError
 from unirank.sbatch.config import merge, validate_config
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.sbatch.script import render
-from unirank.sbatch.spec import JobSpec, check_spec, parse_env, parse_signal, parse_time
+from unirank.sbatch.spec import (
+    JobSpec,
+    check_spec,
+    parse_env,
+    parse_time,
+    parse_warning_signal,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "fixtures" / "jobscripts"
@@ -242,7 +248,7 @@ def test_bad_time_formats_are_refused(text: str) -> None:
     ("USR2@120", 120), ("B:TERM", 60), ("SIGUSR1@90", 90), ("R:10@5", 5), ("RB:USR2", 60),
 ])
 def test_sbatch_signal_syntax(text: str, lead: int) -> None:
-    assert parse_signal(text) == (text, lead)
+    assert parse_warning_signal(text) == (text, lead)
 
 
 def test_env_items_pass_names_and_later_items_win() -> None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -213,21 +212,9 @@ def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str]) -> str | None
 def _parse_signals(text: str | None) -> tuple[int, ...] | None:
     if text is None:
         return None
-    found = []
-    for part in text.split(","):
-        name = part.strip().upper()
-        if not name:
-            continue
-        name = name if name.startswith("SIG") else "SIG" + name
-        try:
-            found.append(int(signal.Signals[name]))
-        except KeyError:
-            raise ConfigError("names no signal", variable="--signals-to-handle", value=text,
-                              hint="e.g. SIGTERM,SIGINT,SIGUSR1") from None
-        if name in ("SIGKILL", "SIGSTOP", "SIGCHLD"):
-            raise ConfigError(f"cannot forward {name}", variable="--signals-to-handle",
-                              value=text, hint="e.g. SIGTERM,SIGINT,SIGUSR1")
-    return tuple(found)
+    from unirank.signals import parse_signals
+
+    return parse_signals(text, variable="--signals-to-handle", example="SIGTERM,SIGINT,SIGUSR1")
 
 
 def build_request(args: argparse.Namespace, environ: Mapping[str, str],

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from unirank.errors import ConfigError
-from unirank.sbatch.spec import BACKENDS, DEFAULT_REQUEUE_SIGNAL, LAUNCH_MODES, JobSpec
+from unirank.sbatch.options import OPTIONS, add_job_options
+from unirank.sbatch.spec import JobSpec
 
 _EPILOG = (
     "Examples: unirank sbatch -N 2 --ntasks-per-node 4 --gpus-per-node 4 -t 2:00:00 train.py "
@@ -30,64 +31,11 @@ _EPILOG = (
     "Pass any other #SBATCH option as --sbatch-arg=--exclusive (with '=')."
 )
 
-#: option dest -> JobSpec field, for the options that a --config file may also set
-_FIELDS = {
-    "nodes": "nodes", "ntasks_per_node": "tasks_per_node", "gpus_per_node": "gpus_per_node",
-    "cpus_per_task": "cpus_per_task", "mem": "mem", "time": "time", "partition": "partition",
-    "account": "account", "qos": "qos", "job_name": "job_name", "output": "output",
-    "error": "error", "constraint": "constraint", "requeue": "requeue", "signal": "signal",
-    "env": "env", "setup": "setup", "launch": "launch", "sbatch_arg": "sbatch_args",
-    "explicit_env": "explicit_env", "backend": "backend", "python": "python",
-}
 
-
-def _slurm_options(parser: argparse.ArgumentParser) -> None:
-    """The options that become ``#SBATCH`` lines."""
+def _command_options(parser: argparse.ArgumentParser) -> None:
+    """The options for what unirank sbatch does with the job (the job's own are
+    :data:`unirank.sbatch.options.OPTIONS`)."""
     add = parser.add_argument
-    add("-N", "--nodes", type=int, metavar="N", help="number of nodes (default 1)")
-    add("--ntasks-per-node", type=int, metavar="N",
-        help="ranks per node (default 1); with --launch node, unirank run's --nproc-per-node")
-    add("--gpus-per-node", type=int, metavar="G", help="GPUs per node (default none)")
-    add("-c", "--cpus-per-task", type=int, metavar="C",
-        help="CPUs per rank; also OMP_NUM_THREADS (default 1 thread)")
-    add("--mem", metavar="SIZE", help="memory per node, e.g. 64G")
-    add("-t", "--time", metavar="TIME",
-        help="time limit: MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS")
-    add("-p", "--partition", metavar="NAME")
-    add("-A", "--account", metavar="NAME")
-    add("-q", "--qos", metavar="NAME")
-    add("-J", "--job-name", metavar="NAME", help="default: the script's name")
-    add("-o", "--output", metavar="PATTERN", help="stdout file, e.g. logs/%%x-%%j.out")
-    add("-e", "--error", metavar="PATTERN", help="stderr file (default: with stdout)")
-    add("-C", "--constraint", metavar="FEATURES")
-    add("--requeue", action="store_const", const=True,
-        help="requeue on preemption or when the ranks stop to be requeued; appends to the log "
-        f"and asks for a warning signal (default {DEFAULT_REQUEUE_SIGNAL})")
-    add("--signal", metavar="[{R|B}:]SIG[@SECONDS]",
-        help="warning signal before the time limit, in sbatch's syntax, e.g. USR2@120")
-    add("--sbatch-arg", action="append", metavar="OPTION",
-        help="any other #SBATCH option, written as given: --sbatch-arg=--exclusive (repeatable)")
-
-
-def _job_options(parser: argparse.ArgumentParser) -> None:
-    """The options for what runs in the job, and for what unirank sbatch does with it."""
-    add = parser.add_argument
-    add("--env", action="append", metavar="NAME[=VALUE]",
-        help="set NAME=VALUE in the script, or pass NAME from this shell (--export); values of "
-        "names with TOKEN, KEY, SECRET or PASSWORD are refused (repeatable)")
-    add("--setup", action="append", metavar="LINE",
-        help="a shell line run before the launch, e.g. 'module load cuda' (repeatable)")
-    add("--launch", metavar="|".join(LAUNCH_MODES),
-        help="tasks: one Slurm task per rank running python SCRIPT (default); node: one task "
-        "per node running unirank run --nproc-per-node N SCRIPT")
-    add("--backend", metavar="|".join(BACKENDS),
-        help="the backend the script will use, for the GPU check (auto: nccl with a GPU "
-        "per rank, else gloo)")
-    add("--python", metavar="PYTHON",
-        help="the interpreter in the job (default: this one, the absolute path of the Python "
-        "running unirank sbatch)")
-    add("--explicit-env", action="store_const", const=True,
-        help="write MASTER_ADDR/MASTER_PORT lines (unirank derives them without)")
     add("--config", metavar="FILE", help="TOML file of defaults; flags win")
     add("--dry-run", action="store_true", help="print the script (the default)")
     add("--submit", action="store_true", help="submit the script with sbatch")
@@ -101,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``unirank sbatch`` (sbatch's names) and the script with its arguments."""
     parser.epilog = _EPILOG
     parser.allow_abbrev = False  # sbatch's --ntasks must not pass for --ntasks-per-node
-    _slurm_options(parser)
-    _job_options(parser)
+    add_job_options(parser)
+    _command_options(parser)
     parser.add_argument("program", metavar="SCRIPT|MODULE", nargs="?",
                         help="the script (or module with -m) every rank runs")
     parser.add_argument("program_args", nargs=argparse.REMAINDER, metavar="ARGS",
@@ -166,7 +114,7 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
     from unirank.sbatch.config import merge, read_config
     from unirank.sbatch.spec import check_spec, parse_env
 
-    flags: dict[str, Any] = {field: getattr(args, dest) for dest, field in _FIELDS.items()}
+    flags: dict[str, Any] = {option.field: getattr(args, option.dest) for option in OPTIONS}
     defaults = read_config(args.config) if args.config else {}
     merged = merge(defaults, flags)
     merged["env"] = parse_env(tuple(merged.get("env", ())))

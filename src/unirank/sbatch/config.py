@@ -1,6 +1,8 @@
 """``unirank sbatch --config job.toml``: a TOML file of defaults, merged under the flags.
 
-The file's keys are the long option names, with dashes or underscores::
+The file's keys are the long names of the options that set the job
+(:data:`unirank.sbatch.options.OPTIONS`, the command line's table too), with dashes or
+underscores::
 
     nodes = 2
     ntasks-per-node = 4
@@ -24,23 +26,15 @@ from types import ModuleType
 from typing import Any
 
 from unirank.errors import ConfigError
+from unirank.sbatch.options import OPTIONS
 
 __all__ = ["KEYS", "LIST_KEYS", "merge", "read_config", "validate_config"]
 
-#: key (as written in the file, dashes) -> (JobSpec field, expected type)
-KEYS: dict[str, tuple[str, type]] = {
-    "nodes": ("nodes", int), "ntasks-per-node": ("tasks_per_node", int),
-    "gpus-per-node": ("gpus_per_node", int), "cpus-per-task": ("cpus_per_task", int),
-    "mem": ("mem", str), "time": ("time", str), "partition": ("partition", str),
-    "account": ("account", str), "qos": ("qos", str), "job-name": ("job_name", str),
-    "output": ("output", str), "error": ("error", str), "constraint": ("constraint", str),
-    "requeue": ("requeue", bool), "signal": ("signal", str), "env": ("env", list),
-    "setup": ("setup", list), "launch": ("launch", str), "sbatch-arg": ("sbatch_args", list),
-    "explicit-env": ("explicit_env", bool), "backend": ("backend", str),
-    "python": ("python", str),
-}
+#: key (the long option's name, as written in the file) -> (JobSpec field, expected type)
+KEYS: dict[str, tuple[str, type]] = {option.key: (option.field, option.kind)
+                                     for option in OPTIONS}
 #: fields whose values add up instead of being replaced
-LIST_KEYS = frozenset({"env", "setup", "sbatch_args"})
+LIST_KEYS = frozenset(option.field for option in OPTIONS if option.kind is list)
 
 
 def _typed(key: str, value: Any, kind: type, where: str) -> Any:

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR, STOP_SIGNALS_VAR
 from unirank.errors import ConfigError
 from unirank.launchers import slurm_vars as V
+from unirank.signals import parse_signals
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
@@ -51,7 +52,7 @@ REQUEUE_EXIT_CODE = 79
 # -- the pure parts of stop -> checkpoint -> requeue (runtime.preemption does the rest) --------
 
 
-def stop_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
+def stop_signals(environ: Mapping[str, str]) -> tuple[int, ...]:
     """The signals that ask the ranks to stop: UNIRANK_STOP_SIGNALS (``USR2,TERM``), else
     SIGUSR2 and SIGTERM. SIGUSR2 is the warning of ``unirank sbatch``'s ``--signal``. SIGTERM
     is how torchrun, Kubernetes and ``unirank run`` stop their workers, and how Slurm ends a
@@ -64,22 +65,7 @@ def stop_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
     given = environ.get(STOP_SIGNALS_VAR, "").strip()
     if not given:
         return (signal.SIGUSR2, signal.SIGTERM)
-    found = []
-    for word in given.replace(" ", ",").split(","):
-        if not word:
-            continue
-        name = word.upper() if word.upper().startswith("SIG") else "SIG" + word.upper()
-        try:
-            signum = signal.Signals[name] if not word.isdigit() else signal.Signals(int(word))
-        except (KeyError, ValueError):
-            hint = "give signal names separated by commas, e.g. USR2,TERM"
-            raise ConfigError("names no signal", variable=STOP_SIGNALS_VAR, value=given,
-                              hint=hint) from None
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
-            raise ConfigError(f"{signum.name} cannot be caught", variable=STOP_SIGNALS_VAR,
-                              value=given, hint="give catchable signals, e.g. USR2,TERM")
-        found.append(signum)
-    return tuple(dict.fromkeys(found))
+    return parse_signals(given, variable=STOP_SIGNALS_VAR, example="USR2,TERM")
 
 
 def parse_time_left(text: str) -> float | None:

@@ -12,29 +12,27 @@ import signal as _signal
 from dataclasses import dataclass
 from typing import Optional
 
+from unirank.envvars import looks_secret
 from unirank.errors import ConfigError
 from unirank.gpus import nccl_fits
+from unirank.signals import parse_signal
 
 __all__ = [
     "BACKENDS",
     "DEFAULT_REQUEUE_SIGNAL",
     "DEFAULT_SIGNAL_LEAD_S",
     "LAUNCH_MODES",
-    "SECRET_MARKERS",
     "EnvItem",
     "JobSpec",
     "check_spec",
-    "looks_secret",
     "parse_env",
-    "parse_signal",
     "parse_time",
+    "parse_warning_signal",
     "signal_for_batch_shell",
 ]
 
 LAUNCH_MODES = ("tasks", "node")
 BACKENDS = ("auto", "gloo", "nccl")
-#: a name holding one of these (any case) is taken for a secret: no value of it in a script
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
 #: the warning signal's lead time with --requeue: long enough to save a checkpoint
 DEFAULT_SIGNAL_LEAD_S = 120
 #: the warning --requeue asks for when --signal is not given (USR2: NCCL may catch USR1)
@@ -122,21 +120,10 @@ def parse_time(text: str) -> int:
 
 
 def _signal_number(name: str, text: str) -> int:
-    if name.isdigit():
-        number = int(name)
-        if 1 <= number <= 64:
-            return number
-    else:
-        upper = name.upper()
-        try:
-            return int(_signal.Signals[upper if upper.startswith("SIG") else "SIG" + upper])
-        except KeyError:
-            pass
-    raise ConfigError("names no signal", variable="--signal", value=text,
-                      hint="write [{R|B}:]SIG[@SECONDS] as sbatch does, e.g. USR2@120")
+    return parse_signal(name, variable="--signal", value=text, example="USR2@120")
 
 
-def parse_signal(text: str) -> tuple[str, int]:
+def parse_warning_signal(text: str) -> tuple[str, int]:
     """sbatch's ``--signal`` text checked: ``(normalised text, lead time in seconds)``.
 
     ``USR2@120`` -> ``("USR2@120", 120)``; ``B:TERM`` -> ``("B:TERM", 60)`` (sbatch's default
@@ -168,12 +155,6 @@ def signal_for_batch_shell(text: str) -> Optional[str]:
         return str(number)
 
 
-def looks_secret(name: str) -> bool:
-    """True when ``name`` holds TOKEN, KEY, SECRET or PASSWORD in any case."""
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
-
-
 def _secret_refusal(name: str, where: str) -> ConfigError:
     return ConfigError(
         f"{where} gives a value for {name}, which looks secret: Slurm keeps every batch "
@@ -185,7 +166,8 @@ def _secret_refusal(name: str, where: str) -> ConfigError:
 def parse_env(items: tuple[str, ...]) -> tuple[EnvItem, ...]:
     """``--env`` items as ``(NAME, VALUE)``/``(NAME, None)``; a later item for a name wins.
 
-    A value for a name that :func:`looks_secret` is refused, its value never shown.
+    A value for a name that :func:`unirank.envvars.looks_secret` is refused, its value never
+    shown.
     """
     found: dict[str, Optional[str]] = {}
     for item in items:
@@ -247,7 +229,7 @@ def _check_signal_lead(spec: JobSpec) -> None:
     warning = spec.warning_signal()
     if warning is None or spec.time is None:
         return
-    _text, lead = parse_signal(warning)
+    _text, lead = parse_warning_signal(warning)
     limit = parse_time(spec.time)
     if limit and lead >= limit:
         raise ConfigError(
@@ -267,7 +249,7 @@ def check_spec(spec: JobSpec) -> JobSpec:
     if spec.time is not None:
         parse_time(spec.time)
     if spec.signal is not None:
-        parse_signal(spec.signal)
+        parse_warning_signal(spec.signal)
     parse_env(tuple(name if value is None else f"{name}={value}" for name, value in spec.env))
     _check_secrets(spec)
     _check_gpus(spec)

@@ -235,6 +235,30 @@ def test_sys_exit_code_is_the_run_s(tmp_path: Path) -> None:
     assert "rank 0 (local rank 0)" in summary and "exit code 3" in summary
 
 
+@pytest.mark.parametrize("code", ["256", "-1", "'text'", "None", "True", "2 ** 70"])
+def test_system_exit_ends_the_worker_as_python_ends(tmp_path: Path, code: str) -> None:
+    """``raise SystemExit(CODE)``: the run's exit status and the error file's exit code are
+    those of ``python script.py`` (256 -> 0, -1 -> 255, 2 ** 70 -> 255, a text printed and
+    1); a clean exit leaves no error file."""
+    script = tmp_path / "leave.py"
+    script.write_text(_PARENT + f"raise SystemExit({code})\n")
+    python = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                            timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+    logs = tmp_path / "logs"
+    result = _run(tmp_path, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "leave",
+                             "leave.py"])
+    assert result.returncode == python.returncode, result.stderr
+    error_file = logs / "leave" / "attempt_0" / "0" / "error.json"
+    if python.returncode == 0:
+        assert not error_file.exists(), error_file.read_text()
+    else:
+        record = json.loads(error_file.read_text())
+        assert record["unirank_exit_code"] == python.returncode, record
+    if code == "'text'":
+        assert "text\n" in python.stderr
+        assert "text\n" in result.stderr[:result.stderr.index("unirank run: FAILED")]
+
+
 def test_an_uncaught_exception_prints_the_program_s_traceback(tmp_path: Path) -> None:
     """The traceback has the program's frames only (a forked worker starts in unirank's
     forkserver.py and forked.py), and the error file records the exception."""

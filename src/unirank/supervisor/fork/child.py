@@ -12,10 +12,11 @@ Before any of the program's code runs, the child
 3. sets the values its libraries fixed when the server imported them to the worker's own, and
    seeds its random streams again (:mod:`.importtime`);
 4. runs :func:`unirank.supervisor.worker.main.run_worker`, as the bootstrap does;
-5. ends as the interpreter does (:func:`leave`): the exit code of ``SystemExit``, or the
-   traceback through ``sys.excepthook`` and exit code 1; non-daemon threads joined, atexit
-   handlers run, Python's and C's buffered streams flushed (open files too), and an uncaught
-   KeyboardInterrupt ends the process by SIGINT. It skips the interpreter's module teardown:
+5. ends as the interpreter does (:func:`leave`): the exit status of ``SystemExit``
+   (:func:`unirank.errorfile.exit_status`), or the traceback through ``sys.excepthook`` and
+   exit code 1; non-daemon threads joined, atexit handlers run, Python's and C's buffered
+   streams flushed (open files too), and an uncaught KeyboardInterrupt ends the process by
+   SIGINT. It skips the interpreter's module teardown:
    in a forked process that step writes to, and so copies, every page shared with the server
    (0.2 s per worker with torch). Objects still alive at exit are therefore not finalised,
    which Python does not promise either (``__del__``'s documentation).
@@ -36,6 +37,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from unirank.errorfile import exit_status
 from unirank.supervisor.fork.importtime import apply_worker_values
 from unirank.supervisor.fork.server import Request
 from unirank.supervisor.worker.main import run_worker
@@ -83,14 +85,12 @@ def _match_stdio_buffering() -> None:
         setattr(sys, f"__{name}__", replacement)
 
 
-def _exit_code(code: object) -> int:
-    """The exit status ``SystemExit(code)`` gives, as the interpreter computes it."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    print(code, file=sys.stderr)
-    return 1
+def _system_exit(code: object) -> int:
+    """The exit status ``SystemExit(code)`` gives, printing a code that is no number to
+    stderr, as the interpreter does."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+    return exit_status(code)
 
 
 def _run(request: Request) -> tuple[int, bool]:
@@ -99,7 +99,7 @@ def _run(request: Request) -> tuple[int, bool]:
         run_worker(request.target, entered_at=request.forked_at, environ=os.environ,
                    preloaded=request.preloaded)
     except SystemExit as exc:
-        return _exit_code(exc.code), False
+        return _system_exit(exc.code), False
     except BaseException as exc:  # the interpreter's uncaught-exception path
         sys.excepthook(type(exc), exc, exc.__traceback__)
         return 1, isinstance(exc, KeyboardInterrupt)

@@ -23,6 +23,7 @@ from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from unirank.contract import PRIVATE_VARIABLES
+from unirank.errorfile import exit_status
 from unirank.store import hand_over
 from unirank.supervisor.worker import groupstart, lateenv
 from unirank.supervisor.worker import store as workerstore
@@ -104,7 +105,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
         run_target(argv)
         ok = True
     except SystemExit as exc:
-        ok = exc.code in (None, 0)
+        ok = exit_status(exc.code) == 0
         raise
     finally:
         uninstall()

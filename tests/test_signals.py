@@ -1,0 +1,99 @@
+"""The one reading of signal names and numbers (unirank.signals), and its three users giving the
+same answer: ``unirank run --signals-to-handle``, ``UNIRANK_STOP_SIGNALS`` (what the ranks stop
+on) and ``unirank sbatch --signal`` (the warning before the time limit)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from unirank.cli.main import build_parser, main
+from unirank.cli.run import engine_options
+from unirank.errors import ConfigError
+from unirank.sbatch.requeue import stop_signals
+from unirank.signals import parse_signal, parse_signals
+
+REPO = Path(__file__).resolve().parents[1]
+HELLO = "examples/helloworld.py"
+
+
+def _run_option(text: str) -> tuple[int, ...]:
+    """What ``unirank run --signals-to-handle TEXT`` forwards."""
+    args = build_parser("run").parse_args(["run", "--signals-to-handle", text, "x.py"])
+    return engine_options(args).signals
+
+
+def _stop_variable(text: str) -> tuple[int, ...]:
+    """What the ranks stop on with ``UNIRANK_STOP_SIGNALS=TEXT``."""
+    return stop_signals({"UNIRANK_STOP_SIGNALS": text})
+
+
+def _sbatch_option(text: str) -> tuple[int, ...]:
+    """The signal ``unirank sbatch --signal B:TEXT`` has the batch shell pass on (the script's
+    ``kill -NAME`` or ``kill -NUMBER``)."""
+    args = build_parser("sbatch").parse_args(["sbatch", "--signal", f"B:{text}", HELLO])
+    from unirank.cli.sbatch import build_spec
+    from unirank.sbatch.spec import signal_for_batch_shell
+
+    shell = signal_for_batch_shell(build_spec(args).signal or "")
+    assert shell is not None
+    return (int(shell) if shell.isdigit() else int(signal.Signals["SIG" + shell]),)
+
+
+ENTRY_POINTS: dict[str, tuple[Callable[[str], tuple[int, ...]], str]] = {
+    "run": (_run_option, "--signals-to-handle='{}'"),
+    "stop": (_stop_variable, "UNIRANK_STOP_SIGNALS='{}'"),
+    "sbatch": (_sbatch_option, "--signal='B:{}'"),
+}
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize(("text", "number"), [("12", 12), ("usr2", 12), ("SIGUSR2", 12),
+                                              ("40", 40)])
+def test_names_and_numbers_are_taken_by_every_use(entry: str, text: str, number: int) -> None:
+    """"12" was refused by ``unirank run`` alone; 40 is a real-time signal without a name."""
+    read, _variable = ENTRY_POINTS[entry]
+    assert read(text) == (number,)
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+@pytest.mark.parametrize(("text", "reason"), [
+    ("KILL", "SIGKILL cannot be caught"),
+    ("sigstop", "SIGSTOP cannot be caught"),
+    ("CHLD", "SIGCHLD is sent whenever a child process ends"),
+    ("USR3", "names no signal"),
+    ("0", "names no signal"),
+    ("65", "names no signal"),
+])
+def test_every_use_refuses_the_same_with_one_line(entry: str, text: str, reason: str) -> None:
+    """KILL was taken by ``unirank sbatch`` alone, CHLD refused by ``unirank run`` alone."""
+    read, variable = ENTRY_POINTS[entry]
+    with pytest.raises(ConfigError) as caught:
+        read(text)
+    line = str(caught.value)
+    assert line.startswith(f"{variable.format(text)}: {reason} HINT: name signals a program "
+                           "can catch (not KILL, STOP or CHLD), by name or number, e.g. "), line
+    assert "\n" not in line
+
+
+def test_sbatch_refuses_an_uncaught_warning_with_its_one_line(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(["sbatch", "--signal", "KILL@60", HELLO]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ("", "unirank sbatch: error: --signal='KILL@60': SIGKILL cannot be "
+                          "caught HINT: name signals a program can catch (not KILL, STOP or "
+                          "CHLD), by name or number, e.g. USR2@120\n")
+
+
+def test_a_list_keeps_the_order_given_each_signal_once() -> None:
+    assert parse_signals(" usr1, SIGTERM,USR1 2", variable="V", example="E") == (
+        signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+    assert parse_signals("", variable="V", example="E") == ()
+    with pytest.raises(ConfigError, match=r"^V='TERM,KILL': SIGKILL cannot be caught"):
+        parse_signals("TERM,KILL", variable="V", example="E")
+    assert parse_signal(" Term ", variable="V", value="x", example="E") == signal.SIGTERM
