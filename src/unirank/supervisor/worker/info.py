@@ -3,6 +3,7 @@ supervisor gave it (see :mod:`..workerenv`), then passed around as a value."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 from collections.abc import Mapping
@@ -63,14 +64,14 @@ class WorkerInfo:
             return self.node_name
         from unirank.supervisor.plan import node_index_of
 
-        node = node_index_of(rank, _expand_counts(self.ranks_per_node))
+        node = node_index_of(rank, _expand(self.node_names, self.ranks_per_node)[1])
         return None if node is None else self.node_called(node)
 
     def node_called(self, node: int) -> str:
         """Node rank ``node``'s host name where known, else ``node rank N``."""
         if node == self.node_rank and self.node_name:
             return self.node_name
-        names = _expand_names(self.node_names)
+        names = _expand(self.node_names, self.ranks_per_node)[0]
         return names[node] if 0 <= node < len(names) else f"node rank {node}"
 
     @property
@@ -80,25 +81,18 @@ class WorkerInfo:
 
 
 @functools.lru_cache(maxsize=1)
-def _expand_names(hostlist: str) -> tuple[str, ...]:
-    """The node names of a compressed host list (on the failure path only)."""
-    from unirank.hostlist import expand
+def _expand(node_names: str, ranks_per_node: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The node names and the ranks on each node, from their compressed forms (on the failure
+    path only); either one empty where it is missing or malformed."""
+    from unirank.hostlist import expand, expand_tasks_per_node
 
-    try:
-        return tuple(expand(hostlist)) if hostlist else ()
-    except ConfigError:
-        return ()
-
-
-@functools.lru_cache(maxsize=1)
-def _expand_counts(counts: str) -> tuple[int, ...]:
-    """The ranks on each node, from their compressed form (on the failure path only)."""
-    from unirank.hostlist import expand_tasks_per_node
-
-    try:
-        return tuple(expand_tasks_per_node(counts)) if counts else ()
-    except ConfigError:
-        return ()
+    names: tuple[str, ...] = ()
+    counts: tuple[int, ...] = ()
+    with contextlib.suppress(ConfigError):
+        names = tuple(expand(node_names)) if node_names else ()
+    with contextlib.suppress(ConfigError):
+        counts = tuple(expand_tasks_per_node(ranks_per_node)) if ranks_per_node else ()
+    return names, counts
 
 
 def _required_text(environ: Mapping[str, str], name: str) -> str:
