@@ -426,8 +426,8 @@ def _without_launcher(request: LaunchRequest, outer: DistEnv,
                 "only applies when this process starts workers", variable="nnodes",
                 value=str(nnodes), hint="also pass nproc_per_node=<workers per node>",
             )
-        return _Layout(IN_PLACE, (Worker(0, 0),), 1, 1, 1, 0, outer.master_addr or "127.0.0.1",
-                       outer.master_port or DEFAULT_PORT, (outer.node_name,), (1,))
+        return _Layout(IN_PLACE, (Worker(0, 0),), 1, 1, 1, 0, *outer.require_master(),
+                       (outer.node_name,), (1,))
     node_rank = _node_rank_without_launcher(request, nnodes)
     if nnodes == 1:
         return _spawn(nproc, 1, node_rank, _one_node_master(request, outer, environ),
