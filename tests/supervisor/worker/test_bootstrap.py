@@ -19,7 +19,7 @@ def test_read_worker_info() -> None:
         "UNIRANK_NODE_NAMES": "a[1-2]", "UNIRANK_INIT_TIMEOUT": "9", "UNIRANK_STORE_FD": "7",
         "UNIRANK_RANKS_PER_NODE": "4(x3)",
     })
-    assert (info.rank, info.world_size, info.local_world_size, info.node_rank) == (5, 8, 4, 1)
+    assert (info.rank, info.world_size, info.node_rank) == (5, 8, 1)
     assert (info.master_addr, info.master_port, info.init_timeout) == ("head", 2345, 9.0)
     assert info.store_fd == 7
     assert [info.node_of(r) for r in (0, 3, 4, 7)] == ["a1", "a1", "b", "b"]  # 4-7: this node

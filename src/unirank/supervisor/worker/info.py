@@ -35,7 +35,6 @@ class WorkerInfo:
 
     rank: int
     world_size: int
-    local_world_size: int
     node_rank: int
     master_addr: str
     master_port: int
@@ -117,7 +116,6 @@ def _read(environ: Mapping[str, str]) -> WorkerInfo:
     return WorkerInfo(
         rank=_required(environ, "RANK"),
         world_size=_required(environ, "WORLD_SIZE"),
-        local_world_size=read_optional_int(environ, "LOCAL_WORLD_SIZE") or 1,
         node_rank=read_optional_int(environ, "GROUP_RANK") or 0,
         master_addr=_required_text(environ, "MASTER_ADDR"),
         master_port=_required(environ, "MASTER_PORT"),
@@ -139,7 +137,7 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
     """The worker's place, rendezvous settings and wiring; a bad or missing value is a one-line
     ``SystemExit`` ("unirank bootstrap: VAR=...: what HINT: do").
 
-    Reads: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+    Reads: RANK, WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_RANKS_PER_NODE, UNIRANK_INIT_TIMEOUT,
     UNIRANK_STORE_FD, UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD,
     UNIRANK_DONE_FD, UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE.
