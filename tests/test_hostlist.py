@@ -20,6 +20,7 @@ from unirank.errors import ConfigError
 from unirank.hostlist import (
     MAX_HOSTS,
     compress,
+    compress_tasks_per_node,
     count,
     expand,
     expand_tasks_per_node,
@@ -323,6 +324,20 @@ def test_expand_tasks_per_node_errors(text: str, fragment: str) -> None:
     assert fragment in message
     with pytest.raises(ConfigError, match=r"^task counts "):
         expand_tasks_per_node(text)
+
+
+@pytest.mark.parametrize(("counts", "text"), [
+    ([2, 1], "2,1"), ([4] * 4096, "4(x4096)"), ([2, 2, 2, 1, 3, 3], "2(x3),1,3(x2)"), ([1], "1"),
+])
+def test_compress_tasks_per_node(counts: list[int], text: str) -> None:
+    assert compress_tasks_per_node(counts) == text
+    assert expand_tasks_per_node(text) == counts
+
+
+@pytest.mark.parametrize("counts", [[], [2, 0]])
+def test_compress_tasks_per_node_needs_counts_of_one_or_more(counts: list[int]) -> None:
+    with pytest.raises(ConfigError, match="every node runs at least one"):
+        compress_tasks_per_node(counts)
 
 
 # --------------------------------------------------------------------------------------------

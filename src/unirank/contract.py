@@ -43,6 +43,7 @@ __all__ = [
     "NO_PRELOAD_VAR",
     "NO_SRUN_VAR",
     "PRIVATE_VARIABLES",
+    "RANKS_PER_NODE_VAR",
     "RESTART_COUNT_VAR",
     "RUN_ID_VAR",
     "SRUN_REEXEC_VAR",
@@ -96,6 +97,8 @@ DEFAULT_GRACE_PERIOD = 5.0
 SUPERVISOR_PID_VAR = "UNIRANK_SUPERVISOR_PID"
 STORE_FD_VAR = "UNIRANK_STORE_FD"
 NODE_NAMES_VAR = "UNIRANK_NODE_NAMES"
+#: the ranks on each node, in node-rank order, in Slurm's task-count form (``2(x3),1``)
+RANKS_PER_NODE_VAR = "UNIRANK_RANKS_PER_NODE"
 #: seconds node 0's store waits, at the end of a multi-node job, for the other nodes' ranks
 EXIT_TIMEOUT_VAR = "UNIRANK_EXIT_TIMEOUT"
 #: a pipe the store's host reads at its end: EOF once its node's other workers have ended
@@ -106,8 +109,9 @@ DONE_FD_VAR = "UNIRANK_DONE_FD"
 TIMELINE_VAR = "UNIRANK_TIMELINE"
 #: ``--timeline``, rank 0 only: where to write every rank's gathered times
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
-PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, EXIT_TIMEOUT_VAR,
-                     LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR, TIMELINE_FILE_VAR)
+PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER_NODE_VAR,
+                     EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
+                     TIMELINE_FILE_VAR)
 
 
 def format_seconds(value: float) -> str:

@@ -23,7 +23,9 @@ class DistEnv:
     ``master_port_given`` say whether ``MASTER_ADDR`` / ``MASTER_PORT`` gave them (rather than a
     launcher's host list, a job id, or the defaults ``127.0.0.1`` and 29500).
 
-    ``hosts`` lists the job's nodes in node-rank order where the launcher names them.
+    ``hosts`` lists the job's nodes in node-rank order where the launcher names them;
+    ``tasks_per_node`` how many of its processes the launcher placed on each of them, in the same
+    order, where it says (Slurm: ``SLURM_STEP_TASKS_PER_NODE``, which may be uneven, ``2,1``).
     ``sources`` maps each field name to the environment variable(s) it came from, or to a short
     note (``"derived: ..."``, ``"default"``) when no variable gave it.
 
@@ -48,6 +50,7 @@ class DistEnv:
     step_id: str | None = None
     node_name: str = ""
     hosts: tuple[str, ...] = ()
+    tasks_per_node: tuple[int, ...] = ()
     launch_required: bool = False
     planned_tasks: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
@@ -99,6 +102,7 @@ class DistEnv:
             "step_id": self.step_id,
             "node_name": self.node_name,
             "hosts": list(self.hosts),
+            "tasks_per_node": list(self.tasks_per_node),
             "launch_required": self.launch_required,
             "planned_tasks": self.planned_tasks,
             "sources": dict(self.sources),

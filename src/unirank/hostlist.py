@@ -40,6 +40,7 @@ __all__ = [
     "MAX_DIGITS",
     "MAX_HOSTS",
     "compress",
+    "compress_tasks_per_node",
     "count",
     "expand",
     "expand_tasks_per_node",
@@ -391,3 +392,17 @@ def expand_tasks_per_node(text: str, *, variable: str | None = None) -> list[int
             fail(f"lists more than {MAX_HOSTS} nodes")
         counts.extend([tasks] * repeat)
     return counts
+
+
+def compress_tasks_per_node(counts: Sequence[int]) -> str:
+    """Slurm's compressed form of task counts, the inverse of :func:`expand_tasks_per_node`:
+    ``[2, 2, 2, 1]`` is ``"2(x3),1"``. Reads no environment variable; raises ConfigError for
+    an empty sequence or a count below 1."""
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"task counts {list(counts)!r}: every node runs at least one",
+                          hint="pass one count >= 1 a node")
+    items = []
+    for count, run in itertools.groupby(counts):
+        repeat = len(list(run))
+        items.append(f"{count}(x{repeat})" if repeat > 1 else str(count))
+    return ",".join(items)

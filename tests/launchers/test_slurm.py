@@ -43,7 +43,7 @@ def step(**changes: str | None) -> dict[str, str]:
         pytest.param(
             SRUN_N2_RANK3,
             dict(rank=3, local_rank=1, world_size=4, local_world_size=2, node_rank=1,
-                 num_nodes=2, master_addr="node1", node_name="node2"),
+                 num_nodes=2, master_addr="node1", node_name="node2", tasks_per_node=(2, 2)),
             id="srun-N2-n4-rank3",
         ),
         pytest.param(
@@ -51,7 +51,7 @@ def step(**changes: str | None) -> dict[str, str]:
             step(SLURM_PROCID="2", SLURM_LOCALID="0", SLURM_STEP_NUM_TASKS="3",
                  SLURM_NTASKS="3", SLURM_STEP_TASKS_PER_NODE="2,1", SLURM_TASKS_PER_NODE="2,1"),
             dict(rank=2, local_rank=0, world_size=3, local_world_size=1, node_rank=1,
-                 num_nodes=2),
+                 num_nodes=2, tasks_per_node=(2, 1)),
             id="uneven-2,1-last-node",
         ),
         pytest.param(

@@ -19,6 +19,7 @@ from unirank.supervisor.plan import (
     Plan,
     Worker,
     make_plan,
+    node_index_of,
 )
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
@@ -199,7 +200,9 @@ def test_per_node_plan_names_nodes_and_run_id() -> None:
     p = plan(req(RUN, nproc_per_node=4), slurm_per_node(node_rank=1, nodes=3))
     assert p.hosts == ("n0", "n1", "n2") and p.node_name == "n1"
     assert p.run_id == "4242.0"
-    assert p.node_of(0) == "n0" and p.node_of(11) == "n2" and p.node_of(5) == "n1"
+    assert p.ranks_per_node == (4, 4, 4)
+    assert [node_index_of(rank, p.ranks_per_node) for rank in (0, 3, 4, 11, 12, -1)] == [
+        0, 0, 1, 2, None, None]
 
 
 def test_options_win_over_the_launcher_s_master_and_the_rdzv_id_is_the_run_id() -> None:
@@ -288,7 +291,7 @@ def test_worker_environ_needs_a_port() -> None:
 
 def test_private_variables_are_the_bootstrap_s() -> None:
     assert set(PRIVATE_VARIABLES) == {"UNIRANK_SUPERVISOR_PID", "UNIRANK_STORE_FD",
-                                      "UNIRANK_NODE_NAMES",
+                                      "UNIRANK_NODE_NAMES", "UNIRANK_RANKS_PER_NODE",
                                       "UNIRANK_EXIT_TIMEOUT", "UNIRANK_LINGER_FD",
                                       "UNIRANK_DONE_FD", "UNIRANK_TIMELINE",
                                       "UNIRANK_TIMELINE_FILE"}

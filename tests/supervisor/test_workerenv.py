@@ -150,6 +150,14 @@ def test_two_nodes_two_workers_under_srun(tmp_path: Path, listening: socket.sock
     check_golden(f"srun_N2_run_n2_node{rank}", environments(layout, tmp_path, listening))
 
 
+def test_uneven_srun_tasks_each_one_rank(tmp_path: Path, listening: socket.socket) -> None:
+    """``srun -N2 -n3 unirank run train.py`` on node2: srun placed ranks 0-1 on node1 and rank
+    2 here, and the worker is told so (UNIRANK_RANKS_PER_NODE=2,1)."""
+    base = recorded("srun_N2_n3_rank2.json")
+    layout = run_layout(["train.py"], base)
+    check_golden("srun_N2_n3_run_node2", environments(layout, tmp_path, listening))
+
+
 def test_no_python(tmp_path: Path, listening: socket.socket) -> None:
     """``unirank run -n 2 --no-python hostname -s``."""
     layout = run_layout(["-n", "2", "--no-python", "hostname", "-s"], SHELL)
@@ -164,7 +172,7 @@ def test_parallel_spawn(tmp_path: Path, listening: socket.socket) -> None:
 def test_golden_files_are_complete() -> None:
     """Every golden file holds whole environments (PATH included) and no run-specific value."""
     files = sorted(GOLDEN.glob("*.json"))
-    assert len(files) == 5
+    assert len(files) == 6
     for path in files:
         text = path.read_text()
         assert str(os.getpid()) not in json.dumps(

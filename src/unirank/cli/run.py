@@ -357,24 +357,23 @@ def _master_source(args: argparse.Namespace, planned: str) -> str:
 
 
 def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoReturn:
-    """This node will not start its workers: say why, and when the job spans several nodes tell
-    the others through node 0's store (:mod:`unirank.supervisor.giveup`), so that their
-    workers end at once naming this node instead of waiting for the init timeout."""
-    from unirank.rendezvous import DEFAULT_PORT
+    """This node will not start its workers: say why, and where the plan names others to tell
+    (:func:`unirank.supervisor.plan.giveup_address`) tell them through node 0's store
+    (:mod:`unirank.supervisor.giveup`), so that their workers end at once naming this node
+    instead of waiting for the init timeout."""
+    from unirank.supervisor.plan import giveup_address
 
     print(f"unirank run: error: {error}", file=sys.stderr, flush=True)
-    nnodes = max(outer.num_nodes, request.nnodes or 1)
-    addr = request.master_addr or outer.master_addr
-    if nnodes > 1 and addr:
+    address = giveup_address(request, outer)
+    if address is not None:
         from unirank.resolve import require_resolvable
         from unirank.supervisor.giveup import tell_others
 
         try:
-            require_resolvable(addr, source="MASTER_ADDR")
+            require_resolvable(address[0], source="MASTER_ADDR")
         except ConfigError:
             raise SystemExit(2) from None
-        port = request.master_port or outer.master_port or DEFAULT_PORT
-        tell_others(addr, port, f"node {outer.node_name} refused to start its workers: {error}")
+        tell_others(*address, f"node {outer.node_name} refused to start its workers: {error}")
     raise SystemExit(2)
 
 

@@ -169,6 +169,7 @@ def finish(
     *,
     master: MasterHint = MasterHint(),
     hosts: tuple[str, ...] = (),
+    tasks_per_node: tuple[int, ...] = (),
     job_id: tuple[str | None, str] = (None, ""),
     step_id: tuple[str | None, str] = (None, ""),
     own_node: tuple[str, str] | None = None,
@@ -176,8 +177,9 @@ def finish(
     planned_tasks: int | None = None,
 ) -> DistEnv:
     """The DistEnv of ``layout``: the master resolved, the node named (:func:`node_name`), the
-    job's ids and hosts, and ``sources`` completed. ``launch_required`` and ``planned_tasks``
-    describe a Slurm allocation shell where no task was launched (see :class:`DistEnv`).
+    job's ids, hosts and processes per host, and ``sources`` completed. ``launch_required`` and
+    ``planned_tasks`` describe a Slurm allocation shell where no task was launched (see
+    :class:`DistEnv`).
 
     Reads: MASTER_ADDR, MASTER_PORT, SLURMD_NODENAME, UNIRANK_NODE_NAME.
     """
@@ -205,6 +207,7 @@ def finish(
         step_id=step_id[0],
         node_name=node,
         hosts=hosts,
+        tasks_per_node=tasks_per_node,
         launch_required=launch_required,
         planned_tasks=planned_tasks,
         sources=sources,

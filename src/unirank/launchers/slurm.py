@@ -147,7 +147,7 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
                sources),
         master=MasterHint(layout.hosts, layout.hosts_var, jid[0], step[0],
                           f"{jid[1]} and {step[1]}"),
-        hosts=layout.hosts, job_id=jid, step_id=step,
+        hosts=layout.hosts, tasks_per_node=layout.tasks_per_node, job_id=jid, step_id=step,
         own_node=(layout.hosts[node_rank], layout.hosts_var) if layout.hosts else None,
     )
 

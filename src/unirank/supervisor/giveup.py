@@ -4,9 +4,12 @@ When ``unirank run`` on one node of several refuses to start (its layout disagre
 launcher's, its options are wrong), the other nodes' workers would wait for its ranks until the
 init timeout. :func:`tell_others` instead sets the join check's abort value
 (:func:`unirank.joincheck.abort_join`) in node 0's store, so every waiting rank ends at once with
-this node's name and reason. The parent never imports torch, so the store client runs in a short
-child process (``python -m unirank.supervisor.giveup ADDR PORT SECONDS REASON``) whose connect is
-bounded; when the store cannot be reached in that time, nothing more is done.
+this node's name and reason. The store's address is the plan's answer
+(:func:`unirank.supervisor.plan.giveup_address`): where no one named the master of the nodes,
+there is no one to tell, and nothing is contacted. The parent never imports torch, so the store
+client runs in a short child process (``python -m unirank.supervisor.giveup ADDR PORT SECONDS
+REASON``) whose connect is bounded; when the store cannot be reached in that time, nothing more
+is done.
 """
 
 from __future__ import annotations

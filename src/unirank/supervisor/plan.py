@@ -38,11 +38,25 @@ itself), a free port when this process starts every rank of the world, else the 
 address came from (``master_addr``, the launcher's source such as MASTER_ADDR, or empty for
 the ``127.0.0.1`` default), for the one-line errors about it. Workers get
 OMP_NUM_THREADS=1 only when more than one share the node (as torchrun).
+
+Two more questions have their one answer here:
+
+* **Which node runs rank r?** Consecutive ranks fill the nodes in node-rank order,
+  ``Plan.ranks_per_node[n]`` of them on node ``n``: this process's workers, the same number on
+  every node; in place, the launcher's count per node (srun's may be uneven:
+  ``SLURM_STEP_TASKS_PER_NODE=2,1`` puts ranks 0-1 on the first node and rank 2 on the second),
+  else the same count on every node where the world is that many times the nodes.
+  :func:`node_index_of` answers it, for the supervisor and (through UNIRANK_RANKS_PER_NODE)
+  for every worker.
+* **Where does a node that refused to start tell the others?** :func:`giveup_address`: the
+  master of the world of several nodes it was to join, where the request or the launcher
+  names it; nowhere when no one does (the ``127.0.0.1`` a node picks for a world of its own is
+  not where other nodes wait), nor for a world of one node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from unirank.contract import (
@@ -63,7 +77,9 @@ __all__ = [
     "LaunchRequest",
     "Plan",
     "Worker",
+    "giveup_address",
     "make_plan",
+    "node_index_of",
 ]
 
 #: this process starts the workers of its node
@@ -128,6 +144,8 @@ class Plan:
     role: str = "default"
     virtual_local_rank: bool = False
     master_source: str = ""
+    #: ranks on each node, in node-rank order (see :func:`node_index_of`); empty: not known
+    ranks_per_node: tuple[int, ...] = ()
 
     @property
     def nproc_per_node(self) -> int:
@@ -138,17 +156,6 @@ class Plan:
     def hosts_store(self) -> bool:
         """True where rank 0 runs: that process opens the rendezvous port before its workers."""
         return any(w.rank == 0 for w in self.workers)
-
-    def node_of(self, rank: int) -> str | None:
-        """The name of the node that runs global ``rank``, where known."""
-        if any(w.rank == rank for w in self.workers):
-            return self.node_name
-        if self.world_size != self.nnodes * self.local_world_size:
-            return None  # an uneven layout: the node of another rank is not computable
-        node = rank // self.local_world_size
-        if len(self.hosts) == self.nnodes and 0 <= node < self.nnodes:
-            return self.hosts[node]
-        return None
 
     def with_port(self, port: int) -> Plan:
         """This plan with the master port fixed (after the supervisor bound a free one)."""
@@ -169,6 +176,63 @@ class Plan:
             node_name=self.node_name,
             hosts=self.hosts,
         )
+
+
+def node_index_of(rank: int, ranks_per_node: Sequence[int]) -> int | None:
+    """The node rank of the node that runs global ``rank``, where consecutive ranks fill the
+    nodes in node-rank order, ``ranks_per_node[n]`` of them on node ``n``; None for a rank
+    outside that world, or when the placement is not known (``ranks_per_node`` empty)."""
+    if rank < 0:
+        return None
+    first = 0
+    for node, count in enumerate(ranks_per_node):
+        first += count
+        if rank < first:
+            return node
+    return None
+
+
+def _launcher_placement(outer: DistEnv) -> tuple[int, ...]:
+    """The ranks on each of the outer launcher's nodes when each of its processes is one rank:
+    its own counts where it gives them and they add up, else the same count on every node
+    where the world is that many times the nodes, else unknown (empty)."""
+    counts = outer.tasks_per_node
+    if len(counts) == outer.num_nodes and sum(counts) == outer.world_size:
+        return tuple(counts)
+    if outer.world_size == outer.num_nodes * outer.local_world_size:
+        return (outer.local_world_size,) * outer.num_nodes
+    return ()
+
+
+def _launcher_master(request: LaunchRequest, outer: DistEnv) -> tuple[str | None, int]:
+    """The master of a world the outer launcher laid out: the options, else the launcher's
+    (address None: neither names one)."""
+    return (request.master_addr or outer.master_addr,
+            request.master_port or outer.master_port or DEFAULT_PORT)
+
+
+def _nodes_master(request: LaunchRequest, outer: DistEnv) -> tuple[str | None, int]:
+    """The master of several nodes without a launcher: the options, else MASTER_ADDR and
+    MASTER_PORT as exported, else port 29500 (address None: none was given)."""
+    inherited = outer.master_addr if outer.master_addr_given else None
+    port = request.master_port or (outer.master_port if outer.master_port_given else None)
+    return request.master_addr or inherited, port or DEFAULT_PORT
+
+
+def giveup_address(request: LaunchRequest, outer: DistEnv) -> tuple[str, int] | None:
+    """Where this node tells the others that it refused to start its workers (node 0's store,
+    at the master of the world of several nodes it was to join; see
+    :mod:`unirank.supervisor.giveup`), or None when there is no one to tell: the world is one
+    node, or no one named its master (no option, no MASTER_ADDR, no launcher's host list)."""
+    if request.standalone:
+        return None
+    if outer.world_size > 1 and outer.num_nodes > 1:
+        addr, port = _launcher_master(request, outer)
+    elif (request.nnodes or 1) > 1:
+        addr, port = _nodes_master(request, outer)
+    else:
+        return None
+    return (addr, port) if addr else None
 
 
 def _per_node_hint(outer: DistEnv) -> str:
@@ -218,9 +282,11 @@ def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str) -> str:
 
 
 def _master_of_launcher(request: LaunchRequest, outer: DistEnv) -> tuple[str, int]:
-    """The master of a world the outer launcher laid out: the options, else the launcher's."""
-    addr = request.master_addr or outer.require_master(option="master_addr")[0]
-    return addr, request.master_port or outer.master_port or DEFAULT_PORT
+    """The master of a world the outer launcher laid out (a ConfigError where none is named)."""
+    addr, port = _launcher_master(request, outer)
+    if addr is None:  # the ConfigError that says which option or variable to set
+        addr = outer.require_master(option="master_addr")[0]
+    return addr, port
 
 
 @dataclass(frozen=True)
@@ -238,7 +304,7 @@ class _Settings:
 
 @dataclass(frozen=True)
 class _Layout:
-    """The world's shape, this process's workers and the master."""
+    """The world's shape, this process's workers, the master and the ranks on each node."""
 
     mode: str
     workers: tuple[Worker, ...]
@@ -249,6 +315,7 @@ class _Layout:
     master_addr: str
     master_port: int
     hosts: tuple[str, ...]
+    ranks_per_node: tuple[int, ...]
 
 
 def _source(request: LaunchRequest, outer: DistEnv, layout: _Layout) -> str:
@@ -270,13 +337,15 @@ def _assemble(layout: _Layout, settings: _Settings, source: str) -> Plan:
         node_name=settings.node_name, init_timeout=settings.init_timeout,
         launcher=settings.launcher, max_restarts=settings.max_restarts, role=settings.role,
         virtual_local_rank=settings.virtual_local_rank, master_source=source,
+        ranks_per_node=layout.ranks_per_node,
     )
 
 
 def _spawn(nproc: int, nnodes: int, node_rank: int, master: tuple[str, int],
            hosts: tuple[str, ...]) -> _Layout:
     workers = tuple(Worker(node_rank * nproc + local, local) for local in range(nproc))
-    return _Layout(SPAWN, workers, nnodes * nproc, nproc, nnodes, node_rank, *master, hosts)
+    return _Layout(SPAWN, workers, nnodes * nproc, nproc, nnodes, node_rank, *master, hosts,
+                   (nproc,) * nnodes)
 
 
 def _standalone(request: LaunchRequest, outer: DistEnv) -> DistEnv:
@@ -341,7 +410,7 @@ def _under_launcher(request: LaunchRequest, outer: DistEnv) -> _Layout:
         )
     return _Layout(IN_PLACE, (Worker(outer.rank, outer.local_rank),), outer.world_size,
                    outer.local_world_size, nnodes, node_rank,
-                   *_master_of_launcher(request, outer), hosts)
+                   *_master_of_launcher(request, outer), hosts, _launcher_placement(outer))
 
 
 def _without_launcher(request: LaunchRequest, outer: DistEnv,
@@ -357,24 +426,32 @@ def _without_launcher(request: LaunchRequest, outer: DistEnv,
                 "only applies when this process starts workers", variable="nnodes",
                 value=str(nnodes), hint="also pass nproc_per_node=<workers per node>",
             )
-        return _Layout(IN_PLACE, (Worker(0, 0),), 1, 1, 1, 0, outer.master_addr or "127.0.0.1",
-                       outer.master_port or DEFAULT_PORT, (outer.node_name,))
+        return _Layout(IN_PLACE, (Worker(0, 0),), 1, 1, 1, 0, *outer.require_master(),
+                       (outer.node_name,), (1,))
     node_rank = _node_rank_without_launcher(request, nnodes)
-    inherited = outer.master_addr if outer.master_addr_given and nnodes > 1 else None
-    given_addr = request.master_addr or inherited
-    if given_addr is None and nnodes > 1:
+    if nnodes == 1:
+        return _spawn(nproc, 1, node_rank, _one_node_master(request, outer, environ),
+                      (outer.node_name,))
+    addr, port = _nodes_master(request, outer)
+    if addr is None:
         raise ConfigError(
             f"is needed with {nnodes} nodes: they must agree on the host of rank 0",
             variable="master_addr", value=None,
             hint="pass --master-addr <node 0's host name or address> on every node "
             "(or export MASTER_ADDR)",
         )
+    return _spawn(nproc, nnodes, node_rank, (addr, port), ())
+
+
+def _one_node_master(request: LaunchRequest, outer: DistEnv,
+                     environ: Mapping[str, str]) -> tuple[str, int]:
+    """Rule 5 on one node: ``master_addr``, else ``127.0.0.1`` (never an inherited
+    MASTER_ADDR); the port given (MASTER_PORT too, but not a torchrun agent's of one worker,
+    which it serves itself), else 0: a free one. Reads: TORCHELASTIC_USE_AGENT_STORE."""
     given_port = outer.master_port if outer.master_port_given else None
-    if uses_agent_store(environ) and nnodes == 1:
-        given_port = None  # a torchrun agent of one worker serves MASTER_PORT itself: not ours
-    port = request.master_port or given_port or (0 if nnodes == 1 else DEFAULT_PORT)
-    return _spawn(nproc, nnodes, node_rank, (given_addr or "127.0.0.1", port),
-                  (outer.node_name,) if nnodes == 1 else ())
+    if uses_agent_store(environ):
+        given_port = None
+    return request.master_addr or "127.0.0.1", request.master_port or given_port or 0
 
 
 def _node_rank_without_launcher(request: LaunchRequest, nnodes: int) -> int:

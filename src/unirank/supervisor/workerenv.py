@@ -21,6 +21,7 @@ from unirank.contract import (
     NODE_NAME_VAR,
     NODE_NAMES_VAR,
     PRIVATE_VARIABLES,
+    RANKS_PER_NODE_VAR,
     RESTART_COUNT_VAR,
     RUN_ID_VAR,
     STORE_FD_VAR,
@@ -31,7 +32,7 @@ from unirank.contract import (
     format_seconds,
 )
 from unirank.gpus import VISIBLE_DEVICES_VAR, own_gpu
-from unirank.hostlist import compress
+from unirank.hostlist import compress, compress_tasks_per_node
 from unirank.supervisor.plan import Plan, Worker
 
 __all__ = ["WorkerWiring", "worker_environ"]
@@ -86,6 +87,8 @@ def _private_environ(plan: Plan, wiring: WorkerWiring) -> dict[str, str]:
     env = {NODE_NAME_VAR: plan.node_name}
     if len(plan.hosts) == plan.nnodes:
         env[NODE_NAMES_VAR] = compress(plan.hosts)  # node[1-4096]: not O(nodes) a rank
+    if plan.ranks_per_node:  # 4(x4096) or 2,1: which node runs each rank (node_index_of)
+        env[RANKS_PER_NODE_VAR] = compress_tasks_per_node(plan.ranks_per_node)
     if plan.world_size > plan.nproc_per_node:  # ranks under other supervisors: exit barrier
         env[EXIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
     for name, value in ((SUPERVISOR_PID_VAR, wiring.supervisor_pid),
@@ -116,6 +119,7 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT,
     PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, and for the bootstrap only the private
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES (the nodes as a compressed host list),
+    UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
     UNIRANK_EXIT_TIMEOUT (when ranks run under other supervisors too), and what the wiring
     gives: UNIRANK_SUPERVISOR_PID, UNIRANK_STORE_FD, UNIRANK_LINGER_FD, UNIRANK_DONE_FD,
     UNIRANK_TIMELINE and UNIRANK_TIMELINE_FILE.

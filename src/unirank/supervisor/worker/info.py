@@ -3,6 +3,7 @@ supervisor gave it (see :mod:`..workerenv`), then passed around as a value."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 from collections.abc import Mapping
@@ -14,6 +15,7 @@ from unirank.contract import (
     LINGER_FD_VAR,
     NODE_NAME_VAR,
     NODE_NAMES_VAR,
+    RANKS_PER_NODE_VAR,
     STORE_FD_VAR,
     SUPERVISOR_PID_VAR,
     TIMELINE_FILE_VAR,
@@ -33,13 +35,15 @@ class WorkerInfo:
 
     rank: int
     world_size: int
-    local_world_size: int
     node_rank: int
     master_addr: str
     master_port: int
     node_name: str
     #: the nodes in node-rank order, as a compressed host list (expanded only to name a node)
     node_names: str
+    #: the ranks on each node in node-rank order, as Slurm's task counts (``2,1``; empty: not
+    #: known): expanded only to name a node
+    ranks_per_node: str
     init_timeout: float
     store_fd: int | None
     supervisor_pid: int | None = None
@@ -51,31 +55,54 @@ class WorkerInfo:
     #: ``--timeline``, rank 0: where to write every rank's gathered times
     timeline_file: str = ""
 
-    def node_of(self, rank: int) -> str:
-        """The node that runs ``rank``: its host name where known, else its node rank."""
-        node = rank // max(1, self.local_world_size)
+    def node_of(self, rank: int) -> str | None:
+        """The node that runs ``rank``, by the plan's placement
+        (:func:`unirank.supervisor.plan.node_index_of`), named as :meth:`node_called` does;
+        None where the plan did not know where the other ranks run."""
+        if rank == self.rank:
+            return self.node_name
+        from unirank.supervisor.plan import node_index_of
+
+        node = node_index_of(rank, _expand(self.node_names, self.ranks_per_node)[1])
+        return None if node is None else self.node_called(node)
+
+    def node_called(self, node: int) -> str:
+        """Node rank ``node``'s host name where known, else ``node rank N``."""
         if node == self.node_rank and self.node_name:
             return self.node_name
-        names = _expand_names(self.node_names)
-        if 0 <= node < len(names):
-            return names[node]
-        return f"node rank {node}"
+        names = _expand(self.node_names, self.ranks_per_node)[0]
+        return names[node] if 0 <= node < len(names) else f"node rank {node}"
+
+    @property
+    def store_node(self) -> str:
+        """The node that hosts the rendezvous store: node rank 0, where rank 0 runs."""
+        return self.node_called(0)
 
 
 @functools.lru_cache(maxsize=1)
-def _expand_names(hostlist: str) -> tuple[str, ...]:
-    """The node names of a compressed host list (on the failure path only)."""
-    from unirank.hostlist import expand
+def _expand(node_names: str, ranks_per_node: str) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The node names and the ranks on each node, from their compressed forms (on the failure
+    path only); either one empty where it is missing or malformed."""
+    from unirank.hostlist import expand, expand_tasks_per_node
 
-    try:
-        return tuple(expand(hostlist)) if hostlist else ()
-    except ConfigError:
-        return ()
+    names: tuple[str, ...] = ()
+    counts: tuple[int, ...] = ()
+    with contextlib.suppress(ConfigError):
+        names = tuple(expand(node_names)) if node_names else ()
+    with contextlib.suppress(ConfigError):
+        counts = tuple(expand_tasks_per_node(ranks_per_node)) if ranks_per_node else ()
+    return names, counts
+
+
+def _required_text(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "").strip()
+    if not value:
+        raise ConfigError(f"{name} is not set", hint="start workers with unirank run")
+    return value
 
 
 def _required(environ: Mapping[str, str], name: str) -> int:
-    if not environ.get(name, "").strip():
-        raise ConfigError(f"{name} is not set", hint="start workers with unirank run")
+    _required_text(environ, name)
     return read_int(environ, name)
 
 
@@ -89,12 +116,12 @@ def _read(environ: Mapping[str, str]) -> WorkerInfo:
     return WorkerInfo(
         rank=_required(environ, "RANK"),
         world_size=_required(environ, "WORLD_SIZE"),
-        local_world_size=read_optional_int(environ, "LOCAL_WORLD_SIZE") or 1,
         node_rank=read_optional_int(environ, "GROUP_RANK") or 0,
-        master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
+        master_addr=_required_text(environ, "MASTER_ADDR"),
         master_port=_required(environ, "MASTER_PORT"),
         node_name=environ.get(NODE_NAME_VAR) or socket.gethostname(),
         node_names=environ.get(NODE_NAMES_VAR, ""),
+        ranks_per_node=environ.get(RANKS_PER_NODE_VAR, ""),
         init_timeout=resolve_init_timeout(None, environ),
         store_fd=_fd(environ, STORE_FD_VAR),
         supervisor_pid=_fd(environ, SUPERVISOR_PID_VAR),
@@ -110,10 +137,10 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
     """The worker's place, rendezvous settings and wiring; a bad or missing value is a one-line
     ``SystemExit`` ("unirank bootstrap: VAR=...: what HINT: do").
 
-    Reads: RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
-    UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_INIT_TIMEOUT, UNIRANK_STORE_FD,
-    UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD, UNIRANK_DONE_FD,
-    UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE.
+    Reads: RANK, WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
+    UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_RANKS_PER_NODE, UNIRANK_INIT_TIMEOUT,
+    UNIRANK_STORE_FD, UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD,
+    UNIRANK_DONE_FD, UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE.
     """
     try:
         return _read(environ)

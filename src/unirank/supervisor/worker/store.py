@@ -56,7 +56,7 @@ def _open(info: WorkerInfo) -> Any:
     return open_store(
         info.master_addr, info.master_port, rank=info.rank, timeout=info.init_timeout,
         serve=info.store_fd is not None, listen_fd=info.store_fd, served_by="rank 0",
-        hint=f"check that node 0 ({info.node_of(0)}) started unirank run with the same "
+        hint=f"check that node 0 ({info.store_node}) started unirank run with the same "
              f"--master-port, and that this node can reach that address",
     )
 
@@ -160,7 +160,7 @@ def rendezvous(info: WorkerInfo) -> Any:
     except (RuntimeError, OSError) as exc:
         detail = " ".join(str(exc).split())[:200]
         _fail(info, f"lost the rendezvous store at {info.master_addr}:{info.master_port} "
-              f"(rank 0's node {info.node_of(0)}) while waiting for the other ranks: {detail}")
+              f"(rank 0's node {info.store_node}) while waiting for the other ranks: {detail}")
     return store
 
 
