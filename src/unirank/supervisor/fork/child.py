@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from unirank.supervisor.fork.importtime import apply_worker_values
-from unirank.supervisor.fork.server import Request
+from unirank.supervisor.fork.protocol import Request
 from unirank.supervisor.worker.main import run_worker
 from unirank.supervisor.worker.target import flush_open_streams
 
