@@ -19,6 +19,9 @@ I/O).
   streams leave the console, teed ones stay on it too.
 * ``--local-ranks-filter 0,2``: only those local ranks' output reaches the console (log files and
   the failure summary still get everything).
+
+Runs in the ``unirank run`` parent: the options come from its command line, and
+:mod:`.streams` does the I/O. Reads: no environment variable.
 """
 
 from __future__ import annotations

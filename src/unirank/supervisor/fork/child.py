@@ -22,6 +22,11 @@ Before any of the program's code runs, the child
 
 The parent-death signal (the child dies with the server, which dies with the supervisor) and
 the new session were set in :mod:`.server` before the server gave the child's pid on.
+
+Runs in a child the fork server forked, from the server's own loop; it gets the server's message
+as a :class:`~.protocol.Request`, and imports no other side of the fork server.
+
+Reads: PYTHONUNBUFFERED (the worker's, once applied).
 """
 
 from __future__ import annotations

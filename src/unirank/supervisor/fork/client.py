@@ -18,6 +18,11 @@ What the server cannot serve starts as its own interpreter, as before (:func:`wh
 and :meth:`ForkServer.why_not`): ``--no-python``, a platform without ``fork`` and
 ``SCM_RIGHTS``, a worker whose interpreter start-up variables (``PYTHON*``, ``LD_*``) differ
 from the server's, a server that failed to import or found a fork hazard.
+
+Runs in the ``unirank run`` parent (or ``Parallel``'s process); what it sends and hears is
+:mod:`.protocol`'s.
+
+Reads (from the ``environ`` it is given): UNIRANK_NO_PRELOAD.
 """
 
 from __future__ import annotations
