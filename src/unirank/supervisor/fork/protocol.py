@@ -28,15 +28,17 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-__all__ = ["MAX_FDS", "MAX_MESSAGE", "Request", "decode", "encode", "environ_message",
-           "environ_of", "error_message", "exit_message", "exit_of", "pid_message", "pid_of",
-           "ready_message", "ready_of", "refused_message", "request_of", "spawn_message"]
+__all__ = ["MAX_FDS", "MAX_MESSAGE", "Message", "Request", "decode", "encode",
+           "environ_message", "environ_of", "error_message", "exit_message", "exit_of",
+           "pid_message", "pid_of", "ready_message", "ready_of", "refused_message", "request_of",
+           "spawn_message"]
 
 #: the largest message (a worker's environment differences)
 MAX_MESSAGE = 1 << 20
 #: the most file descriptors one spawn passes
 MAX_FDS = 16
 
+#: one message, as JSON reads it
 Message = dict[str, Any]
 
 
