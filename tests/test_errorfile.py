@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from unirank.errorfile import ERROR_FILE_VAR, failure_time, read_failure, record_exception
+from unirank.errorfile import ERROR_FILE_VAR, exit_status, read_failure, record_exception
 
 
 def test_records_the_first_exception_only(tmp_path: Path) -> None:
@@ -23,8 +23,9 @@ def test_records_the_first_exception_only(tmp_path: Path) -> None:
     data = json.loads(path.read_text())
     assert data["message"]["message"] == "ValueError: first"
     assert "raise ValueError" in data["message"]["extraInfo"]["py_callstack"]
-    when = failure_time(path)
-    assert when is not None and int(when) == int(data["message"]["extraInfo"]["timestamp"])
+    record = read_failure(path)
+    assert record is not None
+    assert int(record.time) == int(data["message"]["extraInfo"]["timestamp"])
 
 
 def test_clean_exit_and_missing_variable_write_nothing(tmp_path: Path) -> None:
@@ -37,7 +38,7 @@ def test_clean_exit_and_missing_variable_write_nothing(tmp_path: Path) -> None:
     record_exception(RuntimeError("x"), {})  # no variable: nothing to do, no error
 
 
-def test_failure_time_reads_torchelastic_files(tmp_path: Path) -> None:
+def test_the_failure_time_of_torchelastic_files(tmp_path: Path) -> None:
     """A file written by torch.distributed.elastic's @record has only a whole-second time: the
     file's own (sub-second) modification time orders failures instead."""
     import os
@@ -46,13 +47,12 @@ def test_failure_time_reads_torchelastic_files(tmp_path: Path) -> None:
     path.write_text(json.dumps({"message": {"message": "ValueError: x", "extraInfo": {
         "py_callstack": "", "timestamp": "1700000000"}}}))
     os.utime(path, (1700000000.25, 1700000000.25))
-    assert failure_time(path) == 1700000000.25
     record = read_failure(path)
     assert record is not None
-    assert (record.message, record.exit_code) == ("ValueError: x", 1)
-    assert failure_time(tmp_path / "missing.json") is None
+    assert (record.message, record.exit_code, record.time) == ("ValueError: x", 1, 1700000000.25)
+    assert read_failure(tmp_path / "missing.json") is None
     (tmp_path / "bad.json").write_text("{")
-    assert failure_time(tmp_path / "bad.json") is None
+    assert read_failure(tmp_path / "bad.json") is None
 
 
 def test_a_requeue_exit_is_not_recorded(tmp_path: Path) -> None:
@@ -87,8 +87,6 @@ def _cpython_status(code: str) -> int:
 
 @pytest.mark.parametrize("code", SYSTEM_EXIT_CODES)
 def test_exit_status_is_cpython_s(code: str) -> None:
-    from unirank.errorfile import exit_status
-
     assert exit_status(eval(code)) == _cpython_status(code)
 
 

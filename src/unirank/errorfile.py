@@ -35,7 +35,6 @@ __all__ = [
     "LOST_PEER",
     "RecordedFailure",
     "exit_status",
-    "failure_time",
     "read_failure",
     "record_exception",
 ]
@@ -130,13 +129,3 @@ def read_failure(path: str | os.PathLike[str]) -> RecordedFailure | None:
         return None
     return RecordedFailure(when, text.strip().splitlines()[-1] if text.strip() else "", code,
                            config_error, LOST_PEER.search(text) is not None)
-
-
-def failure_time(path: str | os.PathLike[str]) -> float | None:
-    """When the failure recorded in ``path`` happened (seconds since the epoch), or None.
-
-    Reads ``unirank_time``; for a file torch's ``@record`` wrote (whole seconds only), the
-    file's modification time.
-    """
-    record = read_failure(path)
-    return None if record is None else record.time

@@ -26,7 +26,6 @@ from unirank.errors import ConfigError
 __all__ = [
     "DEFAULT_PORT",
     "PORT_BASE",
-    "PORT_SPAN",
     "derive_port",
     "explicit_master",
 ]
@@ -35,7 +34,6 @@ DEFAULT_PORT = 29500
 PORT_BASE = 20000
 JOB_SLOTS = 1000
 STEP_SLOTS = 12
-PORT_SPAN = JOB_SLOTS * STEP_SLOTS  # 12000: ports 20000..31999
 
 _DIGITS = re.compile(r"\d+")
 

@@ -9,12 +9,10 @@ from unirank.supervisor.output import (
     TAG_TEMPLATE,
     LineBuffer,
     OutputOptions,
-    tag_for,
 )
 
 
 def test_the_tag_names_the_rank() -> None:
-    assert tag_for(3) == b"[rank3]:"
     assert OutputOptions(prefix_template=TAG_TEMPLATE).prefix(3, 1, "default") == b"[rank3]:"
 
 

@@ -27,8 +27,9 @@ import pytest
 
 from unirank.cli.run import add_arguments, build_request, engine_options, target_of
 from unirank.launchers import detect
+from unirank.supervisor.attempts import EngineOptions, attempt_launches
+from unirank.supervisor.engine import worker_command
 from unirank.supervisor.plan import LaunchRequest, Plan, make_plan
-from unirank.supervisor.procs import EngineOptions, attempt_launches, worker_command
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "worker_env"
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "envs"

@@ -23,9 +23,9 @@ from unirank.errors import ConfigError
 
 if TYPE_CHECKING:
     from unirank.distenv import DistEnv
+    from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.fork.client import ForkServer
     from unirank.supervisor.plan import LaunchRequest
-    from unirank.supervisor.procs import EngineOptions
     from unirank.supervisor.summary import RunResult
 
 _EPILOG = (
@@ -266,13 +266,14 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
 def engine_options(args: argparse.Namespace) -> EngineOptions:
     """How to run the workers: grace period, signals and where their output goes."""
     from unirank.contract import DEFAULT_GRACE_PERIOD, parse_seconds
+    from unirank.supervisor.attempts import EngineOptions
+    from unirank.supervisor.engine import DEFAULT_SIGNALS
     from unirank.supervisor.output import (
         TAG_TEMPLATE,
         OutputOptions,
         parse_ranks_filter,
         parse_std,
     )
-    from unirank.supervisor.procs import DEFAULT_SIGNALS, EngineOptions
 
     grace = (parse_seconds(str(args.grace_period), "--grace-period", allow_zero=True)
              if args.grace_period is not None else DEFAULT_GRACE_PERIOD)
@@ -384,8 +385,8 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
     from dataclasses import replace
     from uuid import uuid4
 
+    from unirank.supervisor.attempts import run_plan
     from unirank.supervisor.plan import make_plan
-    from unirank.supervisor.procs import run_plan
 
     try:
         plan = make_plan(request, outer, environ, run_id_fallback=uuid4().hex)

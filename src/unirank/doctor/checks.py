@@ -5,7 +5,7 @@ apply). :func:`local_checks` runs them all in table order.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from unirank import netroute
 from unirank.doctor.facts import Facts
@@ -244,9 +244,3 @@ def local_checks(facts: Facts) -> list[Check]:
             rows.extend(result)
     return rows
 
-
-def summary_header(facts: Facts, extra: Mapping[str, str] | None = None) -> list[str]:
-    """The lines above the table."""
-    lines = [f"unirank doctor on {facts.node}"]
-    lines += [f"{key}: {value}" for key, value in (extra or {}).items()]
-    return lines

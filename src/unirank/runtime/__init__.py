@@ -3,7 +3,7 @@ collectives, helpers and training helpers. ``import unirank as ur`` serves these
 
 Modules: :mod:`.backends` (the backend registry), :mod:`.state` (the cached DistEnv
 and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel`
-(``Parallel``, which spawns through :mod:`unirank.supervisor.procs`), :mod:`.collectives`,
+(``Parallel``, which spawns through :mod:`unirank.supervisor.attempts`), :mod:`.collectives`,
 :mod:`.helpers`, :mod:`.training` (auto_model, auto_optim, manual_seed, save, load),
 :mod:`.data` (auto_dataloader), :mod:`.groups` (new_group, the ``group=`` argument),
 :mod:`.idist` (the rest of pytorch-ignite's ``ignite.distributed`` names: initialize, spawn,

@@ -20,7 +20,7 @@ backend is not a torch.distributed group (Horovod, XLA), its entry's
 
 from __future__ import annotations
 
-from typing import Any, TypeVar, Union, cast
+from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -30,7 +30,6 @@ from unirank.runtime import backends, groups, state
 __all__ = ["REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
 
 T = TypeVar("T")
-Number = Union[int, float]
 
 _SUM = "SUM"
 _Tensor = torch.Tensor

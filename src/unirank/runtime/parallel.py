@@ -9,7 +9,7 @@ with the same rules as ``unirank run``:
   initialises the process group and runs ``fn(local_rank, ...)``;
 * spawn -- ``nproc_per_node`` given and no launcher already placed several processes on this
   node: this process starts ``nproc_per_node`` workers through the one process engine
-  (:func:`unirank.supervisor.procs.run_plan`, as ``unirank run``): ``fn`` and its arguments are
+  (:func:`unirank.supervisor.attempts.run_plan`, as ``unirank run``): ``fn`` and its arguments are
   pickled as a :class:`~unirank.runtime.worker.Call` to each worker's bootstrap, which sets up
   ``__main__`` as multiprocessing's ``spawn`` does and runs it
   (:func:`~unirank.runtime.worker.run_call`: initialise the process group, call
@@ -49,7 +49,7 @@ PROG = "unirank Parallel"
 
 
 class WorkerFailedError(RuntimeError):
-    """A spawned worker failed; the root cause (see :mod:`unirank.supervisor.procs`) is named.
+    """A spawned worker failed; the root cause (see :mod:`unirank.supervisor.engine`) is named.
 
     ``exitcode`` is the worker's exit code, or minus the signal that killed it.
     """
@@ -176,8 +176,8 @@ class Parallel:
         self._spawn(self.plan, call)
 
     def _spawn(self, plan: Plan, call: Call) -> None:
+        from unirank.supervisor.attempts import EngineOptions, run_plan
         from unirank.supervisor.fork.client import start_server
-        from unirank.supervisor.procs import EngineOptions, run_plan
 
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")

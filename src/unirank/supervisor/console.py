@@ -15,6 +15,8 @@ a view turns them into what one sink (a terminal, a pipe, a log file) receives:
   :data:`PROGRESS_EVERY` seconds, and its final state once.
 
 Both put the stream's ``--tag-output`` prefix before every line and row.
+
+Runs in the ``unirank run`` parent, for :mod:`.streams`. Reads: no environment variable.
 """
 
 from __future__ import annotations

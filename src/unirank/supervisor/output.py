@@ -19,6 +19,9 @@ I/O).
   streams leave the console, teed ones stay on it too.
 * ``--local-ranks-filter 0,2``: only those local ranks' output reaches the console (log files and
   the failure summary still get everything).
+
+Runs in the ``unirank run`` parent: the options come from its command line, and
+:mod:`.streams` does the I/O. Reads: no environment variable.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from string import Template
 from unirank.errors import ConfigError
 
 __all__ = ["PARTIAL_LINE_DELAY", "LineBuffer", "OutputOptions", "parse_ranks_filter",
-           "parse_std", "tag_for"]
+           "parse_std"]
 
 TAG_TEMPLATE = "[rank${rank}]:"
 #: seconds a partial line (one without its newline yet) is held before it is passed on as it is
@@ -117,11 +120,6 @@ class OutputOptions:
         text = Template(self.prefix_template).safe_substitute(
             rank=rank, local_rank=local_rank, role_name=role)
         return text.encode()
-
-
-def tag_for(rank: int) -> bytes:
-    """The prefix of rank ``rank``'s lines."""
-    return f"[rank{rank}]:".encode()
 
 
 class LineBuffer:

@@ -1,7 +1,7 @@
 """The complete environment of one worker: the one function that builds it
 (:func:`worker_environ`), from the plan and the engine's wiring (:class:`WorkerWiring`).
 
-Pure: values in, a dict out. The engine (:mod:`.procs`) calls it at the moment
+Pure: values in, a dict out. The engine (:mod:`.engine`) calls it at the moment
 it starts each worker, once its pipes exist; ``tests/supervisor/test_workerenv.py`` keeps golden
 copies of the result for a few layouts, so that any change to the contract shows up as a diff.
 """

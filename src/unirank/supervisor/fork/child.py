@@ -23,6 +23,11 @@ Before any of the program's code runs, the child
 
 The parent-death signal (the child dies with the server, which dies with the supervisor) and
 the new session were set in :mod:`.server` before the server gave the child's pid on.
+
+Runs in a child the fork server forked, from the server's own loop; it gets the server's message
+as a :class:`~.protocol.Request`, and imports no other side of the fork server.
+
+Reads: PYTHONUNBUFFERED (the worker's, once applied).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from typing import Any, NoReturn
 
 from unirank.errorfile import exit_status
 from unirank.supervisor.fork.importtime import apply_worker_values
-from unirank.supervisor.fork.server import Request
+from unirank.supervisor.fork.protocol import Request
 from unirank.supervisor.worker.main import run_worker
 from unirank.supervisor.worker.target import flush_open_streams
 

@@ -2,8 +2,8 @@
 hear how they ended. Imports no torch.
 
 ``unirank run`` and ``Parallel`` start one server per run (:func:`start_server`, the one rule
-for whether to) as early as they can, before planning; the engine (:mod:`..procs`) then sends it
-the environment every worker of the node has in common (:func:`server_environ`,
+for whether to) as early as they can, before planning; :func:`~..attempts.run_plan` then sends
+it the environment every worker of the node has in common (:func:`server_environ`,
 :meth:`ForkServer.configure`), which the server takes before it imports, so that what the
 libraries read at import is the workers' own. Each worker is then one request: its target, its
 environment as differences from the server's, and its descriptors (stdout, stderr, the store
@@ -18,12 +18,16 @@ What the server cannot serve starts as its own interpreter, as before (:func:`wh
 and :meth:`ForkServer.why_not`): ``--no-python``, a platform without ``fork`` and
 ``SCM_RIGHTS``, a worker whose interpreter start-up variables (``PYTHON*``, ``LD_*``) differ
 from the server's, a server that failed to import or found a fork hazard.
+
+Runs in the ``unirank run`` parent (or ``Parallel``'s process); what it sends and hears is
+:mod:`.protocol`'s.
+
+Reads (from the ``environ`` it is given): UNIRANK_NO_PRELOAD.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import socket
@@ -35,6 +39,16 @@ from typing import Any
 
 from unirank.contract import NO_PRELOAD_VAR
 from unirank.supervisor.fork.importtime import SERVER_ONLY
+from unirank.supervisor.fork.protocol import (
+    MAX_MESSAGE,
+    decode,
+    encode,
+    environ_message,
+    exit_of,
+    pid_of,
+    ready_of,
+    spawn_message,
+)
 
 __all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "WARM_PRELOAD", "ForkServer", "fallback_line",
            "server_environ", "start_server", "warm_modules", "why_not_served"]
@@ -65,7 +79,6 @@ SPAWN_TIMEOUT = 60.0
 _START_TIME_PREFIXES = ("PYTHON", "LD_", "MALLOC_", "GLIBC_TUNABLES")
 #: start-up variables a forked worker applies itself (:mod:`.child`)
 _APPLIED_AFTER_FORK = frozenset({"PYTHONUNBUFFERED"})
-_MAX_MESSAGE = 1 << 20
 
 
 def why_not_served(target: Sequence[str]) -> str | None:
@@ -180,7 +193,7 @@ class ForkServer:
         if not readable:
             return False
         try:
-            data = self._control.recv(_MAX_MESSAGE)
+            data = self._control.recv(MAX_MESSAGE)
         except BlockingIOError:
             return False
         except OSError:
@@ -189,9 +202,10 @@ class ForkServer:
             self.gone = True
             self.broken = self.broken or "the fork server ended"
             return False
-        message: dict[str, Any] = json.loads(data)
-        if "exit" in message:
-            self._exits[int(message["exit"])] = int(message["code"])
+        message = decode(data)
+        ended = exit_of(message)
+        if ended is not None:
+            self._exits[ended[0]] = ended[1]
         else:
             self._replies.append(message)
         return True
@@ -228,10 +242,10 @@ class ForkServer:
             reply = self._reply(timeout)
             if reply is None:
                 self.broken = self.broken or f"the fork server did not import in {timeout:g} s"
-            elif "error" in reply:
-                self.broken = f"the fork server could not preload: {reply['error']}"
+            elif isinstance(preloaded := ready_of(reply), str):
+                self.broken = f"the fork server could not preload: {preloaded}"
             else:
-                self.preloaded = (float(reply["preloaded"][0]), float(reply["preloaded"][1]))
+                self.preloaded = preloaded
         if self.broken is not None:
             self.close()
         return self.broken
@@ -240,7 +254,7 @@ class ForkServer:
         """Give the server the environment to import with (:func:`server_environ`)."""
         self._environ = dict(environ)
         try:
-            self._control.sendmsg([json.dumps({"environ": self._environ}).encode()])
+            self._control.sendmsg([encode(environ_message(self._environ))])
         except OSError as exc:
             self.broken = f"the fork server is unreachable ({exc.strerror or exc})"
 
@@ -265,12 +279,10 @@ class ForkServer:
               fds: Sequence[tuple[int, int]]) -> int | str:
         """Fork one worker: its pid, or why the server refused (then it starts nothing)."""
         changed = {k: v for k, v in environ.items() if self._environ.get(k) != v}
-        message = {"target": list(target), "set": changed,
-                   "unset": [k for k in self._environ if k not in environ],
-                   "fds": [number for _fd, number in fds]}
+        message = spawn_message(target, changed, [k for k in self._environ if k not in environ],
+                                [number for _fd, number in fds])
         try:
-            socket.send_fds(self._control, [json.dumps(message).encode()],
-                            [fd for fd, _number in fds])
+            socket.send_fds(self._control, [encode(message)], [fd for fd, _number in fds])
         except OSError as exc:
             self.broken = f"the fork server is unreachable ({exc.strerror or exc})"
             return self.broken
@@ -278,9 +290,7 @@ class ForkServer:
         if reply is None:
             self.broken = self.broken or f"the fork server did not fork in {SPAWN_TIMEOUT:g} s"
             return self.broken
-        if "pid" not in reply:
-            return str(reply.get("refused", "the fork server refused"))
-        return int(reply["pid"])
+        return pid_of(reply)
 
     def wait_exits(self, pids: Sequence[int], timeout: float) -> None:
         """Wait (at most ``timeout``) until the server reported each of ``pids``."""

@@ -100,7 +100,8 @@ def _function(library: ctypes.CDLL, name: str) -> Any:
 
 
 def blas_threads() -> list[int]:
-    """The thread count of each loaded OpenBLAS (for tests and ``--timeline``)."""
+    """The thread count of each loaded OpenBLAS (what a worker really runs with; the tests
+    check :func:`set_openblas_threads` with it)."""
     import ctypes
 
     counts = []

@@ -3,11 +3,13 @@
 
 One per node and run. It imports torch (and the ``--preload`` modules) once, then forks one
 worker per request of its supervisor (:mod:`.client`), which talks to it over the
-``SOCK_SEQPACKET`` socket ``FD``: JSON messages, the worker's pipes passed with
-``SCM_RIGHTS``. The first message is the environment to import with. Messages to the
-supervisor: ``ready`` (with the import's start and end) or ``error`` once, then a ``pid`` (or
-``refused``) per request and an ``exit`` per worker that ended (the server reaps its workers
-and passes their exit codes on, as ``waitpid`` gives them).
+``SOCK_SEQPACKET`` socket ``FD`` in the messages of :mod:`.protocol`: the environment to import
+with first, then a spawn per worker, its pipes passed with ``SCM_RIGHTS``. The server answers
+``ready`` (or ``error``) once, then a ``pid`` (or ``refused``) per spawn, and an ``exit`` per
+worker that ended (the server reaps its workers and passes their exit codes on).
+
+Runs in the server process, started by :mod:`.client` in the ``unirank run`` parent (or
+``Parallel``'s process); after a fork, in the child until it becomes its worker.
 
 Fork safety, checked before every fork (a request is refused, with the reason, otherwise):
 
@@ -15,7 +17,7 @@ Fork safety, checked before every fork (a request is refused, with the reason, o
 * no thread runs in the server (``/proc/self/task`` holds one entry): a lock held by another
   thread would stay locked forever in the child. OpenBLAS starts its thread pool when it is
   loaded, so the server is started with ``OPENBLAS_NUM_THREADS=1``
-  (:data:`.forkclient.SERVER_ONLY`) and each worker sets its own count back
+  (:data:`.importtime.SERVER_ONLY`) and each worker sets its own count back
   (:mod:`.importtime`);
 * nothing is imported that would start threads lazily: the server calls no torch operation.
 
@@ -25,7 +27,7 @@ generation (``gc.freeze``) so that the workers' collections do not write to, and
 pages they share, and turns the collector back on for the workers.
 
 The forked child leaves the server's loop and returns to :func:`main`, which turns it into the
-worker (:func:`.forked.become_worker`): the worker then ends as an interpreter does (atexit
+worker (:func:`.child.become_worker`): the worker then ends as an interpreter does (atexit
 handlers, ``SystemExit``'s code, a traceback and exit code 1 for an uncaught exception), without
 the module teardown.
 
@@ -44,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import json
 import os
 import select
 import signal
@@ -52,38 +53,34 @@ import socket
 import sys
 import time
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any
 
-__all__ = ["SHIELDED", "Request", "fork_hazard", "main"]
+from unirank.supervisor.fork.protocol import (
+    MAX_FDS,
+    MAX_MESSAGE,
+    Message,
+    Request,
+    decode,
+    encode,
+    environ_of,
+    error_message,
+    exit_message,
+    pid_message,
+    ready_message,
+    refused_message,
+    request_of,
+)
+
+__all__ = ["SHIELDED", "fork_hazard", "main"]
 
 USAGE = ("python -m unirank.supervisor.fork.server --control FD [--supervisor PID] "
          "[--preload MODULE,...]")
-#: the largest message (a worker's environment differences)
-MAX_MESSAGE = 1 << 20
-#: the most file descriptors one request passes
-MAX_FDS = 16
 #: how long the server waits for a forked child to take its own session
 CHILD_READY_TIMEOUT = 60.0
 #: the signals the server ignores (a forked worker gets their first dispositions back)
 SHIELDED = tuple(getattr(signal, name) for name in (
     "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
     "SIGTTIN", "SIGTTOU"))
-
-
-class Request(NamedTuple):
-    """What a forked child needs to become its worker (see :mod:`.child`)."""
-
-    #: the target: ``SCRIPT ARGS``, ``-m MODULE ARGS`` or ``--call FILE``
-    target: list[str]
-    #: the worker's environment, as differences from the server's
-    set_env: dict[str, str]
-    unset_env: list[str]
-    #: the passed descriptors (as received) and the numbers the worker expects them at
-    fds: list[int]
-    targets: list[int]
-    #: when the fork happened, and when the server's imports started and ended
-    forked_at: float
-    preloaded: tuple[float, float]
 
 
 def fork_hazard() -> str | None:
@@ -100,9 +97,9 @@ def fork_hazard() -> str | None:
     return None
 
 
-def _send(control: socket.socket, message: dict[str, Any]) -> None:
+def _send(control: socket.socket, message: Message) -> None:
     with contextlib.suppress(OSError):  # the supervisor is gone: the server ends at next read
-        control.sendmsg([json.dumps(message).encode()])
+        control.sendmsg([encode(message)])
 
 
 def _preload(modules: list[str]) -> str | None:
@@ -148,7 +145,7 @@ class _Server:
                 data, fds = b"", []
             if not data:
                 return None
-            request = self._fork(json.loads(data), fds)
+            request = self._fork(decode(data), fds)
             if request is not None:
                 return request
 
@@ -167,14 +164,14 @@ class _Server:
                 return
             if pid == 0:
                 return
-            _send(self.control, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+            _send(self.control, exit_message(pid, os.waitstatus_to_exitcode(status)))
 
-    def _fork(self, message: dict[str, Any], fds: list[int]) -> Request | None:
+    def _fork(self, message: Message, fds: list[int]) -> Request | None:
         hazard = fork_hazard()
         if hazard is not None:
             for fd in fds:
                 os.close(fd)
-            _send(self.control, {"refused": hazard})
+            _send(self.control, refused_message(hazard))
             return None
         ready_r, ready_w = os.pipe()
         server_pid = os.getpid()
@@ -190,10 +187,10 @@ class _Server:
         # its end of the ready pipe
         select.select([ready_r], [], [], CHILD_READY_TIMEOUT)
         os.close(ready_r)
-        _send(self.control, {"pid": pid})
+        _send(self.control, pid_message(pid))
         return None
 
-    def _child(self, message: dict[str, Any], fds: list[int], ready: tuple[int, int],
+    def _child(self, message: Message, fds: list[int], ready: tuple[int, int],
                forked_at: float) -> Request:
         """In the forked child: its own signals and session, death with the server (``ready``:
         the pipe to close once done, and the server's pid), the server's descriptors closed."""
@@ -209,11 +206,7 @@ class _Server:
         os.close(ready_w)
         for fd in (self.control.detach(), self.wake_r, self.wake_w):
             os.close(fd)
-        return Request(
-            target=list(message["target"]), set_env=dict(message["set"]),
-            unset_env=list(message["unset"]), fds=fds, targets=list(message["fds"]),
-            forked_at=forked_at, preloaded=self.preloaded,
-        )
+        return request_of(message, fds, forked_at, self.preloaded)
 
 
 def _arguments(argv: list[str]) -> dict[str, str]:
@@ -242,18 +235,18 @@ def main(argv: list[str] | None = None) -> int:
     if not data:
         os._exit(0)
     os.environ.clear()
-    os.environ.update(json.loads(data)["environ"])
+    os.environ.update(environ_of(decode(data)))
     started = time.time()
     gc.disable()  # the import makes little cyclic garbage, and collecting it is a tenth of it
     why = _preload([m for m in args.get("--preload", "torch").split(",") if m])
     if why is not None:
-        _send(control, {"error": why})
+        _send(control, error_message(why))
         sys.stderr.flush()
         os._exit(1)  # not sys.exit: a non-daemon thread a preload started would keep it alive
     preloaded = (started, time.time())
     gc.freeze()
     gc.enable()  # in the workers, as in any interpreter
-    _send(control, {"ready": True, "preloaded": list(preloaded)})
+    _send(control, ready_message(preloaded))
     request = _Server(control, preloaded, dispositions).serve()
     if request is None:
         os._exit(0)  # the server ran no program: nothing to flush, no teardown to wait for

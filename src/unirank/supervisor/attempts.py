@@ -1,0 +1,235 @@
+"""One node's run, attempt after attempt: :func:`run_plan`, behind ``unirank run`` and
+:class:`~unirank.runtime.parallel.Parallel`.
+
+Runs in the ``unirank run`` parent (never imports torch). For one plan it
+
+* opens the store's port where rank 0 runs, once its master address is known to be this host's
+  (:func:`unirank.resolve.require_own`), and keeps it open across attempts;
+* gives the node's fork server the environment its workers have in common, or starts every
+  worker as its own interpreter when the server cannot serve (saying why once);
+* makes the run's folder, ``<log_dir>/<run_id>`` (a temporary one, removed at the end, unless
+  some stream goes to a log file), and in it torchrun's ``attempt_<n>/<local_rank>/`` with each
+  worker's ``error.json`` and its ``--redirects`` / ``--tee`` log files
+  (:func:`attempt_launches`);
+* runs one attempt with the engine (:class:`~unirank.supervisor.engine.Supervisor`) and, with
+  ``max_restarts``, starts the group again after a failure, TORCHELASTIC_RESTART_COUNT counting
+  up; every attempt's root cause goes into the summary. A group that stopped to be requeued
+  (exit code :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`) is restarted too, except under
+  Slurm, where 79 is passed on for the batch script to requeue the job; a stop signal ends the
+  run whatever is left of ``max_restarts``;
+* prints the start-up timeline rank 0 gathered (``--timeline``) and writes its JSON.
+
+Reads (from the ``environ`` it is given, never from ``os.environ``): SLURM_JOB_ID, SLURM_JOBID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from unirank.contract import DEFAULT_GRACE_PERIOD
+from unirank.launchers import slurm_vars
+from unirank.resolve import require_own
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.supervisor.engine import DEFAULT_SIGNALS, Supervisor, WorkerLaunch, worker_command
+from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
+from unirank.supervisor.listen import open_store_socket
+from unirank.supervisor.output import OutputOptions
+from unirank.supervisor.plan import Plan
+from unirank.supervisor.summary import RunResult, exit_code_of
+from unirank.supervisor.workerenv import WorkerWiring, worker_environ
+
+__all__ = ["EngineOptions", "attempt_launches", "run_plan"]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How the engine runs a plan (everything but the layout)."""
+
+    grace_period: float = DEFAULT_GRACE_PERIOD
+    output: OutputOptions = field(default_factory=OutputOptions)
+    signals: tuple[int, ...] = tuple(int(s) for s in DEFAULT_SIGNALS)
+    prog: str = "unirank run"
+    #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
+    timeline: bool = False
+    timeline_json: str | None = None
+
+
+def run_plan(
+    plan: Plan,
+    target: Sequence[str],
+    *,
+    environ: Mapping[str, str],
+    options: EngineOptions | None = None,
+    out_fd: int = 1,
+    err_fd: int = 2,
+    server: ForkServer | None = None,
+) -> RunResult:
+    """Open the store's port (where rank 0 runs, once its master address is known to be this
+    host's: :func:`unirank.resolve.require_own`), start this node's workers and supervise
+    them, restarting the group up to ``plan.max_restarts`` times after a failure (forked
+    again from the same server).
+
+    ``target`` is what follows the bootstrap on the worker's command line (see
+    :func:`~unirank.supervisor.engine.worker_command`); ``environ`` the base of every worker's
+    environment (see :func:`~unirank.supervisor.workerenv.worker_environ`); ``server`` the
+    node's fork server (:func:`~unirank.supervisor.fork.client.start_server`; None: every
+    worker starts as its own interpreter), which this function configures and closes.
+    """
+    options = options or EngineOptions()
+    # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
+    options = replace(options, output=replace(options.output, console_tty=os.isatty(out_fd)))
+    sock: socket.socket | None = None
+    try:
+        if plan.hosts_store:  # rank 0 serves here: the master address must be this host's
+            require_own(plan.master_addr, source=plan.master_source or "MASTER_ADDR",
+                        environ=environ)
+            sock = open_store_socket(plan.master_port, host=plan.master_addr,
+                                     option="MASTER_PORT")
+            plan = plan.with_port(int(sock.getsockname()[1]))
+        if server is not None:
+            _configure(server, plan, environ, options)
+            if _cannot_serve(server, options, err_fd):
+                server = None
+        return _run_attempts(plan, worker_command(target), environ, options, sock, server,
+                             (out_fd, err_fd))
+    finally:
+        if sock is not None:
+            sock.close()
+        if server is not None:
+            server.close()
+
+
+def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
+                     options: EngineOptions, attempt: int, attempt_dir: str,
+                     store_fd: int | None, keep_logs: bool) -> list[WorkerLaunch]:
+    """How to start each of this node's workers for attempt ``attempt``: its command line,
+    environment base and wiring (error file in ``attempt_dir``, the store's listening
+    ``store_fd`` for rank 0, the timeline), and where its output goes."""
+    out = options.output
+    launches = []
+    for worker in plan.workers:
+        # torchrun's layout: one folder per local rank, made before the worker starts, so that
+        # torch's @record can write its error file there
+        folder = os.path.join(attempt_dir, str(worker.local_rank))
+        os.makedirs(folder, exist_ok=True)
+        wiring = WorkerWiring(
+            supervisor_pid=os.getpid(), restart_count=attempt, unbuffered=out.unbuffered,
+            error_file=os.path.join(folder, "error.json"),
+            store_fd=store_fd if worker.rank == 0 else None,
+            timeline_file=(os.path.join(attempt_dir, "timeline.json")
+                           if options.timeline and worker.rank == 0 else None),
+        )
+        files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
+        shown = out.shown(worker.local_rank)
+        launches.append(WorkerLaunch(
+            worker.rank, worker.local_rank, argv, plan, worker, environ, wiring,
+            timeline=options.timeline,
+            stdout_console=shown and not out.redirected(worker.local_rank, 1),
+            stderr_console=shown and not out.redirected(worker.local_rank, 2),
+            stdout_file=files[0], stderr_file=files[1],
+            prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
+        ))
+    return launches
+
+
+def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
+               options: EngineOptions) -> None:
+    """Give the fork server the environment this node's workers have in common."""
+    wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered)
+    server.configure(server_environ([worker_environ(plan, w, environ, wiring)
+                                     for w in plan.workers]))
+
+
+def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bool:
+    """Wait until the fork server imported; True (having said why, and closed it) when it
+    cannot serve."""
+    why = server.wait_ready()
+    if why is not None:
+        os.write(err_fd, f"{options.prog}: {fallback_line(why)}\n".encode())
+    return why is not None
+
+
+def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
+                  options: EngineOptions, sock: socket.socket | None,
+                  server: ForkServer | None, fds: tuple[int, int]) -> RunResult:
+    """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times."""
+    out_fd, err_fd = fds
+    root, keep = _log_root(plan, options, err_fd)
+    earlier: list[RunResult] = []
+    try:
+        attempt = 0
+        while True:
+            attempt_dir = os.path.join(root, f"attempt_{attempt}")
+            shutil.rmtree(attempt_dir, ignore_errors=True)
+            launches = attempt_launches(plan, argv, environ, options, attempt, attempt_dir,
+                                        sock.fileno() if sock else None, keep)
+            result = Supervisor(
+                launches, node_name=plan.node_name, grace_period=options.grace_period,
+                signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
+                server=server, slurm_kills=slurm_vars.in_job(environ),
+            ).run()
+            if _is_last(result, attempt, plan, environ):
+                if options.timeline:
+                    _report_timeline(os.path.join(attempt_dir, "timeline.json"), options,
+                                     err_fd)
+                return replace(result, attempts=tuple(earlier))
+            earlier.append(result)
+            os.write(err_fd, (
+                f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
+                f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
+            attempt += 1
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:
+    """Whether the run ends with this attempt: it succeeded, a signal stopped it, no restart
+    is left, or it stopped to be requeued under Slurm (the batch script requeues the job)."""
+    return bool(result.exit_code == 0 or result.stop_signal is not None
+                or attempt >= plan.max_restarts
+                or (result.requeued and slurm_vars.in_job(environ)))
+
+
+def _attempt_end(result: RunResult) -> str:
+    """How an attempt that is restarted ended, for the restart's line."""
+    if result.requeued:
+        return f"stopped to be requeued (exit code {REQUEUE_EXIT_CODE})"
+    first = result.first_failure
+    cause = (f"rank {first.rank}: {first.describe()}"
+             if first else f"exit code {exit_code_of(result.exit_code)}")
+    return f"failed ({cause})"
+
+
+def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[str, bool]:
+    """The run's folder (``<log_dir>/<run_id>``) and whether to keep it afterwards."""
+    out = options.output
+    if out.log_dir:
+        return os.path.join(out.log_dir, plan.run_id), True
+    base = tempfile.mkdtemp(prefix="unirank-run-")
+    if out.writes_files:
+        os.write(err_fd, f"{options.prog}: log files in {base}\n".encode())
+        return base, True
+    return base, False
+
+
+def _report_timeline(path: str, options: EngineOptions, err_fd: int) -> None:
+    """Print the start-up timeline rank 0 gathered (where rank 0 ran), and write its JSON."""
+    from unirank.supervisor.worker.timeline import format_table
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            records = json.load(fh)
+    except (OSError, ValueError):
+        return  # rank 0 runs elsewhere, or did not finish: its node prints the table
+    os.write(err_fd, format_table(records).encode())
+    if options.timeline_json:
+        with open(options.timeline_json, "w", encoding="utf-8") as fh:
+            json.dump(records, fh, indent=1)
+
