@@ -8,10 +8,9 @@ fork server) armed the parent-death signal:
 2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
 3. otherwise host or join the store and wait until every rank has joined (:mod:`.store`),
    hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
-from unirank.supervisor.worker import groupstart
-from unirank.supervisor.worker import lateenv
-from unirank.supervisor.worker import store as workerstore
-from unirank.supervisor.worker.cmdline import show_as_fresh
+   :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
+   run), watch each start of the run's group (:mod:`.groupstart`), apply the variables the
+   program sets before it imports torch (:mod:`.lateenv`), and run the target;
 4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
    the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
    other workers are done and gather the timeline.
