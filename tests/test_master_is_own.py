@@ -48,8 +48,18 @@ def test_foreign_addresses(address: str) -> None:
     assert not netroute.is_own(address, IFACES)
 
 
+def _refusal(host: str, environ: dict[str, str], ifaces: dict[str, tuple[str, ...]]) -> str:
+    """``require_own``'s one-line refusal of ``host`` as MASTER_ADDR, or "" when it takes it."""
+    try:
+        require_own(host, source="MASTER_ADDR", environ=environ, ifaces=ifaces)
+    except ConfigError as refused:
+        return str(refused)
+    return ""
+
+
 def test_a_name_counts_when_it_resolves_to_an_own_address() -> None:
-    require_own("localhost", source="MASTER_ADDR", environ={}, ifaces={})  # loopback: always own
+    assert _refusal("localhost", {}, {}) == ""  # loopback: always own
+    assert _refusal("localhost", {}, IFACES) == ""
 
 
 def test_a_foreign_master_is_one_line_naming_address_source_and_hint() -> None:
@@ -65,8 +75,8 @@ def test_a_foreign_master_is_one_line_naming_address_source_and_hint() -> None:
 
 def test_a_master_forwarded_to_this_host_is_taken_as_given() -> None:
     """A NAT or virtual address is none of the interfaces': UNIRANK_MASTER_FORWARDED=1 says so."""
-    require_own(FOREIGN, source="MASTER_ADDR", environ={"UNIRANK_MASTER_FORWARDED": "1"},
-                ifaces=IFACES)
+    assert _refusal(FOREIGN, {}, IFACES).startswith(f"MASTER_ADDR='{FOREIGN}': ")
+    assert _refusal(FOREIGN, {"UNIRANK_MASTER_FORWARDED": "1"}, IFACES) == ""
 
 
 def _marked(extra: dict[str, str]) -> tuple[dict[str, str], str]:

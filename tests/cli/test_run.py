@@ -290,7 +290,6 @@ def _parsed(argv: list[str]) -> argparse.Namespace:
 
 def test_inner_command_for_srun_keeps_the_options_and_the_script_args() -> None:
     from unirank.cli.run import inner_command
-    from unirank.supervisor.reexec import srun_command
 
     raw = ["-n", "4", "--tag-output", "--init-timeout", "30", "--max-restarts", "2",
            "--master-port", "2222", "train.py", "--lr", "0.1", "-n", "3"]
@@ -308,8 +307,6 @@ def test_inner_command_for_srun_keeps_the_options_and_the_script_args() -> None:
     args = _parsed(given)
     args.raw_argv = given
     assert inner_command(args, 2, 1) == [sys.executable, "-m", "unirank", "run", *given]
-    assert srun_command(2, ["x"]) == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-                                      "--kill-on-bad-exit=1", "x"]
 
 
 def test_allocation_tasks_per_node_become_the_default_worker_count() -> None:

@@ -13,8 +13,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import free_port, launcher_free_environ
-from conftest import unavailable
+from _procs import free_port, launcher_free_environ, unavailable
 from unirank import netroute
 
 UNIRANK = [sys.executable, "-m", "unirank", "doctor"]

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import pytest
 
-from _procs import launcher_free_environ
+from _procs import launcher_free_environ, unavailable
 
 if TYPE_CHECKING:
     from conftest import SlurmTestbed
@@ -51,11 +51,6 @@ TIMEOUT = 180.0  # safety net only: a run takes seconds
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 #: ranks that joined give up after this long, naming the missing ones (never a hang)
 JOB_ENV = {"UNIRANK_INIT_TIMEOUT": "60"}
-
-
-def _in_ci() -> bool:
-    """True when ``CI`` says this is a CI run (reads ``CI``), as tests/conftest.py decides."""
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
 
 
 def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
@@ -147,11 +142,8 @@ class Peer:
     def require(self) -> None:
         """Skip (fail with ``CI=true``) with a one-line reason when the library is missing."""
         if importlib.util.find_spec(self.module) is None:
-            reason = (f"{self.package} is not installed (it is in the test extra: "
-                      f"pip install -e '.[test]')")
-            if _in_ci():
-                pytest.fail(reason, pytrace=False)
-            pytest.skip(reason)
+            unavailable(f"{self.package} is not installed (it is in the test extra: "
+                        f"pip install -e '.[test]')")
 
     def check_world(self, text: str, world: int, per_node: int, slurm: bool) -> None:
         """Exactly one record per rank ``0..world-1``, each as :attr:`check` wants; in Slurm,

@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from conftest import SlurmTestbed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _outputs import EXAMPLES, PY, REPO, local_env
+from _outputs import EXAMPLES, JOB_ENV, PY, REPO
 from test_sbatch_cmd import _described, start
 
-from _procs import read_stdout_until
+from _procs import launcher_free_environ, read_stdout_until
 
 pytestmark = pytest.mark.integration
 
@@ -50,9 +50,7 @@ HOLD_AT = 3
 
 
 def _env() -> dict[str, str]:
-    env = local_env()
-    env["PYTHONPATH"] = str(REPO / "src")
-    return env
+    return launcher_free_environ({**JOB_ENV, "PYTHONPATH": str(REPO / "src")})
 
 
 def _held_env(checkpoint: str) -> dict[str, str]:

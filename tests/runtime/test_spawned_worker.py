@@ -23,13 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-def _env() -> dict[str, str]:
-    return launcher_free_environ()
-
-
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), env=_env(), capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL, cwd=ROOT)
+    return subprocess.run(list(argv), env=launcher_free_environ(), capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL, cwd=ROOT)
 
 
 def _cuda() -> bool:

@@ -25,7 +25,7 @@ from _procs import launcher_free_environ
 from _screen import screen
 
 if TYPE_CHECKING:
-    from conftest import Runner
+    from _procs import Runner
 
 pytestmark = pytest.mark.integration
 
