@@ -5,6 +5,7 @@ and the supervisor's pipes (linger, done, private)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 from collections.abc import Iterator
@@ -13,9 +14,10 @@ from typing import Any
 import pytest
 
 from _procs import free_port
+from unirank.contract import NODE_NAME_VAR, NODE_NAMES_VAR, SUPERVISOR_PID_VAR
 from unirank.joincheck import ABORT_PREFIX, ALL_KEY
 from unirank.store import open_store
-from unirank.supervisor.worker.info import WorkerInfo
+from unirank.supervisor.worker.info import WorkerInfo, read_worker_info
 from unirank.supervisor.worker.store import (
     EXIT_ALL_KEY,
     EXIT_COUNT_KEY,
@@ -29,16 +31,16 @@ from unirank.supervisor.worker.store import (
     rendezvous,
 )
 
+#: the worker environment of rank 1 of 2 on node2 (one worker a node), its store at 127.0.0.1
+WORKER_ENV = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "1",
+              "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", NODE_NAME_VAR: "node2",
+              NODE_NAMES_VAR: "node[1-2]", "UNIRANK_INIT_TIMEOUT": "30",
+              SUPERVISOR_PID_VAR: str(os.getpid())}
+
 
 def _info(**fields: Any) -> WorkerInfo:
-    """Rank 1 of 2 on node2 (one worker a node), its store at 127.0.0.1, as ``fields`` change."""
-    values: dict[str, Any] = {
-        "rank": 1, "world_size": 2, "local_world_size": 1, "node_rank": 1,
-        "master_addr": "127.0.0.1", "master_port": 29500, "node_name": "node2",
-        "node_names": "node[1-2]", "init_timeout": 30.0, "store_fd": None,
-        "supervisor_pid": os.getpid()}
-    values.update(fields)
-    return WorkerInfo(**values)
+    """What the worker of :data:`WORKER_ENV` reads, with ``fields`` changed."""
+    return dataclasses.replace(read_worker_info(WORKER_ENV), **fields)
 
 
 @pytest.fixture
