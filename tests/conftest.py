@@ -1,7 +1,7 @@
 """Shared pytest fixtures.
 
 - ``runner``: a :class:`Runner` (tests/_procs.py) in the test's own folder, the one way a test
-  starts ``python -m unirank run``; ``started``: processes a test started, killed at its end.
+  starts ``python -m unirank run``; what it started is killed at the test's end.
 - ``slurm_testbed`` (session): the real two-node Slurm cluster of ``scripts/testbed``, with helpers
   to run ``srun``/``salloc`` and ``sbatch`` jobs that always have a timeout and never stay queued.
 - ``mpirun`` (session): the command prefix for Open MPI's ``mpirun``.
@@ -347,17 +347,6 @@ def runner(tmp_path: Path) -> Iterator[Runner]:
     made = Runner(tmp_path)
     yield made
     made.close()
-
-
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes a test started; killed at its end."""
-    procs: list[subprocess.Popen[bytes]] = []
-    yield procs
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.communicate(timeout=Runner.timeout)
 
 
 @pytest.fixture(scope="session")

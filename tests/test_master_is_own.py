@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import free_port, launcher_free_environ, wait_gone
+from _procs import Runner, free_port, launcher_free_environ, wait_gone
 from unirank import netroute
 from unirank.errors import ConfigError
 from unirank.resolve import require_own
@@ -127,8 +127,8 @@ RUNS = [
 @pytest.mark.parametrize(("options", "extra", "source"), RUNS, ids=["option", "endpoint", "env"])
 def test_unirank_run_refuses_a_foreign_master_before_any_worker(
         preload: list[str], options: list[str], extra: dict[str, str], source: str) -> None:
-    result = _run([sys.executable, "-m", "unirank", "run", *preload, "-n", "2", *options,
-                   "examples/helloworld.py"], extra)
+    result = _run(Runner.command([*preload, "-n", "2", *options, "examples/helloworld.py"]),
+                  extra)
     assert result.returncode == 2, result.stderr
     _assert_refused(result, "unirank run: error: ", source)
 
@@ -136,8 +136,8 @@ def test_unirank_run_refuses_a_foreign_master_before_any_worker(
 @pytest.mark.parametrize("preload", [[], ["--no-preload"]], ids=["fork-server", "no-preload"])
 def test_one_node_ignores_a_stale_master_addr(preload: list[str]) -> None:
     """``MASTER_ADDR=<stale> unirank run -n 2``: the ranks meet on 127.0.0.1, as torchrun's."""
-    result = _run([sys.executable, "-m", "unirank", "run", *preload, "-n", "2", "-m",
-                   "unirank", "info", "--json"], {"MASTER_ADDR": FOREIGN})
+    result = _run(Runner.command([*preload, "-n", "2", "-m", "unirank", "info", "--json"]),
+                  {"MASTER_ADDR": FOREIGN})
     assert result.returncode == 0, result.stderr
     assert result.stdout.count('"master_addr": "127.0.0.1"') == 2, result.stdout
     assert FOREIGN not in result.stdout + result.stderr

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from _procs import free_port, launcher_free_environ
+from _procs import Runner, free_port, launcher_free_environ
 from unirank.errors import ConfigError
 from unirank.resolve import master_addr_source, require_resolvable
 
@@ -89,8 +89,8 @@ def _assert_one_line(result: subprocess.CompletedProcess[str], prefix: str, sour
 def test_unirank_run_refuses_before_starting_workers(how: str) -> None:
     """An inherited MASTER_ADDR counts on several nodes only (one node uses 127.0.0.1)."""
     given = ["--master-addr", BAD] if how == "option" else ["--nnodes", "2", "--node-rank", "1"]
-    result = _run([sys.executable, "-m", "unirank", "run", "-n", "2", *given,
-                   "examples/helloworld.py"], {"MASTER_ADDR": BAD} if how == "env" else {})
+    result = _run(Runner.command(["-n", "2", *given, "examples/helloworld.py"]),
+                  {"MASTER_ADDR": BAD} if how == "env" else {})
     _assert_one_line(result, "unirank run: error: ",
                      "--master-addr" if how == "option" else "MASTER_ADDR")
     assert result.returncode == 2

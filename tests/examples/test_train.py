@@ -29,7 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_examples import EXAMPLES, run
 
-from _procs import launcher_free_environ
+from _procs import Runner, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def test_under_torchrun(reference: float) -> None:
 
 
 def test_under_unirank_run(reference: float) -> None:
-    out = run([sys.executable, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS]).stdout
+    out = run(Runner.command(["-n", "2", TRAIN, *ARGS])).stdout
     _same_loss("unirank run", _check(out), reference)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from _procs import launcher_free_environ
+from _procs import Runner, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -107,7 +107,7 @@ def test_a_torch_backend_under_horovodrun(horovodrun: str) -> None:
 
 
 def test_under_unirank_run(horovodrun: str) -> None:
-    out = run([sys.executable, "-m", "unirank", "run", "-n", "2", JOB, "horovod"]).stdout
+    out = run(Runner.command(["-n", "2", JOB, "horovod"])).stdout
     check_job(out, world=2, local_world=2)
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from _procs import free_port, launcher_free_environ, run_to_end
+from _procs import Runner, free_port, launcher_free_environ, run_to_end
 from unirank.supervisor.worker import lateenv
 
 TIMEOUT = 180.0
@@ -90,8 +90,7 @@ def test_variables_set_before_import_torch_act_as_under_torchrun(
          "debug": "DebugLevel.DETAIL", "backend": "_ProcessGroupWrapper", "dynamo": 10}
         for rank in (0, 1)]
     args = [] if preload else ["--no-preload"]
-    values, err = _late([sys.executable, "-m", "unirank", "run", *args, "-n", "2", "late.py"],
-                        tmp_path)
+    values, err = _late(Runner.command([*args, "-n", "2", "late.py"]), tmp_path)
     assert values == reference
     assert "[c10d]" in err and "[c10d]" in torchrun_err  # TORCH_CPP_LOG_LEVEL=INFO's lines
     assert err.count(REPORTED) == 1, err
@@ -137,7 +136,7 @@ def test_an_unset_thread_count_is_reported() -> None:
 def test_the_import_wrapper_goes_away_at_the_first_import_of_torch(tmp_path: Path) -> None:
     """Nothing is paid after that import: ``builtins.__import__`` is Python's own again."""
     code = ("import builtins, os\nimport torch\noriginal = builtins.__import__\n"
-            "from unirank.supervisor import lateenv\n"
+            "from unirank.supervisor.worker import lateenv\n"
             "lateenv.watch(os.environ, report=True)\n"
             "assert builtins.__import__ is not original\n"
             "import json\nassert builtins.__import__ is not original\n"
