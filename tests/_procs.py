@@ -2,9 +2,14 @@
 polling), for the tests that prove no worker outlives its supervisor, its parent or its failed
 step; running a Python snippet in a fresh interpreter; running a job script that prints
 ``RESULT {json}`` lines; the one environment without launcher variables that every command a
-test starts gets (:func:`launcher_free_environ`); and :func:`free_port`.
+test starts gets (:func:`launcher_free_environ`); :class:`Runner`, the one way a test starts
+``python -m unirank run`` (the ``runner`` fixture of tests/conftest.py); :func:`free_port`; and
+the one answer to "is this a CI run" (:func:`in_ci`, :func:`unavailable`).
 
 Importable from any test module: tests/conftest.py puts this folder on ``sys.path``.
+
+Environment variables read: ``CI`` (:func:`in_ci`), and the whole environment, from which
+:func:`launcher_free_environ` removes every launcher's variables.
 """
 
 from __future__ import annotations
@@ -13,13 +18,16 @@ import json
 import os
 import select
 import selectors
+import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import IO, Any, NoReturn, Optional
+
+import pytest
 
 #: prefixes of the variables of a launcher (Slurm, the MPIs, LSF, PBS and PALS, JSM, Horovod,
 #: torchrun's agent, unirank's own) that a command a test starts must not inherit from the
@@ -33,6 +41,21 @@ LAUNCHER_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZ
 #: that the no-preload lane (tests/supervisor/test_no_preload_lane.py) runs the suites that
 #: start workers with every worker started as its own interpreter
 KEPT_NAMES = frozenset({"UNIRANK_NO_PRELOAD"})
+
+
+def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
+    """True when ``CI`` says this is a CI run. Reads ``CI`` (from ``environ``)."""
+    return environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
+
+
+def unavailable(reason: str, details: str = "",
+                environ: Mapping[str, str] = os.environ) -> NoReturn:
+    """Fail in CI, skip elsewhere, with a one-line ``reason`` (``details`` only in CI's message):
+    what a test does when a lane it needs (Slurm, MPI, Horovod, XLA, a peer library) is missing
+    (DEVELOPERS.md). Reads ``CI`` (from ``environ``)."""
+    if in_ci(environ):
+        pytest.fail(f"{reason}\n{details}".rstrip(), pytrace=False)
+    pytest.skip(reason)
 
 
 def launcher_free_environ(extra: Optional[Mapping[str, str]] = None, *,
@@ -155,3 +178,144 @@ def run_job(script: Path, *args: str, timeout: float = 120) -> list[dict[str, An
     results = [json.loads(line[len("RESULT "):]) for line in proc.stdout.splitlines()
                if line.startswith("RESULT ")]
     return sorted(results, key=lambda result: int(result.get("rank", 0)))
+
+
+#: ``python -m unirank run`` with this interpreter; a test's arguments follow
+UNIRANK_RUN = (sys.executable, "-m", "unirank", "run")
+#: how long a ``unirank run`` a test starts may take before it is killed and the test fails
+TIMEOUT = 120.0
+#: on the command line of every worker (a fresh interpreter's: the interpreter, then the target)
+WORKER_MARK = os.fsencode(sys.executable)
+
+
+class Ended(subprocess.CompletedProcess[str]):
+    """How a command ended (its output as text), and the pid it ran as."""
+
+    def __init__(self, args: Sequence[str], pid: int, returncode: int, stdout: str,
+                 stderr: str) -> None:
+        super().__init__(list(args), returncode, stdout, stderr)
+        self.pid = pid
+
+
+class Runner:
+    """Starts ``python -m unirank run ...`` in a test's folder (:attr:`cwd`), without any
+    launcher's variables (:func:`launcher_free_environ`), and reads what it says; :meth:`close`
+    kills what :meth:`start` started. The ``runner`` fixture (tests/conftest.py) gives one."""
+
+    timeout = TIMEOUT
+
+    def __init__(self, cwd: Path) -> None:
+        self.cwd = cwd
+        self._started: list[subprocess.Popen[Any]] = []
+
+    @staticmethod
+    def command(args: Sequence[str], prefix: Sequence[str] = ()) -> list[str]:
+        """The command line of ``unirank run ARGS`` after ``prefix`` (``srun ...``, ``mpirun
+        ...``, ``taskset ...``): for a launcher that starts it elsewhere."""
+        return [*prefix, *UNIRANK_RUN, *args]
+
+    def script(self, name: str, text: str) -> Path:
+        """Write a worker script into the test's folder."""
+        path = self.cwd / name
+        path.write_text(text)
+        return path
+
+    def environ(self, env: Optional[Mapping[str, str]] = None, drop: Iterable[str] = (),
+                drop_prefixes: tuple[str, ...] = ()) -> dict[str, str]:
+        """The environment ``unirank run`` gets: :func:`launcher_free_environ` of these."""
+        return launcher_free_environ(env, drop=drop, drop_prefixes=drop_prefixes)
+
+    def run(self, args: Sequence[str], *, timeout: float = TIMEOUT,
+            env: Optional[Mapping[str, str]] = None, drop: Iterable[str] = (),
+            drop_prefixes: tuple[str, ...] = (), cwd: Optional[Path] = None,
+            prefix: Sequence[str] = (), stdout: Optional[int] = None,
+            new_session: bool = False) -> Ended:
+        """Run ``unirank run ARGS`` (after ``prefix``) to its end, stdin empty, stdout captured
+        or on the fd ``stdout``, in ``cwd`` (default :attr:`cwd`), with ``env`` added to the
+        environment and ``drop``/``drop_prefixes`` removed; with ``new_session``, in a session
+        of its own. Fails, after killing it (its whole session with ``new_session``), when it
+        runs past ``timeout``."""
+        command = self.command(args, prefix)
+        proc = subprocess.Popen(command, cwd=cwd or self.cwd,
+                                env=self.environ(env, drop, drop_prefixes),
+                                stdout=subprocess.PIPE if stdout is None else stdout,
+                                stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                start_new_session=new_session)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if new_session:
+                os.killpg(proc.pid, signal.SIGKILL)
+            else:
+                proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"{' '.join(command)} did not end in {timeout:g} s; killed\n"
+                                 f"stdout:\n{out}\nstderr:\n{err}") from None
+        return Ended(command, proc.pid, proc.returncode, out, err)
+
+    def start(self, args: Sequence[str] = (), *, env: Optional[Mapping[str, str]] = None,
+              command: Optional[Sequence[str]] = None, stdout: Optional[int] = None,
+              stderr: Optional[int] = None, stdin: Optional[int] = None,
+              drop: Iterable[str] = (), cwd: Optional[Path] = None,
+              text: bool = False) -> subprocess.Popen[Any]:
+        """Start ``unirank run ARGS`` (or ``command``) in ``cwd`` (default :attr:`cwd`) with
+        stdin empty (or the fd ``stdin``), stdout and stderr piped (or on the fds given), bytes
+        unless ``text``, without the variables in ``drop``; killed at :meth:`close`."""
+        argv = list(command) if command else self.command(args)
+        proc = subprocess.Popen(argv, cwd=cwd or self.cwd, env=self.environ(env, drop),
+                                stdout=subprocess.PIPE if stdout is None else stdout,
+                                stderr=subprocess.PIPE if stderr is None else stderr,
+                                stdin=subprocess.DEVNULL if stdin is None else stdin, text=text)
+        self._started.append(proc)
+        return proc
+
+    @staticmethod
+    def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
+                   timeout: float = TIMEOUT) -> list[str]:
+        """See :func:`read_lines`."""
+        return read_lines(stream, count, contains=contains, timeout=timeout)
+
+    @staticmethod
+    def wait_gone(pids: Sequence[int], timeout: float = 30.0,
+                  mark: bytes = WORKER_MARK) -> list[int]:
+        """See :func:`wait_gone`."""
+        return wait_gone(pids, timeout, mark)
+
+    def close(self) -> None:
+        """Kill what :meth:`start` started and is still running; reap it."""
+        for proc in self._started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate(timeout=TIMEOUT)
+
+
+def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
+               timeout: float = TIMEOUT) -> list[str]:
+    """Read lines from ``stream`` until ``count`` of them contain ``contains``; fail on timeout
+    or end of stream. Returns every line read."""
+    fd = stream.fileno()
+    os.set_blocking(fd, False)
+    lines: list[str] = []
+    buffer = b""
+    found = 0
+    deadline = time.monotonic() + timeout
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while found < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AssertionError(f"timed out after {timeout} s; read so far: {lines}")
+            if not selector.select(remaining):
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"stream ended; read so far: {lines} {buffer!r}")
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                text = line.decode(errors="replace")
+                lines.append(text)
+                if contains in text:
+                    found += 1
+    os.set_blocking(fd, True)
+    return lines

@@ -1,11 +1,14 @@
 """Shared pytest fixtures.
 
+- ``runner``: a :class:`Runner` (tests/_procs.py) in the test's own folder, the one way a test
+  starts ``python -m unirank run``; what it started is killed at the test's end.
 - ``slurm_testbed`` (session): the real two-node Slurm cluster of ``scripts/testbed``, with helpers
   to run ``srun``/``salloc`` and ``sbatch`` jobs that always have a timeout and never stay queued.
 - ``mpirun`` (session): the command prefix for Open MPI's ``mpirun``.
 
 Rule (DEVELOPERS.md): with ``CI=true`` a testbed or mpirun that cannot be had is a test failure;
-elsewhere (no root, no apt) the tests skip with a one-line reason.
+elsewhere (no root, no apt) the tests skip with a one-line reason (``unavailable`` and ``in_ci``
+of tests/_procs.py).
 
 Environment variables read: ``CI``, ``UNIRANK_TESTBED_LOGS`` (log folder of the testbed), and the
 caller's environment, from which launcher variables (``SLURM_*``, ``OMPI_*``, ...) are removed
@@ -25,13 +28,15 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, NoReturn, Optional
+from typing import ClassVar, Optional
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # shared test helpers (tests/_procs.py) are importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _procs import Runner, launcher_free_environ, unavailable  # noqa: E402
+
 TESTBED = REPO_ROOT / "scripts" / "testbed"
 # Every job this session starts carries the session's own tag, so that the end-of-session check
 # for jobs left behind never sees (or cancels) another session's jobs on a shared testbed.
@@ -50,27 +55,6 @@ TERMINAL_JOB_STATES = frozenset(
         "TIMEOUT",
     }
 )
-
-
-def in_ci() -> bool:
-    """True when ``CI`` says this is a CI run (reads ``CI``)."""
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def unavailable(reason: str, details: str = "") -> NoReturn:
-    """Fail in CI, skip elsewhere, with a one-line ``reason`` (``details`` only in CI's message)."""
-    if in_ci():
-        pytest.fail(f"{reason}\n{details}".rstrip(), pytrace=False)
-    pytest.skip(reason)
-
-
-def clean_environ(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This process's environment without launcher variables, updated with ``extra`` (see
-    ``launcher_free_environ`` in tests/_procs.py): launcher variables of the process running
-    pytest must not leak into the jobs it starts."""
-    from _procs import launcher_free_environ
-
-    return launcher_free_environ(extra)
 
 
 class SlurmTimeout(AssertionError):
@@ -177,7 +161,7 @@ class SlurmTestbed:
             *args,
             str(script),
         ]
-        submitted = _run_checked(cmd, timeout=30, env=clean_environ(env))
+        submitted = _run_checked(cmd, timeout=30, env=launcher_free_environ(env))
         job_id = int(submitted.stdout.strip().split(";")[0])
         deadline = time.monotonic() + timeout
         fields: dict[str, str] = {}
@@ -250,7 +234,7 @@ class SlurmTestbed:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=clean_environ(env),
+            env=launcher_free_environ(env),
             cwd=self.work_dir,
         )
         try:
@@ -355,6 +339,14 @@ def _default_log_dir() -> Path:
 
 
 # --- fixtures ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def runner(tmp_path: Path) -> Iterator[Runner]:
+    """A :class:`Runner` in the test's ``tmp_path``; kills what it started at the end."""
+    made = Runner(tmp_path)
+    yield made
+    made.close()
 
 
 @pytest.fixture(scope="session")
@@ -473,7 +465,7 @@ def xla_python() -> str:
         unavailable(f"{XLA_PYTHON.relative_to(REPO_ROOT)} is missing: run scripts/setup --xla")
     probe = subprocess.run(
         [str(XLA_PYTHON), "-c", "import torch_xla, unirank"], capture_output=True, text=True,
-        timeout=300, stdin=subprocess.DEVNULL, env={**clean_environ(), "PJRT_DEVICE": "CPU"},
+        timeout=300, stdin=subprocess.DEVNULL, env=launcher_free_environ({"PJRT_DEVICE": "CPU"}),
     )
     if probe.returncode != 0:
         unavailable(".venv-xla cannot import torch_xla and unirank: run scripts/setup --xla",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import free_port, launcher_free_environ, wait_gone
+from _procs import Runner, free_port, launcher_free_environ, wait_gone
 from unirank import netroute
 from unirank.errors import ConfigError
 from unirank.resolve import require_own
@@ -48,8 +48,18 @@ def test_foreign_addresses(address: str) -> None:
     assert not netroute.is_own(address, IFACES)
 
 
+def _refusal(host: str, environ: dict[str, str], ifaces: dict[str, tuple[str, ...]]) -> str:
+    """``require_own``'s one-line refusal of ``host`` as MASTER_ADDR, or "" when it takes it."""
+    try:
+        require_own(host, source="MASTER_ADDR", environ=environ, ifaces=ifaces)
+    except ConfigError as refused:
+        return str(refused)
+    return ""
+
+
 def test_a_name_counts_when_it_resolves_to_an_own_address() -> None:
-    require_own("localhost", source="MASTER_ADDR", environ={}, ifaces={})  # loopback: always own
+    assert _refusal("localhost", {}, {}) == ""  # loopback: always own
+    assert _refusal("localhost", {}, IFACES) == ""
 
 
 def test_a_foreign_master_is_one_line_naming_address_source_and_hint() -> None:
@@ -65,8 +75,8 @@ def test_a_foreign_master_is_one_line_naming_address_source_and_hint() -> None:
 
 def test_a_master_forwarded_to_this_host_is_taken_as_given() -> None:
     """A NAT or virtual address is none of the interfaces': UNIRANK_MASTER_FORWARDED=1 says so."""
-    require_own(FOREIGN, source="MASTER_ADDR", environ={"UNIRANK_MASTER_FORWARDED": "1"},
-                ifaces=IFACES)
+    assert _refusal(FOREIGN, {}, IFACES).startswith(f"MASTER_ADDR='{FOREIGN}': ")
+    assert _refusal(FOREIGN, {"UNIRANK_MASTER_FORWARDED": "1"}, IFACES) == ""
 
 
 def _marked(extra: dict[str, str]) -> tuple[dict[str, str], str]:
@@ -117,8 +127,8 @@ RUNS = [
 @pytest.mark.parametrize(("options", "extra", "source"), RUNS, ids=["option", "endpoint", "env"])
 def test_unirank_run_refuses_a_foreign_master_before_any_worker(
         preload: list[str], options: list[str], extra: dict[str, str], source: str) -> None:
-    result = _run([sys.executable, "-m", "unirank", "run", *preload, "-n", "2", *options,
-                   "examples/helloworld.py"], extra)
+    result = _run(Runner.command([*preload, "-n", "2", *options, "examples/helloworld.py"]),
+                  extra)
     assert result.returncode == 2, result.stderr
     _assert_refused(result, "unirank run: error: ", source)
 
@@ -126,8 +136,8 @@ def test_unirank_run_refuses_a_foreign_master_before_any_worker(
 @pytest.mark.parametrize("preload", [[], ["--no-preload"]], ids=["fork-server", "no-preload"])
 def test_one_node_ignores_a_stale_master_addr(preload: list[str]) -> None:
     """``MASTER_ADDR=<stale> unirank run -n 2``: the ranks meet on 127.0.0.1, as torchrun's."""
-    result = _run([sys.executable, "-m", "unirank", "run", *preload, "-n", "2", "-m",
-                   "unirank", "info", "--json"], {"MASTER_ADDR": FOREIGN})
+    result = _run(Runner.command([*preload, "-n", "2", "-m", "unirank", "info", "--json"]),
+                  {"MASTER_ADDR": FOREIGN})
     assert result.returncode == 0, result.stderr
     assert result.stdout.count('"master_addr": "127.0.0.1"') == 2, result.stdout
     assert FOREIGN not in result.stdout + result.stderr

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -17,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import pytest
 
-from _procs import free_port, launcher_free_environ
+from _procs import free_port, launcher_free_environ, unavailable
 from unirank.bench.ops import OP_NAMES, OPS
 from unirank.bench.plot import MISSING
 from unirank.bench.report import Device, Header, Row, render_text
@@ -120,9 +119,7 @@ def test_csv_has_one_line_per_collective_and_size(
 @pytest.mark.integration
 def test_plot_writes_a_png_with_one_line_per_collective(tmp_path: Path) -> None:
     if importlib.util.find_spec("matplotlib") is None:
-        if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
-            pytest.fail("matplotlib is missing: pip install -e '.[test]'")
-        pytest.skip("matplotlib is not installed (pip install 'unirank[plot]')")
+        unavailable("matplotlib is not installed: pip install -e '.[test]' (or 'unirank[plot]')")
     import matplotlib.image
 
     png = tmp_path / "busbw.png"

@@ -15,14 +15,9 @@ from _procs import launcher_free_environ
 UNIRANK = [sys.executable, "-m", "unirank"]
 
 
-def clean_env(**extra: str) -> dict[str, str]:
-    """This process's environment without launcher variables a developer's shell may carry."""
-    return launcher_free_environ(extra)
-
-
 def test_info_serial_json() -> None:
-    out = subprocess.run([*UNIRANK, "info", "--json"], env=clean_env(), capture_output=True,
-                         text=True, timeout=60, check=True).stdout
+    out = subprocess.run([*UNIRANK, "info", "--json"], env=launcher_free_environ(),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
     data = json.loads(out)
     assert (data["launcher"], data["rank"], data["world_size"]) == ("local", 0, 1)
     assert data["candidates"][-1] == {"launcher": "local", "status": "chosen",
@@ -30,8 +25,8 @@ def test_info_serial_json() -> None:
 
 
 def test_info_text_lists_sources_and_candidates() -> None:
-    env = clean_env(SLURM_JOB_ID="77", SLURM_NTASKS="4", SLURM_JOB_NODELIST="node[1-2]",
-                    SLURM_PROCID="0")
+    env = launcher_free_environ({"SLURM_JOB_ID": "77", "SLURM_NTASKS": "4",
+                                 "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_PROCID": "0"})
     out = subprocess.run([*UNIRANK, "info"], env=env, capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert "detected launcher 'slurm-allocation'" in out
@@ -41,7 +36,7 @@ def test_info_text_lists_sources_and_candidates() -> None:
 
 
 def test_info_bad_value_is_one_line_and_exit_2() -> None:
-    env = clean_env(RANK="5", WORLD_SIZE="2", LOCAL_RANK="0")
+    env = launcher_free_environ({"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
     proc = subprocess.run([*UNIRANK, "info"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -57,8 +52,8 @@ def test_info_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch was imported'\n"
         "sys.exit(rc)\n"
     )
-    proc = subprocess.run([sys.executable, "-c", code], env=clean_env(), capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], env=launcher_free_environ(),
+                          capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -68,7 +63,8 @@ def test_info_under_torchrun(tmp_path: Path) -> None:
     assert torchrun, "torchrun comes with torch"
     cmd = [torchrun, "--standalone", "--nproc_per_node", "2", "--no-python", "sh", "-c",
            f'"$0" -m unirank info --json > {tmp_path}/info.$RANK.json', sys.executable]
-    subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120, check=True)
+    subprocess.run(cmd, env=launcher_free_environ(), capture_output=True, text=True, timeout=120,
+                   check=True)
     seen = [json.loads((tmp_path / f"info.{r}.json").read_text()) for r in (0, 1)]
     assert [d["launcher"] for d in seen] == ["torchrun", "torchrun"]
     assert [d["rank"] for d in seen] == [0, 1]
@@ -82,7 +78,8 @@ def test_info_under_mpirun(tmp_path: Path, mpirun: list[str]) -> None:
     cmd = [*mpirun, "-np", "2", "sh", "-c",
            f'"$0" -m unirank info --json > {tmp_path}/info.$OMPI_COMM_WORLD_RANK.json',
            sys.executable]
-    subprocess.run(cmd, env=clean_env(), capture_output=True, text=True, timeout=120, check=True)
+    subprocess.run(cmd, env=launcher_free_environ(), capture_output=True, text=True, timeout=120,
+                   check=True)
     seen = [json.loads((tmp_path / f"info.{r}.json").read_text()) for r in (0, 1)]
     assert [d["launcher"] for d in seen] == ["openmpi", "openmpi"]
     assert [(d["rank"], d["local_rank"], d["world_size"]) for d in seen] == [(0, 0, 2), (1, 1, 2)]

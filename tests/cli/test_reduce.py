@@ -14,13 +14,9 @@ from _procs import free_port, launcher_free_environ
 HOST = socket.gethostname()
 
 
-def launcher_free_env(**extra: str) -> dict[str, str]:
-    return launcher_free_environ(extra)
-
-
 def test_reduce_serial_has_one() -> None:
     proc = subprocess.run([sys.executable, "-m", "unirank", "reduce"],
-                          env=launcher_free_env(MASTER_PORT="29517"), capture_output=True,
+                          env=launcher_free_environ({"MASTER_PORT": "29517"}), capture_output=True,
                           text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
@@ -32,8 +28,8 @@ def test_reduce_serial_has_one() -> None:
 def test_reduce_with_spawned_workers_sums_to_the_world_size() -> None:
     port = free_port()
     proc = subprocess.run([sys.executable, "-m", "unirank", "reduce", "-n", "3"],
-                          env=launcher_free_env(MASTER_PORT=str(port)), capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+                          env=launcher_free_environ({"MASTER_PORT": str(port)}),
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == [
         f"[http://127.0.0.1:{port}] [{HOST}:gloo] process {rank}/3 has data tensor([3.])"
@@ -49,7 +45,7 @@ def test_reduce_under_torchrun() -> None:
     proc = subprocess.run(
         [torchrun, "--nproc_per_node", "2", "--master_port", str(port), "--no-python",
          sys.executable, "-m", "unirank", "reduce"],
-        env=launcher_free_env(), capture_output=True, text=True, timeout=120,
+        env=launcher_free_environ(), capture_output=True, text=True, timeout=120,
         stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr

@@ -14,28 +14,25 @@ import re
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Optional
 
 import pytest
 
-from _procs import free_port, launcher_free_environ
+from _procs import Runner, free_port, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 120.0
 
 
+#: the runs here start without the shell's OMP_NUM_THREADS, so that unirank run's own shows
+NO_OMP = ("OMP_NUM_THREADS",)
+
+
 def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    return launcher_free_environ(extra, drop=("OMP_NUM_THREADS",))
-
-
-def run(cwd: Path, args: Sequence[str], env: Optional[Mapping[str, str]] = None,
-        timeout: float = TIMEOUT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "unirank", "run", *args], cwd=cwd,
-                          env=_env(env), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+    return launcher_free_environ(extra, drop=NO_OMP)
 
 
 # A script written for torchrun; it knows nothing of unirank.
@@ -75,18 +72,18 @@ def _envs(stdout: str) -> dict[int, dict[str, Any]]:
     return {int(e["env"]["RANK"]): e for e in found}
 
 
-def test_plain_torchrun_script_runs_unchanged(tmp_path: Path) -> None:
+def test_plain_torchrun_script_runs_unchanged(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
-    result = run(tmp_path, ["-n", "2", "allreduce.py"])
+    result = runner.run(["-n", "2", "allreduce.py"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     lines = sorted(re.findall(r"rank \d of \d local \d sum \d+", result.stdout))
     assert lines == ["rank 0 of 2 local 0 sum 3", "rank 1 of 2 local 1 sum 3"]
 
 
-def test_worker_environment_is_torchrun_s(tmp_path: Path) -> None:
+def test_worker_environment_is_torchrun_s(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(ENV_SCRIPT)
-    result = run(tmp_path, ["-n", "2", "--init-timeout", "77", "env.py", "--backend", "gloo",
-                            "-n", "5"])
+    result = runner.run(["-n", "2", "--init-timeout", "77", "env.py", "--backend", "gloo",
+                         "-n", "5"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     envs = _envs(result.stdout)
     assert set(envs) == {0, 1}
@@ -121,19 +118,19 @@ def test_worker_environment_is_torchrun_s(tmp_path: Path) -> None:
     assert envs[0]["env"]["MASTER_PORT"] == envs[1]["env"]["MASTER_PORT"]
 
 
-def test_omp_num_threads_is_kept_when_set(tmp_path: Path) -> None:
+def test_omp_num_threads_is_kept_when_set(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(ENV_SCRIPT)
-    result = run(tmp_path, ["-n", "2", "env.py"], env={"OMP_NUM_THREADS": "3"})
+    result = runner.run(["-n", "2", "env.py"], env={"OMP_NUM_THREADS": "3"}, drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert {e["env"]["OMP_NUM_THREADS"] for e in _envs(result.stdout).values()} == {"3"}
 
 
-def test_module_mode(tmp_path: Path) -> None:
+def test_module_mode(runner: Runner, tmp_path: Path) -> None:
     package = tmp_path / "mypkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "job.py").write_text(ENV_SCRIPT)
-    result = run(tmp_path, ["-n", "2", "-m", "mypkg.job", "--flag", "x"])
+    result = runner.run(["-n", "2", "-m", "mypkg.job", "--flag", "x"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     envs = _envs(result.stdout)
     assert set(envs) == {0, 1}
@@ -143,39 +140,41 @@ def test_module_mode(tmp_path: Path) -> None:
         assert info["main_file"] == str(package / "job.py")
 
 
-def test_torchrun_spellings(tmp_path: Path) -> None:
+def test_torchrun_spellings(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(ENV_SCRIPT)
     port = free_port()
-    result = run(tmp_path, ["--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0",
-                            "--master_addr", "127.0.0.1", "--master_port", str(port), "env.py"])
+    result = runner.run(["--nproc_per_node", "2", "--nnodes", "1", "--node_rank", "0",
+                         "--master_addr", "127.0.0.1", "--master_port", str(port), "env.py"],
+                        drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     envs = _envs(result.stdout)
     assert set(envs) == {0, 1}
     assert {e["env"]["MASTER_PORT"] for e in envs.values()} == {str(port)}
 
 
-def test_standalone_picks_a_free_port_even_with_master_port_set(tmp_path: Path) -> None:
+def test_standalone_picks_a_free_port_even_with_master_port_set(runner: Runner,
+                                                                tmp_path: Path) -> None:
     (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
     (tmp_path / "env.py").write_text(ENV_SCRIPT)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = str(busy.getsockname()[1])
-        result = run(tmp_path, ["--standalone", "--nproc_per_node", "2", "env.py"],
-                     env={"MASTER_PORT": taken})
+        result = runner.run(["--standalone", "--nproc_per_node", "2", "env.py"],
+                            env={"MASTER_PORT": taken}, drop=NO_OMP)
         assert result.returncode == 0, result.stderr
         ports = {e["env"]["MASTER_PORT"] for e in _envs(result.stdout).values()}
         assert len(ports) == 1 and taken not in ports
         # without --standalone, MASTER_PORT is honoured, and a busy one fails at once
-        failed = run(tmp_path, ["-n", "2", "allreduce.py"], env={"MASTER_PORT": taken})
+        failed = runner.run(["-n", "2", "allreduce.py"], env={"MASTER_PORT": taken}, drop=NO_OMP)
     assert failed.returncode == 2
     assert f"MASTER_PORT='{taken}': is already in use" in failed.stderr
     assert len(failed.stderr.strip().splitlines()) == 1
 
 
-def test_tag_output(tmp_path: Path) -> None:
+def test_tag_output(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
-    result = run(tmp_path, ["-n", "2", "--tag-output", "allreduce.py"])
+    result = runner.run(["-n", "2", "--tag-output", "allreduce.py"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert "[rank0]:rank 0 of 2 local 0 sum 3\n" in result.stdout
     assert "[rank1]:rank 1 of 2 local 1 sum 3\n" in result.stdout
@@ -196,7 +195,7 @@ def test_parent_never_imports_torch(tmp_path: Path) -> None:
     assert "sum 3" in result.stdout  # the workers did import it and ran
 
 
-def test_init_timeout_names_the_rank_that_never_started(tmp_path: Path) -> None:
+def test_init_timeout_names_the_rank_that_never_started(runner: Runner, tmp_path: Path) -> None:
     """A world of 3 nodes (one worker each) where node 2 never starts: both started ranks fail
     within the init timeout, naming rank 2."""
     (tmp_path / "allreduce.py").write_text(TORCHRUN_SCRIPT)
@@ -204,9 +203,7 @@ def test_init_timeout_names_the_rank_that_never_started(tmp_path: Path) -> None:
     common = ["--nnodes", "3", "-n", "1", "--master-addr", "127.0.0.1", "--master-port", port,
               "--init-timeout", "5"]
     procs = [
-        subprocess.Popen([sys.executable, "-m", "unirank", "run", *common, "--node-rank",
-                          str(node), "allreduce.py"], cwd=tmp_path, env=_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        runner.start([*common, "--node-rank", str(node), "allreduce.py"], drop=NO_OMP, text=True)
         for node in (0, 1)
     ]
     outputs = [proc.communicate(timeout=TIMEOUT) for proc in procs]
@@ -218,16 +215,16 @@ def test_init_timeout_names_the_rank_that_never_started(tmp_path: Path) -> None:
     assert "sum" not in outputs[0][0] + outputs[1][0]
 
 
-def test_init_timeout_from_the_environment(tmp_path: Path) -> None:
+def test_init_timeout_from_the_environment(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(ENV_SCRIPT)
-    result = run(tmp_path, ["-n", "1", "env.py"], env={"UNIRANK_INIT_TIMEOUT": "42"})
+    result = runner.run(["-n", "1", "env.py"], env={"UNIRANK_INIT_TIMEOUT": "42"}, drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert _envs(result.stdout)[0]["env"]["UNIRANK_INIT_TIMEOUT"] == "42"
 
 
 @pytest.mark.parametrize("args", [[], ["-n", "2"], ["-m"]])
-def test_no_program_is_one_line_error(tmp_path: Path, args: list[str]) -> None:
-    result = run(tmp_path, args, timeout=60)
+def test_no_program_is_one_line_error(runner: Runner, tmp_path: Path, args: list[str]) -> None:
+    result = runner.run(args, timeout=60, drop=NO_OMP)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "unirank run: error: no script or module to run HINT: unirank run [options] script.py "
@@ -260,10 +257,10 @@ def test_no_program_is_one_line_error(tmp_path: Path, args: list[str]) -> None:
     ],
 )
 def test_bad_options_fail_at_once_with_one_line(
-    tmp_path: Path, args: list[str], env: dict[str, str], expected: str
+    runner: Runner, tmp_path: Path, args: list[str], env: dict[str, str], expected: str
 ) -> None:
     (tmp_path / "never.py").write_text("raise SystemExit('must not run')\n")
-    result = run(tmp_path, [*args, "never.py"], env=env, timeout=60)
+    result = runner.run([*args, "never.py"], env=env, timeout=60, drop=NO_OMP)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
@@ -272,8 +269,8 @@ def test_bad_options_fail_at_once_with_one_line(
     assert "HINT:" in lines[0]
 
 
-def test_missing_script_is_refused_before_any_worker_starts(tmp_path: Path) -> None:
-    result = run(tmp_path, ["-n", "1", "no_such_script.py"])
+def test_missing_script_is_refused_before_any_worker_starts(runner: Runner, tmp_path: Path) -> None:
+    result = runner.run(["-n", "1", "no_such_script.py"], drop=NO_OMP)
     assert result.returncode == 2  # as python no_such_script.py
     assert result.stderr.splitlines() == [
         f"unirank run: can't open file '{os.path.realpath(tmp_path)}/no_such_script.py': "
@@ -290,7 +287,6 @@ def _parsed(argv: list[str]) -> argparse.Namespace:
 
 def test_inner_command_for_srun_keeps_the_options_and_the_script_args() -> None:
     from unirank.cli.run import inner_command
-    from unirank.supervisor.reexec import srun_command
 
     raw = ["-n", "4", "--tag-output", "--init-timeout", "30", "--max-restarts", "2",
            "--master-port", "2222", "train.py", "--lr", "0.1", "-n", "3"]
@@ -308,8 +304,6 @@ def test_inner_command_for_srun_keeps_the_options_and_the_script_args() -> None:
     args = _parsed(given)
     args.raw_argv = given
     assert inner_command(args, 2, 1) == [sys.executable, "-m", "unirank", "run", *given]
-    assert srun_command(2, ["x"]) == ["srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1",
-                                      "--kill-on-bad-exit=1", "x"]
 
 
 def test_allocation_tasks_per_node_become_the_default_worker_count() -> None:
@@ -351,10 +345,10 @@ else:
 
 
 def test_summary_blames_the_rank_that_failed_first_not_the_one_that_exited_first(
-    tmp_path: Path,
+    runner: Runner, tmp_path: Path,
 ) -> None:
     (tmp_path / "cause.py").write_text(ROOT_CAUSE_SCRIPT)
-    result = run(tmp_path, ["-n", "2", "--grace-period", "30", "cause.py"])
+    result = runner.run(["-n", "2", "--grace-period", "30", "cause.py"], drop=NO_OMP)
     assert "rank 0 (local rank 0) on node" in result.stderr  # rank 0 ended first ...
     assert re.search(r"FAILED \(exit code 1\): rank 1 \(local rank 1\)", result.stderr), (
         result.stderr)  # ... but rank 1 is named as the cause

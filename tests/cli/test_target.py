@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from _procs import launcher_free_environ
+from _procs import Runner
 from unirank.cli.target import TargetProblem, check_target
 
 
@@ -63,11 +62,10 @@ def test_a_program_without_python_must_be_on_path_and_executable(tmp_path: Path)
     (["-m", "nosuch"], "unirank run: No module named nosuch", 1),
     (["--no-python", "nosuch-program"], "unirank run: nosuch-program: command not found", 127),
 ])
-def test_unirank_run_says_one_line_and_starts_no_worker(tmp_path: Path, args: list[str],
-                                                         line: str, code: int) -> None:
-    proc = subprocess.run([sys.executable, "-m", "unirank", "run", "-n", "2", *args],
-                          cwd=tmp_path, env=launcher_free_environ(), capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+def test_unirank_run_says_one_line_and_starts_no_worker(runner: Runner, tmp_path: Path,
+                                                         args: list[str], line: str,
+                                                         code: int) -> None:
+    proc = runner.run(["-n", "2", *args])
     assert proc.stderr == line.format(cwd=os.path.realpath(tmp_path)) + "\n"
     assert proc.returncode == code
     assert proc.stdout == ""

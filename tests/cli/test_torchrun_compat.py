@@ -21,9 +21,9 @@ import pytest
 from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_run import _env, run
+from test_run import NO_OMP, _env
 
-from _procs import free_port
+from _procs import Runner, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -47,9 +47,10 @@ if __name__ == "__main__":
 """
 
 
-def test_record_decorated_trainer_shows_the_rank_s_real_exception(tmp_path: Path) -> None:
+def test_record_decorated_trainer_shows_the_rank_s_real_exception(runner: Runner,
+                                                                  tmp_path: Path) -> None:
     (tmp_path / "trainer.py").write_text(RECORD_TRAINER)
-    result = run(tmp_path, ["-n", "2", "trainer.py"], env={"FAIL_RANK": "1"})
+    result = runner.run(["-n", "2", "trainer.py"], env={"FAIL_RANK": "1"}, drop=NO_OMP)
     assert result.returncode == 1, result.stderr
     assert "FileNotFoundError" not in result.stderr
     summary = result.stderr[result.stderr.index("unirank run: FAILED"):]
@@ -80,32 +81,29 @@ print("late rank used the store:", store.get("late").decode(), flush=True)
 """
 
 
-def test_store_outlives_rank_0_s_program(tmp_path: Path) -> None:
+def test_store_outlives_rank_0_s_program(runner: Runner, tmp_path: Path) -> None:
     """Defect 2: rank 1 joins the store only after rank 0's program ended."""
     (tmp_path / "late.py").write_text(STORE_AFTER_RANK_0)
-    result = run(tmp_path, ["-n", "2", "late.py", str(tmp_path)])
+    result = runner.run(["-n", "2", "late.py", str(tmp_path)], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert "late rank used the store: ok" in result.stdout
 
 
-def test_store_outlives_rank_0_s_program_with_no_python(tmp_path: Path) -> None:
+def test_store_outlives_rank_0_s_program_with_no_python(runner: Runner, tmp_path: Path) -> None:
     """With --no-python rank 0's program replaces the bootstrap: a store host serves instead."""
     (tmp_path / "late.py").write_text(STORE_AFTER_RANK_0)
     (tmp_path / "late.sh").write_text(f"#!/bin/sh\nexec {sys.executable} late.py \"$@\"\n")
     (tmp_path / "late.sh").chmod(0o755)
-    result = run(tmp_path, ["-n", "2", "--no-python", "./late.sh", str(tmp_path)])
+    result = runner.run(["-n", "2", "--no-python", "./late.sh", str(tmp_path)], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert "late rank used the store: ok" in result.stdout
 
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
-def test_ranks_that_only_print_succeed_pinned_to_one_core(tmp_path: Path) -> None:
+def test_ranks_that_only_print_succeed_pinned_to_one_core(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "s.py").write_text("import os\nprint('rank', os.environ['RANK'], flush=True)\n")
     for _ in range(3):
-        result = subprocess.run(
-            ["taskset", "-c", "0", sys.executable, "-m", "unirank", "run", "-n", "4", "s.py"],
-            cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=120,
-            stdin=subprocess.DEVNULL)
+        result = runner.run(["-n", "4", "s.py"], prefix=["taskset", "-c", "0"], drop=NO_OMP)
         assert result.returncode == 0, result.stderr
         assert sorted(result.stdout.splitlines()) == [f"rank {r}" for r in range(4)]
 
@@ -119,10 +117,10 @@ raise RuntimeError(f"every rank fails: {os.environ['RANK']}")
 """
 
 
-def test_all_ranks_failing_together_exit_1_never_143(tmp_path: Path) -> None:
+def test_all_ranks_failing_together_exit_1_never_143(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "allfail.py").write_text(ALL_FAIL)
     for _ in range(3):
-        result = run(tmp_path, ["-n", "3", "allfail.py"])
+        result = runner.run(["-n", "3", "allfail.py"], drop=NO_OMP)
         assert result.returncode == 1, result.stderr
         headline = next(line for line in result.stderr.splitlines()
                         if line.startswith("unirank run: FAILED"))
@@ -164,12 +162,12 @@ def _envs(stdout: str) -> list[dict[str, str]]:
     return [json.loads(line[4:]) for line in stdout.splitlines() if line.startswith("ENV ")]
 
 
-def test_the_multinode_tutorial_s_options_run(tmp_path: Path) -> None:
+def test_the_multinode_tutorial_s_options_run(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "trainer.py").write_text(ENV_AND_FAIL.replace("{NAMES}", repr(set(NAMES))))
     port = free_port()
-    result = run(tmp_path, ["--nnodes", "1", "--nproc_per_node", "2", "--rdzv_id", "1",
-                            "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-                            "--max_restarts", "0", "trainer.py"])
+    result = runner.run(["--nnodes", "1", "--nproc_per_node", "2", "--rdzv_id", "1",
+                         "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                         "--max_restarts", "0", "trainer.py"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     envs = sorted(_envs(result.stdout), key=lambda e: e["RANK"])
     assert [e["RANK"] for e in envs] == ["0", "1"]
@@ -179,10 +177,11 @@ def test_the_multinode_tutorial_s_options_run(tmp_path: Path) -> None:
         assert env["TORCHELASTIC_MAX_RESTARTS"] == "0"
 
 
-def test_max_restarts_turns_a_first_attempt_failure_into_success(tmp_path: Path) -> None:
+def test_max_restarts_turns_a_first_attempt_failure_into_success(runner: Runner,
+                                                                 tmp_path: Path) -> None:
     (tmp_path / "trainer.py").write_text(ENV_AND_FAIL.replace("{NAMES}", repr(set(NAMES))))
-    result = run(tmp_path, ["-n", "2", "--max-restarts", "1", "trainer.py"],
-                 env={"FAIL_FIRST": "1"})
+    result = runner.run(["-n", "2", "--max-restarts", "1", "trainer.py"],
+                        env={"FAIL_FIRST": "1"}, drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     counts = sorted((e["TORCHELASTIC_RESTART_COUNT"], e["RANK"]) for e in _envs(result.stdout))
     assert counts == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")]
@@ -191,7 +190,7 @@ def test_max_restarts_turns_a_first_attempt_failure_into_success(tmp_path: Path)
         in result.stderr
     assert "unirank run: succeeded after 1 restart(s)" in result.stderr
     # without a restart left, the same failure is the job's
-    failed = run(tmp_path, ["-n", "2", "trainer.py"], env={"FAIL_FIRST": "1"})
+    failed = runner.run(["-n", "2", "trainer.py"], env={"FAIL_FIRST": "1"}, drop=NO_OMP)
     assert failed.returncode == 5, failed.stderr
 
 
@@ -202,11 +201,11 @@ print(f"err of {os.environ['LOCAL_RANK']}", file=sys.stderr, flush=True)
 """
 
 
-def test_log_dir_and_redirects_write_torchrun_s_layout(tmp_path: Path) -> None:
+def test_log_dir_and_redirects_write_torchrun_s_layout(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "talk.py").write_text(TALK)
     logs = tmp_path / "logs"
-    result = run(tmp_path, ["-n", "2", "--rdzv-id", "job9", "--log-dir", str(logs),
-                            "--redirects", "3", "talk.py"])
+    result = runner.run(["-n", "2", "--rdzv-id", "job9", "--log-dir", str(logs),
+                         "--redirects", "3", "talk.py"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert "out of" not in result.stdout and "err of" not in result.stderr
     for local in (0, 1):
@@ -215,11 +214,11 @@ def test_log_dir_and_redirects_write_torchrun_s_layout(tmp_path: Path) -> None:
         assert (folder / "stderr.log").read_text() == f"err of {local}\n"
 
 
-def test_tee_and_local_ranks_filter(tmp_path: Path) -> None:
+def test_tee_and_local_ranks_filter(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "talk.py").write_text(TALK)
     logs = tmp_path / "logs"
-    result = run(tmp_path, ["-n", "2", "--rdzv-id", "t", "--log-dir", str(logs), "--tee", "1",
-                            "--local-ranks-filter", "1", "talk.py"])
+    result = runner.run(["-n", "2", "--rdzv-id", "t", "--log-dir", str(logs), "--tee", "1",
+                         "--local-ranks-filter", "1", "talk.py"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "out of 1\n"  # rank 0 filtered off the console
     assert "err of 1" in result.stderr and "err of 0" not in result.stderr
@@ -227,12 +226,13 @@ def test_tee_and_local_ranks_filter(tmp_path: Path) -> None:
     assert not (logs / "t" / "attempt_0" / "0" / "stderr.log").exists()
 
 
-def test_role_no_python_and_noted_options(tmp_path: Path) -> None:
+def test_role_no_python_and_noted_options(runner: Runner, tmp_path: Path) -> None:
     script = tmp_path / "prog.sh"
     script.write_text("#!/bin/sh\necho \"shell rank $RANK role $ROLE_NAME of $WORLD_SIZE\"\n")
     script.chmod(0o755)
-    result = run(tmp_path, ["-n", "2", "--role", "trainer", "--no-python",
-                            "--monitor-interval", "5", "--start-method", "fork", str(script)])
+    result = runner.run(["-n", "2", "--role", "trainer", "--no-python",
+                         "--monitor-interval", "5", "--start-method", "fork", str(script)],
+                        drop=NO_OMP)
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["shell rank 0 role trainer of 2",
                                                   "shell rank 1 role trainer of 2"]
@@ -255,8 +255,8 @@ def test_every_torchrun_option_is_accepted() -> None:
     assert missing == []
 
 
-def test_errors_print_unirank_run_s_usage(tmp_path: Path) -> None:
-    result = run(tmp_path, ["--no-such-option", "1", "x.py"])
+def test_errors_print_unirank_run_s_usage(runner: Runner, tmp_path: Path) -> None:
+    result = runner.run(["--no-such-option", "1", "x.py"], drop=NO_OMP)
     assert result.returncode == 2
     assert result.stderr.startswith("usage: unirank run ")
     assert "unrecognized arguments: --no-such-option" in result.stderr
@@ -298,14 +298,15 @@ def _comparable(envs: list[dict[str, str]], tmp: Path) -> list[dict[str, Any]]:
     return out
 
 
-def test_parallel_workers_see_exactly_what_unirank_run_workers_see(tmp_path: Path) -> None:
+def test_parallel_workers_see_exactly_what_unirank_run_workers_see(runner: Runner,
+                                                                   tmp_path: Path) -> None:
     names = repr(set(NAMES))
     (tmp_path / "par.py").write_text(PARALLEL_JOB.replace("{NAMES}", names))
     (tmp_path / "script.py").write_text(RUN_JOB.replace("{NAMES}", names))
     spawned = subprocess.run([sys.executable, "par.py"], cwd=tmp_path, env=_env(),
                              capture_output=True, text=True, timeout=120,
                              stdin=subprocess.DEVNULL)
-    launched = run(tmp_path, ["-n", "2", "script.py"])
+    launched = runner.run(["-n", "2", "script.py"], drop=NO_OMP)
     assert spawned.returncode == 0 and launched.returncode == 0, spawned.stderr
     a, b = _envs(spawned.stdout), _envs(launched.stdout)
     assert len(a) == len(b) == 2
@@ -314,7 +315,7 @@ def test_parallel_workers_see_exactly_what_unirank_run_workers_see(tmp_path: Pat
     spawned = subprocess.run([sys.executable, "par.py"], cwd=tmp_path,
                              env=_env({"FAIL_RANK": "1"}), capture_output=True, text=True,
                              timeout=120, stdin=subprocess.DEVNULL)
-    launched = run(tmp_path, ["-n", "2", "script.py"], env={"FAIL_RANK": "1"})
+    launched = runner.run(["-n", "2", "script.py"], env={"FAIL_RANK": "1"}, drop=NO_OMP)
     assert launched.returncode == 1
     assert spawned.returncode == 1
     for text, prog, message in ((spawned.stderr, "unirank Parallel", "parallel failure"),

@@ -13,8 +13,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import free_port, launcher_free_environ
-from conftest import unavailable
+from _procs import Runner, free_port, launcher_free_environ, unavailable
 from unirank import netroute
 
 UNIRANK = [sys.executable, "-m", "unirank", "doctor"]
@@ -136,11 +135,9 @@ def test_spawned_ranks_check_the_master_and_port_they_use() -> None:
     assert FOREIGN not in proc.stdout + proc.stderr
 
 
-def test_under_unirank_run_two_ranks_are_healthy() -> None:
+def test_under_unirank_run_two_ranks_are_healthy(runner: Runner) -> None:
     """``unirank run -n 2 -m unirank doctor``: each worker is a rank of the run's world."""
-    proc = subprocess.run([sys.executable, "-m", "unirank", "run", "-n", "2", "-m", "unirank",
-                           "doctor", "--json"], env=launcher_free_environ(), capture_output=True,
-                          text=True, timeout=120, stdin=subprocess.DEVNULL)
+    proc = runner.run(["-n", "2", "-m", "unirank", "doctor", "--json"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = checks(proc)
     assert [name for name, row in rows.items() if row["status"] != "OK"] == [], proc.stdout

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import free_port, launcher_free_environ
+from _procs import Runner, free_port, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -156,5 +156,5 @@ def test_readme_quickstart_serial_and_under_unirank_run() -> None:
     assert run([sys.executable, QUICKSTART]).stdout.splitlines() == [
         "world=1 sum=1.0 backend=gloo device=cpu"
     ]
-    out = run([sys.executable, "-m", "unirank", "run", "-n", "2", QUICKSTART]).stdout
+    out = run(Runner.command(["-n", "2", QUICKSTART])).stdout
     assert out.splitlines() == ["world=2 sum=2.0 backend=gloo device=cpu"]

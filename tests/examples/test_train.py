@@ -29,7 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_examples import EXAMPLES, run
 
-from conftest import clean_environ as _clean
+from _procs import Runner, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -39,9 +39,6 @@ ARGS = ["--seed", "7", "--nb_samples", "64", "--batch_size", "16", "--log_interv
 LOG = re.compile(r"Process (\d+)/(\d+) Train Epoch: (\d+) \[(\d+)/(\d+)\]\t"
                  r"Loss: (\d+\.\d+(?:e[-+]?\d+)?)")
 DIGEST = re.compile(r"Process (\d+)/(\d+) parameters ([0-9a-f]{16})")
-
-_reference: dict[str, float] = {}
-
 
 def _check(stdout: str, world: int = 2) -> float:
     """The run's last rank-0 loss, after checking the seed's lines and the replicas' digests."""
@@ -58,49 +55,53 @@ def _check(stdout: str, world: int = 2) -> float:
     return float(rank0[-1][5])
 
 
-def _same_loss(name: str, loss: float) -> None:
-    reference = _reference.setdefault("spawned", _spawned())
-    assert math.isclose(loss, reference, rel_tol=1e-5), (name, loss, reference)
-
-
-def _spawned() -> float:
+@pytest.fixture(scope="module")
+def reference() -> float:
+    """The last rank-0 loss of the run spawned from python (trained once for the module): the
+    loss every other launcher's run must end with."""
     return _check(run([sys.executable, TRAIN, "--nproc_per_node", "2", *ARGS]).stdout)
 
 
-def test_spawned_from_python() -> None:
-    _same_loss("spawned", _spawned())
+def _same_loss(name: str, loss: float, reference: float, rel_tol: float = 1e-5) -> None:
+    assert math.isclose(loss, reference, rel_tol=rel_tol), (name, loss, reference)
 
 
-def test_under_torchrun() -> None:
+def test_spawned_from_python(reference: float) -> None:
+    """The spawned run logged the seed's lines with bit-identical replicas (``_check``), and
+    its loss is a finite, positive number."""
+    assert math.isfinite(reference) and reference > 0, reference
+
+
+def test_under_torchrun(reference: float) -> None:
     torchrun = shutil.which("torchrun")
     assert torchrun, "torchrun comes with torch"
     out = run([torchrun, "--standalone", "--nproc_per_node", "2", TRAIN, *ARGS]).stdout
-    _same_loss("torchrun", _check(out))
+    _same_loss("torchrun", _check(out), reference)
 
 
-def test_under_unirank_run() -> None:
-    out = run([sys.executable, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS]).stdout
-    _same_loss("unirank run", _check(out))
+def test_under_unirank_run(reference: float) -> None:
+    out = run(Runner.command(["-n", "2", TRAIN, *ARGS])).stdout
+    _same_loss("unirank run", _check(out), reference)
 
 
-def test_under_mpirun(mpirun: list[str]) -> None:
+def test_under_mpirun(mpirun: list[str], reference: float) -> None:
     out = run([*mpirun, "-np", "2", sys.executable, TRAIN, *ARGS]).stdout
-    _same_loss("mpirun", _check(out))
+    _same_loss("mpirun", _check(out), reference)
 
 
-def test_under_srun_on_two_nodes(slurm_testbed: Any) -> None:
+def test_under_srun_on_two_nodes(slurm_testbed: Any, reference: float) -> None:
     out = slurm_testbed.srun(["-N2", "--ntasks-per-node=1", sys.executable, TRAIN, *ARGS],
                              timeout=180).stdout
-    _same_loss("srun", _check(out))
+    _same_loss("srun", _check(out), reference)
 
 
-def test_under_sbatch(slurm_testbed: Any) -> None:
+def test_under_sbatch(slurm_testbed: Any, reference: float) -> None:
     result = slurm_testbed.sbatch_and_wait(
         f"srun {sys.executable} {TRAIN} {' '.join(ARGS)}\n", timeout=180,
         args=["-N2", "--ntasks-per-node=1"],
     )
     assert result.exit_code == 0, result.output
-    _same_loss("sbatch", _check(result.output))
+    _same_loss("sbatch", _check(result.output), reference)
 
 
 def test_checkpoint_resumes_after_the_saved_epoch(tmp_path: Path) -> None:
@@ -131,7 +132,8 @@ def test_world_one_resumes_mid_epoch_with_the_same_data_order(tmp_path: Path) ->
     args = [sys.executable, TRAIN, *ARGS, "--epochs", "20"]
     whole = run(args).stdout
     proc = subprocess.Popen([*args, "--checkpoint", str(checkpoint)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=_clean())
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                            env=launcher_free_environ())
     try:
         assert proc.stdout is not None
         first = os.read(proc.stdout.fileno(), 65536)  # unbuffered: the rest stays in the pipe
@@ -152,27 +154,23 @@ def test_world_one_resumes_mid_epoch_with_the_same_data_order(tmp_path: Path) ->
     assert DIGEST.findall(again)[0][2] == DIGEST.findall(whole)[0][2]
 
 
-def _same_loss_as_gloo(name: str, loss: float) -> None:
-    reference = _reference.setdefault("spawned", _spawned())
-    assert math.isclose(loss, reference, rel_tol=1e-4), (name, loss, reference)
-
-
-def test_horovod_spawned(horovodrun: str) -> None:
+def test_horovod_spawned(horovodrun: str, reference: float) -> None:
     out = run([sys.executable, TRAIN, "--backend", "horovod", "--nproc_per_node", "2",
                *ARGS]).stdout
-    _same_loss_as_gloo("horovod spawned", _check(out))
+    _same_loss("horovod spawned", _check(out), reference, rel_tol=1e-4)
 
 
-def test_horovod_under_horovodrun(horovodrun: str) -> None:
+def test_horovod_under_horovodrun(horovodrun: str, reference: float) -> None:
     out = run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, TRAIN,
                "--backend", "horovod", *ARGS]).stdout
-    _same_loss_as_gloo("horovodrun", _check(out))
+    _same_loss("horovodrun", _check(out), reference, rel_tol=1e-4)
 
 
-def test_horovod_under_srun_on_two_nodes(horovodrun: str, slurm_testbed: Any) -> None:
+def test_horovod_under_srun_on_two_nodes(horovodrun: str, slurm_testbed: Any,
+                                          reference: float) -> None:
     out = slurm_testbed.srun(["-N2", "--ntasks-per-node=1", sys.executable, TRAIN,
                               "--backend", "horovod", *ARGS], timeout=240).stdout
-    _same_loss_as_gloo("horovod srun", _check(out))
+    _same_loss("horovod srun", _check(out), reference, rel_tol=1e-4)
 
 
 def test_xla_trains_at_world_size_one(xla_python: str) -> None:
@@ -193,7 +191,7 @@ def test_two_xla_cpu_processes_fail_at_once(xla_python: str) -> None:
     proc = subprocess.run(
         [xla_python, TRAIN, "--backend", "xla-tpu", "--nproc_per_node", "2", *ARGS],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
-        env={**_clean(), "PJRT_DEVICE": "CPU"},
+        env=launcher_free_environ({"PJRT_DEVICE": "CPU"}),
     )
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]

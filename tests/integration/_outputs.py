@@ -36,7 +36,6 @@ __all__ = [
     "RankLine",
     "check_world",
     "console_script",
-    "local_env",
     "parse_hello",
     "parse_reduce",
     "run_local",
@@ -201,11 +200,6 @@ def task_infos(text: str) -> list[dict[str, Any]]:
     return sorted(records, key=lambda r: int(r["info"]["rank"]))
 
 
-def local_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This environment without any launcher's or torchrun's variables, updated with ``extra``."""
-    return launcher_free_environ({**JOB_ENV, **(extra or {})})
-
-
 def run_local(
     cmd: Sequence[str],
     timeout: float = 120.0,
@@ -219,7 +213,8 @@ def run_local(
     """
     proc = subprocess.Popen(
         list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=local_env(env), cwd=cwd, start_new_session=True,
+        text=True, env=launcher_free_environ({**JOB_ENV, **(env or {})}), cwd=cwd,
+        start_new_session=True,
     )
     try:
         stdout, stderr = proc.communicate(timeout=timeout)

@@ -8,7 +8,6 @@ that waits the timeout out fails the test.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -21,7 +20,7 @@ if TYPE_CHECKING:
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _outputs import EXAMPLES, REPO, console_script
 
-from _procs import free_port, launcher_free_environ
+from _procs import Runner, free_port
 
 LONG_INIT = {"UNIRANK_INIT_TIMEOUT": "300"}
 _NOISE = ("Traceback", "frame #", "Exception raised from")
@@ -55,17 +54,14 @@ def test_a_node_refusing_its_layout_ends_the_other_nodes_workers(
     assert not any(noise in err for noise in _NOISE), err
 
 
-def test_two_nodes_claiming_one_node_rank_are_named() -> None:
+def test_two_nodes_claiming_one_node_rank_are_named(runner: Runner) -> None:
     """Three ``unirank run --nnodes 3`` on this host, two of them with ``--node-rank 1``: the
     second to claim it names both claimants, and every rank ends (node 2 never starts)."""
     port = str(free_port())
-    env = launcher_free_environ(LONG_INIT)
     procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "unirank", "run", "--nnodes", "3", "--node-rank", node_rank,
-             "-n", "1", "--master-addr", "127.0.0.1", "--master-port", port,
-             str(EXAMPLES / "helloworld.py")],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        runner.start(["--nnodes", "3", "--node-rank", node_rank, "-n", "1", "--master-addr",
+                      "127.0.0.1", "--master-port", port, str(EXAMPLES / "helloworld.py")],
+                     env=LONG_INIT, cwd=REPO, text=True)
         for node_rank in ("0", "1", "1")
     ]
     outputs = []

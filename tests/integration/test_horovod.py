@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from conftest import clean_environ
+from _procs import Runner, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -29,7 +29,7 @@ HOSTS = ["-H", "localhost:2"]
 def run(cmd: list[str], timeout: float = 180, check: bool = True,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL, env=clean_environ(env))
+                          stdin=subprocess.DEVNULL, env=launcher_free_environ(env))
     if check:
         assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
@@ -107,7 +107,7 @@ def test_a_torch_backend_under_horovodrun(horovodrun: str) -> None:
 
 
 def test_under_unirank_run(horovodrun: str) -> None:
-    out = run([sys.executable, "-m", "unirank", "run", "-n", "2", JOB, "horovod"]).stdout
+    out = run(Runner.command(["-n", "2", JOB, "horovod"])).stdout
     check_job(out, world=2, local_world=2)
 
 

@@ -21,7 +21,7 @@ Layouts asserted (what the libraries do there was observed, see the README secti
 A missing peer library skips with a one-line reason; with ``CI=true`` it fails (DEVELOPERS.md).
 
 Environment variables read: ``CI``, and the caller's environment, from which launcher variables
-(and ``ACCELERATE_*``, ``PYTHONUNBUFFERED``) are removed for the local runs.
+(and ``ACCELERATE_*``, ``PYTHONUNBUFFERED``, ``OMP_NUM_THREADS``) are removed for the local runs.
 """
 
 from __future__ import annotations
@@ -29,18 +29,15 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import os
 import re
-import signal
 import subprocess
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable
 
 import pytest
 
-from _procs import launcher_free_environ
+from _procs import Runner, unavailable
 
 if TYPE_CHECKING:
     from conftest import SlurmTestbed
@@ -53,33 +50,12 @@ SCRIPTS = Path(__file__).resolve().parent / "scripts"
 JOB_ENV = {"UNIRANK_INIT_TIMEOUT": "60"}
 
 
-def _in_ci() -> bool:
-    """True when ``CI`` says this is a CI run (reads ``CI``), as tests/conftest.py decides."""
-    return os.environ.get("CI", "").strip().lower() in {"1", "true", "yes"}
-
-
-def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This environment without any launcher's, torchrun's or Accelerate's variables, plus
-    :data:`JOB_ENV` and ``extra``."""
-    return launcher_free_environ({**JOB_ENV, **(extra or {})},
-                                 drop=("OMP_NUM_THREADS", "PYTHONUNBUFFERED"),
-                                 drop_prefixes=("ACCELERATE_",))
-
-
-def _run_local(args: Sequence[str], cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m unirank run ARGS`` here, in its own session; killed (workers too) on timeout."""
-    cmd = [sys.executable, "-m", "unirank", "run", *args]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env(), cwd=cwd,
-                            start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, stderr = proc.communicate()
-        raise AssertionError(f"{' '.join(cmd)} did not finish in {TIMEOUT:g} s; killed\n"
-                             f"stdout:\n{stdout}\nstderr:\n{stderr}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+def _run_local(runner: Runner, args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """``python -m unirank run ARGS`` here, in its own session (killed, workers too, on
+    timeout), without any launcher's, torchrun's or Accelerate's variables, with
+    :data:`JOB_ENV`."""
+    return runner.run(args, env=JOB_ENV, drop=("OMP_NUM_THREADS", "PYTHONUNBUFFERED"),
+                      drop_prefixes=("ACCELERATE_",), timeout=TIMEOUT, new_session=True)
 
 
 def _records(text: str, tag: str) -> dict[int, dict[str, Any]]:
@@ -147,11 +123,8 @@ class Peer:
     def require(self) -> None:
         """Skip (fail with ``CI=true``) with a one-line reason when the library is missing."""
         if importlib.util.find_spec(self.module) is None:
-            reason = (f"{self.package} is not installed (it is in the test extra: "
-                      f"pip install -e '.[test]')")
-            if _in_ci():
-                pytest.fail(reason, pytrace=False)
-            pytest.skip(reason)
+            unavailable(f"{self.package} is not installed (it is in the test extra: "
+                        f"pip install -e '.[test]')")
 
     def check_world(self, text: str, world: int, per_node: int, slurm: bool) -> None:
         """Exactly one record per rank ``0..world-1``, each as :attr:`check` wants; in Slurm,
@@ -182,9 +155,9 @@ def _ok(result: subprocess.CompletedProcess[str]) -> str:
 # --- tests --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("peer", ALL)
-def test_unirank_run_two_local_workers(peer: Peer, tmp_path: Path) -> None:
+def test_unirank_run_two_local_workers(peer: Peer, runner: Runner) -> None:
     peer.require()
-    result = _run_local(["-n", "2", peer.script, *peer.args(2, 1)], cwd=tmp_path)
+    result = _run_local(runner, ["-n", "2", peer.script, *peer.args(2, 1)])
     peer.check_world(_ok(result), world=2, per_node=2, slurm=False)
 
 
@@ -194,8 +167,7 @@ def test_srun_each_task_one_rank(peer: Peer, slurm_testbed: SlurmTestbed) -> Non
     accepts, ignite included (its RANK/LOCAL_RANK/WORLD_SIZE equal Slurm's task numbers)."""
     peer.require()
     result = slurm_testbed.srun(
-        ["-N2", "--ntasks-per-node=2", sys.executable, "-m", "unirank", "run", peer.script,
-         *peer.args(2, 2)],
+        Runner.command([peer.script, *peer.args(2, 2)], prefix=["-N2", "--ntasks-per-node=2"]),
         timeout=TIMEOUT, env=JOB_ENV, check=False,
     )
     peer.check_world(_ok(result), world=4, per_node=2, slurm=True)
@@ -207,8 +179,8 @@ def test_srun_one_launcher_per_node(peer: Peer, slurm_testbed: SlurmTestbed) -> 
     take torchrun's variables and see world 4 (ignite refuses this layout: see the docstring)."""
     peer.require()
     result = slurm_testbed.srun(
-        ["-N2", "--ntasks-per-node=1", sys.executable, "-m", "unirank", "run", "-n", "2",
-         peer.script, *peer.args(2, 2)],
+        Runner.command(["-n", "2", peer.script, *peer.args(2, 2)],
+                       prefix=["-N2", "--ntasks-per-node=1"]),
         timeout=TIMEOUT, env=JOB_ENV, check=False,
     )
     peer.check_world(_ok(result), world=4, per_node=2, slurm=True)

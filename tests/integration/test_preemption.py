@@ -27,10 +27,10 @@ if TYPE_CHECKING:
     from conftest import SlurmTestbed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _outputs import EXAMPLES, PY, REPO, local_env
+from _outputs import EXAMPLES, JOB_ENV, PY, REPO
 from test_sbatch_cmd import _described, start
 
-from _procs import read_stdout_until
+from _procs import Runner, launcher_free_environ, read_stdout_until
 
 pytestmark = pytest.mark.integration
 
@@ -49,10 +49,12 @@ HOLD = Path(__file__).resolve().parent / "hold"
 HOLD_AT = 3
 
 
+#: what every run here adds to the launcher-free environment
+RUN_ENV = {**JOB_ENV, "PYTHONPATH": str(REPO / "src")}
+
+
 def _env() -> dict[str, str]:
-    env = local_env()
-    env["PYTHONPATH"] = str(REPO / "src")
-    return env
+    return launcher_free_environ(RUN_ENV)
 
 
 def _held_env(checkpoint: str) -> dict[str, str]:
@@ -70,17 +72,13 @@ def _digest(stdout: str) -> str:
 @pytest.fixture(scope="module")
 def unbroken() -> str:
     """The parameters' fingerprint after an unbroken run (``unirank run -n 2``, gloo)."""
-    done = subprocess.run([PY, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS], cwd=REPO,
-                          env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
-                          stdin=subprocess.DEVNULL)
+    done = Runner(REPO).run(["-n", "2", TRAIN, *ARGS], env=RUN_ENV, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr
     return _digest(done.stdout)
 
 
 def _run(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PY, "-m", "unirank", "run", "-n", "2", *args], cwd=REPO, env=_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT,
-                          stdin=subprocess.DEVNULL)
+    return Runner(REPO).run(["-n", "2", *args], env=RUN_ENV, timeout=TIMEOUT)
 
 
 @pytest.mark.parametrize(("every", "signal_rank", "signal_step", "stop_step"),
@@ -157,7 +155,7 @@ def test_sigusr2_under_unirank_run_stops_saves_exits_79_and_a_rerun_resumes(
     summary) and exits 79. The same command again resumes after that step and ends with the
     unbroken run's parameters."""
     checkpoint = str(tmp_path / "ck.pt")
-    cmd = [PY, "-m", "unirank", "run", "-n", "2", TRAIN, *ARGS, "--checkpoint", checkpoint]
+    cmd = Runner.command(["-n", "2", TRAIN, *ARGS, "--checkpoint", checkpoint])
     code, out, err = _stop_when_held(cmd, checkpoint, _to_worker(-1))
     assert code == REQUEUE_EXIT_CODE, f"{out}\n{err}"
     assert err.strip().splitlines()[-1] == (
@@ -188,8 +186,8 @@ def test_max_restarts_restarts_a_group_stopped_for_requeue_outside_slurm(
     unbroken run's parameters."""
     checkpoint = str(tmp_path / "ck.pt")
     code, out, err = _stop_when_held(
-        [PY, "-m", "unirank", "run", "-n", "2", "--max-restarts", "1", TRAIN, *ARGS,
-         "--checkpoint", checkpoint], checkpoint, _to_worker(0))
+        Runner.command(["-n", "2", "--max-restarts", "1", TRAIN, *ARGS, "--checkpoint",
+                        checkpoint]), checkpoint, _to_worker(0))
     assert code == 0, f"{out}\n{err}"
     assert ("unirank run: attempt 0 stopped to be requeued (exit code 79); restarting the "
             "workers (1 of 1 restarts)") in err, err

@@ -29,7 +29,9 @@ if TYPE_CHECKING:
     from conftest import SlurmTestbed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _outputs import REPO, check_world, local_env, parse_hello, slurm_port
+from _outputs import JOB_ENV, REPO, check_world, parse_hello, slurm_port
+
+from _procs import launcher_free_environ
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -56,7 +58,7 @@ def _command(testbed: SlurmTestbed, args: Sequence[str], minutes: int = 3) -> tu
 
 
 def _env(extra: Optional[dict[str, str]] = None) -> dict[str, str]:
-    env = local_env(extra)
+    env = launcher_free_environ({**JOB_ENV, **(extra or {})})
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "src"),
                                                       os.environ.get("PYTHONPATH")]))
     return env

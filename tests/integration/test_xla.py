@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from conftest import REPO_ROOT, clean_environ
+from _procs import launcher_free_environ
+from conftest import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +61,8 @@ LOW_END_IGNORED = ["tests/runtime/test_idist_compat.py", "tests/runtime/test_idi
 def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None,
         check: bool = True) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO_ROOT,
-                          stdin=subprocess.DEVNULL, env=clean_environ({**CPU, **(env or {})}))
+                          stdin=subprocess.DEVNULL,
+                          env=launcher_free_environ({**CPU, **(env or {})}))
     if check:
         assert proc.returncode == 0, f"{cmd} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc

@@ -4,15 +4,19 @@ horovodrun), and the refusal of several XLA:CPU processes.
 
 Running Horovod itself is tested in tests/integration/test_horovod.py. The one mock here stands
 for a Python without Horovod (``importlib.util.find_spec`` answers None), since this one has it.
+A Python without Horovod skips the tests that need it with a one-line reason; with ``CI=true``
+they fail (DEVELOPERS.md: CI installs every lane).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Iterator
+import os
+from collections.abc import Iterator, Mapping
 
 import pytest
 
+from _procs import unavailable
 from unirank import netroute
 from unirank.errors import ConfigError
 from unirank.runtime import backends
@@ -79,10 +83,18 @@ def test_uses_unirank_store_unless_horovodrun_brought_a_rendezvous() -> None:
     assert entry.uses_store({"HOROVOD_GLOO_RENDEZVOUS_ADDR": "10.0.0.1"}) is False
 
 
+def require_horovod(environ: Mapping[str, str] = os.environ) -> None:
+    """Skip (fail with ``CI=true`` in ``environ``) with a one-line reason when this Python has
+    no Horovod. Reads ``CI``."""
+    problem = hvd_backend.problem(NO_CUDA)
+    if problem is not None:
+        unavailable("Horovod is not installed in this Python: run scripts/setup --horovod",
+                    problem, environ)
+
+
 @pytest.fixture
 def installed() -> Iterator[None]:
-    if hvd_backend.problem(NO_CUDA) is not None:
-        pytest.skip("Horovod is not installed here (the CI lane installs it)")
+    require_horovod()
     yield
 
 
@@ -117,6 +129,19 @@ def test_horovod_missing_is_one_config_error_with_the_setup_command(
     assert "scripts/setup --horovod" in message
     # auto under horovodrun falls back to the usual choice instead of failing
     assert choose_backend("auto", NO_CUDA, launcher="horovodrun") == "gloo"
+
+
+def test_a_python_without_horovod_fails_its_tests_in_ci_and_skips_them_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Mock: this Python has Horovod, so find_spec is made to answer as one without it would."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "horovod" else real(name, *a))
+    with pytest.raises(pytest.fail.Exception, match="scripts/setup --horovod"):
+        require_horovod({"CI": "true"})
+    with pytest.raises(pytest.skip.Exception, match="scripts/setup --horovod"):
+        require_horovod({})
 
 
 def test_xla_is_never_auto_and_has_its_aliases() -> None:

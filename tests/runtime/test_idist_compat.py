@@ -19,8 +19,7 @@ from typing import Any
 
 import pytest
 
-from _procs import free_port, launcher_free_environ
-from conftest import unavailable
+from _procs import free_port, launcher_free_environ, unavailable
 
 SCRIPT = Path(__file__).parent / "scripts" / "idist_program.py"
 TIMEOUT = 240

@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import Any
 
 import unirank
-from conftest import unavailable
+from _procs import unavailable
 
 #: ignite's implementation modules, reachable as attributes of ignite.distributed; not API
 NOT_PROVIDED_MODULES = {"auto", "comp_models", "launcher", "native", "utils", "xla"}

@@ -88,7 +88,9 @@ def test_allocation_shell_with_several_tasks_names_the_srun_command() -> None:
 @pytest.mark.parametrize("planned", [None, 1])
 def test_allocation_shell_with_one_task_runs_serially(planned: int | None) -> None:
     env = DistEnv(launcher="slurm-allocation", launch_required=True, planned_tasks=planned)
-    require_launched(env, ["job.py"], "/usr/bin/python3")  # no error
+    assert not env.must_launch
+    assert (env.rank, env.world_size) == (0, 1)
+    require_launched(env, ["job.py"], "/usr/bin/python3")  # no error: it runs in place
 
 
 def test_init_world_of_one_and_finalize(local_env: DistEnv) -> None:

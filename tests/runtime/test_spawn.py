@@ -27,17 +27,12 @@ pytestmark = pytest.mark.integration
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-def job_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    """This environment without any launcher's variables (the shell may carry some), + ``extra``."""
-    return launcher_free_environ(extra)
-
-
 def run_script(
     name: str, *args: str, env: Optional[Mapping[str, str]] = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args], env=job_env(env), capture_output=True,
-        text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+        [sys.executable, str(SCRIPTS / name), *args], env=launcher_free_environ(env),
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
     )
 
 
@@ -121,7 +116,8 @@ def read_lines_until(fd: int, prefix: str, count: int, timeout: float) -> list[s
 
 def test_workers_die_with_a_sigkilled_parent() -> None:
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPTS / "orphan_job.py")], env=job_env(), stdout=subprocess.PIPE,
+        [sys.executable, str(SCRIPTS / "orphan_job.py")], env=launcher_free_environ(),
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, bufsize=0,
     )
     assert proc.stdout is not None
@@ -147,7 +143,7 @@ def test_two_nodes_of_spawned_workers_form_one_world() -> None:
     procs = [
         subprocess.Popen(
             [sys.executable, str(SCRIPTS / "multinode_job.py"), str(node), port],
-            env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=launcher_free_environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             stdin=subprocess.DEVNULL,
         )
         for node in (0, 1)
@@ -180,7 +176,8 @@ def test_missing_rank_is_named_within_the_init_timeout() -> None:
     }
     code = "import unirank as ur\nur.init('gloo')\n"
     proc = subprocess.run(
-        [sys.executable, "-c", code], env=job_env(env), capture_output=True, text=True,
+        [sys.executable, "-c", code], env=launcher_free_environ(env), capture_output=True,
+        text=True,
         timeout=60, stdin=subprocess.DEVNULL,
     )
     assert proc.returncode != 0
@@ -198,7 +195,8 @@ def test_unreachable_store_is_a_clear_error() -> None:
     }
     code = "import unirank as ur\nur.init('gloo')\n"
     proc = subprocess.run(
-        [sys.executable, "-c", code], env=job_env(env), capture_output=True, text=True,
+        [sys.executable, "-c", code], env=launcher_free_environ(env), capture_output=True,
+        text=True,
         timeout=60, stdin=subprocess.DEVNULL,
     )
     assert proc.returncode != 0
@@ -214,7 +212,8 @@ def test_user_created_group_is_used_under_torchrun() -> None:
     proc = subprocess.run(
         [torchrun, "--standalone", "--nproc_per_node", "2",
          str(SCRIPTS / "user_group_job.py")],
-        env=job_env(), capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env=launcher_free_environ(), capture_output=True, text=True, timeout=120,
+        stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr
     rows = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT "))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import launcher_free_environ
+from _procs import Runner, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -23,13 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
 
-def _env() -> dict[str, str]:
-    return launcher_free_environ()
-
-
 def _run(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), env=_env(), capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL, cwd=ROOT)
+    return subprocess.run(list(argv), env=launcher_free_environ(), capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL, cwd=ROOT)
 
 
 def _cuda() -> bool:
@@ -73,8 +69,7 @@ def _results(proc: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
 
 def test_a_rank_joins_once_under_unirank_run() -> None:
     """The bootstrap's join check stands for the first ``ur.init()``; a second init joins."""
-    rows = _results(_run(sys.executable, "-m", "unirank", "run", "-n", "2",
-                         str(SCRIPTS / "join_once.py")))
+    rows = _results(_run(*Runner.command(["-n", "2", str(SCRIPTS / "join_once.py")])))
     assert rows == [{"rank": r, "bootstrap": 2, "first_init_joined": False,
                      "second_init_joined": True} for r in (0, 1)]
 

@@ -5,13 +5,13 @@ called, to show that the refusal comes before any submission (no Slurm is needed
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from _procs import launcher_free_environ
 from unirank.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -191,8 +191,7 @@ def test_auto_with_fewer_gpus_than_ranks_is_accepted(
 
 
 def _unirank(args: list[str], path: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    env.update(PATH=path, PYTHONPATH=str(REPO / "src"))
+    env = launcher_free_environ({"PATH": path, "PYTHONPATH": str(REPO / "src")})
     return subprocess.run([sys.executable, "-m", "unirank", "sbatch", *args], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=60,
                           stdin=subprocess.DEVNULL)

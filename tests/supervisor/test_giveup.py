@@ -1,20 +1,25 @@
 """A node that refuses to start tells the others only where the plan names them
 (:func:`unirank.supervisor.plan.giveup_address`): the master of the nodes it was to join, when
-the options, MASTER_ADDR or the launcher name it; never a ``127.0.0.1`` no one gave."""
+the options, MASTER_ADDR or the launcher name it; never a ``127.0.0.1`` no one gave. The abort
+value lands in a real store served here on 127.0.0.1, through the real child process
+(:mod:`unirank.supervisor.giveup`); a store that nothing serves is given up on within the
+bound, with False."""
 
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from _procs import Runner, free_port
 from unirank.distenv import DistEnv
+from unirank.joincheck import ABORT_PREFIX, ALL_KEY
 from unirank.launchers import detect
+from unirank.store import open_store
+from unirank.supervisor.giveup import _main, tell_others
 from unirank.supervisor.plan import LaunchRequest, giveup_address
-
-if TYPE_CHECKING:
-    from conftest import Runner
 
 #: a one-per-node Slurm step of two nodes, as detection describes it
 SLURM_TWO_NODES = DistEnv(launcher="slurm", rank=1, world_size=2, node_rank=1, num_nodes=2,
@@ -71,3 +76,31 @@ def test_a_refusal_without_a_master_contacts_no_one(runner: Runner) -> None:
         "unirank run: error: --master-addr=<unset>: is needed with 2 nodes: they must agree on "
         "the host of rank 0 HINT: pass --master-addr <node 0's host name or address> on every "
         "node (or export MASTER_ADDR)"]
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Any, int]]:
+    """A store served here on a free port, and that port."""
+    port = free_port()
+    store = open_store("127.0.0.1", port, rank=0, timeout=30, serve=True, hint="")
+    yield store, port
+    del store
+
+
+def test_the_reason_reaches_the_store_as_the_join_checks_abort_value(
+        served: tuple[Any, int]) -> None:
+    store, port = served
+    assert tell_others("127.0.0.1", port, "node2 gave up:\n  --nproc-per-node  disagrees",
+                       timeout=30)
+    assert bytes(store.get(ALL_KEY)).decode() == \
+        f"{ABORT_PREFIX}node2 gave up: --nproc-per-node disagrees"
+
+
+def test_a_store_nobody_serves_is_given_up_on_with_false() -> None:
+    assert tell_others("127.0.0.1", free_port(), "node2 gave up", timeout=0.5) is False
+
+
+@pytest.mark.parametrize("argv", [["127.0.0.1", "not-a-port", "1", "why"],
+                                  ["no.such.host.invalid", "29500", "1", "why"]])
+def test_the_child_exits_1_when_it_cannot_set_the_value(argv: list[str]) -> None:
+    assert _main(argv) == 1

@@ -9,12 +9,13 @@ so the script is shared through the test's folder.
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from _procs import Runner
 
 pytestmark = pytest.mark.integration
 
@@ -60,23 +61,24 @@ def _assert_two_nodes_of_two(results: dict[int, tuple[str, ...]]) -> None:
 
 def test_srun_one_task_per_node(slurm_testbed: Any) -> None:
     script = _script(slurm_testbed.work_dir)
-    result = slurm_testbed.srun(["-N2", "--ntasks-per-node=1", sys.executable, "-m", "unirank",
-                                 "run", "-n", "2", script], timeout=120)
+    result = slurm_testbed.srun(Runner.command(["-n", "2", script],
+                                               prefix=["-N2", "--ntasks-per-node=1"]),
+                                timeout=120)
     _assert_two_nodes_of_two(_results(result.stdout))
 
 
 def test_srun_with_several_tasks_per_node_runs_each_task_as_one_rank(slurm_testbed: Any) -> None:
     """The planner's rule 3: each task srun started is one rank (as Parallel does in place)."""
     script = _script(slurm_testbed.work_dir)
-    result = slurm_testbed.srun(["-N2", "--ntasks-per-node=2", sys.executable, "-m", "unirank",
-                                 "run", script], timeout=120)
+    result = slurm_testbed.srun(Runner.command([script], prefix=["-N2", "--ntasks-per-node=2"]),
+                                timeout=120)
     _assert_two_nodes_of_two(_results(result.stdout))
 
 
 def test_srun_tasks_per_node_disagreeing_with_nproc_is_refused(slurm_testbed: Any) -> None:
     script = _script(slurm_testbed.work_dir)
-    result = slurm_testbed.srun(["-N1", "-n2", sys.executable, "-m", "unirank", "run", "-n", "4",
-                                 script], timeout=120, check=False)
+    result = slurm_testbed.srun(Runner.command(["-n", "4", script], prefix=["-N1", "-n2"]),
+                                timeout=120, check=False)
     assert result.returncode == 2, result.stderr
     assert "--nproc-per-node='4': disagrees with the slurm launcher, which started 2 " \
            "processes on this node" in result.stderr
@@ -86,8 +88,8 @@ def test_srun_tasks_per_node_disagreeing_with_nproc_is_refused(slurm_testbed: An
 
 def test_salloc_shell_goes_through_srun(slurm_testbed: Any) -> None:
     script = _script(slurm_testbed.work_dir)
-    result = slurm_testbed.salloc(["-N2", sys.executable, "-m", "unirank", "run", "-n", "2",
-                                   script], timeout=120)
+    result = slurm_testbed.salloc(Runner.command(["-n", "2", script], prefix=["-N2"]),
+                                  timeout=120)
     assert "unirank run: no Slurm step here; starting one per node: srun --nodes=2 --ntasks=2 " \
            "--ntasks-per-node=1" in result.stderr
     _assert_two_nodes_of_two(_results(result.stdout))
@@ -95,8 +97,8 @@ def test_salloc_shell_goes_through_srun(slurm_testbed: Any) -> None:
 
 def test_salloc_shell_without_srun_fails_at_once_with_the_command(slurm_testbed: Any) -> None:
     script = _script(slurm_testbed.work_dir)
-    result = slurm_testbed.salloc(["-N2", sys.executable, "-m", "unirank", "run", "-n", "2",
-                                   script], timeout=120, env={"UNIRANK_NO_SRUN": "1"},
+    result = slurm_testbed.salloc(Runner.command(["-n", "2", script], prefix=["-N2"]),
+                                  timeout=120, env={"UNIRANK_NO_SRUN": "1"},
                                   check=False)
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if line.startswith("unirank run:")]
@@ -115,30 +117,24 @@ def test_sbatch_script_goes_through_srun(slurm_testbed: Any) -> None:
     _assert_two_nodes_of_two(_results(batch.output))
 
 
-def test_mpirun_one_process_per_node(mpirun: list[str], tmp_path: Path) -> None:
-    script = _script(tmp_path)
-    result = subprocess.run([*mpirun, "-np", "1", sys.executable, "-m", "unirank", "run", "-n",
-                             "2", script], capture_output=True, text=True, timeout=120,
-                            stdin=subprocess.DEVNULL)
+def test_mpirun_one_process_per_node(mpirun: list[str], runner: Runner) -> None:
+    script = _script(runner.cwd)
+    result = runner.run(["-n", "2", script], prefix=[*mpirun, "-np", "1"], timeout=120)
     assert result.returncode == 0, result.stderr
     results = _results(result.stdout)
     assert sorted(results) == [0, 1]
     assert {r[0] for r in results.values()} == {"2"} and {r[-1] for r in results.values()} == {"3"}
 
 
-def test_mpirun_two_processes_on_one_node_run_in_place(mpirun: list[str], tmp_path: Path) -> None:
+def test_mpirun_two_processes_on_one_node_run_in_place(mpirun: list[str], runner: Runner) -> None:
     """Each of mpirun's two ranks is one rank; a disagreeing -n is refused with the command."""
-    script = _script(tmp_path)
-    result = subprocess.run([*mpirun, "-np", "2", sys.executable, "-m", "unirank", "run",
-                             script], capture_output=True, text=True, timeout=120,
-                            stdin=subprocess.DEVNULL)
+    script = _script(runner.cwd)
+    result = runner.run([script], prefix=[*mpirun, "-np", "2"], timeout=120)
     assert result.returncode == 0, result.stderr
     results = _results(result.stdout)
     assert sorted(results) == [0, 1]
     assert {r[0] for r in results.values()} == {"2"} and {r[-1] for r in results.values()} == {"3"}
-    refused = subprocess.run([*mpirun, "-np", "2", sys.executable, "-m", "unirank", "run", "-n",
-                              "3", script], capture_output=True, text=True, timeout=120,
-                             stdin=subprocess.DEVNULL)
+    refused = runner.run(["-n", "3", script], prefix=[*mpirun, "-np", "2"], timeout=120)
     assert refused.returncode != 0
     assert "mpirun --map-by ppr:1:node" in refused.stderr
     assert "RESULT" not in refused.stdout

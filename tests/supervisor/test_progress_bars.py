@@ -13,7 +13,6 @@ import os
 import re
 import selectors
 import struct
-import subprocess
 import sys
 import termios
 import time
@@ -21,11 +20,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from _procs import launcher_free_environ
 from _screen import screen
 
 if TYPE_CHECKING:
-    from conftest import Runner
+    from _procs import Runner
 
 pytestmark = pytest.mark.integration
 
@@ -59,9 +57,7 @@ def _on_a_terminal(runner: Runner, args: list[str]) -> list[str]:
     console, terminal = os.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, WIDTH, 0, 0))
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "unirank", "run", *args],
-                                cwd=runner.cwd, env=launcher_free_environ(), stdout=terminal,
-                                stderr=terminal, stdin=subprocess.DEVNULL)
+        proc = runner.start(args, stdout=terminal, stderr=terminal)
     finally:
         os.close(terminal)
     received = bytearray()

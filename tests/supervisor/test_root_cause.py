@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from conftest import Runner
+    from _procs import Runner
 
 pytestmark = pytest.mark.integration
 

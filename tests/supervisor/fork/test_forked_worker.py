@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import launcher_free_environ, run_to_end
+from _procs import Runner, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -39,14 +39,13 @@ FORKED = os.environ.get("UNIRANK_NO_PRELOAD", "").strip() in ("", "0")
 _PARENT = "import os as _os\nprint('PARENT', _os.getppid(), flush=True)\n"
 
 
-def _run(cwd: Path, args: Sequence[str], env: Optional[Mapping[str, str]] = None,
+def _run(runner: Runner, args: Sequence[str], env: Optional[Mapping[str, str]] = None,
          drop: Sequence[str] = (), stdout: Optional[int] = None,
          ) -> subprocess.CompletedProcess[str]:
     """Run ``unirank run ARGS`` to the end and check which path started its workers (see the
     module docstring)."""
-    pid, result = run_to_end([sys.executable, "-m", "unirank", "run", *args], cwd,
-                             launcher_free_environ(env, drop=drop), TIMEOUT, stdout)
-    out, err = result.stdout, result.stderr
+    result = runner.run(args, env=env, drop=drop, stdout=stdout, timeout=TIMEOUT)
+    pid, out, err = result.pid, result.stdout, result.stderr
     parents = [int(p) for p in re.findall(r"^PARENT (\d+)$", out or "", re.M)]
     parents += [int(p) for p in re.findall(r"^PARENT (\d+)$", err, re.M)]
     assert parents, f"no worker said who its parent is:\n{out}\n{err}"
@@ -94,7 +93,8 @@ print("VALUES " + json.dumps({
 
 
 @pytest.mark.parametrize("omp", [None, "2"], ids=["omp-unset", "omp-2"])
-def test_import_time_values_are_the_worker_s_own(tmp_path: Path, omp: Optional[str]) -> None:
+def test_import_time_values_are_the_worker_s_own(runner: Runner,
+                                                 tmp_path: Path, omp: Optional[str]) -> None:
     """Thread counts equal a fresh interpreter's with the worker's environment, and each rank
     draws its own random numbers. Without the server importing with the workers' common
     environment torch's count would be the supervisor's (OMP_NUM_THREADS unset); without
@@ -105,7 +105,7 @@ def test_import_time_values_are_the_worker_s_own(tmp_path: Path, omp: Optional[s
     (tmp_path / "values.py").write_text(_VALUES)
     env = {} if omp is None else {"OMP_NUM_THREADS": omp}
     preload = [] if omp is None else ["--preload", "numpy.random"]
-    result = _run(tmp_path, ["-n", "2", *preload, "values.py"], env=env,
+    result = _run(runner, ["-n", "2", *preload, "values.py"], env=env,
                   drop=("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"))
     assert result.returncode == 0, result.stderr
     values = _tagged(result.stdout, "VALUES")
@@ -144,12 +144,12 @@ print("LOADER", sum(int(b[:, 0].sum()) for b in batches),
 """
 
 
-def test_blas_and_a_dataloader_work_in_the_worker(tmp_path: Path) -> None:
+def test_blas_and_a_dataloader_work_in_the_worker(runner: Runner, tmp_path: Path) -> None:
     """numpy's OpenBLAS (set to 2 threads in the worker, after the server loaded it with
     one) and a DataLoader whose 2 workers fork from the forked worker compute right. Were
     OpenBLAS loaded with its default threads the server would refuse to fork (fallback line)."""
     (tmp_path / "compute.py").write_text(_COMPUTE)
-    result = _run(tmp_path, ["-n", "1", "compute.py"], env={"OMP_NUM_THREADS": "2"},
+    result = _run(runner, ["-n", "1", "compute.py"], env={"OMP_NUM_THREADS": "2"},
                   drop=("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"))
     assert result.returncode == 0, result.stderr
     cpus = len(os.sched_getaffinity(0))
@@ -172,12 +172,12 @@ if __name__ == "__main__":
 """
 
 
-def test_multiprocessing_spawn_works_in_the_worker(tmp_path: Path) -> None:
+def test_multiprocessing_spawn_works_in_the_worker(runner: Runner, tmp_path: Path) -> None:
     """A spawned child re-imports the worker's ``__main__`` from what the worker's ``sys``
     says (its ``__main__`` module, ``sys.path``, ``sys.argv``): in a forked worker these must
     be the program's, not the fork server's."""
     (tmp_path / "spawner.py").write_text(_SPAWN)
-    result = _run(tmp_path, ["-n", "1", "spawner.py"])
+    result = _run(runner, ["-n", "1", "spawner.py"])
     assert result.returncode == 0, result.stderr
     assert "SPAWNED 285\n" in result.stdout
 
@@ -201,10 +201,10 @@ def _plain_what(args: Sequence[str], cwd: Path) -> Any:
     return _tagged(plain.stdout, "WHAT")[0]
 
 
-def test_a_script_sees_what_python_gives_it(tmp_path: Path) -> None:
+def test_a_script_sees_what_python_gives_it(runner: Runner, tmp_path: Path) -> None:
     script = tmp_path / "what.py"
     script.write_text(_PARENT + _WHAT)
-    result = _run(tmp_path, ["-n", "1", "what.py", "a", "--b"])
+    result = _run(runner, ["-n", "1", "what.py", "a", "--b"])
     assert result.returncode == 0, result.stderr
     (ours,) = _tagged(result.stdout, "WHAT")
     assert ours == _plain_what(["what.py", "a", "--b"], tmp_path)
@@ -212,11 +212,11 @@ def test_a_script_sees_what_python_gives_it(tmp_path: Path) -> None:
     assert ours["path0"] == str(tmp_path) and ours["name"] == "__main__"
 
 
-def test_a_module_sees_what_python_m_gives_it(tmp_path: Path) -> None:
+def test_a_module_sees_what_python_m_gives_it(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "mod.py").write_text(_PARENT + _WHAT)
-    result = _run(tmp_path, ["-n", "1", "-m", "pkg.mod", "x"])
+    result = _run(runner, ["-n", "1", "-m", "pkg.mod", "x"])
     assert result.returncode == 0, result.stderr
     (ours,) = _tagged(result.stdout, "WHAT")
     assert ours == _plain_what(["-m", "pkg.mod", "x"], tmp_path)
@@ -227,16 +227,17 @@ def test_a_module_sees_what_python_m_gives_it(tmp_path: Path) -> None:
 # -- how it ends ----------------------------------------------------------------------------------
 
 
-def test_sys_exit_code_is_the_run_s(tmp_path: Path) -> None:
+def test_sys_exit_code_is_the_run_s(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "exit3.py").write_text(_PARENT + "import sys\nsys.exit(3)\n")
-    result = _run(tmp_path, ["-n", "1", "exit3.py"])
+    result = _run(runner, ["-n", "1", "exit3.py"])
     assert result.returncode == 3, result.stderr
     summary = result.stderr[result.stderr.index("unirank run: FAILED"):]
     assert "rank 0 (local rank 0)" in summary and "exit code 3" in summary
 
 
 @pytest.mark.parametrize("code", ["256", "-1", "'text'", "None", "True", "2 ** 70"])
-def test_system_exit_ends_the_worker_as_python_ends(tmp_path: Path, code: str) -> None:
+def test_system_exit_ends_the_worker_as_python_ends(runner: Runner, tmp_path: Path,
+                                                     code: str) -> None:
     """``raise SystemExit(CODE)``: the run's exit status and the error file's exit code are
     those of ``python script.py`` (256 -> 0, -1 -> 255, 2 ** 70 -> 255, a text printed and
     1); a clean exit leaves no error file."""
@@ -245,8 +246,8 @@ def test_system_exit_ends_the_worker_as_python_ends(tmp_path: Path, code: str) -
     python = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     logs = tmp_path / "logs"
-    result = _run(tmp_path, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "leave",
-                             "leave.py"])
+    result = _run(runner, tmp_path, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "leave",
+                                     "leave.py"])
     assert result.returncode == python.returncode, result.stderr
     error_file = logs / "leave" / "attempt_0" / "0" / "error.json"
     if python.returncode == 0:
@@ -259,13 +260,14 @@ def test_system_exit_ends_the_worker_as_python_ends(tmp_path: Path, code: str) -
         assert "text\n" in result.stderr[:result.stderr.index("unirank run: FAILED")]
 
 
-def test_an_uncaught_exception_prints_the_program_s_traceback(tmp_path: Path) -> None:
+def test_an_uncaught_exception_prints_the_program_s_traceback(runner: Runner,
+                                                              tmp_path: Path) -> None:
     """The traceback has the program's frames only (a forked worker starts in unirank's
     forkserver.py and forked.py), and the error file records the exception."""
     (tmp_path / "crash.py").write_text(
         _PARENT + "def explode():\n    raise ValueError('boom in the worker')\nexplode()\n")
     logs = tmp_path / "logs"
-    result = _run(tmp_path, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "crashrun",
+    result = _run(runner, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "crashrun",
                              "crash.py"])
     assert result.returncode == 1, result.stderr
     trace = result.stderr[result.stderr.index("Traceback (most recent call last):"):]
@@ -279,12 +281,12 @@ def test_an_uncaught_exception_prints_the_program_s_traceback(tmp_path: Path) ->
     assert "exit code 1" in result.stderr[result.stderr.index("unirank run: FAILED"):]
 
 
-def test_a_worker_killed_by_sigsegv_is_named(tmp_path: Path) -> None:
+def test_a_worker_killed_by_sigsegv_is_named(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "segv.py").write_text(
         _PARENT + "import os, resource, signal\n"
         "resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file\n"
         "os.kill(os.getpid(), signal.SIGSEGV)\n")
-    result = _run(tmp_path, ["-n", "1", "segv.py"])
+    result = _run(runner, ["-n", "1", "segv.py"])
     assert result.returncode == 128 + 11, result.stderr
     summary = result.stderr[result.stderr.index("unirank run: FAILED"):]
     assert "killed by SIGSEGV (signal 11)" in summary
@@ -305,12 +307,12 @@ threading.Thread(target=after_main).start()
 """
 
 
-def test_the_worker_ends_as_an_interpreter_does(tmp_path: Path) -> None:
+def test_the_worker_ends_as_an_interpreter_does(runner: Runner, tmp_path: Path) -> None:
     """A forked worker ends with ``os._exit``: without running the atexit handlers, flushing
     C's stdio and joining non-daemon threads first, each of these would be lost (C's stdout
     is buffered on a pipe without PYTHONUNBUFFERED)."""
     (tmp_path / "ending.py").write_text(_ENDING)
-    result = _run(tmp_path, ["-n", "1", "ending.py"], drop=("PYTHONUNBUFFERED",))
+    result = _run(runner, ["-n", "1", "ending.py"], drop=("PYTHONUNBUFFERED",))
     assert result.returncode == 0, result.stderr
     assert "atexit ran\n" in result.stdout
     assert "from C stdio\n" in result.stdout
@@ -326,11 +328,11 @@ def a_function_so_that_the_globals_are_a_cycle():
 """
 
 
-def test_a_file_left_open_is_flushed(tmp_path: Path) -> None:
+def test_a_file_left_open_is_flushed(runner: Runner, tmp_path: Path) -> None:
     """As ``python script.py`` does (its ``__main__`` is cleared at exit). A forked worker ends
     with ``os._exit``: without flushing every open file first, the data would be lost."""
     (tmp_path / "left_open.py").write_text(_LEFT_OPEN)
-    result = _run(tmp_path, ["-n", "1", "left_open.py"])
+    result = _run(runner, ["-n", "1", "left_open.py"])
     assert result.returncode == 0, result.stderr
     plain = tmp_path / "plain"
     plain.mkdir()
@@ -352,7 +354,8 @@ with open(sys.argv[1], "w") as out:
 
 
 @pytest.mark.parametrize("how", ["user", "unset", "terminal"])
-def test_unbuffered_output_as_the_environment_says(tmp_path: Path, how: str) -> None:
+def test_unbuffered_output_as_the_environment_says(runner: Runner,
+                                                   tmp_path: Path, how: str) -> None:
     """PYTHONUNBUFFERED set by the user, unset (a pipe: buffered), or set by ``unirank run``
     because its stdout is a terminal: the worker's stdout and stderr are what a fresh
     interpreter with its environment gets. The server's interpreter chose its buffering from
@@ -363,13 +366,13 @@ def test_unbuffered_output_as_the_environment_says(tmp_path: Path, how: str) -> 
     if how == "terminal":
         main, secondary = os.openpty()
         try:
-            result = _run(tmp_path, args, drop=("PYTHONUNBUFFERED",), stdout=secondary)
+            result = _run(runner, args, drop=("PYTHONUNBUFFERED",), stdout=secondary)
         finally:
             os.close(secondary)
             os.close(main)
     else:
         env = {"PYTHONUNBUFFERED": "1"} if how == "user" else {}
-        result = _run(tmp_path, args, env=env, drop=("PYTHONUNBUFFERED",))
+        result = _run(runner, args, env=env, drop=("PYTHONUNBUFFERED",))
     assert result.returncode == 0, result.stderr
     seen = json.loads(report.read_text())
     unbuffered = how != "unset"
@@ -379,7 +382,7 @@ def test_unbuffered_output_as_the_environment_says(tmp_path: Path, how: str) -> 
                                    tmp_path)
 
 
-def test_the_garbage_collector_is_on_and_frees_cycles(tmp_path: Path) -> None:
+def test_the_garbage_collector_is_on_and_frees_cycles(runner: Runner, tmp_path: Path) -> None:
     """The fork server imports with the collector off; its workers have it on, as any
     interpreter: a reference cycle made by the program is freed by a collection."""
     (tmp_path / "gc_on.py").write_text(_PARENT + """
@@ -393,6 +396,6 @@ del a, b
 gc.collect()
 print(f"GC {gc.isenabled()} {gone() is None}", flush=True)
 """)
-    result = _run(tmp_path, ["-n", "1", "gc_on.py"])
+    result = _run(runner, ["-n", "1", "gc_on.py"])
     assert result.returncode == 0, result.stderr
     assert "GC True True" in result.stdout, result.stdout

@@ -28,7 +28,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import assert_snippet_runs, launcher_free_environ, run_to_end, wait_gone
+from _procs import Runner, assert_snippet_runs, wait_gone
 from unirank.supervisor.fork.server import _preload, fork_hazard
 
 TIMEOUT = 180.0
@@ -50,14 +50,15 @@ print("WHO " + json.dumps({
 """
 
 
-def _env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
-    return launcher_free_environ(extra, drop=("UNIRANK_NO_PRELOAD",))
+#: the runs here use the fork server whatever the lane: its switch is dropped
+_PRELOAD_SWITCH = ("UNIRANK_NO_PRELOAD",)
 
 
-def _run(cwd: Path, args: Sequence[str],
+def _run(runner: Runner, args: Sequence[str],
          env: Optional[Mapping[str, str]] = None) -> tuple[int, subprocess.CompletedProcess[str]]:
     """Run ``unirank run ARGS`` to the end: its pid, and how it ended."""
-    return run_to_end([sys.executable, "-m", "unirank", "run", *args], cwd, _env(env), TIMEOUT)
+    result = runner.run(args, env=env, drop=_PRELOAD_SWITCH, timeout=TIMEOUT)
+    return result.pid, result
 
 
 def _who(stdout: str) -> list[dict[str, Any]]:
@@ -158,13 +159,13 @@ _PRELOADS = {
 
 @pytest.mark.integration
 @pytest.mark.parametrize("module", sorted(_PRELOADS))
-def test_a_hazardous_preload_falls_back_once(tmp_path: Path, module: str) -> None:
+def test_a_hazardous_preload_falls_back_once(runner: Runner, tmp_path: Path, module: str) -> None:
     """Without the check the workers would be forked from a server that runs a thread (or has
     CUDA): the fallback line would be missing and the workers' parent would be the server."""
     code, reason = _PRELOADS[module]
     (tmp_path / f"{module}.py").write_text(code)
     (tmp_path / "ok.py").write_text(_OK)
-    pid, result = _run(tmp_path, ["-n", "2", "--preload", module, "ok.py"])
+    pid, result = _run(runner, ["-n", "2", "--preload", module, "ok.py"])
     assert result.returncode == 0, result.stderr
     assert sorted(re.findall(r"^ok \d$", result.stdout, re.M)) == ["ok 0", "ok 1"]
     assert result.stderr.count(FALLBACK) == 1, result.stderr
@@ -173,7 +174,8 @@ def test_a_hazardous_preload_falls_back_once(tmp_path: Path, module: str) -> Non
 
 
 @pytest.mark.integration
-def test_a_thread_started_after_a_fork_makes_the_server_refuse(tmp_path: Path) -> None:
+def test_a_thread_started_after_a_fork_makes_the_server_refuse(runner: Runner,
+                                                               tmp_path: Path) -> None:
     """A preloaded library starts a thread in the server after its first fork (its
     ``os.register_at_fork`` hook): the next requests are refused, and those workers start as
     their own interpreters, with one line for all. Without the check at every fork they would
@@ -184,7 +186,7 @@ def test_a_thread_started_after_a_fork_makes_the_server_refuse(tmp_path: Path) -
         "    threading.Thread(target=threading.Event().wait, daemon=True).start()\n"
         "os.register_at_fork(after_in_parent=start)\n")
     (tmp_path / "ok.py").write_text(_OK)
-    pid, result = _run(tmp_path, ["-n", "3", "--preload", "late_thread", "ok.py"])
+    pid, result = _run(runner, ["-n", "3", "--preload", "late_thread", "ok.py"])
     assert result.returncode == 0, result.stderr
     assert sorted(re.findall(r"^ok \d$", result.stdout, re.M)) == ["ok 0", "ok 1", "ok 2"]
     assert result.stderr.count(FALLBACK) == 1, result.stderr
@@ -194,9 +196,9 @@ def test_a_thread_started_after_a_fork_makes_the_server_refuse(tmp_path: Path) -
 
 
 @pytest.mark.integration
-def test_a_preload_that_fails_to_import_falls_back_once(tmp_path: Path) -> None:
+def test_a_preload_that_fails_to_import_falls_back_once(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "ok.py").write_text(_OK)
-    pid, result = _run(tmp_path, ["-n", "2", "--preload", "no_such_module", "ok.py"])
+    pid, result = _run(runner, ["-n", "2", "--preload", "no_such_module", "ok.py"])
     assert result.returncode == 0, result.stderr
     assert sorted(re.findall(r"^ok \d$", result.stdout, re.M)) == ["ok 0", "ok 1"]
     assert result.stderr.count(FALLBACK) == 1, result.stderr
@@ -206,13 +208,13 @@ def test_a_preload_that_fails_to_import_falls_back_once(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_a_preload_module_is_imported_by_the_server(tmp_path: Path) -> None:
+def test_a_preload_module_is_imported_by_the_server(runner: Runner, tmp_path: Path) -> None:
     """``--preload MODULE``: the workers find it imported (by the server, before the fork)."""
     (tmp_path / "heavy.py").write_text("import os\nIMPORTED_BY = os.getpid()\n")
     (tmp_path / "check.py").write_text(
         _WHO + "import sys\nmod = sys.modules.get('heavy')\n"
         "print('IMPORTED_BY', mod and mod.IMPORTED_BY, flush=True)\n")
-    pid, result = _run(tmp_path, ["-n", "2", "--preload", "heavy", "check.py"])
+    pid, result = _run(runner, ["-n", "2", "--preload", "heavy", "check.py"])
     assert result.returncode == 0, result.stderr
     assert FALLBACK not in result.stderr
     server = {w["ppid"] for w in _who(result.stdout)}
@@ -224,10 +226,10 @@ def test_a_preload_module_is_imported_by_the_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_every_worker_is_a_child_of_the_one_server(tmp_path: Path) -> None:
+def test_every_worker_is_a_child_of_the_one_server(runner: Runner, tmp_path: Path) -> None:
     """Without the server each worker's parent would be ``unirank run`` itself."""
     (tmp_path / "who.py").write_text(_WHO)
-    pid, result = _run(tmp_path, ["-n", "3", "who.py"])
+    pid, result = _run(runner, ["-n", "3", "who.py"])
     assert result.returncode == 0, result.stderr
     assert FALLBACK not in result.stderr
     who = _who(result.stdout)
@@ -239,14 +241,14 @@ def test_every_worker_is_a_child_of_the_one_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_a_restart_forks_from_the_same_server(tmp_path: Path) -> None:
+def test_a_restart_forks_from_the_same_server(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "flaky.py").write_text(
         _WHO + "import torch.distributed as dist\n"
                "dist.init_process_group('gloo')\n"
                "dist.barrier()  # both said who they are before rank 1 fails\n"
                "if os.environ['TORCHELASTIC_RESTART_COUNT'] == '0' and "
                "os.environ['RANK'] == '1':\n    sys.exit(5)\n")
-    pid, result = _run(tmp_path, ["-n", "2", "--max-restarts", "1", "flaky.py"])
+    pid, result = _run(runner, ["-n", "2", "--max-restarts", "1", "flaky.py"])
     assert result.returncode == 0, result.stderr
     assert "attempt 0 failed (rank 1: exit code 5); restarting the workers" in result.stderr
     assert FALLBACK not in result.stderr
@@ -283,15 +285,12 @@ def _read_who(proc: subprocess.Popen[bytes], count: int) -> list[dict[str, Any]]
 
 @pytest.mark.integration
 def test_sigkill_of_the_supervisor_leaves_no_server_and_no_worker(
-        tmp_path: Path, started: list[subprocess.Popen[bytes]]) -> None:
+        runner: Runner) -> None:
     """The server runs in its own session, which a SIGKILLed ``unirank run`` cannot signal:
     it ends on its parent-death signal or on its socket's end, and its workers die with it
     (their own parent-death signal). Without those, all three would outlive it."""
-    (tmp_path / "sleeper.py").write_text(_SLEEPER)
-    proc = subprocess.Popen([sys.executable, "-m", "unirank", "run", "-n", "2", "sleeper.py"],
-                            cwd=tmp_path, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    started.append(proc)
+    runner.script("sleeper.py", _SLEEPER)
+    proc = runner.start(["-n", "2", "sleeper.py"], drop=_PRELOAD_SWITCH)
     who = _read_who(proc, 2)
     server = {w["ppid"] for w in who}
     assert len(server) == 1 and proc.pid not in server
@@ -306,10 +305,10 @@ def test_sigkill_of_the_supervisor_leaves_no_server_and_no_worker(
 
 
 @pytest.mark.integration
-def test_the_server_imports_once_per_node(tmp_path: Path) -> None:
+def test_the_server_imports_once_per_node(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "who.py").write_text(_WHO)
     raw = tmp_path / "times.json"
-    _pid, result = _run(tmp_path, ["-n", "2", "--timeline-json", str(raw), "who.py"])
+    _pid, result = _run(runner, ["-n", "2", "--timeline-json", str(raw), "who.py"])
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("fork server imported") == 1, result.stderr
     records = json.loads(raw.read_text())
@@ -327,8 +326,8 @@ def test_one_server_per_node_on_two_nodes(slurm_testbed: Any) -> None:
     (folder / "fs_who.py").write_text(_WHO)
     raw = folder / "fs_times.json"
     result = slurm_testbed.srun(
-        ["-N2", "--ntasks-per-node=1", sys.executable, "-m", "unirank", "run", "-n", "2",
-         "--timeline-json", str(raw), str(folder / "fs_who.py")],
+        Runner.command(["-n", "2", "--timeline-json", str(raw), str(folder / "fs_who.py")],
+                       prefix=["-N2", "--ntasks-per-node=1"]),
         timeout=180, env={"UNIRANK_NO_PRELOAD": "0"})
     assert FALLBACK not in result.stderr
     assert result.stderr.count("fork server imported") == 1, result.stderr

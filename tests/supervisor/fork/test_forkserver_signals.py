@@ -8,13 +8,11 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from _procs import is_live, launcher_free_environ, read_stdout_until
+from _procs import Runner, is_live, read_stdout_until
 
 pytestmark = pytest.mark.integration
 
@@ -55,13 +53,9 @@ def _ready_lines(proc: subprocess.Popen[bytes], count: int) -> list[list[str]]:
 
 
 def test_the_server_outlives_a_step_s_signals_and_workers_get_default_dispositions(
-        tmp_path: Path) -> None:
-    script = tmp_path / "wait.py"
-    script.write_text(_WORKER)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "unirank", "run", "-n", "2", str(script)], cwd=tmp_path,
-        env=launcher_free_environ(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE)
+        runner: Runner) -> None:
+    script = runner.script("wait.py", _WORKER)
+    proc = runner.start(["-n", "2", str(script)], stdin=subprocess.PIPE)
     try:
         lines = _ready_lines(proc, 2)
         servers = {ppid for _rank, ppid, _default, _interrupt in lines}

@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from _procs import launcher_free_environ, run_to_end
+from _procs import Runner
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +57,9 @@ _HEADING = "### What a forked worker cannot make identical"
 _LIBC_SIGNALS = 0b11 << 31
 
 
-def _records(tmp_path: Path, preload: bool) -> list[dict[str, Any]]:
-    env = launcher_free_environ({} if preload else {"UNIRANK_NO_PRELOAD": "1"},
-                                drop=("UNIRANK_NO_PRELOAD",))
-    command = [sys.executable, "-m", "unirank", "run", "-n", "2", "probe.py", "--lr", "0.1"]
-    _pid, result = run_to_end(command, tmp_path, env, TIMEOUT)
+def _records(runner: Runner, preload: bool) -> list[dict[str, Any]]:
+    result = runner.run(["-n", "2", "probe.py", "--lr", "0.1"],
+                        env={} if preload else {SWITCH: "1"}, drop=(SWITCH,), timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr
     assert "starting workers as their own interpreters" not in result.stderr
     found = [json.loads(m) for m in re.findall(r"^PROBE (.*)$", result.stdout, re.M)]
@@ -93,9 +91,9 @@ def documented_differences() -> set[str]:
     return set(re.findall(r"^\* `([a-z_]+)`", section, re.M))
 
 
-def test_a_forked_worker_differs_from_a_fresh_one_only_as_documented(tmp_path: Path) -> None:
-    (tmp_path / "probe.py").write_text(PROBE.read_text())
-    forked, fresh = _records(tmp_path, True), _records(tmp_path, False)
+def test_a_forked_worker_differs_from_a_fresh_one_only_as_documented(runner: Runner) -> None:
+    runner.script("probe.py", PROBE.read_text())
+    forked, fresh = _records(runner, True), _records(runner, False)
     differing: set[str] = set()
     for mine, theirs in zip(forked, fresh):
         mine_n, theirs_n = _normalised(mine, forked), _normalised(theirs, fresh)

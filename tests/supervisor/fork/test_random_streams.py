@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from _procs import launcher_free_environ, run_to_end
+from _procs import Runner, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -72,18 +72,21 @@ def _assert_all_differ(found: list[dict[str, Any]], count: int) -> None:
         assert len(set(values)) == count, (stream, values)
 
 
+def _switch(preload: bool) -> dict[str, str]:
+    """The no-preload lane's switch as the test chooses it (whatever the lane)."""
+    return {} if preload else {"UNIRANK_NO_PRELOAD": "1"}
+
+
 def _env(preload: bool) -> dict[str, str]:
-    return launcher_free_environ({} if preload else {"UNIRANK_NO_PRELOAD": "1"},
-                                 drop=("UNIRANK_NO_PRELOAD",))
+    return launcher_free_environ(_switch(preload), drop=("UNIRANK_NO_PRELOAD",))
 
 
 @pytest.mark.parametrize("preload", [True, False], ids=["forked", "no-preload"])
-def test_ranks_and_restarts_draw_their_own_numbers(tmp_path: Path, preload: bool) -> None:
+def test_ranks_and_restarts_draw_their_own_numbers(runner: Runner, preload: bool) -> None:
     """Two ranks, two attempts: four workers, four different draws from every stream."""
-    (tmp_path / "draws.py").write_text(_SCRIPT)
-    command = [sys.executable, "-m", "unirank", "run", "-n", "2", "--max-restarts", "1",
-               "draws.py"]
-    _pid, result = run_to_end(command, tmp_path, _env(preload), TIMEOUT)
+    runner.script("draws.py", _SCRIPT)
+    result = runner.run(["-n", "2", "--max-restarts", "1", "draws.py"], env=_switch(preload),
+                        drop=("UNIRANK_NO_PRELOAD",), timeout=TIMEOUT)
     assert result.returncode == 0, result.stderr
     found = _draws(result.stdout)
     assert sorted((d["restart"], d["rank"]) for d in found) == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -15,15 +15,13 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Optional, cast
+from typing import Any, cast
 
 import pytest
 
-from _procs import assert_snippet_runs, launcher_free_environ, run_to_end
+from _procs import Runner, assert_snippet_runs
 from unirank.supervisor.fork.client import WARM_PRELOAD, ForkServer, warm_modules
 
 TIMEOUT = 180.0
@@ -63,14 +61,6 @@ main()
 """
 
 _HELLO = _AT_START + "print('hello', flush=True)\n"
-
-
-def _run(cwd: Path, args: Sequence[str],
-         env: Optional[Mapping[str, str]] = None,
-         ) -> tuple[int, subprocess.CompletedProcess[str]]:
-    """Run ``unirank run ARGS`` to the end: its pid, and how it ended."""
-    return run_to_end([sys.executable, "-m", "unirank", "run", *args], cwd,
-                      launcher_free_environ(env, drop=("UNIRANK_NO_PRELOAD",)), TIMEOUT)
 
 
 def _tagged(stdout: str, tag: str) -> list[dict[str, Any]]:
@@ -142,17 +132,21 @@ def test_a_warm_variable_that_differs_is_not_forked() -> None:
 
 # -- end to end -----------------------------------------------------------------------------------
 
+#: the runs here choose the fork server or not themselves: the no-preload lane's switch is dropped
+_PRELOAD_SWITCH = ("UNIRANK_NO_PRELOAD",)
 _WATCHED = ["sympy", "torch.fx.experimental.symbolic_shapes", "torch._dynamo"]
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize("flags", [[], ["--no-preload"]], ids=["forked", "no-preload"])
-def test_a_ddp_first_step(tmp_path: Path, flags: list[str]) -> None:
+def test_a_ddp_first_step(runner: Runner, flags: list[str]) -> None:
     """Two ranks take one DDP + AdamW step and end with the same parameters. Forked, the warm
     modules were imported before the script ran (by the server: the workers' parent), and
     ``torch._dynamo`` was not; with ``--no-preload`` nothing was."""
-    (tmp_path / "ddp_step.py").write_text(_DDP_STEP)
-    pid, result = _run(tmp_path, [*flags, "-n", "2", "ddp_step.py", *_WATCHED])
+    runner.script("ddp_step.py", _DDP_STEP)
+    result = runner.run([*flags, "-n", "2", "ddp_step.py", *_WATCHED], drop=_PRELOAD_SWITCH,
+                        timeout=TIMEOUT)
+    pid = result.pid
     assert result.returncode == 0, result.stderr
     assert FALLBACK not in result.stderr
     start = _tagged(result.stdout, "AT_START")
@@ -168,11 +162,13 @@ def test_a_ddp_first_step(tmp_path: Path, flags: list[str]) -> None:
 
 
 @pytest.mark.integration
-def test_a_job_without_ddp_gets_no_warm_stage(tmp_path: Path) -> None:
+def test_a_job_without_ddp_gets_no_warm_stage(runner: Runner) -> None:
     """A script that names no DDP is forked from a server that imported only the default
     modules: without :func:`warm_modules` it would wait for sympy's import too."""
-    (tmp_path / "hello.py").write_text(_HELLO)
-    pid, result = _run(tmp_path, ["-n", "2", "hello.py", *_WATCHED])
+    runner.script("hello.py", _HELLO)
+    result = runner.run(["-n", "2", "hello.py", *_WATCHED], drop=_PRELOAD_SWITCH,
+                        timeout=TIMEOUT)
+    pid = result.pid
     assert result.returncode == 0, result.stderr
     start = _tagged(result.stdout, "AT_START")
     assert [s["rank"] for s in start] == [0, 1]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import launcher_free_environ, read_stdout_until
+from _procs import Runner, launcher_free_environ, read_stdout_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,18 +59,15 @@ def _pgrep(pattern: str) -> set[int]:
 @pytest.mark.skipif(shutil.which("pgrep") is None, reason="needs pgrep and pkill (procps)")
 @pytest.mark.parametrize("module", [False, True], ids=["script", "module"])
 @pytest.mark.parametrize("preload", [True, False], ids=["forked", "no-preload"])
-def test_workers_read_as_fresh_interpreters(tmp_path: Path, started: list[subprocess.Popen[bytes]],
-                                            preload: bool, module: bool) -> None:
+def test_workers_read_as_fresh_interpreters(runner: Runner, tmp_path: Path, preload: bool,
+                                            module: bool) -> None:
     name = f"train_{uuid.uuid4().hex[:12]}"
     (tmp_path / f"{name}.py").write_text(_WORKER)
     target = ["-m", name] if module else [f"{name}.py"]
     fresh = [sys.executable, *target, "--lr", "0.1"]
-    env = launcher_free_environ({} if preload else {"UNIRANK_NO_PRELOAD": "1"},
-                                drop=("UNIRANK_NO_PRELOAD",))
-    proc = subprocess.Popen([sys.executable, "-m", "unirank", "run", "-n", "2", *target,
-                             "--lr", "0.1"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
-    started.append(proc)
+    proc = runner.start(["-n", "2", *target, "--lr", "0.1"],
+                        env={} if preload else {"UNIRANK_NO_PRELOAD": "1"},
+                        drop=("UNIRANK_NO_PRELOAD",))
     seen = read_stdout_until(proc, lambda out: out.count(b"SEEN ") == 2, TIMEOUT, "two workers")
     workers = [json.loads(m) for m in re.findall(rb"^SEEN (.*)$", seen, re.M)]
     pids = {w["pid"] for w in workers}

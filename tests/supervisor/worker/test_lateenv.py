@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from _procs import free_port, launcher_free_environ, run_to_end
+from _procs import Runner, free_port, launcher_free_environ, run_to_end
 from unirank.supervisor.worker import lateenv
 
 TIMEOUT = 180.0
@@ -90,8 +90,7 @@ def test_variables_set_before_import_torch_act_as_under_torchrun(
          "debug": "DebugLevel.DETAIL", "backend": "_ProcessGroupWrapper", "dynamo": 10}
         for rank in (0, 1)]
     args = [] if preload else ["--no-preload"]
-    values, err = _late([sys.executable, "-m", "unirank", "run", *args, "-n", "2", "late.py"],
-                        tmp_path)
+    values, err = _late(Runner.command([*args, "-n", "2", "late.py"]), tmp_path)
     assert values == reference
     assert "[c10d]" in err and "[c10d]" in torchrun_err  # TORCH_CPP_LOG_LEVEL=INFO's lines
     assert err.count(REPORTED) == 1, err

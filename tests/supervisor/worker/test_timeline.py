@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
+from _procs import Runner
 from unirank.supervisor.worker.timeline import PHASES, format_table
 
 sys.path.insert(0, str(Path(__file__).parents[2] / "cli"))
-from test_run import TORCHRUN_SCRIPT, run
+from test_run import TORCHRUN_SCRIPT
 
 
 def _record(rank: int, node: str, **times: float) -> dict[str, Any]:
@@ -45,10 +46,10 @@ def test_table_names_ranks_that_never_reached_a_phase() -> None:
 
 
 @pytest.mark.integration
-def test_timeline_of_a_local_run(tmp_path: Path) -> None:
+def test_timeline_of_a_local_run(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(TORCHRUN_SCRIPT)
     raw = tmp_path / "times.json"
-    result = run(tmp_path, ["-n", "3", "--timeline-json", str(raw), "job.py"])
+    result = runner.run(["-n", "3", "--timeline-json", str(raw), "job.py"])
     assert result.returncode == 0, result.stderr
     records = json.loads(raw.read_text())
     assert sorted(r["rank"] for r in records) == [0, 1, 2]
@@ -65,10 +66,10 @@ def test_timeline_of_a_local_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_timeline_without_the_fork_server(tmp_path: Path) -> None:
+def test_timeline_without_the_fork_server(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(TORCHRUN_SCRIPT)
     raw = tmp_path / "times.json"
-    result = run(tmp_path, ["-n", "2", "--no-preload", "--timeline-json", str(raw), "job.py"])
+    result = runner.run(["-n", "2", "--no-preload", "--timeline-json", str(raw), "job.py"])
     assert result.returncode == 0, result.stderr
     order = [key for key, _ in PHASES if not key.startswith("preload")]
     assert [list(r["times"]) for r in json.loads(raw.read_text())] == [order, order]
@@ -76,10 +77,10 @@ def test_timeline_without_the_fork_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_no_timeline_no_trace(tmp_path: Path) -> None:
+def test_no_timeline_no_trace(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "env.py").write_text(
         "import os\nprint(sorted(k for k in os.environ if 'TIMELINE' in k))\n")
-    result = run(tmp_path, ["-n", "2", "env.py"])
+    result = runner.run(["-n", "2", "env.py"])
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == ["[]", "[]"]
     assert "timeline" not in result.stderr
@@ -90,9 +91,9 @@ def test_two_nodes_one_table_on_rank_0_s_node(slurm_testbed: Any) -> None:
     folder = slurm_testbed.work_dir
     (folder / "tl_job.py").write_text(TORCHRUN_SCRIPT)
     raw = folder / "tl_times.json"
-    result = slurm_testbed.srun(["-N2", "--ntasks-per-node=1", sys.executable, "-m", "unirank",
-                                 "run", "-n", "2", "--timeline-json", str(raw),
-                                 str(folder / "tl_job.py")], timeout=180)
+    result = slurm_testbed.srun(
+        Runner.command(["-n", "2", "--timeline-json", str(raw), str(folder / "tl_job.py")],
+                       prefix=["-N2", "--ntasks-per-node=1"]), timeout=180)
     records = json.loads(raw.read_text())
     assert sorted((r["rank"], r["node"]) for r in records) == [
         (0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")]
