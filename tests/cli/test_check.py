@@ -57,6 +57,7 @@ def test_cpu_report_lines() -> None:
         "step_id : -",
         "node_name : box",
         "hosts : box",
+        "tasks_per_node : -",
         "launch_required : False",
         "planned_tasks : -",
         "no NCCL_*/GLOO_*/TORCH_* variables set",
