@@ -56,6 +56,10 @@ LOW_END_DESELECTED = [
 #: pytorch-ignite, Horovod): .venv-xla holds torch, torch_xla and unirank, nothing more
 LOW_END_IGNORED = ["tests/runtime/test_idist_compat.py", "tests/runtime/test_idist_names.py",
                    "tests/runtime/test_idist_horovod.py"]
+#: single tests of the same kind (they need Horovod in the Python that runs them)
+LOW_END_NEEDS_MAIN = [
+    "tests/runtime/test_backends_horovod_xla.py::test_auto_picks_horovod_under_horovodrun_only",
+]
 
 
 def run(cmd: list[str], timeout: float = 300, env: dict[str, str] | None = None,
@@ -113,7 +117,8 @@ def test_unirank_passes_its_unit_tests_on_torch_2_9(xla_python: str) -> None:
     :data:`LOW_END_TESTS`) run again under .venv-xla's torch 2.9.0 (pytest inside pytest)."""
     version = run([xla_python, "-c", "import torch; print(torch.__version__)"]).stdout
     assert version.startswith("2.9."), version
-    deselect = [arg for test in LOW_END_DESELECTED for arg in ("--deselect", test)]
+    deselect = [arg for test in LOW_END_DESELECTED + LOW_END_NEEDS_MAIN
+                for arg in ("--deselect", test)]
     deselect += [f"--ignore={path}" for path in LOW_END_IGNORED]
     proc = run([xla_python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m",
                 "not slurm and not mpi", *deselect, *LOW_END_TESTS], timeout=1200, check=False)
