@@ -8,6 +8,7 @@ hold :data:`PYTHON` in its place.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -149,8 +150,9 @@ sys.exit({REQUEUE_EXIT_CODE})
 
 def _run_script(script: str, tmp_path: Path, signals: list[str]) -> tuple[int, str]:
     """Run a rendered batch script with stand-ins for srun and scontrol; once srun says READY,
-    send ``signals`` to the batch shell (``TERM``: to srun as well, as Slurm does to every
-    process of the job). The script's exit status and output."""
+    send ``signals`` to the batch shell (``TERM``: to its children as well, srun and the
+    poll's sleep, as Slurm does to every process of the job). The script's exit status and
+    output."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(FAKE_SRUN)
@@ -164,11 +166,14 @@ def _run_script(script: str, tmp_path: Path, signals: list[str]) -> tuple[int, s
                             stdin=subprocess.DEVNULL)
     try:
         seen = read_stdout_until(proc, lambda out: b"READY\n" in out, 60, "srun's READY")
-        srun = int(subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                  text=True, timeout=30).stdout.split()[0])
+        children = [int(pid) for pid in subprocess.run(
+            ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
+            timeout=30).stdout.split()]  # srun, and the poll's sleep
         for name in signals:
-            if name == "TERM":
-                os.kill(srun, signal.SIGTERM)
+            if name == "TERM":  # as Slurm: to every process of the job
+                for child in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(child, signal.SIGTERM)
             os.kill(proc.pid, signal.Signals["SIG" + name])
         rest, _ = proc.communicate(timeout=90)  # the stand-in gives up after 60 s
     finally:

@@ -140,8 +140,9 @@ def _waited(spec: JobSpec, srun: str) -> list[str]:
         *lines,
         f"{srun} &",
         "srun_pid=$!",
-        "# Traps run between polls: a trap that ends a wait early can lose srun's status.",
-        'while kill -0 "$srun_pid" 2>/dev/null; do sleep 1; done',
+        "# Traps run between polls (a trap that ends a wait early can lose srun's status);",
+        "# Slurm's SIGTERM ends a poll's sleep too: no job message for it.",
+        'while kill -0 "$srun_pid" 2>/dev/null; do { sleep 1; } 2>/dev/null; done',
         'wait "$srun_pid"',
         "status=$?",
     ]
