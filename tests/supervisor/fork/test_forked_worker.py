@@ -246,8 +246,8 @@ def test_system_exit_ends_the_worker_as_python_ends(runner: Runner, tmp_path: Pa
     python = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                             timeout=TIMEOUT, stdin=subprocess.DEVNULL)
     logs = tmp_path / "logs"
-    result = _run(runner, tmp_path, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "leave",
-                                     "leave.py"])
+    result = _run(runner, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "leave",
+                           "leave.py"])
     assert result.returncode == python.returncode, result.stderr
     error_file = logs / "leave" / "attempt_0" / "0" / "error.json"
     if python.returncode == 0:
