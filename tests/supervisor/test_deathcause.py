@@ -73,7 +73,7 @@ def test_a_count_that_rose_is_the_oom_killer_with_the_smallest_limit_above() -> 
             "/sys/fs/cgroup/job1/task_1/memory.max": "max\n",
             "/sys/fs/cgroup/job1/memory.max": "209715200\n",
             "/sys/fs/cgroup/memory.max": "1073741824\n"}
-    verdict = oom_verdict(7, cgroup, read_text=files(tree), kernel_log=lambda: None)
+    verdict = oom_verdict(7, cgroup, read_text=files(tree), kernel_log=lambda since: None)
     assert verdict is not None and verdict.killed
     assert (verdict.limit_cgroup, verdict.limit_file, verdict.limit) == (
         "/sys/fs/cgroup/job1", "memory.max", 200 << 20)
@@ -84,7 +84,7 @@ def test_a_count_that_did_not_rise_is_not_the_oom_killer() -> None:
     tree = {"/sys/fs/cgroup/memory/a/memory.oom_control": V1_OOM_CONTROL.format(n=4),
             "/sys/fs/cgroup/memory/a/memory.limit_in_bytes": "9223372036854771712\n"}
 
-    def log() -> list[str]:
+    def log(since: float) -> list[str]:
         raise AssertionError("the kernel log is read only without a count")
 
     verdict = oom_verdict(7, cgroup, read_text=files(tree), kernel_log=log)
@@ -99,15 +99,24 @@ KMSG = ["Memory cgroup out of memory: Killed process 4242 (python3) total-vm:119
 
 def test_without_a_count_the_kernel_log_decides() -> None:
     assert oom_killed_pids(KMSG) == {4242, 17}
-    killed = oom_verdict(4242, None, read_text=files({}), kernel_log=lambda: KMSG)
+    killed = oom_verdict(4242, None, read_text=files({}), kernel_log=lambda since: KMSG)
     assert killed is not None and killed.killed and killed.evidence == "the kernel log"
-    other = oom_verdict(99, None, read_text=files({}), kernel_log=lambda: KMSG)
+    other = oom_verdict(99, None, read_text=files({}), kernel_log=lambda since: KMSG)
     assert other is not None and not other.killed
-    assert oom_verdict(99, None, read_text=files({}), kernel_log=lambda: None) is None
+    assert oom_verdict(99, None, read_text=files({}), kernel_log=lambda since: None) is None
 
 
 def test_an_unreadable_kernel_log_is_none(tmp_path: Path) -> None:
-    assert kernel_log_lines(str(tmp_path / "no-kmsg")) is None
+    assert kernel_log_lines(path=str(tmp_path / "no-kmsg")) is None
+
+
+def test_the_kernel_log_is_read_from_the_worker_s_start(tmp_path: Path) -> None:
+    """Records before ``since`` (microseconds since boot, the third field) are left out: a pid
+    the OOM killer killed long ago may be a new worker's now. A plain file reads to its end."""
+    log = tmp_path / "kmsg"
+    log.write_text("3,1,5000000,-;Killed process 12 (old)\n")
+    assert kernel_log_lines(since=6.0, path=str(log)) == []
+    assert oom_killed_pids(kernel_log_lines(since=4.0, path=str(log)) or []) == {12}
 
 
 DUMP = """Fatal Python error: Segmentation fault

@@ -162,8 +162,9 @@ def _limit(cgroup: MemoryCgroup, read_text: ReadText) -> tuple[str, int] | None:
         folder = os.path.dirname(folder)
 
 
-def kernel_log_lines(path: str = "/dev/kmsg") -> list[str] | None:
-    """The kernel log's messages, read without blocking; None when it cannot be read."""
+def kernel_log_lines(since: float = 0.0, path: str = "/dev/kmsg") -> list[str] | None:
+    """The kernel log's messages from ``since`` on (``time.monotonic()``'s clock, the log's:
+    seconds since boot), read without blocking; None when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -179,7 +180,11 @@ def kernel_log_lines(path: str = "/dev/kmsg") -> list[str] | None:
                 break
             if not record:
                 break
-            lines.append(record.decode("utf-8", errors="replace").partition(";")[2])
+            head, _, message = record.decode("utf-8", errors="replace").partition(";")
+            stamp = head.split(",")
+            if len(stamp) > 2 and stamp[2].isdigit() and int(stamp[2]) < since * 1e6:
+                continue  # before the worker started: an older process with the same pid
+            lines.append(message)
     finally:
         os.close(fd)
     return lines
@@ -205,11 +210,13 @@ class OomVerdict:
     limit: int | None = None
 
 
-def oom_verdict(pid: int, cgroup: MemoryCgroup | None, *, read_text: ReadText = _read,
-                kernel_log: Callable[[], Iterable[str] | None] = kernel_log_lines,
+def oom_verdict(pid: int, cgroup: MemoryCgroup | None, *, since: float = 0.0,
+                read_text: ReadText = _read,
+                kernel_log: Callable[[float], Iterable[str] | None] = kernel_log_lines,
                 ) -> OomVerdict | None:
     """Whether worker ``pid``, dead by a SIGKILL nobody here sent, was the OOM killer's victim
-    (``cgroup``: its memory cgroup as it started); None when nothing can tell."""
+    (``cgroup``: its memory cgroup as it started; ``since``: when it started, by
+    ``time.monotonic()``); None when nothing can tell."""
     if cgroup is not None:
         with contextlib.suppress(OSError):
             count = _oom_kills(read_text(os.path.join(cgroup.path, cgroup.events_file)))
@@ -219,7 +226,7 @@ def oom_verdict(pid: int, cgroup: MemoryCgroup | None, *, read_text: ReadText = 
                     count > cgroup.oom_kills, f"its cgroup's {cgroup.events_file}",
                     cgroup.path, cgroup.limit_file, limit[0] if limit else None,
                     limit[1] if limit else None)
-    lines = kernel_log()
+    lines = kernel_log(since)
     if lines is None:
         return None
     return OomVerdict(pid in oom_killed_pids(lines), "the kernel log")

@@ -164,6 +164,8 @@ class _Worker:
         self.ended_at: float | None = None
         #: its program ended (it closed its done pipe), though the process may still be exiting
         self.program_done = False
+        #: when it was started (``time.monotonic()``: the kernel log's clock)
+        self.started = time.monotonic()
         #: its memory cgroup and OOM-kill count at its start (None: not known)
         self.cgroup: MemoryCgroup | None = None
         #: its peak resident memory in KiB, once reaped (None: not known)
@@ -447,7 +449,7 @@ class Supervisor:
             worker.returncode = code
             worker.ended_at = time.time()
             if code == -signal.SIGKILL and signal.SIGKILL not in worker.stop_signals:
-                worker.oom = oom_verdict(worker.pid, worker.cgroup)
+                worker.oom = oom_verdict(worker.pid, worker.cgroup, since=worker.started - 1.0)
             if (code not in (0, REQUEUE_EXIT_CODE) and self._first_failure is None
                     and self._stop_signal is None):
                 self._first_failure = worker
