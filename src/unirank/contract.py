@@ -32,6 +32,7 @@ __all__ = [
     "DONE_FD_VAR",
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
+    "FAULT_FILE_VAR",
     "INIT_TIMEOUT_VAR",
     "LAUNCHER_VAR",
     "LINGER_FD_VAR",
@@ -109,9 +110,11 @@ DONE_FD_VAR = "UNIRANK_DONE_FD"
 TIMELINE_VAR = "UNIRANK_TIMELINE"
 #: ``--timeline``, rank 0 only: where to write every rank's gathered times
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
+#: where the worker's faulthandler writes the Python stack of a fatal signal (SIGSEGV, ...)
+FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER_NODE_VAR,
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
-                     TIMELINE_FILE_VAR)
+                     TIMELINE_FILE_VAR, FAULT_FILE_VAR)
 
 
 def format_seconds(value: float) -> str:

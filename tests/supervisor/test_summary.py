@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
+import pytest
+
+from unirank.supervisor.deathcause import OomVerdict
 from unirank.supervisor.summary import (
     OutputTail,
     RunResult,
@@ -91,3 +97,47 @@ def test_signal_death_is_the_first_failure_s_code() -> None:
     assert "killed by SIGKILL (signal 9)" in format_summary(result)
     assert "rank 1 wrote nothing to stderr" in format_summary(result)
 
+
+
+GOLDEN = Path(__file__).resolve().parent.parent / "fixtures" / "summary"
+OOM = OomVerdict(True, "its cgroup's memory.events", "/sys/fs/cgroup/job1/task_1",
+                 "memory.max", "/sys/fs/cgroup/job1", 200 << 20)
+SEGV_STACK = ("Fatal Python error: Segmentation fault",
+              "Current thread 0x00007fa6dfe72b80 (most recent call first):",
+              '  File "/usr/lib/python3.11/ctypes/__init__.py", line 519 in string_at',
+              '  File "/tmp/job/train.py", line 6 in crash',
+              '  File "/tmp/job/train.py", line 10 in <module>')
+#: how each rank 1 died, in a run of 3 whose other ranks the teardown stopped
+DEATHS = {
+    "oom": WorkerExit(1, 1, "node1", -9, oom=OOM, peak_memory=198 << 20),
+    "oom_no_limit": WorkerExit(1, 1, "node1", -9, peak_memory=23 << 30, oom=OomVerdict(
+        True, "its cgroup's memory.events", "/sys/fs/cgroup/job1/task_1")),
+    "oom_kernel_log": WorkerExit(1, 1, "node1", -9, oom=OomVerdict(True, "the kernel log")),
+    "kill9": WorkerExit(1, 1, "node1", -9, peak_memory=40 << 20, oom=OomVerdict(
+        False, "its cgroup's memory.oom_control", "/sys/fs/cgroup/memory/a")),
+    "kill9_unknown": WorkerExit(1, 1, "node1", -9),
+    "segv": WorkerExit(1, 1, "node1", -11, fault_stack=SEGV_STACK,
+                       stderr_tail=("loading shard 3", *SEGV_STACK[:2])),
+}
+
+
+def death_summary(name: str) -> str:
+    """The failure summary of a run whose rank 1 died as ``DEATHS[name]`` says."""
+    others = (WorkerExit(0, 0, "node1", -15, stopped=True),
+              WorkerExit(2, 2, "node1", -9, stopped=True, oom=OOM))
+    dead = DEATHS[name]
+    return format_summary(RunResult(exits=(others[0], dead, others[1]), first_failure=dead))
+
+
+@pytest.mark.parametrize("name", sorted(DEATHS))
+def test_why_a_worker_died_reads_as_the_golden_file(name: str) -> None:
+    """The OOM killer named with its cgroup, limit and peak memory; a plain SIGKILL not; a
+    fault's Python stack apart from the stderr before it. ``UNIRANK_REGEN_GOLDEN=1`` writes
+    the files."""
+    path = GOLDEN / f"{name}.txt"
+    text = death_summary(name)
+    if os.environ.get("UNIRANK_REGEN_GOLDEN") == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with UNIRANK_REGEN_GOLDEN=1"
+    assert text == path.read_text()

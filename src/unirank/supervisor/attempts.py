@@ -9,7 +9,8 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   worker as its own interpreter when the server cannot serve (saying why once);
 * makes the run's folder, ``<log_dir>/<run_id>`` (a temporary one, removed at the end, unless
   some stream goes to a log file), and in it torchrun's ``attempt_<n>/<local_rank>/`` with each
-  worker's ``error.json`` and its ``--redirects`` / ``--tee`` log files
+  worker's ``error.json``, its ``fault.txt`` (the Python stack of a fatal signal, written by
+  the worker's faulthandler: :mod:`.worker.faults`) and its ``--redirects`` / ``--tee`` log files
   (:func:`attempt_launches`);
 * runs one attempt with the engine (:class:`~unirank.supervisor.engine.Supervisor`) and, with
   ``max_restarts``, starts the group again after a failure, TORCHELASTIC_RESTART_COUNT counting
@@ -44,7 +45,10 @@ from unirank.supervisor.plan import Plan
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
-__all__ = ["EngineOptions", "attempt_launches", "run_plan"]
+__all__ = ["FAULT_FILE_NAME", "EngineOptions", "attempt_launches", "run_plan"]
+
+#: the file in a worker's attempt folder where its faulthandler writes (next to error.json)
+FAULT_FILE_NAME = "fault.txt"
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
         wiring = WorkerWiring(
             supervisor_pid=os.getpid(), restart_count=attempt, unbuffered=out.unbuffered,
             error_file=os.path.join(folder, "error.json"),
+            fault_file=os.path.join(folder, FAULT_FILE_NAME),
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=(os.path.join(attempt_dir, "timeline.json")
                            if options.timeline and worker.rank == 0 else None),

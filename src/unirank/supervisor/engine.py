@@ -24,6 +24,12 @@ worker stops its children too.
 * A worker that exits with :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) saved its
   checkpoint and stopped to run again: no failure, no teardown. When every worker ended with 0
   or 79 the run's exit code is 79 (one line, no failure summary).
+* Why a worker died (:mod:`.deathcause`): the engine notes each worker's memory cgroup and its
+  OOM-kill count when it starts, and its peak memory (``ru_maxrss``) when it is reaped (by
+  ``wait4`` here, or by the fork server, which sends it on); a SIGKILL that the supervisor did
+  not send is named the kernel's OOM killer's when the count rose (or, without a count, when
+  the kernel log says so), and a death by SIGSEGV, SIGBUS, SIGABRT, SIGFPE or SIGILL shows the
+  Python stack the worker's faulthandler wrote (:mod:`.worker.faults`).
 * Workers arm PR_SET_PDEATHSIG in their bootstrap, so a supervisor killed by SIGKILL leaves no
   orphans; when the supervisor ends it kills whatever is left in the workers' groups.
 * The worker that hosts the rendezvous store (rank 0) gets the read end of a *linger pipe*; the
@@ -53,6 +59,15 @@ from typing import TYPE_CHECKING, Any, Union
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.supervisor.deathcause import (
+    FAULT_SIGNALS,
+    MemoryCgroup,
+    OomVerdict,
+    fault_stack,
+    memory_cgroup,
+    oom_verdict,
+    read_fault_file,
+)
 from unirank.supervisor.fork.client import ForkServer, fallback_line
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.streams import WorkerStreams
@@ -60,7 +75,7 @@ from unirank.supervisor.summary import (
     OutputTail,
     RunResult,
     WorkerExit,
-    describe_returncode,
+    describe_end,
     signal_name,
 )
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
@@ -113,6 +128,11 @@ class WorkerLaunch:
         return self.wiring.error_file
 
     @property
+    def fault_file(self) -> str | None:
+        """Where the worker's faulthandler writes a fatal signal's stack."""
+        return self.wiring.fault_file
+
+    @property
     def hosts_store(self) -> bool:
         """This worker hosts the store: it gets the read end of the linger pipe."""
         return self.wiring.store_fd is not None
@@ -144,6 +164,14 @@ class _Worker:
         self.ended_at: float | None = None
         #: its program ended (it closed its done pipe), though the process may still be exiting
         self.program_done = False
+        #: when it was started (``time.monotonic()``: the kernel log's clock)
+        self.started = time.monotonic()
+        #: its memory cgroup and OOM-kill count at its start (None: not known)
+        self.cgroup: MemoryCgroup | None = None
+        #: its peak resident memory in KiB, once reaped (None: not known)
+        self.peak_kib: int | None = None
+        #: after a SIGKILL nobody here sent: whether the OOM killer sent it (None: unknown)
+        self.oom: OomVerdict | None = None
 
     @property
     def alive(self) -> bool:
@@ -274,6 +302,7 @@ class Supervisor:
                 if fd is not None:
                     os.close(fd)
         worker = _Worker(launch, pid, proc)
+        worker.cgroup = memory_cgroup(pid)
         self._workers.append(worker)
         if done_read is not None:
             os.set_blocking(done_read, False)
@@ -395,15 +424,17 @@ class Supervisor:
         if worker.proc is None:
             assert self._server is not None
             code = self._server.exit_code(worker.pid)
+            worker.peak_kib = self._server.peak_memory(worker.pid)
             if code is None and self._server.gone:
                 code = -int(signal.SIGKILL)  # its parent-death signal
             return code
         try:
-            pid, status = os.waitpid(worker.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(worker.pid, os.WNOHANG)
         except ChildProcessError:  # pragma: no cover - reaped elsewhere
-            pid, status = worker.pid, 255 << 8
+            pid, status, usage = worker.pid, 255 << 8, None
         if pid == 0:
             return None
+        worker.peak_kib = usage.ru_maxrss if usage is not None else None
         code = os.waitstatus_to_exitcode(status)
         worker.proc.returncode = code
         return code
@@ -417,6 +448,8 @@ class Supervisor:
                 continue
             worker.returncode = code
             worker.ended_at = time.time()
+            if code == -signal.SIGKILL and signal.SIGKILL not in worker.stop_signals:
+                worker.oom = oom_verdict(worker.pid, worker.cgroup, since=worker.started - 1.0)
             if (code not in (0, REQUEUE_EXIT_CODE) and self._first_failure is None
                     and self._stop_signal is None):
                 self._first_failure = worker
@@ -433,7 +466,7 @@ class Supervisor:
             return
         self._output.say(
             f"rank {worker.launch.rank} (local rank {worker.launch.local_rank}) on node "
-            f"{self._node} ended with {describe_returncode(worker.returncode or 0)}; stopping "
+            f"{self._node} ended with {_describe(worker)}; stopping "
             f"the other {len(others)} worker(s): SIGTERM now, SIGKILL after {self._grace:g} s"
         )
         self._signal_all(signal.SIGTERM)
@@ -486,6 +519,8 @@ class Supervisor:
     def _result(self) -> RunResult:
         blamed = _root_cause(self._workers, self._first_failure)
         exits = tuple(_worker_exit(w, self._node, blamed=w is blamed) for w in self._workers)
+        for worker in self._workers:
+            _remove_if_empty(worker.launch.fault_file)
         first = None
         if blamed is not None:
             first = next(e for e in exits if e.rank == blamed.launch.rank)
@@ -513,6 +548,32 @@ def _root_cause(workers: Sequence[_Worker], first_failure: _Worker | None) -> _W
     return min(ranked, key=lambda item: item[0])[1]
 
 
+def _describe(worker: _Worker) -> str:
+    """How ``worker`` ended (it did), with why it died where known."""
+    return describe_end(worker.returncode or 0, worker.oom, _peak_bytes(worker))
+
+
+def _peak_bytes(worker: _Worker) -> int | None:
+    return None if worker.peak_kib is None else worker.peak_kib * 1024
+
+
+def _fault_stack(worker: _Worker) -> tuple[str, ...]:
+    """The Python stack of ``worker``'s fatal signal, if one ended it: from its fault file, else
+    from its stderr (where the program's own faulthandler writes)."""
+    code = worker.returncode
+    if code is None or -code not in FAULT_SIGNALS:
+        return ()
+    return tuple(read_fault_file(worker.launch.fault_file)
+                 or fault_stack("\n".join(worker.tail.lines())))
+
+
+def _remove_if_empty(path: str | None) -> None:
+    """Remove a worker's fault file that no fault wrote to (it opened it at its start)."""
+    with contextlib.suppress(OSError):
+        if path and os.path.getsize(path) == 0:
+            os.unlink(path)
+
+
 def _worker_exit(worker: _Worker, node: str, *, blamed: bool) -> WorkerExit:
     """How ``worker`` ended, for the summary (``blamed``: it is the root cause, whose stderr
     tail is shown)."""
@@ -529,6 +590,9 @@ def _worker_exit(worker: _Worker, node: str, *, blamed: bool) -> WorkerExit:
         stopped=worker.stopped_at is not None,
         recorded_exit_code=record.exit_code if record else None,
         config_error=record.config_error if record else False,
+        peak_memory=_peak_bytes(worker),
+        oom=worker.oom,
+        fault_stack=_fault_stack(worker) if blamed else (),
     )
 
 

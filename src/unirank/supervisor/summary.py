@@ -1,4 +1,5 @@
-"""How the workers ended: exit codes, the tail of each worker's stderr, and the failure summary."""
+"""How the workers ended: exit codes, the tail of each worker's stderr, why a worker died (the
+OOM killer, a fatal signal's Python stack: :mod:`.deathcause`), and the failure summary."""
 
 from __future__ import annotations
 
@@ -7,13 +8,16 @@ from dataclasses import dataclass, field
 
 from unirank.joincheck import format_ranks
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.supervisor.deathcause import FAULT_HEAD, OomVerdict
 
 __all__ = [
     "OutputTail",
     "RunResult",
     "WorkerExit",
+    "describe_end",
     "describe_returncode",
     "exit_code_of",
+    "format_bytes",
     "format_summary",
     "signal_name",
     "traceback_excerpt",
@@ -90,6 +94,37 @@ def describe_returncode(returncode: int) -> str:
     return f"exit code {returncode}"
 
 
+def format_bytes(size: int) -> str:
+    """``198 MiB``, ``12.5 GiB``."""
+    if size >= 10 << 30:
+        return f"{size / (1 << 30):.1f} GiB"
+    return f"{size / (1 << 20):.0f} MiB"
+
+
+def _oom_text(oom: OomVerdict) -> str:
+    """Where the OOM killer struck: the limit that applied, or the whole machine."""
+    if oom.limit is not None:
+        return f"cgroup {oom.limit_cgroup}, {oom.limit_file} {format_bytes(oom.limit)}"
+    if oom.cgroup is not None:
+        return f"cgroup {oom.cgroup}, no memory limit: the machine ran out of memory"
+    return f"{oom.evidence} names its pid"
+
+
+def describe_end(returncode: int, oom: OomVerdict | None = None,
+                 peak_memory: int | None = None) -> str:
+    """How a worker ended: :func:`describe_returncode`, a SIGKILL named as the kernel's OOM
+    killer's (or as not, where ``oom`` could tell), with its peak memory (bytes)."""
+    if oom is not None and oom.killed:
+        text = f"killed by the kernel's OOM killer (SIGKILL, signal 9; {_oom_text(oom)})"
+    else:
+        text = describe_returncode(returncode)
+        if oom is not None:
+            text += f", not by the OOM killer ({oom.evidence} shows no OOM kill of it)"
+    if peak_memory is not None and returncode == -int(signal.SIGKILL):
+        text += f"; peak memory {format_bytes(peak_memory)}"
+    return text
+
+
 @dataclass(frozen=True)
 class WorkerExit:
     """One worker's end."""
@@ -107,6 +142,12 @@ class WorkerExit:
     recorded_exit_code: int | None = None
     #: its recorded error is a ConfigError: a one-line launch or usage mistake
     config_error: bool = False
+    #: its peak resident memory in bytes (``ru_maxrss`` where it was reaped), if known
+    peak_memory: int | None = None
+    #: whether the kernel's OOM killer killed it (a SIGKILL the supervisor did not send)
+    oom: OomVerdict | None = None
+    #: the Python stack faulthandler wrote at its fatal signal (SIGSEGV, SIGABRT, ...)
+    fault_stack: tuple[str, ...] = ()
 
     @property
     def failed(self) -> bool:
@@ -131,6 +172,13 @@ class WorkerExit:
         if self.stopped and self.recorded_exit_code is not None:
             return (f"failed (exit code {self.recorded_exit_code}), then was stopped by the "
                     "teardown while exiting")
+        return describe_end(self.returncode, self.oom, self.peak_memory)
+
+    @property
+    def state(self) -> str:
+        """How it ended, in a few words (the summary's line of other workers)."""
+        if self.oom is not None and self.oom.killed:
+            return "killed by the kernel's OOM killer"
         return describe_returncode(self.returncode)
 
 
@@ -185,6 +233,16 @@ def _requeued_line(result: RunResult, prog: str) -> str:
             "not a failure\n")
 
 
+def _before_fault(first: WorkerExit) -> list[str]:
+    """The root cause's stderr tail, up to a faulthandler dump when its stack is shown apart."""
+    lines = list(first.stderr_tail)
+    if first.fault_stack:
+        starts = [i for i, line in enumerate(lines) if line.startswith(FAULT_HEAD)]
+        if starts:
+            lines = lines[:starts[-1]]
+    return lines
+
+
 def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
     """The failure report for stderr ("" when every worker succeeded; one line, no
     traceback, when they stopped to be requeued); after restarts, a line naming each earlier
@@ -204,14 +262,17 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
             f"{prog}: FAILED (exit code {result.exit_code}): rank {first.rank} "
             f"(local rank {first.local_rank}) on node {first.node}: {first.describe()}"
         )
-        excerpt = traceback_excerpt(list(first.stderr_tail))
+        excerpt = traceback_excerpt(_before_fault(first))
         if first.error and not any(first.error in line for line in excerpt):
             out.append(f"  error: {first.error}")
         if excerpt:
             out.append(f"  last lines of rank {first.rank}'s stderr:")
             out.extend(f"    | {line}" for line in excerpt)
-        else:
+        elif not first.fault_stack:
             out.append(f"  rank {first.rank} wrote nothing to stderr")
+        if first.fault_stack:
+            out.append(f"  Python stack of rank {first.rank} at the fault (faulthandler):")
+            out.extend(f"    | {line}" for line in first.fault_stack)
     elif result.stop_signal is not None:
         out.append(
             f"{prog}: stopped by {signal_name(result.stop_signal)} "
@@ -223,7 +284,7 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
     if others:
         by_state: dict[str, list[int]] = {}
         for worker in others:
-            state = "ok" if not worker.failed else describe_returncode(worker.returncode)
+            state = "ok" if not worker.failed else worker.state
             if worker.failed and worker.stopped:
                 state += ", stopped by the teardown"
             by_state.setdefault(state, []).append(worker.rank)

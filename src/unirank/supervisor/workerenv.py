@@ -15,6 +15,7 @@ from unirank.contract import (
     DONE_FD_VAR,
     ERROR_FILE_VAR,
     EXIT_TIMEOUT_VAR,
+    FAULT_FILE_VAR,
     INIT_TIMEOUT_VAR,
     LINGER_FD_VAR,
     MAX_RESTARTS_VAR,
@@ -60,6 +61,8 @@ class WorkerWiring:
     timeline_start: float | None = None
     #: ``--timeline``, rank 0: where to write the gathered times (UNIRANK_TIMELINE_FILE)
     timeline_file: str | None = None
+    #: where the worker's faulthandler writes a fatal signal's stack (UNIRANK_FAULT_FILE)
+    fault_file: str | None = None
 
 
 def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
@@ -93,7 +96,8 @@ def _private_environ(plan: Plan, wiring: WorkerWiring) -> dict[str, str]:
         env[EXIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
     for name, value in ((SUPERVISOR_PID_VAR, wiring.supervisor_pid),
                         (STORE_FD_VAR, wiring.store_fd), (LINGER_FD_VAR, wiring.linger_fd),
-                        (DONE_FD_VAR, wiring.done_fd), (TIMELINE_FILE_VAR, wiring.timeline_file)):
+                        (DONE_FD_VAR, wiring.done_fd), (TIMELINE_FILE_VAR, wiring.timeline_file),
+                        (FAULT_FILE_VAR, wiring.fault_file)):
         if value is not None:
             env[name] = str(value)
     if wiring.timeline_start is not None:
@@ -122,7 +126,7 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
     UNIRANK_EXIT_TIMEOUT (when ranks run under other supervisors too), and what the wiring
     gives: UNIRANK_SUPERVISOR_PID, UNIRANK_STORE_FD, UNIRANK_LINGER_FD, UNIRANK_DONE_FD,
-    UNIRANK_TIMELINE and UNIRANK_TIMELINE_FILE.
+    UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE and UNIRANK_FAULT_FILE.
     """
     if plan.master_port == 0:
         raise ValueError("the master port is not chosen yet: call Plan.with_port first")

@@ -76,8 +76,10 @@ def _normalised(record: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str
                       if k != SWITCH}
     out["proc_environ"] = record["proc_environ"] == record["environ"]
     fds = record["fds"]
+    # the worker's fault file lies in the run's own folder, which each run names anew
     out["fds"] = ([fds.get(str(n)) for n in range(3)],
-                  sorted(v for k, v in fds.items() if int(k) > 2))
+                  sorted(re.sub(r"^/.*/(attempt_\d+/\d+/)", r"<run>/\1", v)
+                         for k, v in fds.items() if int(k) > 2))
     out["signal_masks"] = {k: (int(v, 16) & ~_LIBC_SIGNALS if k.startswith("Sig") else v)
                            for k, v in record["signal_masks"].items()}
     out["interpreter"] = [re.sub(r" at 0x[0-9a-f]+", "", str(v)) for v in record["interpreter"]]

@@ -36,7 +36,8 @@ def test_the_server_s_answers_read_back() -> None:
     assert protocol.ready_of(_roundtrip(protocol.error_message("no torch"))) == "no torch"
     assert protocol.pid_of(_roundtrip(protocol.pid_message(42))) == 42
     assert protocol.pid_of(_roundtrip(protocol.refused_message("CUDA"))) == "CUDA"
-    assert protocol.exit_of(_roundtrip(protocol.exit_message(42, -9))) == (42, -9)
+    assert protocol.exit_of(_roundtrip(protocol.exit_message(42, -9))) == (42, -9, None)
+    assert protocol.exit_of(_roundtrip(protocol.exit_message(42, -9, 2048))) == (42, -9, 2048)
     assert protocol.exit_of(_roundtrip(protocol.pid_message(42))) is None
 
 

@@ -150,6 +150,8 @@ class ForkServer:
         self._started_with = dict(environ)
         self._environ = dict(environ)
         self._exits: dict[int, int] = {}
+        #: each ended worker's peak resident memory, in KiB (``ru_maxrss``)
+        self._peaks: dict[int, int] = {}
         self._replies: list[dict[str, Any]] = []
         #: why it cannot serve (set once; it then starts nothing)
         self.broken: str | None = None
@@ -206,6 +208,8 @@ class ForkServer:
         ended = exit_of(message)
         if ended is not None:
             self._exits[ended[0]] = ended[1]
+            if ended[2] is not None:
+                self._peaks[ended[0]] = ended[2]
         else:
             self._replies.append(message)
         return True
@@ -233,6 +237,10 @@ class ForkServer:
     def exit_code(self, pid: int) -> int | None:
         """How worker ``pid`` ended (as ``Popen.returncode``), once the server reported it."""
         return self._exits.pop(pid, None)
+
+    def peak_memory(self, pid: int) -> int | None:
+        """Worker ``pid``'s peak resident memory in KiB, once the server reported its end."""
+        return self._peaks.pop(pid, None)
 
     # -- life ---------------------------------------------------------------------------------
 

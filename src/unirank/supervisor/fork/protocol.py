@@ -15,7 +15,8 @@ Every message is one JSON object in one packet of the ``SOCK_SEQPACKET`` socket,
 * server to supervisor: :func:`ready_message` (with the import's start and end) or
   :func:`error_message`, once; a :func:`pid_message` or :func:`refused_message` per spawn; and
   an :func:`exit_message` per worker that ended, with its exit code as ``waitpid`` gives it
-  (``os.waitstatus_to_exitcode``). Exits come whenever a worker ends, between the replies.
+  (``os.waitstatus_to_exitcode``) and its peak resident memory (``ru_maxrss`` of ``wait4``,
+  in KiB). Exits come whenever a worker ends, between the replies.
 
 A forked child gets the spawn message as a :class:`Request` (:func:`request_of`).
 
@@ -136,13 +137,16 @@ def pid_of(message: Message) -> int | str:
     return int(message["pid"])
 
 
-def exit_message(pid: int, code: int) -> Message:
-    """Worker ``pid`` ended with ``code`` (``os.waitstatus_to_exitcode``)."""
-    return {"exit": pid, "code": code}
+def exit_message(pid: int, code: int, maxrss_kib: int | None = None) -> Message:
+    """Worker ``pid`` ended with ``code`` (``os.waitstatus_to_exitcode``), its peak resident
+    memory ``maxrss_kib`` KiB (``ru_maxrss``)."""
+    return {"exit": pid, "code": code, "maxrss": maxrss_kib}
 
 
-def exit_of(message: Message) -> tuple[int, int] | None:
-    """The pid and exit code an :func:`exit_message` carries; None for any other message."""
+def exit_of(message: Message) -> tuple[int, int, int | None] | None:
+    """The pid, exit code and peak memory (KiB, or None) an :func:`exit_message` carries;
+    None for any other message."""
     if "exit" not in message:
         return None
-    return int(message["exit"]), int(message["code"])
+    maxrss = message.get("maxrss")
+    return int(message["exit"]), int(message["code"]), None if maxrss is None else int(maxrss)

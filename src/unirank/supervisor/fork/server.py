@@ -6,7 +6,8 @@ worker per request of its supervisor (:mod:`.client`), which talks to it over th
 ``SOCK_SEQPACKET`` socket ``FD`` in the messages of :mod:`.protocol`: the environment to import
 with first, then a spawn per worker, its pipes passed with ``SCM_RIGHTS``. The server answers
 ``ready`` (or ``error``) once, then a ``pid`` (or ``refused``) per spawn, and an ``exit`` per
-worker that ended (the server reaps its workers and passes their exit codes on).
+worker that ended (the server reaps its workers and passes their exit codes and peak memory
+on).
 
 Runs in the server process, started by :mod:`.client` in the ``unirank run`` parent (or
 ``Parallel``'s process); after a fork, in the child until it becomes its worker.
@@ -159,12 +160,13 @@ class _Server:
     def _reap(self) -> None:
         while True:
             try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            _send(self.control, exit_message(pid, os.waitstatus_to_exitcode(status)))
+            _send(self.control, exit_message(pid, os.waitstatus_to_exitcode(status),
+                                             usage.ru_maxrss))
 
     def _fork(self, message: Message, fds: list[int]) -> Request | None:
         hazard = fork_hazard()

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from unirank.contract import (
     DONE_FD_VAR,
     EXIT_TIMEOUT_VAR,
+    FAULT_FILE_VAR,
     LINGER_FD_VAR,
     NODE_NAME_VAR,
     NODE_NAMES_VAR,
@@ -54,6 +55,8 @@ class WorkerInfo:
     timeline_start: float | None = None
     #: ``--timeline``, rank 0: where to write every rank's gathered times
     timeline_file: str = ""
+    #: where faulthandler writes the stack of a fatal signal ("": nowhere; see :mod:`.faults`)
+    fault_file: str = ""
 
     def node_of(self, rank: int) -> str | None:
         """The node that runs ``rank``, by the plan's placement
@@ -130,6 +133,7 @@ def _read(environ: Mapping[str, str]) -> WorkerInfo:
         done_fd=_fd(environ, DONE_FD_VAR),
         timeline_start=parse_seconds(timeline, TIMELINE_VAR) if timeline else None,
         timeline_file=environ.get(TIMELINE_FILE_VAR, ""),
+        fault_file=environ.get(FAULT_FILE_VAR, ""),
     )
 
 
@@ -140,7 +144,7 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
     Reads: RANK, WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_RANKS_PER_NODE, UNIRANK_INIT_TIMEOUT,
     UNIRANK_STORE_FD, UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD,
-    UNIRANK_DONE_FD, UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE.
+    UNIRANK_DONE_FD, UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE, UNIRANK_FAULT_FILE.
     """
     try:
         return _read(environ)

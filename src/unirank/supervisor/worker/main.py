@@ -2,7 +2,8 @@
 started as its own interpreter) or :mod:`..fork.child` (a worker forked from the
 fork server) armed the parent-death signal:
 
-1. read the worker's settings and wiring (:mod:`.info`), then remove the private
+1. read the worker's settings and wiring (:mod:`.info`), have faulthandler write a fatal
+   signal's stack to the attempt folder (:mod:`.faults`), then remove the private
    variables from the environment and keep the supervisor's pipes from the program's children;
    show the command line and environment block of a fresh interpreter (:mod:`.cmdline`);
 2. with ``--exec``: fork the store host (rank 0) and run the program (:mod:`.target`);
@@ -27,6 +28,7 @@ from unirank.store import hand_over
 from unirank.supervisor.worker import groupstart, lateenv
 from unirank.supervisor.worker import store as workerstore
 from unirank.supervisor.worker.cmdline import show_as_fresh
+from unirank.supervisor.worker.faults import catch_faults
 from unirank.supervisor.worker.info import WorkerInfo, read_worker_info
 from unirank.supervisor.worker.target import run_target
 
@@ -81,6 +83,8 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
     Reads: ``environ``, as :func:`.read_worker_info` says.
     """
     info = read_worker_info(environ)
+    if not (argv and argv[0] == "--exec"):
+        catch_faults(info.fault_file)
     _scrub(environ)
     show_as_fresh(argv, environ, info.supervisor_pid)
     workerstore.private_fds(info)
