@@ -27,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
@@ -116,21 +117,46 @@ def parse_junit(path: Path) -> dict[str, str]:
     return merged
 
 
-def suite_environ(run: Run) -> dict[str, str]:
+def _unirank_src() -> str:
+    """The folder this process imports unirank from."""
+    return str(Path(unirank.__file__).resolve().parents[1])
+
+
+def user_site(userbase: Path, mode: str) -> Path:
+    """Make ``userbase`` the ``PYTHONUSERBASE`` of a run: in unirank mode its site folder holds a
+    ``.pth`` line that, in every Python process of the run (ignite's tests replace
+    ``PYTHONPATH`` for the scripts they start, so it cannot carry this), puts unirank's source
+    first on ``sys.path`` and registers :mod:`unirank_shim`. In ignite mode it is empty (both
+    modes hide the machine's own user site the same way)."""
+    scheme = f"{os.name}_user"
+    site_dir = Path(sysconfig.get_path("purelib", scheme, vars={"userbase": str(userbase)}))
+    site_dir.mkdir(parents=True, exist_ok=True)
+    if mode == "unirank":
+        line = (f"import sys; sys.path[:0] = [{_unirank_src()!r}]; "
+                f"sys.path.append({str(SUITE)!r}); import unirank_shim; unirank_shim.register()\n")
+        (site_dir / "unirank_ignite_shim.pth").write_text(line)
+    return userbase
+
+
+def suite_environ(run: Run, userbase: Path) -> dict[str, str]:
     """The environment of the pytest subprocess of ``run``."""
-    src = str(Path(unirank.__file__).resolve().parents[1])
-    path = os.pathsep.join(p for p in (src, str(SUITE), os.environ.get("PYTHONPATH", "")) if p)
-    return launcher_free_environ({"PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": "", **run.env})
+    path = os.pathsep.join(p for p in (_unirank_src(), str(SUITE), os.environ.get("PYTHONPATH", ""))
+                           if p)
+    return launcher_free_environ({"PYTHONPATH": path, "CUDA_VISIBLE_DEVICES": "",
+                                  "PYTHONUSERBASE": str(userbase), **run.env})
 
 
-def run_suite(run: Run, mode: str, junit: Path) -> Outcome:
-    """Run the vendored files under ``run`` with ignite's or unirank's ``ignite.distributed``."""
+def run_suite(run: Run, mode: str, folder: Path) -> Outcome:
+    """Run the vendored files under ``run`` with ignite's or unirank's ``ignite.distributed``
+    (results and the user site folder in ``folder``)."""
     shim = ("-p", "unirank_shim") if mode == "unirank" else ()
     files = [f"tests/ignite/distributed/{f}" for f in FILES]
+    junit = folder / f"{mode}.xml"
     cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "-q", "-rA", *shim, *run.args,
            f"--junitxml={junit}", *files]
+    env = suite_environ(run, user_site(folder / f"{mode}_userbase", mode))
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=SUITE, env=suite_environ(run), stdout=subprocess.PIPE,
+    proc = subprocess.Popen(cmd, cwd=SUITE, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
                             start_new_session=True)
     try:
@@ -165,8 +191,8 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     _require_tools()
     name: str = request.param
     folder = tmp_path_factory.mktemp(f"ignite_suite_{name}")
-    ignite = run_suite(RUNS[name], "ignite", folder / "ignite.xml")
-    unirank_ = run_suite(RUNS[name], "unirank", folder / "unirank.xml")
+    ignite = run_suite(RUNS[name], "ignite", folder)
+    unirank_ = run_suite(RUNS[name], "unirank", folder)
     print(f"{name}: ignite passes {len(ignite.passed())} in {ignite.seconds:.0f} s, unirank "
           f"{len(unirank_.passed() & ignite.passed())} of them in {unirank_.seconds:.0f} s")
     yield name, ignite, unirank_
@@ -208,11 +234,11 @@ def test_not_applicable_are_real_tests(outcomes: tuple[str, Outcome, Outcome]) -
         assert not unknown, f"NOT_APPLICABLE names tests that do not exist: {unknown}"
 
 
-def test_shim_points_public_names_at_unirank() -> None:
+def test_shim_points_public_names_at_unirank(tmp_path: Path) -> None:
     """With the shim, ignite.distributed's public names (top level and submodules) are unirank's,
     its private names ignite's, and ignite's other packages keep ignite's module."""
     code = (
-        "import unirank_shim, unirank, ignite.metrics.metric as met\n"
+        "import unirank, ignite.metrics.metric as met\n"
         "import ignite.distributed as idist\n"
         "from ignite.distributed.utils import all_gather, _rank_not_in_group, _model\n"
         "from ignite.distributed.auto import auto_dataloader\n"
@@ -227,6 +253,8 @@ def test_shim_points_public_names_at_unirank() -> None:
         "else:\n    raise AssertionError('a public name unirank lacks came from ignite')\n"
     )
     _require_ignite()
-    proc = subprocess.run([sys.executable, "-c", code], cwd=SUITE, env=suite_environ(RUNS[
-        "one_process"]), capture_output=True, text=True, timeout=120)
+    env = suite_environ(RUNS["one_process"], user_site(tmp_path, "unirank"))
+    env["PYTHONPATH"] = ""  # as ignite's test_launcher.py does for the scripts it starts
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
