@@ -21,7 +21,9 @@ then tests/ignite_suite), ``CUDA_VISIBLE_DEVICES=""`` and, for ``two_ranks``, ``
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import importlib.util
 import os
 import signal
@@ -47,18 +49,70 @@ SUITE = Path(__file__).resolve().parents[1] / "ignite_suite"
 IGNITE_VERSION = "0.5.5"
 #: the vendored test files, relative to tests/ignite_suite/tests/ignite/distributed
 FILES = ("utils/test_serial.py", "utils/test_native.py", "test_auto.py", "test_launcher.py")
+#: held while a run goes on (see _suite_lock)
+SUITE_LOCK = "/tmp/unirank-ignite-suite.lock"
 #: one run of the suite takes about 4 minutes on 2 cores; a hang must not block CI longer
 RUN_TIMEOUT_S = 900.0
 
 #: tests that reach ignite's private internals (``_model``'s own attributes, ignite's private
 #: classes): they cannot pass against another implementation; test id -> reason
-NOT_APPLICABLE: dict[str, str] = {}
+_MODEL_TYPE = "asserts the class of ignite's private _model"
+_MAX_LENGTH = "calls ignite's private _model._get_max_length"
+_INIT_METHOD = "asserts ignite's private _model._init_method (after the public checks)"
+_SCRIPT = ("runs check_idist_parallel.py, which asserts ignite's private _model._init_method "
+           "(after the public checks, before the log lines are compared)")
+NOT_APPLICABLE: dict[str, str] = {
+    "utils/test_serial.py::test_no_distrib": _MODEL_TYPE,
+    "utils/test_serial.py::test_sync_no_dist": _MODEL_TYPE,
+    "utils/test_serial.py::test_idist__model_methods_no_dist": _MAX_LENGTH,
+    "utils/test_native.py::test_sync_as_native_gloo": _MODEL_TYPE,
+    "utils/test_native.py::test_idist__model_methods_gloo": _MAX_LENGTH,
+    # unirank refuses file:// today (KNOWN_FAILING of the spawn test below); past that, private
+    "utils/test_native.py::test_native_distrib_single_node_launch_tool_gloo[FILE]": _INIT_METHOD,
+    "test_launcher.py::test_idist_parallel_spawn_n_procs_native[gloo-env://]": _INIT_METHOD,
+    "test_launcher.py::test_idist_parallel_spawn_n_procs_native[gloo-FILE]": _INIT_METHOD,
+    "test_launcher.py::test_idist_parallel_n_procs_native[gloo-env://]": _INIT_METHOD,
+    "test_launcher.py::test_idist_parallel_n_procs_native[gloo-FILE]": _INIT_METHOD,
+    "test_launcher.py::test_check_idist_parallel_torch_launch_n_procs_native[gloo-None]": _SCRIPT,
+    "test_launcher.py::test_check_idist_parallel_torch_launch_n_procs_native[gloo-FILE]": _SCRIPT,
+    "test_launcher.py::test_check_idist_parallel_spawn_n_procs_native[gloo]": _SCRIPT,
+    # Parallel(master_port="3344") is refused today; past that, the script's private check
+    "test_launcher.py::test_smoke_test_check_idist_parallel_spawn_multinode_n_procs_gloo": _SCRIPT,
+}
 
 #: tests that pass with ignite and still fail with unirank, by run; test id -> why (the
 #: behaviour to fix). Each one is asserted to still fail with unirank.
 KNOWN_FAILING: dict[str, dict[str, str]] = {
-    "one_process": {},
-    "two_ranks": {},
+    "one_process": {
+        "utils/test_native.py::test_native_distrib_single_node_spawn_gloo[FILE]":
+            "spawn(init_method='file://...') is refused (ConfigError); ignite takes it",
+        "test_launcher.py::test_parallel_wrong_inputs":
+            "Parallel(backend='abc') and the other bad configurations raise only at `with`; "
+            "ignite raises ValueError when the object is built",
+        "test_launcher.py::test_check_idist_parallel_hvdrun_launch_n_procs":
+            "under horovodrun, Parallel does not log ignite's '... in 4 processes' line",
+        "test_launcher.py::test_check_idist_parallel_spawn_n_procs_hvd":
+            "Parallel(backend='horovod', nproc_per_node=4) does not log ignite's "
+            "'Spawn function ... in 4 processes' / 'End of run' lines",
+        "test_auto.py::test_auto_methods_hvd":
+            "auto_dataloader(batch_size=1) on horovod with 4 processes raises ConfigError",
+        "utils/test_native.py::test_one_rank_first[horovod-True-0]":
+            "one_rank_first(local=True) on horovod: all_gather of the ranks' reports differs",
+        "utils/test_native.py::test_one_rank_first[horovod-False-0]":
+            "one_rank_first on horovod: all_gather of the ranks' reports differs",
+    },
+    "two_ranks": {
+        "test_auto.py::test_auto_methods_gloo":
+            "auto_dataloader(batch_size=1) at world size 2 raises ConfigError; ignite keeps a "
+            "batch smaller than the world size as it is",
+        "utils/test_native.py::test_idist_all_gather_gloo":
+            "all_gather(t, group='abc') fails inside torch (AttributeError); ignite: ValueError",
+        "utils/test_native.py::test_idist_broadcast_gloo":
+            "broadcast of an input ignite refuses does not raise TypeError",
+        "utils/test_native.py::test_new_group_native_gloo":
+            "new_group([1]) on rank 0 (not a member) does not return torch's NON_GROUP_MEMBER "
+            "(ignite's _rank_not_in_group(g) is False)",
+    },
 }
 
 
@@ -146,6 +200,18 @@ def suite_environ(run: Run, userbase: Path) -> dict[str, str]:
                                   "PYTHONUSERBASE": str(userbase), **run.env})
 
 
+@contextlib.contextmanager
+def _suite_lock() -> Iterator[None]:
+    """Hold :data:`SUITE_LOCK` (waiting for a run of another process to end): ignite's fixtures
+    share fixed paths under /tmp (``/tmp/free_port``), so two runs at once disturb each other."""
+    with open(SUITE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def run_suite(run: Run, mode: str, folder: Path) -> Outcome:
     """Run the vendored files under ``run`` with ignite's or unirank's ``ignite.distributed``
     (results and the user site folder in ``folder``)."""
@@ -155,16 +221,17 @@ def run_suite(run: Run, mode: str, folder: Path) -> Outcome:
     cmd = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "-q", "-rA", *shim, *run.args,
            f"--junitxml={junit}", *files]
     env = suite_environ(run, user_site(folder / f"{mode}_userbase", mode))
-    start = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=SUITE, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
-                            start_new_session=True)
-    try:
-        log, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        log, _ = proc.communicate()
-        pytest.fail(f"{mode} run did not end in {RUN_TIMEOUT_S} s:\n{log[-4000:]}")
+    with _suite_lock():
+        start = time.monotonic()
+        proc = subprocess.Popen(cmd, cwd=SUITE, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True,
+                                start_new_session=True)
+        try:
+            log, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            log, _ = proc.communicate()
+            pytest.fail(f"{mode} run did not end in {RUN_TIMEOUT_S} s:\n{log[-4000:]}")
     if proc.returncode not in (0, 1) or not junit.exists():
         pytest.fail(f"{mode} run ended with status {proc.returncode}:\n{log[-4000:]}")
     return Outcome(parse_junit(junit), time.monotonic() - start, log)
