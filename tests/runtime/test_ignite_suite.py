@@ -328,3 +328,26 @@ def test_shim_points_public_names_at_unirank(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_shim_sets_messages_aside(tmp_path: Path) -> None:
+    """As a pytest plugin, the shim makes ``pytest.raises``/``pytest.warns`` check the type only:
+    a test comparing ignite's wording passes on unirank's, a wrong type still fails."""
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_words.py").write_text(
+        "import warnings\nimport pytest\n\n"
+        "def test_other_words():\n"
+        "    with pytest.raises(ValueError, match='ignite says'):\n"
+        "        raise ValueError('unirank says')\n"
+        "    with pytest.warns(UserWarning, match='ignite says'):\n"
+        "        warnings.warn('unirank says', UserWarning)\n\n"
+        "def test_other_type():\n"
+        "    with pytest.raises(ValueError, match='ignite says'):\n"
+        "        raise TypeError('ignite says')\n"
+    )
+    env = suite_environ(RUNS["one_process"], user_site(tmp_path / "userbase", "ignite"))
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-c", "pytest.ini", "-p", "unirank_shim",
+                           "-p", "no:cacheprovider", "-rA", "test_words.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert "PASSED test_words.py::test_other_words" in proc.stdout, proc.stdout
+    assert "FAILED test_words.py::test_other_type" in proc.stdout, proc.stdout
