@@ -64,16 +64,24 @@ def test_one_rank_only_takes_ignite_s_positional_arguments(serial: DistEnv) -> N
 
 
 def test_options_timedelta_and_seconds() -> None:
-    options: dict[str, Any] = {"timeout": timedelta(minutes=2), "init_method": "env://"}
+    options: dict[str, Any] = {"timeout": timedelta(minutes=2)}
     assert ignite_options.take_init_timeout(options, "initialize") == 120.0
     assert options == {}
     assert ignite_options.take_init_timeout({"timeout": 7}, "spawn") == 7
     assert ignite_options.take_init_timeout({}, "spawn") is None
 
 
+def test_init_method_env_and_file_are_taken_tcp_refused_as_ignite_does() -> None:
+    assert ignite_options.init_method(None) is None
+    assert ignite_options.init_method("env://") is None
+    assert ignite_options.init_method("file:///tmp/x") == "file:///tmp/x"
+    with pytest.raises(ValueError, match="will hang"):
+        ignite_options.init_method("tcp://10.1.1.20:23456")
+    with pytest.raises(ValueError, match="init_method='abc://x'"):
+        ignite_options.init_method("abc://x")
+
+
 def test_options_that_unirank_cannot_honour_are_named() -> None:
-    with pytest.raises(ConfigError, match="init_method='file:///tmp/x'"):
-        ignite_options.take_init_timeout({"init_method": "file:///tmp/x"}, "initialize")
     with pytest.raises(TypeError, match=r"spawn\(\) got options unirank does not take: pg_opt"):
         ignite_options.take_init_timeout({"pg_opt": 1}, "spawn")
     with pytest.raises(ConfigError, match="join='False'"):

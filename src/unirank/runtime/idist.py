@@ -19,7 +19,6 @@ collectives live in :mod:`.groups` and :mod:`.collectives`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -112,6 +111,8 @@ def initialize(backend: str, **kwargs: Any) -> None:
     Reads: every variable :func:`unirank.runtime.init` reads.
     """
     options = dict(kwargs)
+    method = options.pop("init_method", None)
+    ignite_options.init_method(method)  # a refused one fails before anything starts
     env = state.dist_env()
     for field in ("rank", "world_size"):
         given = options.pop(field, None)
@@ -122,7 +123,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
                 value=str(given),
                 hint=f"leave {field} out: unirank takes it from the launcher",
             )
-    lifecycle.init(backend, ignite_options.take_init_timeout(options, "initialize"))
+    lifecycle.init(backend, ignite_options.take_init_timeout(options, "initialize"), method)
 
 
 def spawn(
@@ -160,16 +161,13 @@ def sync(temporary: bool = False) -> None:
 
 
 def set_local_rank(index: int) -> None:
-    """Deprecated (as in ignite): the local rank comes from the launcher. Only when none was
-    detected (``local``: a group created by hand) does ``index`` become this process's local
-    rank; a launcher's value is kept. Warns with DeprecationWarning either way."""
+    """Deprecated (as in ignite): the local rank comes from the launcher. ``index`` is used only
+    where no launcher gives one: with no launcher detected, and for a group made by hand
+    without ``LOCAL_RANK``. Warns with DeprecationWarning either way."""
     warnings.warn("set_local_rank is deprecated: unirank reads the local rank from the launcher "
-                  "(it is used only when no launcher was detected)",
+                  "(it is used only when no launcher gives one)",
                   DeprecationWarning, stacklevel=2)
-    env = state.dist_env()
-    if env.launcher == "local" and env.local_rank != index:
-        sources = {**env.sources, "local_rank": "set_local_rank()"}
-        state.set_dist_env(dataclasses.replace(env, local_rank=index, sources=sources))
+    state.STATE.local_rank_hint = int(index)
 
 
 def _config_lines() -> list[str]:
