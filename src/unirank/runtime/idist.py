@@ -30,7 +30,7 @@ import torch.distributed as dist
 from unirank.errors import ConfigError
 from unirank.runtime import backends, groups, ignite_options, lifecycle, state
 from unirank.runtime.collectives import all_gather
-from unirank.runtime.helpers import get_logger
+from unirank.runtime.helpers import ignite_logger
 from unirank.runtime.parallel import Parallel
 
 __all__ = [
@@ -52,8 +52,8 @@ __all__ = [
 SERIAL = "serial"
 NATIVE = "native-dist"
 MODEL_NAMES = {"horovod": "horovod-dist", "xla-tpu": "xla-dist"}
-#: the logger show_config writes to
-LOGGER_NAME = "unirank.idist"
+#: the logger show_config writes to (ignite's name for it)
+LOGGER_NAME = "ignite.distributed.utils"
 
 get_nproc_per_node = state.get_local_world_size
 
@@ -147,11 +147,13 @@ def spawn(
     ``join``, ``daemon``. Reads: what :class:`~unirank.runtime.parallel.Parallel` reads.
     """
     options = dict(kwargs)
+    method = options.pop("init_method", None)
     ignite_options.take_spawn_options(options)
     timeout = ignite_options.take_init_timeout(options, "spawn")
     backends.choose_backend(backend, backends.cuda_facts())  # an unusable backend fails here
     runner = Parallel(backend, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                      master_addr=master_addr, master_port=master_port, init_timeout=timeout)
+                      master_addr=master_addr, master_port=master_port, init_method=method,
+                      init_timeout=timeout)
     runner.run(fn, *args, **dict(kwargs_dict or {}))
 
 
@@ -200,12 +202,12 @@ def _config_lines() -> list[str]:
 
 
 def show_config() -> None:
-    """Log this rank's configuration (logger ``unirank.idist``, every rank, prefixed by rank):
-    ignite's lines, then unirank's launcher and where each number came from.
+    """Log the configuration as ignite does (logger ``ignite.distributed.utils``, rank 0 only,
+    ignite's format): ignite's lines, then unirank's launcher and where each number came from.
 
     Reads: the launcher's variables (through :func:`unirank.launchers.explain`).
     """
-    logger = get_logger(LOGGER_NAME)
+    logger = ignite_logger(LOGGER_NAME)
     for line in _config_lines():
         logger.info(line)
 
