@@ -4,6 +4,8 @@ every idist call the case list names; then ``RANK`` set late and ``initialize("g
 ``file://`` init method. Writes what each call returned (or the exception type it raised) to
 ``FOLDER/rank<r>.json``.
 
+With ``HIDE_NUMPY=1`` the script runs as if numpy were not installed.
+
 Usage: hand_made_group.py ignite|unirank RANK PORT FOLDER
 """
 
@@ -15,6 +17,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+if os.environ.get("HIDE_NUMPY") == "1":
+    sys.modules["numpy"] = None  # type: ignore[assignment]  # an import of numpy fails
 
 import torch
 import torch.distributed as dist
