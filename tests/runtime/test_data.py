@@ -139,7 +139,7 @@ def test_a_short_user_sampler_is_padded_like_a_distributed_sampler(use_env: None
 def test_user_samplers_that_cannot_be_split_are_refused(use_env: None) -> None:
     with pytest.raises(TypeError, match=r"\(generator\) has no len\(\)"):
         data.DistributedProxySampler((i for i in range(3)), num_replicas=2, rank=0)
-    with pytest.raises(TypeError, match="already distributed"):
+    with pytest.raises(TypeError, match="must not be a distributed sampler already"):
         data.DistributedProxySampler(DistributedSampler(DATASET, 2, 0), num_replicas=2, rank=0)
     as_rank(0)
     with pytest.raises(ValueError, match="mutually exclusive"):  # as DataLoader at world 1

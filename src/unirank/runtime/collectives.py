@@ -69,7 +69,8 @@ def _op_name(op: Any) -> str:
                 return name
         if op == dist.ReduceOp.AVG:
             return "MEAN"
-    raise ValueError(f"unknown reduce op {op!r}: use one of {', '.join(REDUCE_OPS)}")
+    raise ValueError(f"Unsupported reduction operation: unknown reduce op {op!r}: use one of "
+                     f"{', '.join(REDUCE_OPS)}")
 
 
 def _active() -> bool:

@@ -75,11 +75,14 @@ class DistributedProxySampler(AutoDistributedSampler):
         seed: int = 0,
     ) -> None:
         if isinstance(sampler, DistributedSampler):
-            raise TypeError("DistributedProxySampler: the sampler is already distributed")
+            raise TypeError("Argument sampler must not be a distributed sampler already")
+        if not isinstance(sampler, Iterable):
+            raise TypeError(f"Argument sampler should be instance of torch Sampler (or an "
+                            f"iterable of indices), but given: {type(sampler)}")
         if not isinstance(sampler, Sized):
             raise TypeError(
-                f"DistributedProxySampler: the sampler ({type(sampler).__name__}) has no len(), "
-                "so it cannot be split over the ranks; give it __len__"
+                f"Argument sampler should have length: the sampler ({type(sampler).__name__}) "
+                "has no len(), so it cannot be split over the ranks; give it __len__"
             )
         super().__init__(
             sampler,

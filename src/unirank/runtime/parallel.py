@@ -85,7 +85,12 @@ def check_request(backend: str | None, request: dict[str, Any], init_method: str
     and port (or an ``init_method``) for more than one node."""
     if backend is not None:
         if backend.strip().lower() != backends.AUTO:
-            backends.get(backend)  # an unknown name is a ConfigError (a ValueError)
+            try:
+                backends.get(backend)
+            except ConfigError:
+                known = (backends.AUTO, *backends.names(), *backends.TORCH_BACKENDS)
+                raise ValueError(f"Unknown backend '{backend}'. Available backends: "
+                                 f"{known}") from None
     else:
         for name, value in request.items():
             if value is not None:
