@@ -30,18 +30,20 @@ def init_method(value: str | None) -> str | None:
     """``init_method`` as unirank uses it: ``None`` for ``None`` and ``"env://"`` (unirank's own
     rendezvous store on the master address and port), ``"file://PATH"`` as it is (a store in
     that file: every rank must see it). ``"tcp://..."`` is a ValueError, as in ignite 0.5.5
-    (set MASTER_ADDR and MASTER_PORT instead), and so is any other scheme."""
+    (set MASTER_ADDR and MASTER_PORT instead), and so is any other scheme (both are
+    :class:`~unirank.errors.ConfigError`, a ValueError)."""
     if value is None or value == "env://":
         return None
     if value.startswith("tcp://"):
-        raise ValueError(
+        raise ConfigError(
             f"TCP initialization via init_method='{value}' will hang. To fix this, please "
             "configure MASTER_ADDR and MASTER_PORT in the environment and use 'env://' (or omit "
-            "init_method)."
-        )
+            "init_method).", variable="init_method", value=value,
+            hint="leave init_method out and set MASTER_ADDR and MASTER_PORT")
     if value.startswith("file://"):
         return value
-    raise ValueError(f"init_method={value!r}: use None, 'env://' or 'file://PATH'")
+    raise ConfigError("is not an init method unirank takes", variable="init_method",
+                      value=value, hint="use None, 'env://' or 'file://PATH'")
 
 
 def take_init_timeout(options: dict[str, Any], what: str) -> float | None:

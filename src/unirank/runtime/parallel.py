@@ -78,42 +78,53 @@ class WorkerFailedError(RuntimeError):
 LOGGER_NAME = "ignite.distributed.launcher.Parallel"
 
 
+def _refuse(variable: str, value: Any, message: str, hint: str) -> ConfigError:
+    return ConfigError(message, variable=variable, value=str(value), hint=hint)
+
+
 def check_request(backend: str | None, request: dict[str, Any], init_method: str | None) -> None:
-    """ignite's checks of ``Parallel``'s arguments, made when the object is built (ValueError):
-    a known backend; without one, no spawn argument; no ``tcp://`` init method; with
-    ``nproc_per_node``: positive counts, ``node_rank`` within ``nnodes``, and a master address
-    and port (or an ``init_method``) for more than one node."""
+    """ignite's checks of ``Parallel``'s arguments, made when the object is built: a known
+    backend that can run here (``nccl`` needs CUDA); without one, no spawn argument; no
+    ``tcp://`` init method; with ``nproc_per_node``: positive counts, ``node_rank`` within
+    ``nnodes``, and a master address and port (or an ``init_method``) for more than one node.
+    Each is a one-line :class:`~unirank.errors.ConfigError` (a ValueError, as ignite raises),
+    in ignite's words where unirank had none of its own."""
     if backend is not None:
-        if backend.strip().lower() != backends.AUTO:
+        if backend.strip().lower() != backends.AUTO and backends.find(backend) is None:
             try:
                 backends.get(backend)
-            except ConfigError:
+            except ConfigError as exc:
                 known = (backends.AUTO, *backends.names(), *backends.TORCH_BACKENDS)
-                raise ValueError(f"Unknown backend '{backend}'. Available backends: "
-                                 f"{known}") from None
+                raise _refuse("backend", backend, f"is not a torch.distributed backend (Unknown "
+                              f"backend '{backend}'. Available backends: {known})",
+                              str(exc.hint)) from None
+        backends.choose_backend(backend, backends.cuda_facts())  # one that cannot run here
     else:
         for name, value in request.items():
             if value is not None:
-                raise ValueError(f"If backend is None, argument '{name}' should be also None, "
-                                 f"but given {value}")
+                raise _refuse(name, value, f"If backend is None, argument '{name}' should be "
+                              f"also None, but given {value}",
+                              "name a backend (\"auto\" picks one) to spawn workers")
     ignite_options.init_method(init_method)
     nproc = request["nproc_per_node"]
     if backend is None or nproc is None:
         return
     nnodes, node_rank = request["nnodes"] or 1, request["node_rank"]
-    if nproc < 1:
-        raise ValueError(f"Argument nproc_per_node should positive, but given {nproc}")
-    if nnodes < 1:
-        raise ValueError(f"Argument nnodes should positive, but given {nnodes}")
+    for name, count in (("nproc_per_node", nproc), ("nnodes", nnodes)):
+        if count < 1:
+            raise _refuse(name, count, "must be an integer >= 1",
+                          f"pass {name}=<integer >= 1>")
     if node_rank is None and nnodes > 1:
-        raise ValueError("If number of nodes larger than one, arguments node_rank should be given")
+        raise _refuse("node_rank", None, "If number of nodes larger than one, arguments "
+                      "node_rank should be given", "give each node its node_rank")
     if not 0 <= (node_rank or 0) < nnodes:
-        raise ValueError(f"Argument node_rank should be between 0 and {nnodes - 1}, but given "
-                         f"{node_rank}")
+        raise _refuse("node_rank", node_rank, f"Argument node_rank should be between 0 and "
+                      f"{nnodes - 1}, but given {node_rank}", "count nodes from 0")
     if nnodes > 1 and init_method is None and (
             request["master_addr"] is None or request["master_port"] is None):
-        raise ValueError("If number of nodes larger than one, arguments master_addr and "
-                         "master_port or init_method should be specified")
+        raise _refuse("master_addr", request["master_addr"], "If number of nodes larger than "
+                      "one, arguments master_addr and master_port or init_method should be "
+                      "specified", "pass master_addr and master_port (the address of node 0)")
 
 
 class Parallel:
