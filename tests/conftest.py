@@ -33,6 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # shared test helpers (tests/_procs.py) are importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 TESTBED = REPO_ROOT / "scripts" / "testbed"
+# ignite's own tests, run by tests/runtime/test_ignite_suite.py in their own pytest processes
+collect_ignore = ["ignite_suite"]
 # Every job this session starts carries the session's own tag, so that the end-of-session check
 # for jobs left behind never sees (or cancels) another session's jobs on a shared testbed.
 JOB_NAME_PREFIX = f"unirank-test-{uuid.uuid4().hex[:6]}-"
