@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from unirank.distenv import DistEnv
 from unirank.runtime import backends
+from unirank.runtime.layout import Layout, group_layout
 
 __all__ = [
     "STATE",
@@ -138,7 +139,7 @@ def get_world_size() -> int:
     return dist_env().world_size
 
 
-def _hand_made_layout() -> Any:
+def _hand_made_layout() -> Layout | None:
     """The per-node numbers of a default group the launcher's description does not describe
     (:func:`unirank.runtime.layout.group_layout`), else ``None``: no group, a group of
     unirank's, a backend of its own (Horovod, XLA), or a group matching the launcher's rank and
@@ -148,8 +149,6 @@ def _hand_made_layout() -> Any:
     env = dist_env()
     if (env.rank, env.world_size) == (int(dist.get_rank()), int(dist.get_world_size())):
         return None
-    from unirank.runtime.layout import group_layout
-
     return group_layout(os.environ, STATE.local_rank_hint)
 
 
@@ -158,7 +157,7 @@ def get_local_rank() -> int:
     no launcher detected: the ``set_local_rank`` hint when one was given)."""
     layout = _hand_made_layout()
     if layout is not None:
-        return int(layout.local_rank)
+        return layout.local_rank
     env = dist_env()
     hint = STATE.local_rank_hint
     return hint if hint is not None and env.launcher == "local" else env.local_rank
@@ -167,19 +166,19 @@ def get_local_rank() -> int:
 def get_local_world_size() -> int:
     """Number of processes on this node."""
     layout = _hand_made_layout()
-    return dist_env().local_world_size if layout is None else int(layout.local_world_size)
+    return dist_env().local_world_size if layout is None else layout.local_world_size
 
 
 def get_node_rank() -> int:
     """Index of this node in the job."""
     layout = _hand_made_layout()
-    return dist_env().node_rank if layout is None else int(layout.node_rank)
+    return dist_env().node_rank if layout is None else layout.node_rank
 
 
 def get_nnodes() -> int:
     """Number of nodes in the job."""
     layout = _hand_made_layout()
-    return dist_env().num_nodes if layout is None else int(layout.num_nodes)
+    return dist_env().num_nodes if layout is None else layout.num_nodes
 
 
 def backend() -> str | None:
