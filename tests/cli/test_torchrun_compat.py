@@ -273,7 +273,7 @@ def body(local_rank):
 
 NAMES = {NAMES}
 if __name__ == "__main__":
-    with ur.Parallel(nproc_per_node=2) as p:
+    with ur.Parallel(backend="auto", nproc_per_node=2) as p:
         p.run(body)
 """
 RUN_JOB = """

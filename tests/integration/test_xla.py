@@ -84,8 +84,8 @@ def test_collectives_and_helpers_on_the_xla_device(xla_python: str, how: list[st
     r = job_result(run([xla_python, JOB, *how]).stdout)
     assert (r["backend"], r["device"], r["rank"], r["world"]) == ("xla-tpu", "xla:0", 0, 1)
     assert (r["sum"], r["mean"], r["min"], r["max"], r["product"]) == (1, 1.0, 1.5, 1, 1)
-    assert (r["gather_tensor"], r["gather_obj"], r["bcast_obj"]) == (
-        [0, 0], [{"rank": 0, "t": [0, "x"]}], {"who": 0})
+    assert (r["gather_tensor"], r["gather_obj"], r["bcast_path"]) == (
+        [0, 0], [{"rank": 0, "t": [0, "x"]}], "/who0")
     # auto_model: not wrapped; auto_optim: the same SGD object, its step through xm.optimizer_step
     assert r["model"] == "Linear"
     assert r["optimizer"] == "torch.optim.sgd.SGD" and r["plain_optimizer"] is False

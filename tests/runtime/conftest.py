@@ -12,12 +12,13 @@ from unirank.runtime import state
 
 @pytest.fixture
 def use_env() -> Iterator[None]:
-    """Restore the cached DistEnv after a test replaced it."""
+    """Restore the cached DistEnv (and forget a ``set_local_rank`` hint) after a test."""
     saved = state.STATE.env
     try:
         yield
     finally:
         state.set_dist_env(saved)
+        state.STATE.local_rank_hint = None
 
 
 @pytest.fixture

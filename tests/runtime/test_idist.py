@@ -64,16 +64,24 @@ def test_one_rank_only_takes_ignite_s_positional_arguments(serial: DistEnv) -> N
 
 
 def test_options_timedelta_and_seconds() -> None:
-    options: dict[str, Any] = {"timeout": timedelta(minutes=2), "init_method": "env://"}
+    options: dict[str, Any] = {"timeout": timedelta(minutes=2)}
     assert ignite_options.take_init_timeout(options, "initialize") == 120.0
     assert options == {}
     assert ignite_options.take_init_timeout({"timeout": 7}, "spawn") == 7
     assert ignite_options.take_init_timeout({}, "spawn") is None
 
 
+def test_init_method_env_and_file_are_taken_tcp_refused_as_ignite_does() -> None:
+    assert ignite_options.init_method(None) is None
+    assert ignite_options.init_method("env://") is None
+    assert ignite_options.init_method("file:///tmp/x") == "file:///tmp/x"
+    with pytest.raises(ValueError, match="will hang"):
+        ignite_options.init_method("tcp://10.1.1.20:23456")
+    with pytest.raises(ValueError, match="init_method='abc://x': is not an init method"):
+        ignite_options.init_method("abc://x")
+
+
 def test_options_that_unirank_cannot_honour_are_named() -> None:
-    with pytest.raises(ConfigError, match="init_method='file:///tmp/x'"):
-        ignite_options.take_init_timeout({"init_method": "file:///tmp/x"}, "initialize")
     with pytest.raises(TypeError, match=r"spawn\(\) got options unirank does not take: pg_opt"):
         ignite_options.take_init_timeout({"pg_opt": 1}, "spawn")
     with pytest.raises(ConfigError, match="join='False'"):
@@ -117,7 +125,6 @@ def test_set_local_rank_warns_and_applies_only_without_a_launcher(serial: DistEn
     with pytest.warns(DeprecationWarning, match="set_local_rank is deprecated"):
         idist.set_local_rank(3)
     assert idist.get_local_rank() == 3
-    assert state.dist_env().sources["local_rank"] == "set_local_rank()"
     state.set_dist_env(DistEnv(launcher="torchrun", local_rank=1, local_world_size=2,
                                world_size=2, rank=1))
     with warnings.catch_warnings():
@@ -135,7 +142,7 @@ def config_lines() -> Iterator[list[str]]:
         def emit(self, record: logging.LogRecord) -> None:
             lines.append(record.getMessage())
 
-    logger = idist.get_logger("unirank.idist")
+    logger = logging.getLogger("ignite.distributed.utils")
     handler = Keep()
     logger.addHandler(handler)
     try:
@@ -147,14 +154,14 @@ def config_lines() -> Iterator[list[str]]:
 def test_show_config_logs_ignite_s_lines_then_the_sources(
     serial: DistEnv, config_lines: list[str]
 ) -> None:
-    state.set_dist_env(DistEnv(launcher="slurm", rank=1, world_size=2, local_world_size=1,
-                               num_nodes=2, node_rank=1, node_name="n2",
+    state.set_dist_env(DistEnv(launcher="slurm", rank=0, world_size=2, local_world_size=1,
+                               num_nodes=2, node_rank=0, node_name="n2",
                                sources={"rank": "SLURM_PROCID", "num_nodes": "SLURM_NNODES"}))
     idist.show_config()
     assert config_lines[:10] == [
         "distributed configuration: serial", "backend: None", "device: cpu",
-        f"hostname: {idist.hostname()}", "world size: 2", "rank: 1", "local rank: 0",
-        "num processes per_node: 1", "num nodes: 2", "node rank: 1",
+        f"hostname: {idist.hostname()}", "world size: 2", "rank: 0", "local rank: 0",
+        "num processes per_node: 1", "num nodes: 2", "node rank: 0",
     ]
     assert config_lines[10].startswith("launcher: slurm")
     assert "rank from: SLURM_PROCID" in config_lines

@@ -61,7 +61,7 @@ def test_all_reduce_tensor_serial_returns_the_same_tensor(serial: DistEnv) -> No
 def test_all_reduce_rejects_bad_input(serial: DistEnv) -> None:
     with pytest.raises(ValueError, match="unknown reduce op 'median'"):
         ur.all_reduce(1, "median")
-    with pytest.raises(TypeError, match="takes a tensor or a number, not str"):
+    with pytest.raises(TypeError, match="Unhandled input type"):
         ur.all_reduce("1")
     with pytest.raises(TypeError, match="MEAN needs a floating-point tensor"):
         ur.all_reduce(torch.tensor([1]), "MEAN")
@@ -78,7 +78,7 @@ def test_all_gather_serial(serial: DistEnv) -> None:
     assert ur.all_gather(3) == [3]
     assert ur.all_gather("abc") == ["abc"]
     assert ur.all_gather({"k": (1, 2)}) == [{"k": (1, 2)}]
-    assert ur.all_gather(torch.tensor(7)).tolist() == [7]
+    assert ur.all_gather(torch.tensor(7)).tolist() == 7  # as it is, as in ignite
     assert ur.all_gather(torch.tensor([[1, 2]])).tolist() == [[1, 2]]
 
 

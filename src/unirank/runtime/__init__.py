@@ -7,7 +7,8 @@ and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel`
 :mod:`.helpers`, :mod:`.training` (auto_model, auto_optim, manual_seed, save, load),
 :mod:`.data` (auto_dataloader), :mod:`.groups` (new_group, the ``group=`` argument),
 :mod:`.idist` (the rest of pytorch-ignite's ``ignite.distributed`` names: initialize, spawn,
-model_name, show_config...).
+model_name, show_config...), :mod:`.layout` (the per-node numbers of a group made by hand),
+:mod:`.objects` (objects and strings through byte tensors: no numpy).
 """
 
 from __future__ import annotations

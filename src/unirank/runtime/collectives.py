@@ -5,9 +5,13 @@
   ``AND``/``OR`` of integer tensors (strings, any case, or ``dist.ReduceOp``).
 * :func:`all_gather` of a tensor concatenates along dim 0 (0-d tensors are stacked); of anything
   else (number, str, picklable object) returns the list of every rank's value, in rank order.
-* :func:`broadcast` of a tensor fills it in place from ``src``; of anything else returns ``src``'s
-  value (the other ranks' values are ignored). ``safe_mode=True`` lets the other ranks pass
-  anything (``None``) even when ``src`` broadcasts a tensor.
+* :func:`broadcast` of a tensor fills it in place from ``src``; of a number, ``str`` or
+  ``pathlib.Path`` returns ``src``'s value (the other ranks' values are ignored); other types
+  are a TypeError, as in ignite. ``safe_mode=True`` lets the other ranks pass anything
+  (``None``) even when ``src`` broadcasts a tensor.
+
+Objects and strings travel pickled in byte tensors (:mod:`unirank.runtime.objects`): no
+collective needs numpy.
 * :func:`barrier`.
 
 ``group`` (ignite's meaning): ``None`` for every rank, a process group, or a list of global ranks
@@ -20,14 +24,16 @@ backend is not a torch.distributed group (Horovod, XLA), its entry's
 
 from __future__ import annotations
 
+import numbers
+from pathlib import PurePath
 from typing import Any, TypeVar, cast
 
 import torch
 import torch.distributed as dist
 
-from unirank.runtime import backends, groups, state
+from unirank.runtime import backends, groups, objects, state
 
-__all__ = ["REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
+__all__ = ["BROADCAST_TYPES", "REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
 
 T = TypeVar("T")
 
@@ -63,7 +69,8 @@ def _op_name(op: Any) -> str:
                 return name
         if op == dist.ReduceOp.AVG:
             return "MEAN"
-    raise ValueError(f"unknown reduce op {op!r}: use one of {', '.join(REDUCE_OPS)}")
+    raise ValueError(f"Unsupported reduction operation: unknown reduce op {op!r}: use one of "
+                     f"{', '.join(REDUCE_OPS)}")
 
 
 def _active() -> bool:
@@ -130,37 +137,66 @@ def all_reduce(tensor: Any, op: Any = _SUM, group: Any = None) -> Any:
         _reduce_tensor(value, name, group)
         result = value.item()
         return int(result) if is_int else float(result)
-    raise TypeError(f"all_reduce takes a tensor or a number, not {type(tensor).__name__}")
+    raise TypeError(f"Unhandled input type {type(tensor)}: all_reduce takes a tensor or a number")
+
+
+def _gather_numbers(data: Any, group: Any) -> Any:
+    """Every member's number, as ignite gathers them: through a 1-element tensor (``float64``
+    for a float, torch's default type for the others), back as Python numbers."""
+    dtype = torch.float64 if isinstance(data, float) else None
+    values: torch.Tensor = all_gather(torch.tensor([data], dtype=dtype, device=_device()), group)
+    return values.tolist()
+
+
+def _device() -> torch.device:
+    """Where collectives of the live torch.distributed group take their tensors."""
+    return objects.comm_device()
 
 
 def all_gather(tensor: Any, group: Any = None) -> Any:
-    """Every rank's ``tensor`` (any picklable data): a tensor concatenated along dim 0, or a list
-    in rank order. ``group``: see this module's docstring; a rank outside it gets ``tensor``
-    back as it is."""
+    """Every rank's ``tensor`` (ignite's types, and any picklable object): a tensor is
+    concatenated along dim 0 (a 0-d tensor counts as 1-element); a number, a ``str`` or an
+    object gives the list of every rank's value, in rank order. Without a process group: a
+    tensor as it is, anything else as ``[tensor]``. ``group``: see this module's docstring; a
+    rank outside it gets its ``tensor`` back as it is (a ``str`` as ``[tensor]``)."""
     data = tensor
-    if _active():
-        group = groups.resolve(group)
-        if groups.not_member(group):
-            return data
+    if not _active():
+        return data if isinstance(data, torch.Tensor) else [data]
+    group = groups.resolve(group)
+    if groups.not_member(group):
+        return [data] if isinstance(data, str) else data
+    own = _own(group)
     if isinstance(data, torch.Tensor):
         flat = data.unsqueeze(0) if data.dim() == 0 else data
-        if not _active():
-            return flat
-        own = _own(group)
         if own is not None:
             gathered_tensor: torch.Tensor = own.all_gather(flat.contiguous())
             return gathered_tensor
         parts = [torch.empty_like(flat) for _ in range(dist.get_world_size(group))]
         dist.all_gather(parts, flat.contiguous(), group=group)
         return torch.cat(parts, dim=0)
-    if not _active():
-        return [data]
-    own = _own(group)
     if own is not None:
         return own.all_gather_object(data)
-    gathered: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(gathered, data, group=group)
-    return gathered
+    if isinstance(data, (int, float)) and not isinstance(data, bool):
+        return _gather_numbers(data, group)
+    return objects.all_gather_objects(data, group)
+
+
+#: what ignite's ``broadcast`` takes (and ``None`` on ranks other than ``src``, in safe mode)
+BROADCAST_TYPES = (torch.Tensor, numbers.Number, str, PurePath)
+
+
+def _check_broadcast(data: Any, src: int, safe_mode: bool) -> None:
+    """ignite's checks: one of :data:`BROADCAST_TYPES` (TypeError), ``None`` only on a rank
+    other than ``src`` with ``safe_mode`` (ValueError)."""
+    if data is not None and not isinstance(data, BROADCAST_TYPES):
+        raise TypeError(f"Unhandled input type {type(data)}: broadcast takes a tensor, a number, "
+                        "a str or a pathlib.Path")
+    if data is None:
+        if state.get_rank() == src:
+            raise ValueError("Source data can not be None")
+        if not safe_mode:
+            raise ValueError("Argument safe_mode should be True if None is passed for non src "
+                             "rank")
 
 
 def _placeholder(data: Any, src: int, group: Any) -> Any:
@@ -168,21 +204,31 @@ def _placeholder(data: Any, src: int, group: Any) -> Any:
     when ``src`` does not broadcast a tensor (one object broadcast of the shape and dtype)."""
     is_src = state.get_rank() == src
     shape = (tuple(data.shape), data.dtype) if is_src and isinstance(data, torch.Tensor) else None
-    shape = broadcast(shape, src, group=group)
+    own = _own(group)
+    if own is not None:
+        shape = own.broadcast_object(shape, src)
+    else:
+        shape = objects.broadcast_object(shape, src, group)
     if is_src:
         return data
     return None if shape is None else torch.empty(shape[0], dtype=shape[1], device=state.device())
 
 
 def broadcast(tensor: T, src: int = 0, safe_mode: bool = False, *, group: Any = None) -> T:
-    """``src``'s ``tensor`` (any picklable data) on every rank (a tensor is filled in place and
-    returned). Ranks other than ``src`` pass a tensor of the same shape and dtype when ``src``
-    broadcasts a tensor, unless ``safe_mode=True``: then they may pass anything (``None``), at
-    the cost of one more broadcast. ``group``: see this module's docstring (``src`` is a global
-    rank); a rank outside it gets ``tensor`` back as it is."""
+    """``src``'s ``tensor`` on every rank: a tensor (filled in place and returned), a number, a
+    ``str`` or a ``pathlib.Path`` (the value as ``src`` has it: a number keeps its type).
+    Other types are a TypeError, as in ignite. Ranks other than ``src`` pass a placeholder of
+    the same type (a tensor of the same shape and dtype), unless ``safe_mode=True``: then they
+    may pass anything (``None``), at the cost of one more broadcast. ``None`` on ``src``, or
+    elsewhere without ``safe_mode``, is a ValueError (serially too). ``group``: see this
+    module's docstring (``src`` is a global rank); a rank outside it gets ``tensor`` back as it
+    is."""
     data: Any = tensor
     if not _active():
+        if data is None:
+            raise ValueError("Argument tensor should not be None")
         return tensor
+    _check_broadcast(data, src, safe_mode)
     group = groups.resolve(group)
     if groups.not_member(group):
         return tensor
@@ -198,9 +244,7 @@ def broadcast(tensor: T, src: int = 0, safe_mode: bool = False, *, group: Any = 
     if isinstance(data, torch.Tensor):
         dist.broadcast(data, src=src, group=group)
         return cast(T, data)
-    box: list[Any] = [data if dist.get_rank() == src else None]
-    dist.broadcast_object_list(box, src=src, group=group)
-    result: T = box[0]
+    result: T = objects.broadcast_object(data, src, group)
     return result
 
 

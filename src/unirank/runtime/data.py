@@ -23,7 +23,6 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset
 from torch.utils.data.dataloader import _BaseDataLoaderIter
 
-from unirank.errors import ConfigError
 from unirank.runtime import state
 
 __all__ = [
@@ -31,6 +30,7 @@ __all__ = [
     "AutoDistributedSampler",
     "DistributedProxySampler",
     "auto_dataloader",
+    "per_process_workers",
     "per_rank_batch_size",
 ]
 
@@ -75,11 +75,14 @@ class DistributedProxySampler(AutoDistributedSampler):
         seed: int = 0,
     ) -> None:
         if isinstance(sampler, DistributedSampler):
-            raise TypeError("DistributedProxySampler: the sampler is already distributed")
+            raise TypeError("Argument sampler must not be a distributed sampler already")
+        if not isinstance(sampler, Iterable):
+            raise TypeError(f"Argument sampler should be instance of torch Sampler (or an "
+                            f"iterable of indices), but given: {type(sampler)}")
         if not isinstance(sampler, Sized):
             raise TypeError(
-                f"DistributedProxySampler: the sampler ({type(sampler).__name__}) has no len(), "
-                "so it cannot be split over the ranks; give it __len__"
+                f"Argument sampler should have length: the sampler ({type(sampler).__name__}) "
+                "has no len(), so it cannot be split over the ranks; give it __len__"
             )
         super().__init__(
             sampler,
@@ -156,28 +159,18 @@ class AutoDataLoader(DataLoader[Any]):
         return super().__iter__()
 
 
-def per_rank_batch_size(total: Any, world_size: int) -> int:
-    """The batch each of ``world_size`` ranks loads for a ``total`` batch over all ranks.
+def per_rank_batch_size(total: int, world_size: int) -> int:
+    """The batch each of ``world_size`` ranks loads for a ``total`` batch (ignite's rule):
+    ``total // world_size`` when ``total`` is at least the world size, else ``total`` as it is
+    (a batch smaller than the world cannot be split)."""
+    return total // world_size if total >= world_size else total
 
-    Raises a one-line ConfigError (``batch_size``) when ``total`` is not an int at least
-    ``world_size``; warns (one line, naming the per-rank batch) when it does not divide.
-    """
-    if isinstance(total, bool) or not isinstance(total, int) or total < world_size:
-        raise ConfigError(
-            f"is the batch over all {world_size} ranks and must be at least the world size",
-            variable="batch_size",
-            value=str(total),
-            hint=f"pass a total batch_size >= {world_size}: each rank loads batch_size // "
-            f"{world_size}",
-        )
-    per_rank, rest = divmod(total, world_size)
-    if rest:
-        warnings.warn(
-            f"auto_dataloader: batch_size={total} does not divide over {world_size} ranks: each "
-            f"rank loads batches of {per_rank} ({per_rank * world_size} in all)",
-            stacklevel=3,
-        )
-    return per_rank
+
+def per_process_workers(total: int, local_world_size: int) -> int:
+    """The loader workers each of ``local_world_size`` processes of a node starts for ``total``
+    (ignite's rule): ``ceil(total / local_world_size)`` when ``total`` is at least the number
+    of processes, else ``total`` as it is."""
+    return math.ceil(total / local_world_size) if total >= local_world_size else total
 
 
 def _distributed_sampler(
@@ -186,16 +179,15 @@ def _distributed_sampler(
     """This rank's sampler at a world larger than 1; pops ``shuffle`` when it makes one."""
     sampler = kwargs.get("sampler")
     if sampler is None:
-        shuffle = bool(kwargs.pop("shuffle", False))
+        shuffle = bool(kwargs.pop("shuffle", True))
         return AutoDistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle)
     if isinstance(sampler, DistributedSampler):
-        if (sampler.num_replicas, sampler.rank) != (world_size, rank):
-            warnings.warn(
-                f"auto_dataloader: your DistributedSampler has num_replicas="
-                f"{sampler.num_replicas}, rank={sampler.rank}, but this is rank {rank} of "
-                f"{world_size}; it is used as it is",
-                stacklevel=3,
-            )
+        if sampler.rank != rank:
+            warnings.warn(f"Found distributed sampler with rank={sampler.rank}, but process rank "
+                          f"is {rank}: it is used as it is", stacklevel=3)
+        if sampler.num_replicas != world_size:
+            warnings.warn(f"Found distributed sampler with num_replicas={sampler.num_replicas}, "
+                          f"but world size is {world_size}: it is used as it is", stacklevel=3)
         return sampler
     # ``shuffle`` stays: DataLoader rejects it with a sampler, as it would at world size 1
     return DistributedProxySampler(sampler, num_replicas=world_size, rank=rank)
@@ -207,13 +199,12 @@ def auto_dataloader(dataset: Dataset[Any], **dataloader_kwargs: Any) -> DataLoad
     At world size 1: ``DataLoader(dataset, **dataloader_kwargs)``, except for ``pin_memory``
     below. When the world is larger than 1 the arguments change so:
 
-    * ``batch_size`` is the TOTAL over all ranks: each rank loads ``batch_size // world_size``.
-      Smaller than the world size: a :class:`~unirank.errors.ConfigError`; not a multiple of
-      it: a warning naming the per-rank batch. Not given: DataLoader's default (1 per rank).
+    * ``batch_size`` is the TOTAL over all ranks: each rank loads ``batch_size // world_size``
+      when ``batch_size`` is at least the world size; a smaller one is kept as it is.
     * ``num_workers`` is divided over this node's processes: ``ceil(num_workers /
-      local_world_size)`` each.
+      local_world_size)`` each, when it is at least the number of processes.
     * no ``sampler``: a ``DistributedSampler(dataset, num_replicas=world_size, rank=rank,
-      shuffle=shuffle)``, ``shuffle`` being the user's (default False, as DataLoader's) and not
+      shuffle=shuffle)``, ``shuffle`` being the user's (default True, as in ignite) and not
       passed on to DataLoader;
     * a user's ``DistributedSampler``: used as it is (a warning if its rank or number of replicas
       differs from this process's);
@@ -234,13 +225,14 @@ def auto_dataloader(dataset: Dataset[Any], **dataloader_kwargs: Any) -> DataLoad
     world_size = state.get_world_size()
     if world_size > 1:
         has_batch_sampler = kwargs.get("batch_sampler") is not None
-        if not has_batch_sampler and kwargs.get("batch_size") is not None:
+        if isinstance(kwargs.get("batch_size"), int):
             kwargs["batch_size"] = per_rank_batch_size(kwargs["batch_size"], world_size)
-        if kwargs.get("num_workers"):
-            kwargs["num_workers"] = math.ceil(kwargs["num_workers"] / state.get_local_world_size())
+        if isinstance(kwargs.get("num_workers"), int):
+            kwargs["num_workers"] = per_process_workers(kwargs["num_workers"],
+                                                        state.get_local_world_size())
         if has_batch_sampler:
             warnings.warn(
-                f"auto_dataloader: the batch_sampler is used as it is, not split over the "
+                f"Found batch_sampler in provided kwargs: it is used as it is, not split over the "
                 f"{world_size} ranks; make it give each rank its own share",
                 stacklevel=2,
             )

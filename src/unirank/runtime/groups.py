@@ -33,7 +33,8 @@ def new_group(ranks: list[int], **kwargs: Any) -> Any:
     not a list of ints, or on a backend that has no sub-groups (Horovod, XLA).
     """
     if not is_rank_list(ranks):
-        raise ValueError(f"new_group takes a list of global ranks (ints), got {ranks!r}")
+        raise ValueError(f"Argument ranks should be list of int: new_group takes a list of global "
+                         f"ranks, got {ranks!r}")
     if not state.is_initialized():
         return ranks
     active = state.STATE.active
@@ -47,9 +48,17 @@ def new_group(ranks: list[int], **kwargs: Any) -> Any:
 
 def resolve(group: Any) -> Any:
     """``group`` ready for torch.distributed: a list of ranks becomes a new group, ``None`` and a
-    group stay as they are. Call it on every rank (a list of ranks is a collective call)."""
-    if is_rank_list(group) and state.torch_group_exists() and state.STATE.active is None:
+    group stay as they are; anything else is a ValueError (as in ignite) while a
+    torch.distributed group is live. Call it on every rank (a list of ranks is a collective
+    call)."""
+    if group is None or not state.torch_group_exists() or state.STATE.active is not None:
+        return group
+    if is_rank_list(group):
         return new_group(group)
+    non_member = getattr(dist.GroupMember, "NON_GROUP_MEMBER", object())
+    if not isinstance(group, dist.ProcessGroup) and group is not non_member:
+        raise ValueError(f"Argument group should be list of int or ProcessGroup, got "
+                         f"{type(group)}, group={group!r}")
     return group
 
 

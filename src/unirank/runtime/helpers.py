@@ -15,6 +15,7 @@ from unirank.runtime.collectives import barrier
 __all__ = [
     "RankFilter",
     "get_logger",
+    "ignite_logger",
     "one_rank_first",
     "one_rank_only",
     "print0",
@@ -24,6 +25,8 @@ __all__ = [
 R = TypeVar("R")
 
 LOG_FORMAT = "%(asctime)s [rank %(rank)d/%(world_size)d] %(levelname)s %(name)s: %(message)s"
+#: the format of ignite's ``setup_logger``
+IGNITE_FORMAT = "%(asctime)s %(name)s %(levelname)s: %(message)s"
 
 
 def one_rank_only(
@@ -103,6 +106,27 @@ def get_logger(
         handler.setFormatter(logging.Formatter(fmt))
         logger.addHandler(handler)
         logger.propagate = False
+    return logger
+
+
+def ignite_logger(name: str) -> logging.Logger:
+    """The logger ``name`` as ignite's ``setup_logger`` makes it: on rank 0, level INFO (unless
+    one was set), one stderr handler in ignite's format (:data:`IGNITE_FORMAT`), added when the
+    logger has none, no propagation to the root logger; on the other ranks, silent (its handlers
+    replaced by a ``NullHandler``)."""
+    logger = logging.getLogger(name)
+    if state.get_rank() > 0:
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.addHandler(logging.NullHandler())
+        return logger
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(IGNITE_FORMAT))
+        logger.addHandler(handler)
+    logger.propagate = False
     return logger
 
 

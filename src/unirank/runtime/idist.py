@@ -19,7 +19,6 @@ collectives live in :mod:`.groups` and :mod:`.collectives`.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,7 @@ import torch.distributed as dist
 from unirank.errors import ConfigError
 from unirank.runtime import backends, groups, ignite_options, lifecycle, state
 from unirank.runtime.collectives import all_gather
-from unirank.runtime.helpers import get_logger
+from unirank.runtime.helpers import ignite_logger
 from unirank.runtime.parallel import Parallel
 
 __all__ = [
@@ -53,8 +52,8 @@ __all__ = [
 SERIAL = "serial"
 NATIVE = "native-dist"
 MODEL_NAMES = {"horovod": "horovod-dist", "xla-tpu": "xla-dist"}
-#: the logger show_config writes to
-LOGGER_NAME = "unirank.idist"
+#: the logger show_config writes to (ignite's name for it)
+LOGGER_NAME = "ignite.distributed.utils"
 
 get_nproc_per_node = state.get_local_world_size
 
@@ -112,6 +111,8 @@ def initialize(backend: str, **kwargs: Any) -> None:
     Reads: every variable :func:`unirank.runtime.init` reads.
     """
     options = dict(kwargs)
+    method = options.pop("init_method", None)
+    ignite_options.init_method(method)  # a refused one fails before anything starts
     env = state.dist_env()
     for field in ("rank", "world_size"):
         given = options.pop(field, None)
@@ -122,7 +123,7 @@ def initialize(backend: str, **kwargs: Any) -> None:
                 value=str(given),
                 hint=f"leave {field} out: unirank takes it from the launcher",
             )
-    lifecycle.init(backend, ignite_options.take_init_timeout(options, "initialize"))
+    lifecycle.init(backend, ignite_options.take_init_timeout(options, "initialize"), method)
 
 
 def spawn(
@@ -146,11 +147,13 @@ def spawn(
     ``join``, ``daemon``. Reads: what :class:`~unirank.runtime.parallel.Parallel` reads.
     """
     options = dict(kwargs)
+    method = options.pop("init_method", None)
     ignite_options.take_spawn_options(options)
     timeout = ignite_options.take_init_timeout(options, "spawn")
     backends.choose_backend(backend, backends.cuda_facts())  # an unusable backend fails here
     runner = Parallel(backend, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                      master_addr=master_addr, master_port=master_port, init_timeout=timeout)
+                      master_addr=master_addr, master_port=master_port, init_method=method,
+                      init_timeout=timeout)
     runner.run(fn, *args, **dict(kwargs_dict or {}))
 
 
@@ -160,16 +163,13 @@ def sync(temporary: bool = False) -> None:
 
 
 def set_local_rank(index: int) -> None:
-    """Deprecated (as in ignite): the local rank comes from the launcher. Only when none was
-    detected (``local``: a group created by hand) does ``index`` become this process's local
-    rank; a launcher's value is kept. Warns with DeprecationWarning either way."""
+    """Deprecated (as in ignite): the local rank comes from the launcher. ``index`` is used only
+    where no launcher gives one: with no launcher detected, and for a group made by hand
+    without ``LOCAL_RANK``. Warns with DeprecationWarning either way."""
     warnings.warn("set_local_rank is deprecated: unirank reads the local rank from the launcher "
-                  "(it is used only when no launcher was detected)",
+                  "(it is used only when no launcher gives one)",
                   DeprecationWarning, stacklevel=2)
-    env = state.dist_env()
-    if env.launcher == "local" and env.local_rank != index:
-        sources = {**env.sources, "local_rank": "set_local_rank()"}
-        state.set_dist_env(dataclasses.replace(env, local_rank=index, sources=sources))
+    state.STATE.local_rank_hint = int(index)
 
 
 def _config_lines() -> list[str]:
@@ -202,12 +202,12 @@ def _config_lines() -> list[str]:
 
 
 def show_config() -> None:
-    """Log this rank's configuration (logger ``unirank.idist``, every rank, prefixed by rank):
-    ignite's lines, then unirank's launcher and where each number came from.
+    """Log the configuration as ignite does (logger ``ignite.distributed.utils``, rank 0 only,
+    ignite's format): ignite's lines, then unirank's launcher and where each number came from.
 
     Reads: the launcher's variables (through :func:`unirank.launchers.explain`).
     """
-    logger = get_logger(LOGGER_NAME)
+    logger = ignite_logger(LOGGER_NAME)
     for line in _config_lines():
         logger.info(line)
 

@@ -1,9 +1,9 @@
 """pytorch-ignite's start-up options, as unirank reads them (pure; no torch).
 
 ``initialize``, ``spawn`` and ``Parallel`` take ignite's keyword options: ``timeout`` (a
-``timedelta`` or seconds: unirank's init timeout), ``init_method`` (``None`` or ``"env://"``,
-which is what unirank does), and for the process-starting ones ``start_method``, ``join`` and
-``daemon``. Anything else is a TypeError naming it, so that no option is silently dropped.
+``timedelta`` or seconds: unirank's init timeout), ``init_method`` (:func:`init_method`), and
+for the process-starting ones ``start_method``, ``join`` and ``daemon``. Anything else is a
+TypeError naming it, so that no option is silently dropped.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from unirank.errors import ConfigError
 
-__all__ = ["seconds", "take_init_timeout", "take_spawn_options"]
+__all__ = ["init_method", "seconds", "take_init_timeout", "take_spawn_options"]
 
 
 def seconds(timeout: Any) -> float | None:
@@ -26,17 +26,29 @@ def seconds(timeout: Any) -> float | None:
     raise TypeError(f"timeout takes a datetime.timedelta or seconds, not {type(timeout).__name__}")
 
 
-def take_init_timeout(options: dict[str, Any], what: str) -> float | None:
-    """Take ``init_method`` and ``timeout`` out of ``options`` and return the timeout in seconds;
-    raise TypeError when other options are left (``what`` names the caller)."""
-    init_method = options.pop("init_method", None)
-    if init_method not in (None, "env://"):
+def init_method(value: str | None) -> str | None:
+    """``init_method`` as unirank uses it: ``None`` for ``None`` and ``"env://"`` (unirank's own
+    rendezvous store on the master address and port), ``"file://PATH"`` as it is (a store in
+    that file: every rank must see it). ``"tcp://..."`` is a ValueError, as in ignite 0.5.5
+    (set MASTER_ADDR and MASTER_PORT instead), and so is any other scheme (both are
+    :class:`~unirank.errors.ConfigError`, a ValueError)."""
+    if value is None or value == "env://":
+        return None
+    if value.startswith("tcp://"):
         raise ConfigError(
-            "is not supported: unirank starts the group on its own rendezvous store",
-            variable="init_method",
-            value=str(init_method),
-            hint="leave init_method out; MASTER_ADDR/MASTER_PORT (or the launcher) place the store",
-        )
+            f"TCP initialization via init_method='{value}' will hang. To fix this, please "
+            "configure MASTER_ADDR and MASTER_PORT in the environment and use 'env://' (or omit "
+            "init_method).", variable="init_method", value=value,
+            hint="leave init_method out and set MASTER_ADDR and MASTER_PORT")
+    if value.startswith("file://"):
+        return value
+    raise ConfigError("is not an init method unirank takes", variable="init_method",
+                      value=value, hint="use None, 'env://' or 'file://PATH'")
+
+
+def take_init_timeout(options: dict[str, Any], what: str) -> float | None:
+    """Take ``timeout`` out of ``options`` and return it in seconds; raise TypeError when other
+    options are left (``what`` names the caller)."""
     timeout = seconds(options.pop("timeout", None))
     if options:
         raise TypeError(f"{what}() got options unirank does not take: {', '.join(sorted(options))}")

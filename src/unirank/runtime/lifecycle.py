@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
@@ -26,7 +27,7 @@ from unirank.distenv import DistEnv
 from unirank.gpus import gpus_bound_per_task
 from unirank.launchers.slurm_allocation import launch_command
 from unirank.resolve import master_addr_source
-from unirank.runtime import backends, state
+from unirank.runtime import backends, ignite_options, state
 from unirank.store import (
     StoreError,
     interrupted,
@@ -115,7 +116,32 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 
 
-def init(backend: str | None = None, timeout: float | None = None) -> None:
+def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:
+    """The store of an ``init_method="file://PATH"`` group: a ``FileStore`` in PATH (which every
+    rank must see), joined as on unirank's own store (the join watchdog), under this init's key
+    prefix. No master address is needed."""
+    path = urllib.parse.urlparse(url).path
+    base = dist.FileStore(path, env.world_size)  # type: ignore[attr-defined]
+    base.set_timeout(timedelta(seconds=timeout))
+    prefix = f"/unirank/init_{generation}"
+    from unirank.joincheck import announce_and_wait
+
+    try:
+        announce_and_wait(
+            dist.PrefixStore(f"{prefix}/join", base),  # type: ignore[attr-defined]
+            rank=env.rank,
+            world_size=env.world_size,
+            node_name=state.hostname(),
+            timeout=timeout,
+        )
+    except KeyboardInterrupt:
+        interrupted(env.rank, "waiting for the other ranks to join")
+    return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
+
+
+def init(
+    backend: str | None = None, timeout: float | None = None, init_method: str | None = None
+) -> None:
     """Start the default process group for this process's launcher context.
 
     ``backend``: ``None`` or ``"auto"`` (horovod under horovodrun, else nccl with a GPU per
@@ -123,6 +149,9 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
     (alias ``"xla"``), or another torch.distributed backend.
     ``timeout``: seconds to wait for every rank to join (default ``UNIRANK_INIT_TIMEOUT``, else
     300); when given, it is also the process group's collective timeout (else torch's default).
+    ``init_method``: ``None`` or ``"env://"`` (unirank's rendezvous store on the master address
+    and port), or ``"file://PATH"`` (a store in that file, seen by every rank; no master address
+    needed); see :func:`unirank.runtime.ignite_options.init_method`.
 
     A group that already exists (the user called ``init_process_group``) is adopted as it is.
     At world size 1 no network is used (an in-memory store). Ranks that do not join in time are
@@ -134,6 +163,7 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
     """
     if state.is_initialized():
         return
+    file_url = ignite_options.init_method(init_method)
     environ = os.environ
     env = state.dist_env()
     require_launched(env, sys.argv, sys.executable)
@@ -155,6 +185,8 @@ def init(backend: str | None = None, timeout: float | None = None) -> None:
         base: Any = dist.HashStore()  # type: ignore[attr-defined]
     elif not entry.uses_store(environ):
         base = None
+    elif file_url is not None:
+        base = _file_store(env, file_url, init_timeout, generation)
     else:
         base = _joined_store(env, init_timeout, generation)
     entry.init(

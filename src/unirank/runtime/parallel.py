@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import os
 import signal
 import sys
@@ -39,10 +40,11 @@ from typing import Any
 from unirank.contract import resolve_init_timeout
 from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
+from unirank.runtime.helpers import ignite_logger
 from unirank.runtime.worker import Call, run_call, write_call
 from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
-__all__ = ["Parallel", "WorkerFailedError"]
+__all__ = ["LOGGER_NAME", "Parallel", "WorkerFailedError", "check_request"]
 
 #: how the summary of a failed spawn names its author
 PROG = "unirank Parallel"
@@ -72,16 +74,74 @@ class WorkerFailedError(RuntimeError):
         super().__init__(message)
 
 
+#: the logger ``Parallel`` writes ignite's lines to (ignite's name for it)
+LOGGER_NAME = "ignite.distributed.launcher.Parallel"
+
+
+def _refuse(variable: str, value: Any, message: str, hint: str) -> ConfigError:
+    return ConfigError(message, variable=variable, value=str(value), hint=hint)
+
+
+def check_request(backend: str | None, request: dict[str, Any], init_method: str | None) -> None:
+    """ignite's checks of ``Parallel``'s arguments, made when the object is built: a known
+    backend that can run here (``nccl`` needs CUDA); without one, no spawn argument; no
+    ``tcp://`` init method; with ``nproc_per_node``: positive counts, ``node_rank`` within
+    ``nnodes``, and a master address and port (or an ``init_method``) for more than one node.
+    Each is a one-line :class:`~unirank.errors.ConfigError` (a ValueError, as ignite raises),
+    in ignite's words where unirank had none of its own."""
+    if backend is not None:
+        if backend.strip().lower() != backends.AUTO and backends.find(backend) is None:
+            try:
+                backends.get(backend)
+            except ConfigError as exc:
+                known = (backends.AUTO, *backends.names(), *backends.TORCH_BACKENDS)
+                raise _refuse("backend", backend, f"is not a torch.distributed backend (Unknown "
+                              f"backend '{backend}'. Available backends: {known})",
+                              str(exc.hint)) from None
+        backends.choose_backend(backend, backends.cuda_facts())  # one that cannot run here
+    else:
+        for name, value in request.items():
+            if value is not None:
+                raise _refuse(name, value, f"If backend is None, argument '{name}' should be "
+                              f"also None, but given {value}",
+                              "name a backend (\"auto\" picks one) to spawn workers")
+    ignite_options.init_method(init_method)
+    nproc = request["nproc_per_node"]
+    if backend is None or nproc is None:
+        return
+    nnodes, node_rank = request["nnodes"] or 1, request["node_rank"]
+    for name, count in (("nproc_per_node", nproc), ("nnodes", nnodes)):
+        if count < 1:
+            raise _refuse(name, count, "must be an integer >= 1",
+                          f"pass {name}=<integer >= 1>")
+    if node_rank is None and nnodes > 1:
+        raise _refuse("node_rank", None, "If number of nodes larger than one, arguments "
+                      "node_rank should be given", "give each node its node_rank")
+    if not 0 <= (node_rank or 0) < nnodes:
+        raise _refuse("node_rank", node_rank, f"Argument node_rank should be between 0 and "
+                      f"{nnodes - 1}, but given {node_rank}", "count nodes from 0")
+    if nnodes > 1 and init_method is None and (
+            request["master_addr"] is None or request["master_port"] is None):
+        raise _refuse("master_addr", request["master_addr"], "If number of nodes larger than "
+                      "one, arguments master_addr and master_port or init_method should be "
+                      "specified", "pass master_addr and master_port (the address of node 0)")
+
+
 class Parallel:
     """Context manager that runs ``fn(local_rank, *args, **kwargs)`` on every rank.
 
-    ``backend``: ``None`` (no process group when serial, ``auto`` otherwise), ``"auto"``,
-    ``"gloo"``, ``"nccl"``... ``nproc_per_node``: spawn this many local workers;
-    ``nnodes``, ``node_rank``, ``master_addr``, ``master_port`` describe a multi-node spawn when
-    no launcher does (see :mod:`unirank.supervisor.plan` for the rules). ``init_timeout``:
-    seconds every rank waits for the others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
-    ``init_method`` and ``spawn_kwargs``: pytorch-ignite's options, as
-    :mod:`~unirank.runtime.ignite_options` reads them (``timeout`` is an init timeout).
+    ``backend``: ``None`` (serial, or the group a launcher describes), ``"auto"``, ``"gloo"``,
+    ``"nccl"``... ``nproc_per_node``: spawn this many local workers (with a backend);
+    ``nnodes``, ``node_rank``, ``master_addr``, ``master_port`` (an int, or a string of one)
+    describe a multi-node spawn when no launcher does (see :mod:`unirank.supervisor.plan` for the
+    rules). ``init_method``: ``None``/``"env://"`` or ``"file://PATH"``
+    (:func:`~unirank.runtime.ignite_options.init_method`). ``init_timeout``: seconds every rank
+    waits for the others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
+    ``spawn_kwargs``: pytorch-ignite's options, as :mod:`~unirank.runtime.ignite_options` reads
+    them (``timeout`` is an init timeout). Bad arguments are refused here, when the object is
+    built, with ignite's exception types (:func:`check_request`). ignite's lines (``Spawn
+    function ... in N processes``, ``End of run``...) are logged on rank 0 to the logger
+    ``ignite.distributed.launcher.Parallel``.
 
     Reads: the launcher's variables (through :func:`~unirank.runtime.state.dist_env`),
     MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, OMP_NUM_THREADS,
@@ -95,23 +155,29 @@ class Parallel:
         nnodes: int | None = None,
         node_rank: int | None = None,
         master_addr: str | None = None,
-        master_port: int | None = None,
-        init_timeout: float | None = None,
+        master_port: int | str | None = None,
         init_method: str | None = None,
+        *,
+        init_timeout: float | None = None,
         **spawn_kwargs: Any,
     ) -> None:
-        # pytorch-ignite's Parallel options (init_method, timeout, start_method, join, daemon)
-        ignite = {**spawn_kwargs, "init_method": init_method}
+        request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
+                       master_addr=master_addr, master_port=master_port)
+        check_request(backend, request, init_method)
+        # pytorch-ignite's Parallel options (timeout, start_method, join, daemon)
+        ignite = dict(spawn_kwargs)
         ignite_options.take_spawn_options(ignite)
         timeout = ignite_options.take_init_timeout(ignite, "Parallel")
         self.backend = backend
+        self.init_method = init_method
         self.init_timeout = init_timeout if init_timeout is not None else timeout
-        self._request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-                             master_addr=master_addr, master_port=master_port)
+        request["master_port"] = None if master_port is None else int(master_port)
+        self._request = request
         self.plan: Plan | None = None
         self._finalize = False
         #: the backend's own launcher, when it starts the workers (see :meth:`_own_launcher`)
         self._own_spawn: Callable[[int, Callable[[int], None]], None] | None = None
+        self._logger = logging.getLogger(LOGGER_NAME)
 
     def _own_launcher(self, env: Any) -> Callable[[int, Callable[[int], None]], None] | None:
         """The ``spawn`` hook of the backend whose own launcher starts the workers (XLA's
@@ -131,6 +197,8 @@ class Parallel:
         if own_spawn is not None:
             backends.choose_backend(self.backend, backends.cuda_facts())  # installed at all?
             self._own_spawn = own_spawn
+            self._logger = ignite_logger(LOGGER_NAME)
+            self._log_start(in_place=False)
             return self
         timeout = resolve_init_timeout(self.init_timeout, os.environ, option="init_timeout")
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
@@ -141,9 +209,23 @@ class Parallel:
         in_place = plan.mode == IN_PLACE
         wants_group = in_place and (plan.world_size > 1 or self.backend is not None)
         if wants_group and not state.is_initialized():
-            lifecycle.init(self.backend, self.init_timeout)
+            lifecycle.init(self.backend, self.init_timeout, self.init_method)
             self._finalize = True
+        self._logger = ignite_logger(LOGGER_NAME)
+        self._log_start(in_place)
         return self
+
+    def _log_start(self, in_place: bool) -> None:
+        """ignite's lines when the context starts (with a backend only)."""
+        if self.backend is None:
+            return
+        if in_place:
+            self._logger.info(f"Initialized processing group with backend: '{self.backend}'")
+            return
+        self._logger.info(f"Initialized distributed launcher with backend: '{self.backend}'")
+        params = {"init_method": self.init_method, **self._request}
+        lines = "\n\t".join(f"{k}: {v}" for k, v in params.items() if v is not None)
+        self._logger.info(f"- Parameters to spawn processes: \n\t{lines}")
 
     def __exit__(
         self,
@@ -153,6 +235,7 @@ class Parallel:
     ) -> None:
         if self._finalize:
             self._finalize = False
+            self._logger.info(f"Finalized processing group with backend: '{self.backend}'")
             lifecycle.finalize()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
@@ -161,19 +244,23 @@ class Parallel:
         Spawned, ``fn`` and its arguments must be picklable: a module-level function of an
         importable module (in a script, under ``if __name__ == "__main__":``).
         """
-        call = Call(fn, args, kwargs, self.backend, self.init_timeout)
-        if self._own_spawn is not None:
-            nprocs = int(self._request["nproc_per_node"] or 1)
-            self._own_spawn(nprocs, functools.partial(run_call, call))
-            return
-        if self.plan is None:
+        if self.plan is None and self._own_spawn is None:
             with self:
                 self.run(fn, *args, **kwargs)
             return
-        if self.plan.mode == IN_PLACE:
+        call = Call(fn, args, kwargs, self.backend, self.init_timeout, self.init_method)
+        if self._own_spawn is not None:
+            nprocs = int(self._request["nproc_per_node"] or 1)
+            self._logger.info(f"Spawn function '{fn}' in {nprocs} processes")
+            self._own_spawn(nprocs, functools.partial(run_call, call))
+        elif self.plan is not None and self.plan.mode == IN_PLACE:
+            self._logger.info(f"- Run '{fn}' in {state.get_world_size()} processes")
             run_call(call, state.get_local_rank(), start_group=False)  # __enter__ started it
-            return
-        self._spawn(self.plan, call)
+        elif self.plan is not None:
+            spawned = self._request["nproc_per_node"] or self.plan.local_world_size
+            self._logger.info(f"Spawn function '{fn}' in {spawned} processes")
+            self._spawn(self.plan, call)
+        self._logger.info("End of run")
 
     def _spawn(self, plan: Plan, call: Call) -> None:
         from unirank.supervisor.attempts import EngineOptions, run_plan

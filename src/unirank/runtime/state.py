@@ -1,8 +1,14 @@
 """This process's place in the job: the cached :class:`DistEnv` and the getters built on it.
 
 Getters work before :func:`~unirank.runtime.lifecycle.init` (they answer from the detected
-launcher) and at world size 1. Once a default process group exists, rank and world size come from
-``torch.distributed`` itself, so a group the user created with ``init_process_group`` is honoured.
+launcher) and at world size 1. The launcher's description is detected again whenever the
+environment (or ``sys.argv``) changed since, as long as no backend is live: a program that sets
+``RANK``/``WORLD_SIZE`` after a first getter and then starts a group gets the world it described.
+
+Once a default process group exists, rank and world size come from ``torch.distributed``
+itself, so a group the user created with ``init_process_group`` is honoured. When the launcher's
+description does not match that group (a group made by hand, as ignite's own tests make it),
+the per-node numbers come from the live group (:mod:`unirank.runtime.layout`).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import torch.distributed as dist
 
 from unirank.distenv import DistEnv
 from unirank.runtime import backends
+from unirank.runtime.layout import Layout, group_layout
 
 __all__ = [
     "STATE",
@@ -50,29 +57,55 @@ class RuntimeState:
     generation: int = 0
     #: the live backend when it is not a torch.distributed group (horovod, xla), else None
     active: backends.Backend | None = None
+    #: what the environment and ``sys.argv`` were when :attr:`env` was detected; ``None`` when
+    #: :attr:`env` was set by :func:`set_dist_env` (kept until replaced)
+    env_snapshot: tuple[dict[Any, Any], tuple[str, ...]] | None = None
+    #: the local rank given to ``set_local_rank`` (ignite's hint for a group made by hand)
+    local_rank_hint: int | None = None
 
 
 STATE = RuntimeState()
 
 
+def _snapshot() -> tuple[dict[Any, Any], tuple[str, ...]]:
+    """What detection reads: the environment (its raw mapping when CPython has one: a cheap
+    comparison) and ``sys.argv``."""
+    raw = getattr(os.environ, "_data", None)
+    return (dict(raw) if isinstance(raw, dict) else dict(os.environ)), tuple(sys.argv)
+
+
+def _stale(snapshot: tuple[dict[Any, Any], tuple[str, ...]] | None) -> bool:
+    """True when the environment or ``sys.argv`` changed since ``snapshot`` was taken and no
+    backend is live (a live group keeps the description it started with)."""
+    if snapshot is None or is_initialized():
+        return False
+    raw = getattr(os.environ, "_data", None)
+    environ = raw if isinstance(raw, dict) else dict(os.environ)
+    return environ != snapshot[0] or tuple(sys.argv) != snapshot[1]
+
+
 def dist_env() -> DistEnv:
-    """The launcher's description of this process, detected once and cached.
+    """The launcher's description of this process, detected on first use and again whenever
+    the environment or ``sys.argv`` changed before a backend started.
 
     Reads every variable :func:`unirank.launchers.detect` reads (``os.environ``, ``sys.argv``).
     Raises :class:`~unirank.errors.ConfigError` when the launcher's variables are inconsistent.
     """
     env = STATE.env
-    if env is None:
+    if env is None or _stale(STATE.env_snapshot):
         from unirank.launchers import detect
 
+        snapshot = _snapshot()
         env = detect(os.environ, sys.argv)
-        STATE.env = env
+        STATE.env, STATE.env_snapshot = env, snapshot
     return env
 
 
 def set_dist_env(env: DistEnv | None) -> None:
-    """Replace the cached DistEnv (``None`` forgets it, so the next call detects again)."""
+    """Replace the cached DistEnv, kept until replaced again (``None`` forgets it, so the next
+    call detects again)."""
     STATE.env = env
+    STATE.env_snapshot = None
 
 
 def torch_group_exists() -> bool:
@@ -106,24 +139,46 @@ def get_world_size() -> int:
     return dist_env().world_size
 
 
+def _hand_made_layout() -> Layout | None:
+    """The per-node numbers of a default group the launcher's description does not describe
+    (:func:`unirank.runtime.layout.group_layout`), else ``None``: no group, a group of
+    unirank's, a backend of its own (Horovod, XLA), or a group matching the launcher's rank and
+    world size. Reads: LOCAL_RANK, SLURM_JOB_ID, SLURM_LOCALID (for a group made by hand)."""
+    if STATE.owns_group or STATE.active is not None or not torch_group_exists():
+        return None
+    env = dist_env()
+    if (env.rank, env.world_size) == (int(dist.get_rank()), int(dist.get_world_size())):
+        return None
+    return group_layout(os.environ, STATE.local_rank_hint)
+
+
 def get_local_rank() -> int:
-    """Rank of this process on its node."""
-    return dist_env().local_rank
+    """Rank of this process on its node (a group made by hand: see :func:`_hand_made_layout`;
+    no launcher detected: the ``set_local_rank`` hint when one was given)."""
+    layout = _hand_made_layout()
+    if layout is not None:
+        return layout.local_rank
+    env = dist_env()
+    hint = STATE.local_rank_hint
+    return hint if hint is not None and env.launcher == "local" else env.local_rank
 
 
 def get_local_world_size() -> int:
     """Number of processes on this node."""
-    return dist_env().local_world_size
+    layout = _hand_made_layout()
+    return dist_env().local_world_size if layout is None else layout.local_world_size
 
 
 def get_node_rank() -> int:
     """Index of this node in the job."""
-    return dist_env().node_rank
+    layout = _hand_made_layout()
+    return dist_env().node_rank if layout is None else layout.node_rank
 
 
 def get_nnodes() -> int:
     """Number of nodes in the job."""
-    return dist_env().num_nodes
+    layout = _hand_made_layout()
+    return dist_env().num_nodes if layout is None else layout.num_nodes
 
 
 def backend() -> str | None:

@@ -86,7 +86,8 @@ def auto_model(model: torch.nn.Module, sync_bn: bool = False, **ddp_kwargs: Any)
     if sync_bn:
         if not _sync_bn_runs_on(where):
             raise ConfigError(
-                f"SyncBatchNorm cannot run on {where.type} tensors in torch",
+                f"SyncBatchNorm cannot run on {where.type} tensors in torch (SyncBatchNorm layers "
+                "only work with GPU modules)",
                 variable="sync_bn",
                 value="True",
                 hint="pass sync_bn=False on CPU (each rank keeps its own batch statistics), "
@@ -170,7 +171,7 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
     """
     target = os.fspath(path)
     error: BaseException | None = None
-    failure: str | None = None
+    failure = ""  # rank 0's error, "" for none
     if state.get_rank() == 0:
         try:
             _write_atomically(obj, target)
@@ -179,7 +180,7 @@ def save(obj: Any, path: str | os.PathLike[str]) -> None:
     failure = broadcast(failure, src=0)
     if error is not None:
         raise error
-    if failure is not None:
+    if failure:
         raise RuntimeError(f"rank 0 could not save {target}: {failure}")
 
 

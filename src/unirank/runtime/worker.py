@@ -25,13 +25,15 @@ __all__ = ["Call", "read_call", "run_call", "run_call_file", "write_call"]
 @dataclass(frozen=True)
 class Call:
     """``fn(local_rank, *args, **kwargs)`` on every rank, in a group of ``backend`` started
-    within ``init_timeout`` seconds (``None``: UNIRANK_INIT_TIMEOUT, else 300)."""
+    within ``init_timeout`` seconds (``None``: UNIRANK_INIT_TIMEOUT, else 300), on the store
+    ``init_method`` names (``None``: unirank's own; ``"file://PATH"``)."""
 
     fn: Callable[..., Any]
     args: tuple[Any, ...] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
     backend: str | None = None
     init_timeout: float | None = None
+    init_method: str | None = None
 
 
 def run_call(call: Call, local_rank: int, *, start_group: bool = True) -> None:
@@ -46,7 +48,7 @@ def run_call(call: Call, local_rank: int, *, start_group: bool = True) -> None:
 
     try:
         if start_group:
-            lifecycle.init(call.backend, call.init_timeout)
+            lifecycle.init(call.backend, call.init_timeout, call.init_method)
         call.fn(local_rank, *call.args, **call.kwargs)
     except BaseException as exc:
         record_exception(exc)

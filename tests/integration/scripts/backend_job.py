@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -36,7 +37,7 @@ def body(local_rank: int) -> None:
         "gather_scalar": ur.all_gather(torch.tensor(rank)).tolist(),
         "gather_obj": ur.all_gather({"rank": rank, "t": [rank, "x"]}),
         "bcast_tensor": ur.broadcast(torch.tensor([float(rank)]), src=world - 1).tolist(),
-        "bcast_obj": ur.broadcast({"who": rank}, src=world - 1),
+        "bcast_path": str(ur.broadcast(Path(f"/who{rank}"), src=world - 1)),
     }
     if ur.backend() == "horovod":
         import horovod.torch as hvd

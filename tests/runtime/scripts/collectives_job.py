@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 
@@ -48,7 +49,7 @@ def body(local_rank: int, folder: str) -> None:
         "bcast_tensor": ur.broadcast(torch.tensor([float(rank)]), src=1).tolist(),
         "bcast_number": ur.broadcast(rank * 7, src=1),
         "bcast_str": ur.broadcast(f"from {rank}", src=1),
-        "bcast_obj": ur.broadcast({"who": rank}, src=1),
+        "bcast_path": str(ur.broadcast(Path(f"/who{rank}"), src=1)),
         "only_zero": ur.one_rank_only()(lambda: "ran")(),
         "seen_first": seen_first,
     }

@@ -21,7 +21,7 @@ def body(local_rank: int) -> None:
     result = {
         "rank": rank,
         "model_name": idist.model_name(),
-        "bcast_obj": idist.broadcast("x" if rank == 0 else None, 0),
+        "bcast_obj": idist.broadcast("x" if rank == 0 else None, 0, True),
         "bcast_safe": idist.broadcast(torch.arange(3) if rank == 0 else None, 0, True).tolist(),
         "gather_mixed": idist.all_gather(None if rank else {"r": 0}),
         "shapes": [list(t.shape) for t in idist.all_gather_tensors_with_shapes(
