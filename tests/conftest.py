@@ -105,12 +105,13 @@ class SlurmTestbed:
         return dict(line.split(None, 1) for line in out.splitlines() if line.strip())
 
     def queued_test_jobs(self) -> list[str]:
-        """Ids of jobs started by these helpers that are still known to squeue."""
-        out = _run_checked(["squeue", "-h", "-o", "%i %j"], timeout=30).stdout
+        """Ids of jobs started by these helpers that squeue still holds, but for those ending
+        already (COMPLETING: an srun that just returned leaves its job there a moment)."""
+        out = _run_checked(["squeue", "-h", "-o", "%i %T %j"], timeout=30).stdout
         return [
             job_id
-            for job_id, _, name in (line.partition(" ") for line in out.splitlines())
-            if name.startswith(JOB_NAME_PREFIX)
+            for job_id, state, name in (line.split(" ", 2) for line in out.splitlines())
+            if name.startswith(JOB_NAME_PREFIX) and state != "COMPLETING"
         ]
 
     # --- running jobs -------------------------------------------------------------------------

@@ -53,6 +53,7 @@ def test_hello_spawns_n_workers_in_rank_order() -> None:
         f"[http://127.0.0.1:{port}] hello from [{HOST}:gloo] process {rank}/3"
         for rank in range(3)
     ]
+    assert "ignite.distributed.launcher" not in proc.stderr, proc.stderr  # a report, no log
 
 
 @pytest.mark.integration

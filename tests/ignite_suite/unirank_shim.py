@@ -81,9 +81,25 @@ def _set_model(model: Any) -> None:
     """ignite's fixtures drop ignite's cached context with this; unirank has none to drop."""
 
 
+def _rank_not_in_group(group: Any) -> bool:
+    """ignite's private helper, answered for unirank's groups: True on a rank outside the
+    ``torch.distributed`` group ``group`` (a list of ranks is made a group first, as ignite does);
+    False without a group, or for a backend without torch.distributed groups."""
+    import torch.distributed as dist
+
+    if group is None or not dist.is_initialized():
+        return False
+    if isinstance(group, list) and all(isinstance(item, int) for item in group):
+        group = _unirank().new_group(group)
+    if not isinstance(group, dist.ProcessGroup) and group is not dist.GroupMember.NON_GROUP_MEMBER:
+        return False
+    return bool(dist._rank_not_in_group(group))
+
+
 #: private names of ``ignite.distributed.utils`` served by the shim instead of ignite
 _PRIVATE_OVERRIDES: dict[str, dict[str, Any]] = {
-    "ignite.distributed.utils": {"_model": _UnirankModelView(), "_set_model": _set_model},
+    "ignite.distributed.utils": {"_model": _UnirankModelView(), "_set_model": _set_model,
+                                 "_rank_not_in_group": _rank_not_in_group},
 }
 
 

@@ -158,6 +158,9 @@ def _spawn(plan: Plan, facts: Facts, rows: list[Check], header: list[str],
         verdict = os.path.join(folder, "verdict")
         fn = functools.partial(spawned_rank, parent=facts, rows=rows, header=header,
                                as_json=args.json, verdict=verdict, started=now())
+        from unirank.runtime.parallel import quiet_launcher_log
+
+        quiet_launcher_log()
         try:
             with without_cpp_frames(), ur.Parallel(
                     backend="gloo", nproc_per_node=args.nproc_per_node,

@@ -90,7 +90,9 @@ def launch(command: str, args: argparse.Namespace, fn: Callable[[int], Any]) -> 
     import unirank as ur
     from unirank.joincheck import InitTimeoutError
     from unirank.runtime import InitError, WorkerFailedError
+    from unirank.runtime.parallel import quiet_launcher_log
 
+    quiet_launcher_log()
     try:
         with ur.Parallel(
             backend=args.backend,

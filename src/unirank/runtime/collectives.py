@@ -80,7 +80,7 @@ def _active() -> bool:
 
 def _own(group: Any) -> backends.Collectives | None:
     """The live backend's own collectives (Horovod, XLA), or None for torch.distributed."""
-    active = state.STATE.active
+    active = state.active()
     if active is None or active.collectives is None:
         return None
     if group is not None:

@@ -37,7 +37,7 @@ def new_group(ranks: list[int], **kwargs: Any) -> Any:
                          f"ranks, got {ranks!r}")
     if not state.is_initialized():
         return ranks
-    active = state.STATE.active
+    active = state.active()
     if active is not None and active.collectives is not None:
         raise ValueError(
             f"the {active.name} backend has no torch.distributed process groups: "
@@ -51,7 +51,7 @@ def resolve(group: Any) -> Any:
     group stay as they are; anything else is a ValueError (as in ignite) while a
     torch.distributed group is live. Call it on every rank (a list of ranks is a collective
     call)."""
-    if group is None or not state.torch_group_exists() or state.STATE.active is not None:
+    if group is None or not state.torch_group_exists() or state.active() is not None:
         return group
     if is_rank_list(group):
         return new_group(group)

@@ -78,6 +78,12 @@ class WorkerFailedError(RuntimeError):
 LOGGER_NAME = "ignite.distributed.launcher.Parallel"
 
 
+def quiet_launcher_log() -> None:
+    """Keep ``Parallel``'s INFO lines (ignite's ``Spawn function ...``, ``End of run``) off
+    stderr: for unirank's own commands, whose output is their report."""
+    logging.getLogger(LOGGER_NAME).setLevel(logging.WARNING)
+
+
 def _refuse(variable: str, value: Any, message: str, hint: str) -> ConfigError:
     return ConfigError(message, variable=variable, value=str(value), hint=hint)
 

@@ -27,6 +27,7 @@ from unirank.runtime.layout import Layout, group_layout
 
 __all__ = [
     "STATE",
+    "active",
     "backend",
     "backend_entry",
     "device",
@@ -113,17 +114,28 @@ def torch_group_exists() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def active() -> backends.Backend | None:
+    """The live backend of unirank's that is not a torch.distributed group (Horovod, XLA), or
+    ``None``. A Horovod the program started itself (``hvd.init()``, as ignite's own tests do) is
+    taken as live too, as ignite takes it: unirank neither started nor ends it."""
+    if STATE.active is None and not torch_group_exists():
+        hvd = sys.modules.get("horovod.torch")
+        if hvd is not None and hvd.is_initialized():
+            return backends.get("horovod")
+    return STATE.active
+
+
 def is_initialized() -> bool:
     """True when a backend is live: a default ``torch.distributed`` process group (unirank's or
     the user's), or a backend of unirank's that is not one (Horovod, XLA) after ``init``."""
-    return STATE.active is not None or torch_group_exists()
+    return active() is not None or torch_group_exists()
 
 
 def get_rank() -> int:
     """Global rank: from the live backend when there is one, else from the launcher."""
-    active = STATE.active
-    if active is not None and active.rank_and_size is not None:
-        return active.rank_and_size()[0]
+    live = active()
+    if live is not None and live.rank_and_size is not None:
+        return live.rank_and_size()[0]
     if torch_group_exists():
         return int(dist.get_rank())
     return dist_env().rank
@@ -131,9 +143,9 @@ def get_rank() -> int:
 
 def get_world_size() -> int:
     """Number of processes: from the live backend when there is one, else from the launcher."""
-    active = STATE.active
-    if active is not None and active.rank_and_size is not None:
-        return active.rank_and_size()[1]
+    live = active()
+    if live is not None and live.rank_and_size is not None:
+        return live.rank_and_size()[1]
     if torch_group_exists():
         return int(dist.get_world_size())
     return dist_env().world_size
@@ -144,7 +156,7 @@ def _hand_made_layout() -> Layout | None:
     (:func:`unirank.runtime.layout.group_layout`), else ``None``: no group, a group of
     unirank's, a backend of its own (Horovod, XLA), or a group matching the launcher's rank and
     world size. Reads: LOCAL_RANK, SLURM_JOB_ID, SLURM_LOCALID (for a group made by hand)."""
-    if STATE.owns_group or STATE.active is not None or not torch_group_exists():
+    if STATE.owns_group or active() is not None or not torch_group_exists():
         return None
     env = dist_env()
     if (env.rank, env.world_size) == (int(dist.get_rank()), int(dist.get_world_size())):
@@ -155,6 +167,9 @@ def _hand_made_layout() -> Layout | None:
 def get_local_rank() -> int:
     """Rank of this process on its node (a group made by hand: see :func:`_hand_made_layout`;
     no launcher detected: the ``set_local_rank`` hint when one was given)."""
+    live = active()
+    if live is not None and live.local_rank_and_size is not None:
+        return live.local_rank_and_size()[0]
     layout = _hand_made_layout()
     if layout is not None:
         return layout.local_rank
@@ -165,6 +180,9 @@ def get_local_rank() -> int:
 
 def get_local_world_size() -> int:
     """Number of processes on this node."""
+    live = active()
+    if live is not None and live.local_rank_and_size is not None:
+        return live.local_rank_and_size()[1]
     layout = _hand_made_layout()
     return dist_env().local_world_size if layout is None else layout.local_world_size
 
@@ -184,8 +202,9 @@ def get_nnodes() -> int:
 def backend() -> str | None:
     """The live backend's name: unirank's Horovod or XLA backend, else the default process
     group's (``"gloo"``, ``"nccl"``...); ``None`` without either."""
-    if STATE.active is not None:
-        return STATE.active.name
+    live = active()
+    if live is not None:
+        return live.name
     if torch_group_exists():
         return str(dist.get_backend())
     return None
@@ -194,8 +213,9 @@ def backend() -> str | None:
 def backend_entry() -> backends.Backend | None:
     """The registry entry of the live backend (a plain torch.distributed entry for a backend
     without one of its own), ``None`` without one."""
-    if STATE.active is not None:
-        return STATE.active
+    live = active()
+    if live is not None:
+        return live
     name = backend()
     return None if name is None else backends.for_group(name)
 

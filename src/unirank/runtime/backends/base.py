@@ -193,6 +193,9 @@ class Backend:
         name. ``None``: a torch.distributed backend (``init`` makes the default group).
     ``rank_and_size()``
         the live backend's own global rank and world size, which the getters then report.
+    ``local_rank_and_size()``
+        the live backend's own rank on its node and processes on the node (Horovod's
+        ``local_rank``/``local_size``), which the getters then report.
     ``launchers``
         launcher names (:attr:`~unirank.distenv.DistEnv.launcher`) under which ``auto`` picks
         this entry before any other (``horovodrun``: horovod).
@@ -222,6 +225,7 @@ class Backend:
     wrap_loader: WrapLoader | None = None
     collectives: Collectives | None = None
     rank_and_size: Callable[[], tuple[int, int]] | None = None
+    local_rank_and_size: Callable[[], tuple[int, int]] | None = None
     launchers: tuple[str, ...] = ()
     uses_store: Callable[[Mapping[str, str]], bool] = lambda environ: True
     spawn: Callable[[int, Callable[[int], None]], None] | None = None

@@ -221,6 +221,13 @@ def rank_and_size() -> tuple[int, int]:
     return int(hvd.rank()), int(hvd.size())
 
 
+def local_rank_and_size() -> tuple[int, int]:
+    """Horovod's rank on this node and processes on this node."""
+    import horovod.torch as hvd
+
+    return int(hvd.local_rank()), int(hvd.local_size())
+
+
 class HorovodCollectives:
     """unirank's collectives on Horovod (see :class:`~unirank.runtime.backends.Collectives`)."""
 
@@ -301,6 +308,7 @@ BACKEND = Backend(
     wrap_optimizer=wrap_optimizer,
     collectives=HorovodCollectives(),
     rank_and_size=rank_and_size,
+    local_rank_and_size=local_rank_and_size,
     launchers=("horovodrun",),
     uses_store=uses_store,
 )
