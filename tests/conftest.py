@@ -28,14 +28,14 @@ import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import ClassVar, Optional
+from typing import Any, ClassVar, Optional
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # shared test helpers (tests/_procs.py) are importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _procs import Runner, launcher_free_environ, unavailable  # noqa: E402
+from _procs import Runner, free_port, launcher_free_environ, unavailable  # noqa: E402
 
 TESTBED = REPO_ROOT / "scripts" / "testbed"
 # ignite's own tests, run by tests/runtime/test_ignite_suite.py in their own pytest processes
@@ -350,6 +350,17 @@ def runner(tmp_path: Path) -> Iterator[Runner]:
     made = Runner(tmp_path)
     yield made
     made.close()
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[Any, int]]:
+    """A rendezvous store served here on 127.0.0.1 on a free port, and that port."""
+    from unirank.store import open_store
+
+    port = free_port()
+    store = open_store("127.0.0.1", port, rank=0, timeout=30, serve=True, hint="")
+    yield store, port
+    del store
 
 
 @pytest.fixture(scope="session")

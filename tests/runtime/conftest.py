@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -27,3 +29,35 @@ def serial(use_env: None) -> DistEnv:
     env = DistEnv(launcher="local", node_name="box")
     state.set_dist_env(env)
     return env
+
+
+@contextlib.contextmanager
+def logged(name: str) -> Iterator[list[str]]:
+    """The messages logged to logger ``name`` while the block runs."""
+    lines: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(record.getMessage())
+
+    logger = logging.getLogger(name)
+    handler = Keep()
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+
+
+@pytest.fixture
+def parallel_lines() -> Iterator[list[str]]:
+    """The messages logged to Parallel's logger while the test runs."""
+    with logged("ignite.distributed.launcher.Parallel") as lines:
+        yield lines
+
+
+@pytest.fixture
+def config_lines() -> Iterator[list[str]]:
+    """The messages logged to show_config's logger while the test runs."""
+    with logged("ignite.distributed.utils") as lines:
+        yield lines

@@ -4,9 +4,7 @@ safe_mode, spawn) is compared with ignite itself in test_idist_compat.py."""
 
 from __future__ import annotations
 
-import logging
 import warnings
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -132,23 +130,6 @@ def test_set_local_rank_warns_and_applies_only_without_a_launcher(serial: DistEn
         idist.set_local_rank(0)
     assert idist.get_local_rank() == 1
 
-
-@pytest.fixture
-def config_lines() -> Iterator[list[str]]:
-    """The messages logged to show_config's logger while the test runs."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("ignite.distributed.utils")
-    handler = Keep()
-    logger.addHandler(handler)
-    try:
-        yield lines
-    finally:
-        logger.removeHandler(handler)
 
 
 def test_show_config_logs_ignite_s_lines_then_the_sources(

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,23 +124,6 @@ def test_parallel_takes_the_master_port_as_a_string(serial: DistEnv) -> None:
                               master_addr="127.0.0.1", master_port="3344")
     assert parallel._request["master_port"] == 3344
 
-
-@pytest.fixture
-def parallel_lines() -> Iterator[list[str]]:
-    """The messages logged to Parallel's logger while the test runs."""
-    lines: list[str] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            lines.append(record.getMessage())
-
-    logger = logging.getLogger("ignite.distributed.launcher.Parallel")
-    handler = Keep()
-    logger.addHandler(handler)
-    try:
-        yield lines
-    finally:
-        logger.removeHandler(handler)
 
 
 def test_parallel_logs_ignite_s_lines(serial: DistEnv, parallel_lines: list[str]) -> None:

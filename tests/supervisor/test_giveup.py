@@ -8,7 +8,6 @@ bound, with False."""
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,6 @@ from _procs import Runner, free_port
 from unirank.distenv import DistEnv
 from unirank.joincheck import ABORT_PREFIX, ALL_KEY
 from unirank.launchers import detect
-from unirank.store import open_store
 from unirank.supervisor.giveup import _main, tell_others
 from unirank.supervisor.plan import LaunchRequest, giveup_address
 
@@ -78,13 +76,6 @@ def test_a_refusal_without_a_master_contacts_no_one(runner: Runner) -> None:
         "node (or export MASTER_ADDR)"]
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[Any, int]]:
-    """A store served here on a free port, and that port."""
-    port = free_port()
-    store = open_store("127.0.0.1", port, rank=0, timeout=30, serve=True, hint="")
-    yield store, port
-    del store
 
 
 def test_the_reason_reaches_the_store_as_the_join_checks_abort_value(

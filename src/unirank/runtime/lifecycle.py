@@ -101,18 +101,7 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
         base.set_timeout(timedelta(seconds=timeout))
     else:
         base = _connect_store(env, timeout, environ)
-        from unirank.joincheck import announce_and_wait
-
-        try:
-            announce_and_wait(
-                dist.PrefixStore(f"{prefix}/join", base),  # type: ignore[attr-defined]
-                rank=env.rank,
-                world_size=env.world_size,
-                node_name=state.hostname(),
-                timeout=timeout,
-            )
-        except KeyboardInterrupt:
-            interrupted(env.rank, "waiting for the other ranks to join")
+        _join(base, prefix, env, timeout)
     return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 
 
@@ -124,6 +113,13 @@ def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:
     base = dist.FileStore(path, env.world_size)  # type: ignore[attr-defined]
     base.set_timeout(timedelta(seconds=timeout))
     prefix = f"/unirank/init_{generation}"
+    _join(base, prefix, env, timeout)
+    return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
+
+
+def _join(base: Any, prefix: str, env: DistEnv, timeout: float) -> None:
+    """Every rank announces itself under ``prefix/join`` and waits for the others (the join
+    watchdog names ranks that never come); Ctrl-C ends the wait with one line."""
     from unirank.joincheck import announce_and_wait
 
     try:
@@ -136,7 +132,6 @@ def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:
         )
     except KeyboardInterrupt:
         interrupted(env.rank, "waiting for the other ranks to join")
-    return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 
 
 def init(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ import pytest
 from _procs import free_port
 from unirank.contract import NODE_NAME_VAR, NODE_NAMES_VAR, SUPERVISOR_PID_VAR
 from unirank.joincheck import ABORT_PREFIX, ALL_KEY
-from unirank.store import open_store
 from unirank.supervisor.worker.info import WorkerInfo, read_worker_info
 from unirank.supervisor.worker.store import (
     EXIT_ALL_KEY,
@@ -43,13 +41,6 @@ def _info(**fields: Any) -> WorkerInfo:
     return dataclasses.replace(read_worker_info(WORKER_ENV), **fields)
 
 
-@pytest.fixture
-def served() -> Iterator[tuple[Any, int]]:
-    """A store served here on a free port, and that port."""
-    port = free_port()
-    store = open_store("127.0.0.1", port, rank=0, timeout=30, serve=True, hint="")
-    yield store, port
-    del store
 
 
 def test_a_world_of_one_joins_on_the_listening_socket_it_was_given() -> None:
