@@ -55,10 +55,11 @@ LOW_END_DESELECTED = [
 #: tests under LOW_END_TESTS that need what only the main interpreter has (the test extra's
 #: pytorch-ignite, Horovod): .venv-xla holds torch, torch_xla and unirank, nothing more
 LOW_END_IGNORED = ["tests/runtime/test_idist_compat.py", "tests/runtime/test_idist_names.py",
-                   "tests/runtime/test_idist_horovod.py"]
-#: single tests of the same kind (they need Horovod in the Python that runs them)
+                   "tests/runtime/test_idist_horovod.py", "tests/runtime/test_ignite_suite.py"]
+#: single tests of the same kind (they need Horovod or ignite in the Python that runs them)
 LOW_END_NEEDS_MAIN = [
     "tests/runtime/test_backends_horovod_xla.py::test_auto_picks_horovod_under_horovodrun_only",
+    "tests/runtime/test_idist_ignite_inputs.py::test_ignite_itself_gives_the_expected_values",
 ]
 
 
