@@ -144,8 +144,10 @@ def test_one_node_ignores_a_stale_master_addr(preload: list[str]) -> None:
 
 
 _PARALLEL = """
-import sys
+import logging, sys
 import unirank as ur
+# Parallel logs ignite's INFO lines ("Spawn function ..."), as ignite does: only the refusal here
+logging.getLogger("ignite.distributed.launcher.Parallel").setLevel(logging.WARNING)
 from unirank.errors import ConfigError
 
 def hello(local_rank):

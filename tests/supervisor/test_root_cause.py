@@ -33,7 +33,10 @@ dist.all_gather_object(pids, os.getpid())
 def after_rank_0():
     # close the group (rank 0's barrier fails), then wait until rank 0's process has ended
     dist.destroy_process_group()
-    fd = os.pidfd_open(pids[0])
+    try:
+        fd = os.pidfd_open(pids[0])
+    except ProcessLookupError:
+        return  # rank 0 has ended and been reaped already
     select.select([fd], [], [], 60)
 """
 

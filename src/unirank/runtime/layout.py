@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unirank.launchers import slurm_vars
+
 __all__ = ["Layout", "group_layout", "local_rank_from", "node_and_local_rank"]
 
 
@@ -45,10 +47,10 @@ _CACHE: list[tuple[Any, int, Layout]] = []
 def local_rank_from(environ: Mapping[str, str], hint: int | None) -> int | None:
     """The local rank the environment (or ``set_local_rank``'s ``hint``) gives, else ``None``.
 
-    Reads: SLURM_JOB_ID, SLURM_LOCALID, LOCAL_RANK.
+    Reads: SLURM_JOB_ID, SLURM_JOBID, SLURM_LOCALID, LOCAL_RANK.
     """
-    if "SLURM_JOB_ID" in environ and "SLURM_LOCALID" in environ:
-        return int(environ["SLURM_LOCALID"])
+    if slurm_vars.in_job(environ) and slurm_vars.LOCALID in environ:
+        return int(environ[slurm_vars.LOCALID])
     if "LOCAL_RANK" in environ:
         return int(environ["LOCAL_RANK"])
     return hint
