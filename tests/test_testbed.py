@@ -15,10 +15,10 @@ if TYPE_CHECKING:
 
 # One JSON line per task with the variables the tests look at.
 _SHOW = (
-    "import json, os; print(json.dumps({k: os.environ.get(k) for k in ("
+    "import json, os; os.write(1, (json.dumps({k: os.environ.get(k) for k in ("
     "'SLURM_PROCID', 'SLURM_LOCALID', 'SLURM_NODEID', 'SLURM_NTASKS', 'SLURMD_NODENAME', "
     "'SLURM_STEP_ID', 'SLURM_JOB_NODELIST', 'CUDA_VISIBLE_DEVICES', 'OMPI_COMM_WORLD_RANK', "
-    "'OMPI_COMM_WORLD_SIZE')}), flush=True)"
+    "'OMPI_COMM_WORLD_SIZE')}) + '\\n').encode())"  # one write: ranks' lines never interleave
 )
 SHOW = [sys.executable, "-c", _SHOW]
 
