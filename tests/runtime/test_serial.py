@@ -58,11 +58,13 @@ def test_all_reduce_tensor_serial_returns_the_same_tensor(serial: DistEnv) -> No
     assert data.tolist() == [1.0, 2.0]
 
 
-def test_all_reduce_rejects_bad_input(serial: DistEnv) -> None:
-    with pytest.raises(ValueError, match="unknown reduce op 'median'"):
-        ur.all_reduce(1, "median")
-    with pytest.raises(TypeError, match="Unhandled input type"):
-        ur.all_reduce("1")
+def test_all_reduce_serial_returns_what_ignite_returns_and_warns(serial: DistEnv) -> None:
+    with pytest.warns(UserWarning, match="unknown reduce op 'median'"):
+        assert ur.all_reduce(1, "median") == 1
+    with pytest.warns(UserWarning, match="Unhandled input type"):
+        assert ur.all_reduce("abc") == "abc"
+    with pytest.warns(UserWarning, match="Unhandled input type"):
+        assert ur.all_reduce([1, 2]) == [1, 2]
     with pytest.raises(TypeError, match="MEAN needs a floating-point tensor"):
         ur.all_reduce(torch.tensor([1]), "MEAN")
 

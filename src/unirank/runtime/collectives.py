@@ -25,6 +25,7 @@ backend is not a torch.distributed group (Horovod, XLA), its entry's
 from __future__ import annotations
 
 import numbers
+import warnings
 from pathlib import PurePath
 from typing import Any, TypeVar, cast
 
@@ -117,20 +118,16 @@ def all_reduce(tensor: Any, op: Any = _SUM, group: Any = None) -> Any:
     if group is None and tensor.__class__ is _Tensor and op is _SUM and _is_initialized():
         _dist_all_reduce(tensor)
         return tensor
+    if not _active():
+        return _serial_all_reduce(tensor, op)
     name = _op_name(op)
-    group = groups.resolve(group) if _active() else group
+    group = groups.resolve(group)
     if groups.not_member(group):
         return tensor
     if isinstance(tensor, torch.Tensor):
-        if name == "MEAN" and not (tensor.is_floating_point() or tensor.is_complex()):
-            raise TypeError(
-                f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}; "
-                "convert it first (tensor.float())"
-            )
-        return _reduce_tensor(tensor, name, group) if _active() else tensor
+        _check_mean(tensor, name)
+        return _reduce_tensor(tensor, name, group)
     if isinstance(tensor, (bool, int, float)):
-        if not _active():
-            return float(tensor) if name == "MEAN" else tensor
         is_int = isinstance(tensor, int) and name != "MEAN"
         dtype = torch.int64 if is_int else torch.float64
         value = torch.tensor([tensor], dtype=dtype, device=state.device())
@@ -138,6 +135,34 @@ def all_reduce(tensor: Any, op: Any = _SUM, group: Any = None) -> Any:
         result = value.item()
         return int(result) if is_int else float(result)
     raise TypeError(f"Unhandled input type {type(tensor)}: all_reduce takes a tensor or a number")
+
+
+def _check_mean(tensor: torch.Tensor, name: str) -> None:
+    if name == "MEAN" and not (tensor.is_floating_point() or tensor.is_complex()):
+        raise TypeError(
+            f"all_reduce MEAN needs a floating-point tensor, got {tensor.dtype}; "
+            "convert it first (tensor.float())"
+        )
+
+
+def _serial_all_reduce(tensor: Any, op: Any) -> Any:
+    """Without a group, ignite's answer: the input back unchanged (a number reduced with ``MEAN``
+    becomes a ``float``). An op or a type that a group would refuse gives a warning, not an
+    error, as ignite returns those inputs too."""
+    try:
+        name = _op_name(op)
+    except ValueError as exc:
+        warnings.warn(f"{exc}; without a process group the input is returned unchanged",
+                      stacklevel=3)
+        return tensor
+    if isinstance(tensor, torch.Tensor):
+        _check_mean(tensor, name)
+        return tensor
+    if isinstance(tensor, (bool, int, float)):
+        return float(tensor) if name == "MEAN" else tensor
+    warnings.warn(f"Unhandled input type {type(tensor)}: all_reduce takes a tensor or a number; "
+                  "without a process group the input is returned unchanged", stacklevel=3)
+    return tensor
 
 
 def _gather_numbers(data: Any, group: Any) -> Any:
