@@ -43,6 +43,7 @@ __all__ = [
     "NODE_NAME_VAR",
     "NO_PRELOAD_VAR",
     "NO_SRUN_VAR",
+    "NUMA_BINDING_VAR",
     "PRIVATE_VARIABLES",
     "RANKS_PER_NODE_VAR",
     "RESTART_COUNT_VAR",
@@ -112,9 +113,11 @@ TIMELINE_VAR = "UNIRANK_TIMELINE"
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
 #: where the worker's faulthandler writes the Python stack of a fatal signal (SIGSEGV, ...)
 FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
+#: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
+NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER_NODE_VAR,
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
-                     TIMELINE_FILE_VAR, FAULT_FILE_VAR)
+                     TIMELINE_FILE_VAR, FAULT_FILE_VAR, NUMA_BINDING_VAR)
 
 
 def format_seconds(value: float) -> str:

@@ -19,7 +19,7 @@ import json
 import os
 import socket
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +181,15 @@ def test_golden_files_are_complete() -> None:
         for worker in json.loads(text)["workers"]:
             assert worker["environ"]["PATH"] == SHELL["PATH"]
             assert worker["environ"]["RANK"] == str(worker["rank"])
+
+
+def test_numa_binding_reaches_each_worker_with_its_local_numbers(tmp_path: Path,
+                                                                  listening: socket.socket) -> None:
+    """``--numa-binding`` (checked against the machine in the CLI) travels as the mode and the
+    supervisor's own local rank and count, which ``--virtual-local-rank`` does not change."""
+    layout = run_layout(["-n", "2", "--virtual-local-rank", "train.py"], SHELL)
+    layout = replace(layout, options=replace(layout.options, numa_binding="exclusive"))
+    workers = environments(layout, tmp_path, listening)["workers"]
+    assert [w["environ"]["LOCAL_RANK"] for w in workers] == ["0", "0"]
+    assert [w["environ"]["UNIRANK_NUMA_BINDING"] for w in workers] == ["exclusive 0/2",
+                                                                       "exclusive 1/2"]

@@ -108,6 +108,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "rank: 0:3,1:1)")
     _option(parser, "-t", "--tee", dest="tee", default="0", metavar="0-3|R:V,...",
             help="send streams to their log file and to the console (as --redirects)")
+    _option(parser, "--numa-binding", dest="numa_binding", default=None,
+            metavar="node|socket|exclusive|core-complex",
+            help="bind each worker to CPUs near its GPU (or, without GPUs, a share of the "
+            "NUMA nodes by local rank), as torchrun does")
     _option(parser, "--local-ranks-filter", dest="local_ranks_filter", default=None,
             metavar="R,...", help="show only these local ranks' output on the console")
     for name in _NOTED:
@@ -129,7 +133,6 @@ _NOTED = {
     "unirank run replaces",
     "--logs-specs": "a torchrun plugin for its agent; use --log-dir, --redirects and --tee",
     "--local-addr": "unirank's rendezvous needs only node 0's address",
-    "--numa-binding": "not done by unirank run; bind with numactl or srun --cpu-bind",
     "--run-path": "scripts always run through runpy.run_path in a fresh worker",
     "--duplicate-stdout-filters": "not done by unirank run; use --tee and grep the log",
     "--duplicate-stderr-filters": "not done by unirank run; use --tee and grep the log",
@@ -288,7 +291,19 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
     signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
     return EngineOptions(grace_period=grace, output=output, signals=signals,
                          timeline=bool(args.timeline or args.timeline_json),
-                         timeline_json=args.timeline_json or None)
+                         timeline_json=args.timeline_json or None,
+                         numa_binding=_numa_binding(args.numa_binding))
+
+
+def _numa_binding(mode: str | None) -> str | None:
+    """``--numa-binding``, checked against this machine's topology (refused in one line where
+    it has one NUMA node)."""
+    if mode is None:
+        return None
+    from unirank import numa
+
+    numa.check_binding(mode, numa.read_topology())
+    return mode
 
 
 def _preload(text: str, *, no_preload: bool) -> tuple[str, ...] | None:

@@ -62,6 +62,8 @@ class EngineOptions:
     #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
     timeline: bool = False
     timeline_json: str | None = None
+    #: ``--numa-binding``: the mode each worker binds itself by (None: no binding)
+    numa_binding: str | None = None
 
 
 def run_plan(
@@ -126,6 +128,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             supervisor_pid=os.getpid(), restart_count=attempt, unbuffered=out.unbuffered,
             error_file=os.path.join(folder, "error.json"),
             fault_file=os.path.join(folder, FAULT_FILE_NAME),
+            numa_binding=options.numa_binding,
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=(os.path.join(attempt_dir, "timeline.json")
                            if options.timeline and worker.rank == 0 else None),

@@ -21,6 +21,7 @@ from unirank.contract import (
     MAX_RESTARTS_VAR,
     NODE_NAME_VAR,
     NODE_NAMES_VAR,
+    NUMA_BINDING_VAR,
     PRIVATE_VARIABLES,
     RANKS_PER_NODE_VAR,
     RESTART_COUNT_VAR,
@@ -63,6 +64,8 @@ class WorkerWiring:
     timeline_file: str | None = None
     #: where the worker's faulthandler writes a fatal signal's stack (UNIRANK_FAULT_FILE)
     fault_file: str | None = None
+    #: ``--numa-binding``: the mode (UNIRANK_NUMA_BINDING, with the worker's local numbers)
+    numa_binding: str | None = None
 
 
 def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
@@ -85,7 +88,7 @@ def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     return env
 
 
-def _private_environ(plan: Plan, wiring: WorkerWiring) -> dict[str, str]:
+def _private_environ(plan: Plan, worker: Worker, wiring: WorkerWiring) -> dict[str, str]:
     """The bootstrap's private variables (removed before the program runs)."""
     env = {NODE_NAME_VAR: plan.node_name}
     if len(plan.hosts) == plan.nnodes:
@@ -102,6 +105,9 @@ def _private_environ(plan: Plan, wiring: WorkerWiring) -> dict[str, str]:
             env[name] = str(value)
     if wiring.timeline_start is not None:
         env[TIMELINE_VAR] = repr(wiring.timeline_start)
+    if wiring.numa_binding is not None:
+        env[NUMA_BINDING_VAR] = (f"{wiring.numa_binding} {worker.local_rank}/"
+                                 f"{plan.local_world_size}")
     return env
 
 
@@ -126,7 +132,7 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
     UNIRANK_EXIT_TIMEOUT (when ranks run under other supervisors too), and what the wiring
     gives: UNIRANK_SUPERVISOR_PID, UNIRANK_STORE_FD, UNIRANK_LINGER_FD, UNIRANK_DONE_FD,
-    UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE and UNIRANK_FAULT_FILE.
+    UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE, UNIRANK_FAULT_FILE and UNIRANK_NUMA_BINDING.
     """
     if plan.master_port == 0:
         raise ValueError("the master port is not chosen yet: call Plan.with_port first")
@@ -137,5 +143,5 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     if wiring.unbuffered and "PYTHONUNBUFFERED" not in base:
         env["PYTHONUNBUFFERED"] = "1"
     env[INIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
-    env.update(_private_environ(plan, wiring))
+    env.update(_private_environ(plan, worker, wiring))
     return env

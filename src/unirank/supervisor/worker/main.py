@@ -25,7 +25,7 @@ from typing import Any
 from unirank.contract import PRIVATE_VARIABLES
 from unirank.errorfile import exit_status
 from unirank.store import hand_over
-from unirank.supervisor.worker import groupstart, lateenv
+from unirank.supervisor.worker import groupstart, lateenv, numabind
 from unirank.supervisor.worker import store as workerstore
 from unirank.supervisor.worker.cmdline import show_as_fresh
 from unirank.supervisor.worker.faults import catch_faults
@@ -83,6 +83,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
     Reads: ``environ``, as :func:`.read_worker_info` says.
     """
     info = read_worker_info(environ)
+    numabind.bind_or_exit(environ, info.rank)
     if not (argv and argv[0] == "--exec"):
         catch_faults(info.fault_file)
     _scrub(environ)
