@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests._procs import launcher_free_environ
 
+from _procs import launcher_free_environ
 from unirank import numa
 from unirank.contract import NUMA_BINDING_VAR
 from unirank.errors import ConfigError

@@ -35,6 +35,15 @@ def test_info_text_lists_sources_and_candidates() -> None:
     assert "slurm            absent    not set: SLURM_STEP_ID" in out
 
 
+def test_info_shows_the_cpus_this_process_may_use() -> None:
+    """What ``--numa-binding``, ``taskset`` or ``srun --cpu-bind`` left this process."""
+    if shutil.which("taskset") is None:
+        pytest.skip("taskset is not installed")
+    out = subprocess.run(["taskset", "-c", "0", *UNIRANK, "info"], env=launcher_free_environ(),
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "  cpus             = 0   [NUMA node 0]" in out.splitlines()
+
+
 def test_info_bad_value_is_one_line_and_exit_2() -> None:
     env = launcher_free_environ({"RANK": "5", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
     proc = subprocess.run([*UNIRANK, "info"], env=env, capture_output=True, text=True, timeout=60)

@@ -20,6 +20,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _cpus() -> tuple[str, list[int]]:
+    """The CPUs this process may run on (``--numa-binding``, ``taskset``, ``srun --cpu-bind``)
+    and the NUMA nodes they sit on."""
+    from unirank import numa
+
+    topology = numa.read_topology()
+    cpus = frozenset().union(*topology.nodes.values())
+    return numa.format_cpus(cpus), list(topology.nodes)
+
+
 def main(args: argparse.Namespace) -> int:
     """Print the report. Reads: the whole environment (through launcher detection)."""
     from unirank.launchers import detect, explain
@@ -28,6 +38,7 @@ def main(args: argparse.Namespace) -> int:
     candidates = explain()
     if args.json:
         payload = env.to_dict()
+        payload["cpus"], payload["numa_nodes"] = _cpus()
         payload["candidates"] = [
             {"launcher": c.name, "status": c.status, "reason": c.reason} for c in candidates
         ]
@@ -44,6 +55,9 @@ def main(args: argparse.Namespace) -> int:
             value = "-"
         source = env.sources.get(name, "")
         print(f"  {name:<{width}} = {value}" + (f"   [{source}]" if source else ""))
+    cpus, nodes = _cpus()
+    print(f"  {'cpus':<{width}} = {cpus}   [NUMA node{'s' * (len(nodes) > 1)} "
+          f"{','.join(map(str, nodes))}]")
     if env.must_launch:
         tasks = env.planned_tasks or 1
         print(
