@@ -54,7 +54,8 @@ def worker_preparation(preparation: Mapping[str, Any]) -> dict[str, Any]:
 
 class _MainFinder(pickle.Pickler):
     """A pickler that writes nothing and notes the functions and classes of ``__main__`` it
-    meets (pickle would save them by name)."""
+    meets (pickle would save them by name); each is pickled as its name, so that the search
+    goes on past it."""
 
     def __init__(self) -> None:
         super().__init__(io.BytesIO(), protocol=pickle.HIGHEST_PROTOCOL)
@@ -63,7 +64,9 @@ class _MainFinder(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, (types.FunctionType, type)) and \
                 getattr(obj, "__module__", None) == _MAIN:
-            self.found.append(getattr(obj, "__qualname__", repr(obj)))
+            name = str(getattr(obj, "__qualname__", None) or repr(obj))
+            self.found.append(name)
+            return (str, (name,))
         return NotImplemented
 
 
