@@ -3,6 +3,7 @@ whole lines of text; a file's own descriptor is used as it is."""
 
 from __future__ import annotations
 
+import contextvars
 import io
 import os
 import sys
@@ -42,3 +43,29 @@ def test_a_file_is_written_through_its_own_descriptor(tmp_path: Path) -> None:
     assert own_fd(io.StringIO()) is None
     assert own_fd(Recorder()) is None
     assert own_fd(sys.__stderr__) == sys.__stderr__.fileno()
+
+
+CELL: contextvars.ContextVar[str] = contextvars.ContextVar("cell")
+
+
+class CellStream(Recorder):
+    """A stream like ipykernel's: it sends each write to the cell its context names."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.cells.append(CELL.get("no cell"))
+        return super().write(text)
+
+
+def test_the_relay_writes_in_the_callers_context() -> None:
+    stream = CellStream()
+    token = CELL.set("cell 7")
+    try:
+        with ConsoleRelay(stream) as (fd,):
+            os.write(fd, b"[rank0]:hello\n")
+    finally:
+        CELL.reset(token)
+    assert stream.cells == ["cell 7"]

@@ -6,7 +6,9 @@ The engine (:mod:`unirank.supervisor.engine`) writes the workers' output to desc
 whole lines. :class:`ConsoleRelay` hands it the stream's own descriptor where the stream is a
 file (``io.TextIOWrapper`` with a ``fileno()``; flushed first, so that what the caller printed
 comes before), and otherwise a pipe whose bytes a thread of the caller's writes to the stream
-as text, line by line, until the engine is done with it.
+as text, line by line, until the engine is done with it. The thread runs in a copy of the
+caller's context (``contextvars``): a Jupyter kernel keeps there which cell is running, so the
+lines go to the cell that called, not to whichever message the kernel handled last.
 
 Runs in the caller's process (which may have threads anyway: a kernel has several); never in
 the fork server. Reads: no environment variable.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import codecs
 import contextlib
+import contextvars
 import io
 import os
 import threading
@@ -81,7 +84,8 @@ class ConsoleRelay:
                 with contextlib.suppress(OSError, ValueError):
                     stream.flush()
             read_fd, write_fd = os.pipe()
-            thread = threading.Thread(target=_pump, args=(read_fd, stream),
+            context = contextvars.copy_context()  # the kernel's cell, for its stream
+            thread = threading.Thread(target=context.run, args=(_pump, read_fd, stream),
                                       name="unirank-console-relay", daemon=True)
             thread.start()
             self._threads.append((thread, read_fd, write_fd))
