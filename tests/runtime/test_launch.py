@@ -134,3 +134,9 @@ def test_a_return_value_that_cannot_be_pickled_is_one_line() -> None:
     assert last.startswith("unirank.errors.ConfigError: the return value of f on local rank ")
     assert "cannot be pickled (TypeError: cannot pickle '_thread.lock' object)" in last
     assert "[rank0]:" not in proc.stderr  # no worker traceback: the one line says it all
+
+
+def test_parallel_in_place_returns_this_processs_value(serial: object) -> None:
+    import unirank as ur
+
+    assert ur.Parallel().run(lambda local_rank, k: (local_rank, k), "x") == [(0, "x")]
