@@ -64,8 +64,8 @@ try:
 except ur.WorkerFailedError as exc:
     report(kind="failure", type=type(exc).__name__, rank=exc.rank, message=str(exc),
            cause=type(exc.__cause__).__name__, traceback=exc.traceback)
-report(kind="again", values=ur.launch(lambda r, k: r * k, 10, nproc_per_node=2,
-                                        backend="gloo"))
+again = ur.launch(lambda r, k: (r * k, os.getppid()), 10, nproc_per_node=2, backend="gloo")
+report(kind="again", values=[v for v, _ in again], ppids=[p for _, p in again])
 '''
 
 
@@ -103,8 +103,10 @@ def test_a_function_of_a_script_read_from_stdin_runs_on_two_ranks_and_returns_by
     assert failure["traceback"].startswith("Traceback (most recent call last):")
     assert failure["traceback"].rstrip().endswith("ValueError: boom in rank 1")
     assert ", in fail" in failure["traceback"]
-    # a launch after a failed one works (a lambda: by value too)
+    # a launch after a failed one works (a lambda: by value too), its workers forked from the
+    # fork server the first launch started and kept
     assert got["again"]["values"] == [0, 10]
+    assert got["again"]["ppids"] == values["ppids"] and len(set(values["ppids"])) == 1
 
 
 def test_python_c_without_cloudpickle_says_so_in_one_line() -> None:

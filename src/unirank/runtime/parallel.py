@@ -32,6 +32,7 @@ with the same rules as ``unirank run``:
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import os
 import re
@@ -169,10 +170,11 @@ class Parallel:
     (:func:`~unirank.runtime.ignite_options.init_method`). ``init_timeout``: seconds every rank
     waits for the others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
     ``tag_output``: spawned workers' lines start with ``[rank<N>]:`` (``unirank run
-    --tag-output``). ``spawn_kwargs``: pytorch-ignite's options, as
-    :mod:`~unirank.runtime.ignite_options` reads them (``timeout`` is an init timeout). Bad
-    arguments are refused here, when the object is built, with ignite's exception types
-    (:func:`check_request`). ignite's lines (``Spawn function ... in N processes``, ``End of
+    --tag-output``). ``keep_server``: the fork server stays, idle, for the next spawn of this
+    process (``launch``'s way; it ends with this process). ``spawn_kwargs``: pytorch-ignite's
+    options, as :mod:`~unirank.runtime.ignite_options` reads them (``timeout`` is an init
+    timeout). Bad arguments are refused here, when the object is built, with ignite's exception
+    types (:func:`check_request`). ignite's lines (``Spawn function ... in N processes``, ``End of
     run``...) are logged on rank 0 to the logger ``ignite.distributed.launcher.Parallel``.
 
     Reads: the launcher's variables (through :func:`~unirank.runtime.state.dist_env`),
@@ -192,6 +194,7 @@ class Parallel:
         *,
         init_timeout: float | None = None,
         tag_output: bool = False,
+        keep_server: bool = False,
         **spawn_kwargs: Any,
     ) -> None:
         request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
@@ -207,6 +210,7 @@ class Parallel:
         request["master_port"] = None if master_port is None else int(master_port)
         self._request = request
         self._tag_output = tag_output
+        self._keep_server = keep_server
         self.plan: Plan | None = None
         self._finalize = False
         #: the backend's own launcher, when it starts the workers (see :meth:`_own_launcher`)
@@ -305,25 +309,62 @@ class Parallel:
 
     def _spawn(self, plan: Plan, call: Call) -> list[Any]:
         from unirank.supervisor.attempts import EngineOptions, run_plan
-        from unirank.supervisor.fork.client import start_server
         from unirank.supervisor.output import TAG_TEMPLATE, OutputOptions
 
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None))
-        server = start_server(["--call", path], os.environ, (), prog=PROG)
+        server = _fork_server(path, keep=self._keep_server)
+        ran = False
         try:
             write_call(replace(call, results=folder), path)
             with ConsoleRelay(sys.stdout, sys.stderr) as (out_fd, err_fd):
                 result = run_plan(plan, ["--call", path], environ=os.environ, options=options,
-                                  out_fd=out_fd, err_fd=err_fd, server=server)
+                                  out_fd=out_fd, err_fd=err_fd, server=server,
+                                  keep_server=self._keep_server)
+            ran = True
             _raise_failure(result)
             return read_results(folder, sorted(w.local_rank for w in plan.workers))
         finally:
-            if server is not None:
+            if server is not None and not (ran and self._keep_server and not server.gone):
                 server.close()
+                if server in _KEPT:
+                    _KEPT.remove(server)
             shutil.rmtree(folder, ignore_errors=True)
+
+
+#: what the fork server imports for a call besides torch: its runner (the runtime API), which
+#: every worker of a call imports first otherwise (and cloudpickle where installed: _preload)
+CALL_PRELOAD = ("unirank.runtime.worker",)
+
+#: the fork server kept between calls of :func:`launch` in this process (one at most)
+_KEPT: list[Any] = []
+
+
+def _preload() -> tuple[str, ...]:
+    """:data:`CALL_PRELOAD`, and cloudpickle where it is installed (a call from a notebook
+    comes pickled with it)."""
+    found = importlib.util.find_spec("cloudpickle") is not None
+    return (*CALL_PRELOAD, "cloudpickle") if found else CALL_PRELOAD
+
+
+def _fork_server(path: str, *, keep: bool) -> Any:
+    """The fork server for a spawn: with ``keep``, the one an earlier call kept while it can
+    still serve this process's environment, else a new one (kept in turn)."""
+    from unirank.supervisor.fork.client import start_server
+
+    if keep and _KEPT:
+        server = _KEPT[0]
+        if not server.gone and server.why_not(os.environ) is None:
+            server.told = False
+            return server
+        server.close()
+        _KEPT.clear()
+    server = start_server(["--call", path], os.environ, _preload(), prog=PROG)
+    if keep and server is not None:
+        _KEPT.append(server)
+    return server
 
 
 def _raise_failure(result: Any) -> None:
@@ -397,6 +438,9 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int, backend: str
     :class:`~unirank.errors.ConfigError`. Under a launcher that already placed several
     processes here, ``fn`` runs in place and the list holds this rank's value. ``Parallel``'s
     start and end lines (its logger, :data:`LOGGER_NAME`) stay quiet unless its level was set.
+    The fork server stays between calls (idle: one process that imported torch, no thread, no
+    CUDA), so that the next call starts its workers at once; it ends with this process, and a
+    new one replaces it when it ended or when this process's interpreter variables changed.
 
     Reads: what :class:`Parallel` reads.
     """
@@ -406,7 +450,7 @@ def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int, backend: str
         logger.setLevel(logging.WARNING)
     try:
         with Parallel(backend, nproc_per_node=nproc_per_node, init_timeout=init_timeout,
-                      tag_output=True) as parallel:
+                      tag_output=True, keep_server=True) as parallel:
             return parallel.run(fn, *args, **kwargs)
     finally:
         logger.setLevel(level)
