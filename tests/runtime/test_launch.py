@@ -66,6 +66,9 @@ except ur.WorkerFailedError as exc:
            cause=type(exc.__cause__).__name__, traceback=exc.traceback)
 again = ur.launch(lambda r, k: (r * k, os.getppid()), 10, nproc_per_node=2, backend="gloo")
 report(kind="again", values=[v for v, _ in again], ppids=[p for _, p in again])
+os.environ["PYTHONUNIRANKTEST"] = "1"  # an interpreter variable the kept server lacks
+renewed = ur.launch(lambda r: os.getppid(), nproc_per_node=2, backend="gloo")
+report(kind="renewed", ppids=renewed)
 '''
 
 
@@ -107,6 +110,10 @@ def test_a_function_of_a_script_read_from_stdin_runs_on_two_ranks_and_returns_by
     # fork server the first launch started and kept
     assert got["again"]["values"] == [0, 10]
     assert got["again"]["ppids"] == values["ppids"] and len(set(values["ppids"])) == 1
+    # a new fork server replaces the kept one when an interpreter variable changed
+    renewed = got["renewed"]["ppids"]
+    assert len(set(renewed)) == 1 and renewed != values["ppids"]
+    assert values["parent"] not in renewed  # forked by the new server, not started by Popen
 
 
 def test_python_c_without_cloudpickle_says_so_in_one_line() -> None:

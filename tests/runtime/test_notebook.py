@@ -103,6 +103,8 @@ def test_an_exception_in_rank_1_is_raised_in_the_cell_and_the_next_launch_works(
         "print(type(err).__name__, err.rank, type(err.__cause__).__name__)\n"
         "print(err.traceback.splitlines()[-1])",
         "print(ur.launch(step, -1, nproc_per_node=2, backend='gloo'))",
+        "with ur.Parallel(backend='gloo', nproc_per_node=2) as p:\n"
+        "    print('Parallel', p.run(step, -1))",
     ]
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(source) for source in cells]
@@ -118,6 +120,8 @@ def test_an_exception_in_rank_1_is_raised_in_the_cell_and_the_next_launch_works(
     assert stream_text(notebook.cells[2]).splitlines() == [
         "WorkerFailedError 1 RankTraceback", "ValueError: bad batch on rank 1"]
     assert stream_text(notebook.cells[3]) == "[2.0, 2.0]\n"
+    # Parallel.run takes a function of a cell too, and returns the values by local rank
+    assert stream_text(notebook.cells[4]) == "Parallel [2.0, 2.0]\n"
 
 
 @pytest.fixture
