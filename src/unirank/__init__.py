@@ -19,6 +19,7 @@ _RUNTIME_NAMES = frozenset(
         "init",
         "finalize",
         "Parallel",
+        "launch",
         "InitError",
         "WorkerFailedError",
         "is_initialized",

@@ -37,7 +37,7 @@ from unirank.runtime.idist import (
     sync,
 )
 from unirank.runtime.lifecycle import InitError, finalize, init
-from unirank.runtime.parallel import Parallel, WorkerFailedError
+from unirank.runtime.parallel import Parallel, WorkerFailedError, launch
 from unirank.runtime.preemption import (
     exit_for_requeue,
     stop_requested,
@@ -96,6 +96,7 @@ __all__ = [
     "init",
     "initialize",
     "is_initialized",
+    "launch",
     "load",
     "manual_seed",
     "model_name",

@@ -18,6 +18,12 @@ with the same rules as ``unirank run``:
   :class:`WorkerFailedError` is raised here. A :class:`~unirank.errors.ConfigError` in the
   workers (a launch or usage mistake) is raised here again instead, as its one line, with no
   summary and no worker traceback, as it would be serially;
+  ``fn`` defined in a notebook cell or at the ``python`` prompt goes by value (cloudpickle:
+  :mod:`~unirank.runtime.byvalue`). The workers' output reaches this process's ``sys.stdout``
+  and ``sys.stderr`` in whole lines, through a relay where those are not files (a Jupyter
+  kernel's streams: :mod:`~unirank.runtime.relay`). ``run`` returns what ``fn`` returned on
+  each of this node's workers, by local rank; an exception in a worker is raised here as
+  :class:`WorkerFailedError` with that rank's traceback as its cause (:class:`RankTraceback`);
 * a backend's own launcher -- a backend that brings one (``xla-tpu``: torch_xla's
   ``xmp.spawn``), named explicitly, with ``nproc_per_node`` and no launcher around: that
   launcher starts the workers, and each initialises the backend and calls ``fn(local_rank, ...)``.
@@ -25,15 +31,18 @@ with the same rules as ``unirank run``:
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import importlib.util
 import logging
 import os
+import re
+import shutil
 import signal
 import sys
 import tempfile
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -41,26 +50,43 @@ from unirank.contract import resolve_init_timeout
 from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
 from unirank.runtime.helpers import ignite_logger
-from unirank.runtime.worker import Call, run_call, write_call
+from unirank.runtime.relay import ConsoleRelay
+from unirank.runtime.worker import Call, read_results, run_call, write_call
 from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
-__all__ = ["LOGGER_NAME", "Parallel", "WorkerFailedError", "check_request"]
+__all__ = ["LOGGER_NAME", "Parallel", "RankTraceback", "WorkerFailedError", "check_request",
+           "launch"]
 
 #: how the summary of a failed spawn names its author
 PROG = "unirank Parallel"
 
 
+class RankTraceback(Exception):
+    """The traceback a failed worker printed, as the ``__cause__`` of its
+    :class:`WorkerFailedError` (so that a notebook or the ``python`` prompt shows it)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.text = text
+
+    def __str__(self) -> str:
+        return "\n" + self.text
+
+
 class WorkerFailedError(RuntimeError):
     """A spawned worker failed; the root cause (see :mod:`unirank.supervisor.engine`) is named.
 
-    ``exitcode`` is the worker's exit code, or minus the signal that killed it.
+    ``exitcode`` is the worker's exit code, or minus the signal that killed it; ``traceback``
+    the last traceback it printed ("" when none).
     """
 
-    def __init__(self, local_rank: int, rank: int, exitcode: int, last_line: str = "") -> None:
+    def __init__(self, local_rank: int, rank: int, exitcode: int, last_line: str = "",
+                 traceback: str = "") -> None:
         self.local_rank = local_rank
         self.rank = rank
         self.exitcode = exitcode
         self.traceback_tail = last_line
+        self.traceback = traceback
         if exitcode < 0:
             try:
                 how = f"was killed by signal {signal.Signals(-exitcode).name}"
@@ -143,11 +169,13 @@ class Parallel:
     rules). ``init_method``: ``None``/``"env://"`` or ``"file://PATH"``
     (:func:`~unirank.runtime.ignite_options.init_method`). ``init_timeout``: seconds every rank
     waits for the others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
-    ``spawn_kwargs``: pytorch-ignite's options, as :mod:`~unirank.runtime.ignite_options` reads
-    them (``timeout`` is an init timeout). Bad arguments are refused here, when the object is
-    built, with ignite's exception types (:func:`check_request`). ignite's lines (``Spawn
-    function ... in N processes``, ``End of run``...) are logged on rank 0 to the logger
-    ``ignite.distributed.launcher.Parallel``.
+    ``tag_output``: spawned workers' lines start with ``[rank<N>]:`` (``unirank run
+    --tag-output``). ``keep_server``: the fork server stays, idle, for the next spawn of this
+    process (``launch``'s way; it ends with this process). ``spawn_kwargs``: pytorch-ignite's
+    options, as :mod:`~unirank.runtime.ignite_options` reads them (``timeout`` is an init
+    timeout). Bad arguments are refused here, when the object is built, with ignite's exception
+    types (:func:`check_request`). ignite's lines (``Spawn function ... in N processes``, ``End of
+    run``...) are logged on rank 0 to the logger ``ignite.distributed.launcher.Parallel``.
 
     Reads: the launcher's variables (through :func:`~unirank.runtime.state.dist_env`),
     MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, OMP_NUM_THREADS,
@@ -165,6 +193,8 @@ class Parallel:
         init_method: str | None = None,
         *,
         init_timeout: float | None = None,
+        tag_output: bool = False,
+        keep_server: bool = False,
         **spawn_kwargs: Any,
     ) -> None:
         request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
@@ -179,6 +209,8 @@ class Parallel:
         self.init_timeout = init_timeout if init_timeout is not None else timeout
         request["master_port"] = None if master_port is None else int(master_port)
         self._request = request
+        self._tag_output = tag_output
+        self._keep_server = keep_server
         self.plan: Plan | None = None
         self._finalize = False
         #: the backend's own launcher, when it starts the workers (see :meth:`_own_launcher`)
@@ -244,48 +276,95 @@ class Parallel:
             self._logger.info(f"Finalized processing group with backend: '{self.backend}'")
             lifecycle.finalize()
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Call ``fn(local_rank, *args, **kwargs)`` on every rank (spawning workers if planned).
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        """Call ``fn(local_rank, *args, **kwargs)`` on every rank (spawning workers if planned)
+        and return what it returned: spawned, one value per worker of this node, by local rank
+        (one node: by rank); in place, this process's value alone; through a backend's own
+        launcher, nothing (an empty list).
 
         Spawned, ``fn`` and its arguments must be picklable: a module-level function of an
-        importable module (in a script, under ``if __name__ == "__main__":``).
+        importable module (in a script, under ``if __name__ == "__main__":``), or one defined
+        in a notebook cell or at the ``python`` prompt (sent by value: cloudpickle, the
+        ``notebook`` extra); so must its return values.
         """
         if self.plan is None and self._own_spawn is None:
             with self:
-                self.run(fn, *args, **kwargs)
-            return
+                return self.run(fn, *args, **kwargs)
         call = Call(fn, args, kwargs, self.backend, self.init_timeout, self.init_method)
+        values: list[Any] = []
         if self._own_spawn is not None:
             nprocs = int(self._request["nproc_per_node"] or 1)
             self._logger.info(f"Spawn function '{fn}' in {nprocs} processes")
             self._own_spawn(nprocs, functools.partial(run_call, call))
         elif self.plan is not None and self.plan.mode == IN_PLACE:
             self._logger.info(f"- Run '{fn}' in {state.get_world_size()} processes")
-            run_call(call, state.get_local_rank(), start_group=False)  # __enter__ started it
+            # __enter__ started the group
+            values = [run_call(call, state.get_local_rank(), start_group=False)]
         elif self.plan is not None:
             spawned = self._request["nproc_per_node"] or self.plan.local_world_size
             self._logger.info(f"Spawn function '{fn}' in {spawned} processes")
-            self._spawn(self.plan, call)
+            values = self._spawn(self.plan, call)
         self._logger.info("End of run")
+        return values
 
-    def _spawn(self, plan: Plan, call: Call) -> None:
+    def _spawn(self, plan: Plan, call: Call) -> list[Any]:
         from unirank.supervisor.attempts import EngineOptions, run_plan
-        from unirank.supervisor.fork.client import start_server
+        from unirank.supervisor.output import TAG_TEMPLATE, OutputOptions
 
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
-        server = start_server(["--call", path], os.environ, (), prog=PROG)
+        options = EngineOptions(prog=PROG, output=OutputOptions(
+            prefix_template=TAG_TEMPLATE if self._tag_output else None))
+        server = _fork_server(path, keep=self._keep_server)
+        ran = False
         try:
-            write_call(call, path)
-            result = run_plan(plan, ["--call", path], environ=os.environ,
-                              options=EngineOptions(prog=PROG), server=server)
+            write_call(replace(call, results=folder), path)
+            with ConsoleRelay(sys.stdout, sys.stderr) as (out_fd, err_fd):
+                result = run_plan(plan, ["--call", path], environ=os.environ, options=options,
+                                  out_fd=out_fd, err_fd=err_fd, server=server,
+                                  keep_server=self._keep_server)
+            ran = True
+            _raise_failure(result)
+            return read_results(folder, sorted(w.local_rank for w in plan.workers))
         finally:
-            if server is not None:
+            if server is not None and not (ran and self._keep_server and not server.gone):
                 server.close()
-            with contextlib.suppress(OSError):
-                os.remove(path)
-                os.rmdir(folder)
-        _raise_failure(result)
+                if server in _KEPT:
+                    _KEPT.remove(server)
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+#: what the fork server imports for a call besides torch: its runner (the runtime API), which
+#: every worker of a call imports first otherwise (and cloudpickle where installed: _preload)
+CALL_PRELOAD = ("unirank.runtime.worker",)
+
+#: the fork server kept between calls of :func:`launch` in this process (one at most)
+_KEPT: list[Any] = []
+
+
+def _preload() -> tuple[str, ...]:
+    """:data:`CALL_PRELOAD`, and cloudpickle where it is installed (a call from a notebook
+    comes pickled with it)."""
+    found = importlib.util.find_spec("cloudpickle") is not None
+    return (*CALL_PRELOAD, "cloudpickle") if found else CALL_PRELOAD
+
+
+def _fork_server(path: str, *, keep: bool) -> Any:
+    """The fork server for a spawn: with ``keep``, the one an earlier call kept while it can
+    still serve this process's environment, else a new one (kept in turn)."""
+    from unirank.supervisor.fork.client import start_server
+
+    if keep and _KEPT:
+        server = _KEPT[0]
+        if not server.gone and server.why_not(os.environ) is None:
+            server.told = False
+            return server
+        server.close()
+        _KEPT.clear()
+    server = start_server(["--call", path], os.environ, _preload(), prog=PROG)
+    if keep and server is not None:
+        _KEPT.append(server)
+    return server
 
 
 def _raise_failure(result: Any) -> None:
@@ -312,6 +391,66 @@ def _raise_failure(result: Any) -> None:
                 else first.own_exit_code)
         last = first.error or next(
             (line.strip() for line in reversed(first.stderr_tail) if line.strip()), "")
-        raise WorkerFailedError(first.local_rank, first.rank, code, last)
+        text = _traceback_of(list(first.stderr_tail))
+        error = WorkerFailedError(first.local_rank, first.rank, code, last, text)
+        if text:
+            raise error from RankTraceback(text)
+        raise error
     if result.exit_code != 0:
         raise WorkerFailedError(-1, -1, result.exit_code)
+
+
+#: the most lines of a rank's traceback that :class:`RankTraceback` shows
+TRACEBACK_LINES = 200
+
+
+#: the prefix torch's excepthook puts before a traceback's lines once a group started
+_TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+
+
+def _traceback_of(lines: list[str]) -> str:
+    """The last Python traceback in a worker's stderr tail (without the ``[rankN]:`` that
+    torch's excepthook puts before each line), or "" when it printed none."""
+    from unirank.supervisor.summary import traceback_excerpt
+
+    excerpt = traceback_excerpt(lines, max_lines=TRACEBACK_LINES)
+    if not excerpt or "Traceback (most recent call last):" not in excerpt[0]:
+        return ""
+    if all(_TORCH_PREFIX.match(line) for line in excerpt):
+        excerpt = [_TORCH_PREFIX.sub("", line, count=1) for line in excerpt]
+    return "\n".join(excerpt)
+
+
+def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int, backend: str = "auto",
+           init_timeout: float | None = None, **kwargs: Any) -> list[Any]:
+    """Run ``fn(local_rank, *args, **kwargs)`` on ``nproc_per_node`` new workers of this
+    machine, in a group of ``backend``, and return what it returned on each, by rank: the
+    notebook's way to train on several processes (docs/notebooks.md).
+
+    ``fn`` may be defined in a notebook cell or at the ``python`` prompt (it goes by value:
+    cloudpickle, the ``notebook`` extra). The workers are forked from unirank's fork server,
+    a fresh interpreter (never from this process, which may hold threads and CUDA); their
+    lines reach ``sys.stdout`` / ``sys.stderr`` whole, each prefixed ``[rank<N>]:``. An
+    exception in a worker stops the others and is raised here as :class:`WorkerFailedError`
+    caused by that rank's traceback; an interrupt (Ctrl-C, the kernel's interrupt) stops every
+    worker and raises ``KeyboardInterrupt``. Return values come back pickled (a CUDA tensor
+    comes back on its device: return ``.cpu()``); one that cannot be pickled is a one-line
+    :class:`~unirank.errors.ConfigError`. Under a launcher that already placed several
+    processes here, ``fn`` runs in place and the list holds this rank's value. ``Parallel``'s
+    start and end lines (its logger, :data:`LOGGER_NAME`) stay quiet unless its level was set.
+    The fork server stays between calls (idle: one process that imported torch, no thread, no
+    CUDA), so that the next call starts its workers at once; it ends with this process, and a
+    new one replaces it when it ended or when this process's interpreter variables changed.
+
+    Reads: what :class:`Parallel` reads.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    level = logger.level
+    if level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
+    try:
+        with Parallel(backend, nproc_per_node=nproc_per_node, init_timeout=init_timeout,
+                      tag_output=True, keep_server=True) as parallel:
+            return parallel.run(fn, *args, **kwargs)
+    finally:
+        logger.setLevel(level)

@@ -3,6 +3,12 @@ pickles for its workers) and :func:`run_call` (start the group, call ``fn(local_
 end it), the one place that does so for ``Parallel`` in place, for its spawned workers and for
 a backend's own launcher.
 
+A call goes to the workers in a file (:func:`write_call`): pickled by value with cloudpickle
+when it uses a function or class of an interactive ``__main__`` (a notebook, the ``python``
+prompt: :mod:`.byvalue`), else with the standard pickle. Each spawned worker writes ``fn``'s
+return value to the call's ``results`` folder (:func:`write_result`, pickled the same way),
+where the parent reads them by local rank (:func:`read_results`).
+
 :func:`run_call_file` is the one seam from ``supervisor/`` into ``runtime/``: the worker
 bootstrap (:mod:`unirank.supervisor.worker.target`) calls it for ``--call FILE`` and imports nothing
 else from here.
@@ -10,16 +16,20 @@ else from here.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing.spawn
+import os
 import pickle
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from unirank.errorfile import record_exception
 from unirank.errors import ConfigError
+from unirank.runtime import byvalue
 
-__all__ = ["Call", "read_call", "run_call", "run_call_file", "write_call"]
+__all__ = ["Call", "read_call", "read_results", "run_call", "run_call_file", "write_call",
+           "write_result"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +44,16 @@ class Call:
     backend: str | None = None
     init_timeout: float | None = None
     init_method: str | None = None
+    #: the folder where each spawned worker writes ``fn``'s return value (None: nowhere)
+    results: str | None = None
+    #: the call was pickled by value (cloudpickle; set by :func:`write_call`)
+    by_value: bool = False
 
 
-def run_call(call: Call, local_rank: int, *, start_group: bool = True) -> None:
+def run_call(call: Call, local_rank: int, *, start_group: bool = True) -> Any:
     """Start the group (unless ``start_group`` is False: the caller did), call
-    ``fn(local_rank, ...)``, and end the group it started. An exception is recorded in the
+    ``fn(local_rank, ...)``, end the group it started, and return what ``fn`` returned. An
+    exception is recorded in the
     worker's error file at once (before the group goes away and the peers fail too) and
     raised; the group is then left to the process's end.
 
@@ -49,22 +64,66 @@ def run_call(call: Call, local_rank: int, *, start_group: bool = True) -> None:
     try:
         if start_group:
             lifecycle.init(call.backend, call.init_timeout, call.init_method)
-        call.fn(local_rank, *call.args, **call.kwargs)
+        value = call.fn(local_rank, *call.args, **call.kwargs)
     except BaseException as exc:
         record_exception(exc)
         raise
     if start_group:
         lifecycle.finalize()
+    return value
 
 
 def write_call(call: Call, path: str) -> None:
     """Pickle ``call`` to ``path`` with this process's ``__main__`` and ``sys.path``
-    (multiprocessing's ``spawn`` preparation), for :func:`read_call` in a worker."""
-    preparation = multiprocessing.spawn.get_preparation_data("unirank-worker")
+    (multiprocessing's ``spawn`` preparation), for :func:`read_call` in a worker: by value
+    when it uses what an interactive ``__main__`` defines (:mod:`.byvalue`). A call that
+    cannot be pickled, or needs cloudpickle where it is missing, is a one-line
+    :class:`~unirank.errors.ConfigError`."""
+    preparation = byvalue.worker_preparation(
+        multiprocessing.spawn.get_preparation_data("unirank-worker"))
     preparation.pop("authkey", None)  # not picklable, and the workers need none
+    names = byvalue.needs_by_value(call, preparation)
+    # the call is pickled on its own, so that it is unpickled after the preparation
+    payload = byvalue.dumps(replace(call, by_value=bool(names)), by_value=bool(names),
+                            what=f"the function {_name(call.fn)} or its arguments",
+                            names=names)
     with open(path, "wb") as fh:
-        # the call is pickled on its own, so that it is unpickled after the preparation
-        pickle.dump((preparation, pickle.dumps(call)), fh)
+        pickle.dump((preparation, payload), fh)
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+def _result_path(folder: str, local_rank: int) -> str:
+    return os.path.join(folder, f"{local_rank}.pickle")
+
+
+def write_result(call: Call, local_rank: int, value: Any) -> None:
+    """Write ``fn``'s return value on ``local_rank`` to the call's ``results`` folder (whole or
+    not at all), pickled as the call was; one that cannot be pickled is a one-line
+    :class:`~unirank.errors.ConfigError`."""
+    if call.results is None:
+        return
+    data = byvalue.dumps(value, by_value=call.by_value,
+                         what=f"the return value of {_name(call.fn)} on local rank {local_rank}")
+    path = _result_path(call.results, local_rank)
+    with open(f"{path}.part", "wb") as fh:
+        fh.write(data)
+    os.replace(f"{path}.part", path)
+
+
+def read_results(folder: str, local_ranks: list[int]) -> list[Any]:
+    """The return values the workers wrote (:func:`write_result`), in the order of
+    ``local_ranks``; None for a worker that wrote none (it ended through ``sys.exit(0)``)."""
+    values = []
+    for local_rank in local_ranks:
+        path = _result_path(folder, local_rank)
+        value = None
+        with contextlib.suppress(FileNotFoundError), open(path, "rb") as fh:
+            value = pickle.load(fh)
+        values.append(value)
+    return values
 
 
 def read_call(path: str) -> Call:
@@ -80,7 +139,8 @@ def read_call(path: str) -> Call:
 
 
 def run_call_file(path: str) -> None:
-    """A spawned worker: run the call in ``path`` on this rank.
+    """A spawned worker: run the call in ``path`` on this rank, and write what it returned
+    (:func:`write_result`).
 
     A :class:`~unirank.errors.ConfigError` (a launch or usage mistake, the same on every rank)
     is recorded, not printed: the worker exits with code 1 and ``Parallel`` raises it again in
@@ -89,7 +149,13 @@ def run_call_file(path: str) -> None:
     from unirank.runtime import state
 
     call = read_call(path)
+    local_rank = state.get_local_rank()
     try:
-        run_call(call, state.get_local_rank())
+        value = run_call(call, local_rank)
+        try:
+            write_result(call, local_rank, value)
+        except ConfigError as exc:
+            record_exception(exc)
+            raise
     except ConfigError:
         raise SystemExit(1) from None

@@ -75,6 +75,7 @@ def run_plan(
     out_fd: int = 1,
     err_fd: int = 2,
     server: ForkServer | None = None,
+    keep_server: bool = False,
 ) -> RunResult:
     """Open the store's port (where rank 0 runs, once its master address is known to be this
     host's: :func:`unirank.resolve.require_own`), start this node's workers and supervise
@@ -85,7 +86,9 @@ def run_plan(
     :func:`~unirank.supervisor.engine.worker_command`); ``environ`` the base of every worker's
     environment (see :func:`~unirank.supervisor.workerenv.worker_environ`); ``server`` the
     node's fork server (:func:`~unirank.supervisor.fork.client.start_server`; None: every
-    worker starts as its own interpreter), which this function configures and closes.
+    worker starts as its own interpreter), which this function configures and closes (unless
+    ``keep_server``: the caller runs it again, as ``ur.launch`` does in a notebook; a server
+    already configured by an earlier run keeps the environment it imported with).
     """
     options = options or EngineOptions()
     # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
@@ -107,7 +110,7 @@ def run_plan(
     finally:
         if sock is not None:
             sock.close()
-        if server is not None:
+        if server is not None and not keep_server:
             server.close()
 
 

@@ -149,6 +149,8 @@ class ForkServer:
         #: what the server's interpreter started with, then what it imported with
         self._started_with = dict(environ)
         self._environ = dict(environ)
+        #: :meth:`configure` sent the environment to import with
+        self._configured = False
         self._exits: dict[int, int] = {}
         #: each ended worker's peak resident memory, in KiB (``ru_maxrss``)
         self._peaks: dict[int, int] = {}
@@ -259,7 +261,12 @@ class ForkServer:
         return self.broken
 
     def configure(self, environ: Mapping[str, str]) -> None:
-        """Give the server the environment to import with (:func:`server_environ`)."""
+        """Give the server the environment to import with (:func:`server_environ`), once: a
+        server kept for another run (``ur.launch``) keeps what it imported with, and each
+        worker's request carries its differences from that."""
+        if self._configured:
+            return
+        self._configured = True
         self._environ = dict(environ)
         try:
             self._control.sendmsg([encode(environ_message(self._environ))])

@@ -1,0 +1,151 @@
+"""``ur.launch`` with a function defined in an interactive ``__main__`` (a script read from
+stdin, ``python -c``): real processes, real gloo workers forked from the fork server.
+
+Each script prints ``RESULT {json}`` lines; every wait has a timeout; nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from _procs import launcher_free_environ
+
+pytestmark = pytest.mark.integration
+
+#: a model and a training function defined in __main__, two launches and a failing one
+STDIN_SCRIPT = '''
+import json, os, torch, unirank as ur
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.lin(x)
+
+SCALE = 3.0
+
+def train(local_rank, steps, lr=0.1):
+    torch.manual_seed(0)
+    model = ur.auto_model(Net())
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(torch.ones(8, 4) * (ur.get_rank() + 1)).pow(2).mean()
+        loss.backward()
+        opt.step()
+    print(f"trained {steps} steps")
+    return {"rank": ur.get_rank(), "world": ur.get_world_size(), "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "weight": model.module.lin.weight.detach().sum().item() * SCALE, "net": Net()}
+
+def fail(local_rank):
+    if local_rank == 1:
+        raise ValueError("boom in rank 1")
+    ur.barrier()
+
+def report(**fields):
+    print("RESULT " + json.dumps(fields), flush=True)
+
+print("before the launch", flush=True)
+first = ur.launch(train, 3, lr=0.05, nproc_per_node=2, backend="gloo")
+report(kind="values", ranks=[v["rank"] for v in first], worlds=[v["world"] for v in first],
+       weights=[v["weight"] for v in first], pids=[v["pid"] for v in first],
+       ppids=[v["ppid"] for v in first],
+       nets=[type(v["net"]).__name__ for v in first], parent=os.getpid())
+try:
+    ur.launch(fail, nproc_per_node=2, backend="gloo")
+except ur.WorkerFailedError as exc:
+    report(kind="failure", type=type(exc).__name__, rank=exc.rank, message=str(exc),
+           cause=type(exc.__cause__).__name__, traceback=exc.traceback)
+again = ur.launch(lambda r, k: (r * k, os.getppid()), 10, nproc_per_node=2, backend="gloo")
+report(kind="again", values=[v for v, _ in again], ppids=[p for _, p in again])
+os.environ["PYTHONUNIRANKTEST"] = "1"  # an interpreter variable the kept server lacks
+renewed = ur.launch(lambda r: os.getppid(), nproc_per_node=2, backend="gloo")
+report(kind="renewed", ppids=renewed)
+'''
+
+
+def run_python(args: list[str], stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, *args], input=stdin, env=launcher_free_environ(),
+                          capture_output=True, text=True, timeout=240)
+
+
+def results(stdout: str) -> dict[str, dict[str, Any]]:
+    found = [json.loads(line[len("RESULT "):]) for line in stdout.splitlines()
+             if line.startswith("RESULT ")]
+    return {r["kind"]: r for r in found}
+
+
+def test_a_function_of_a_script_read_from_stdin_runs_on_two_ranks_and_returns_by_rank() -> None:
+    proc = run_python(["-"], STDIN_SCRIPT)
+    assert proc.returncode == 0, proc.stderr
+    got = results(proc.stdout)
+    values = got["values"]
+    assert values["ranks"] == [0, 1] and values["worlds"] == [2, 2]
+    # DDP averaged the gradients: both ranks hold the same weights
+    assert values["weights"][0] == pytest.approx(values["weights"][1])
+    # the workers are not forks of the caller: the fork server (a fresh interpreter) forked them
+    assert values["parent"] not in values["pids"] + values["ppids"]
+    # an object of a class defined in __main__ came back (by value)
+    assert values["nets"] == ["Net", "Net"]
+    lines = proc.stdout.splitlines()
+    # whole lines, prefixed by rank, after what the caller printed before
+    assert lines.index("before the launch") < lines.index("[rank0]:trained 3 steps")
+    assert "[rank1]:trained 3 steps" in lines
+    failure = got["failure"]
+    assert failure["type"] == "WorkerFailedError" and failure["rank"] == 1
+    assert "ValueError: boom in rank 1" in failure["message"]
+    assert failure["cause"] == "RankTraceback"
+    assert failure["traceback"].startswith("Traceback (most recent call last):")
+    assert failure["traceback"].rstrip().endswith("ValueError: boom in rank 1")
+    assert ", in fail" in failure["traceback"]
+    # a launch after a failed one works (a lambda: by value too), its workers forked from the
+    # fork server the first launch started and kept
+    assert got["again"]["values"] == [0, 10]
+    assert got["again"]["ppids"] == values["ppids"] and len(set(values["ppids"])) == 1
+    # a new fork server replaces the kept one when an interpreter variable changed
+    renewed = got["renewed"]["ppids"]
+    assert len(set(renewed)) == 1 and renewed != values["ppids"]
+    assert values["parent"] not in renewed  # forked by the new server, not started by Popen
+
+
+def test_python_c_without_cloudpickle_says_so_in_one_line() -> None:
+    code = ("import sys; sys.modules['cloudpickle'] = None\n"
+            "import unirank as ur\n"
+            "def f(r): return r\n"
+            "try:\n"
+            "    ur.launch(f, nproc_per_node=2, backend='gloo')\n"
+            "except ur.ConfigError as exc:\n"
+            "    print('ERROR', exc)\n")
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    errors = [line for line in proc.stdout.splitlines() if line.startswith("ERROR ")]
+    assert len(errors) == 1, proc.stdout
+    assert "(f) is defined in a notebook cell or at the python prompt" in errors[0]
+    assert "needs cloudpickle" in errors[0]
+    assert "pip install 'unirank[notebook]'" in errors[0]
+
+
+def test_a_return_value_that_cannot_be_pickled_is_one_line() -> None:
+    code = ("import threading, unirank as ur\n"
+            "def f(r): return threading.Lock()\n"
+            "ur.launch(f, nproc_per_node=2, backend='gloo')\n")
+    proc = run_python(["-c", code])
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("unirank.errors.ConfigError: the return value of f on local rank ")
+    assert "cannot be pickled (TypeError: cannot pickle '_thread.lock' object)" in last
+    assert "[rank0]:" not in proc.stderr  # no worker traceback: the one line says it all
+
+
+def test_parallel_in_place_returns_this_processs_value(serial: object) -> None:
+    import unirank as ur
+
+    assert ur.Parallel().run(lambda local_rank, k: (local_rank, k), "x") == [(0, "x")]
