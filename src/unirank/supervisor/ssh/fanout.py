@@ -18,6 +18,7 @@ variable.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -28,10 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from unirank.supervisor.summary import signal_name
 from unirank.supervisor.output import LineBuffer
+from unirank.supervisor.summary import signal_name
 
-__all__ = ["HostRun", "STOP_SLACK_S", "run_hosts"]
+__all__ = ["STOP_SLACK_S", "HostRun", "run_hosts"]
 
 #: seconds after the grace period that stopped hosts get before their ssh clients are killed
 STOP_SLACK_S = 10.0
@@ -162,10 +163,8 @@ class _FanOut:
         """Close every host's stdin: each remote unirank run stops its workers."""
         for remote in self._remotes:
             if remote.proc.stdin is not None and not remote.proc.stdin.closed:
-                try:
+                with contextlib.suppress(OSError):
                     remote.proc.stdin.close()
-                except OSError:
-                    pass
         self._kill_at = time.monotonic() + self._grace + STOP_SLACK_S
 
     def _kill_all(self) -> None:
@@ -192,10 +191,8 @@ class _FanOut:
             for stream in (remote.proc.stdin, remote.proc.stdout, remote.proc.stderr):
                 if stream is not None:
                     stream.close()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 remote.proc.wait(timeout=STOP_SLACK_S)
-            except subprocess.TimeoutExpired:
-                pass
         self._selector.close()
 
 

@@ -1,4 +1,5 @@
-"""The hosts of ``unirank run --hosts/--hostfile``, parsed (pure: text in, hosts or ConfigError out).
+"""The hosts of ``unirank run --hosts/--hostfile``, parsed (pure: text in, hosts or ConfigError
+out).
 
 Accepted forms, one host each:
 
