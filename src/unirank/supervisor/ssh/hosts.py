@@ -54,11 +54,12 @@ def _check_name(name: str, where: str, value: str) -> str:
 
 
 def _host_colon(item: str, where: str) -> Host:
-    """``host`` or ``host:N`` (an IPv6 address in brackets: ``[::1]:4``)."""
+    """``host`` or ``host:N`` (an IPv6 address in brackets: ``[::1]:4``, kept without them, as
+    ssh takes it)."""
     name, sep, count = item.rpartition(":")
     if not sep or "]" in count or (":" in name and not name.endswith("]")):
-        return Host(_check_name(item, where, item))
-    return Host(_check_name(name, where, item), _slots(count, where, item))
+        return Host(_check_name(item, where, item).strip("[]"))
+    return Host(_check_name(name, where, item).strip("[]"), _slots(count, where, item))
 
 
 def parse_hosts(text: str, where: str = "--hosts") -> list[Host]:
