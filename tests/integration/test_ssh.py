@@ -5,7 +5,8 @@ host through OpenSSH's client.
 What is checked: the world and the hello lines of four ranks on two hosts; a failure on one host
 ends both with its exit code and names the host; SIGINT and SIGKILL to the local launcher leave
 no worker on either host (by the pids the workers write); an unreachable or unknown host is
-refused in one line before any worker starts; which variables reach the hosts.
+refused in one line before any worker starts; which variables reach the hosts; ``unirank
+doctor --hosts``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -132,3 +134,27 @@ print("ENV " + json.dumps([os.environ["RANK"], {n: os.environ.get(n) for n in na
     expected = {"NCCL_UNIRANK_TEST": "nccl 1", "MY_EXPORTED": "it's here",
                 "MY_API_TOKEN": "s3cret", "UNRELATED_VAR": None}
     assert seen == {str(rank): expected for rank in range(4)}
+
+
+def test_doctor_checks_every_host_then_a_group_across_them(
+        runner: Runner, ssh_testbed: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "unirank", "doctor", "--hosts",
+                             "node1,node2", *ssh_testbed], cwd=runner.cwd, text=True,
+                            capture_output=True, timeout=120, env=runner.environ(),
+                            check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^ssh node1 +OK +python .*torch", result.stdout, re.MULTILINE)
+    assert re.search(r"^ssh node2 +OK", result.stdout, re.MULTILINE)
+    assert re.search(r"^group +OK +2 ranks on 2 node\(s\) \(node1, node2\)", result.stdout,
+                     re.MULTILINE), result.stdout
+
+
+def test_doctor_names_an_unreachable_host_and_starts_nothing(
+        runner: Runner, ssh_testbed: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "unirank", "doctor", "--hosts",
+                             "node1,127.0.1.9", *ssh_testbed], cwd=runner.cwd, text=True,
+                            capture_output=True, timeout=60, env=runner.environ(),
+                            check=False)
+    assert result.returncode == 1
+    assert re.search(r"^ssh 127.0.1.9 +FAIL +ssh cannot reach it", result.stdout, re.MULTILINE)
+    assert "group" not in result.stdout

@@ -24,7 +24,8 @@ from pathlib import Path
 
 from unirank.errors import ConfigError
 
-__all__ = ["SSH_OPTIONS", "add_ssh_arguments", "main_hosts", "relaunch_argv"]
+__all__ = ["SSH_OPTIONS", "add_ssh_arguments", "check_ssh_only", "hosts_of", "main_hosts",
+           "relaunch_argv"]
 
 #: the options that belong to this launcher and never reach a host's unirank run
 SSH_OPTIONS = ("--hosts", "--hostfile", "--include", "--exclude", "--ssh-option",
@@ -61,7 +62,9 @@ def relaunch_argv(added: Sequence[str], raw: Sequence[str],
     return [python, "-m", "unirank", "run", *added, *raw]
 
 
-def _hosts(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+def hosts_of(args: argparse.Namespace) -> list[tuple[str, int | None]]:
+    """The hosts of ``--hosts`` or ``--hostfile`` after ``--include``/``--exclude``: (name,
+    slots) pairs in order."""
     from unirank.supervisor.ssh.hosts import parse_hostfile, parse_hosts, select_hosts
 
     if args.hosts and args.hostfile:
@@ -109,7 +112,7 @@ def main_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     from unirank.supervisor.ssh.remote import carried_environ, ssh_options
 
     check_ssh_only(args)
-    hosts = _hosts(args)
+    hosts = hosts_of(args)
     nproc = _nproc(args, [slots for _, slots in hosts])
     carried = carried_environ(environ, args.export)
     options = ssh_options(args.ssh_option)
