@@ -88,8 +88,9 @@ def check_ssh_only(args: argparse.Namespace) -> None:
         for name, value in (("--include", args.include), ("--exclude", args.exclude),
                             ("--ssh-option", args.ssh_option), ("-x", args.export)):
             if value:
+                shown = value if isinstance(value, str) else " ".join(value)
                 raise ConfigError("only applies with --hosts or --hostfile", variable=name,
-                                  value=str(value), hint="add --hosts node1:N,node2:N")
+                                  value=shown, hint="add --hosts node1:N,node2:N")
         return
     for name, value in (("--nnodes", args.nnodes), ("--node-rank", args.node_rank),
                         ("--standalone", args.standalone or None)):
