@@ -117,12 +117,21 @@ def test_an_unreachable_or_unknown_host_is_refused_before_any_worker_starts(
     assert list(folder.iterdir()) == []  # no worker started
 
 
-def test_the_carried_variables_and_x_names_reach_every_host_and_no_other(
+def test_the_carried_variables_and_x_names_reach_every_host_and_no_other_nor_ps(
         runner: Runner, ssh_testbed: list[str]) -> None:
     script = runner.script("env.py", """
-import json, os
+import glob, json, os
 names = ["NCCL_UNIRANK_TEST", "MY_EXPORTED", "MY_API_TOKEN", "UNRELATED_VAR"]
 print("ENV " + json.dumps([os.environ["RANK"], {n: os.environ.get(n) for n in names}]))
+shown = []  # command lines of this machine's processes (both hosts, the ssh clients) with it
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        with open(path, "rb") as f:
+            if b"s3cret" in f.read():
+                shown.append(path)
+    except OSError:
+        pass
+print("SHOWN " + json.dumps(shown))
 """)
     env = {"NCCL_UNIRANK_TEST": "nccl 1", "MY_EXPORTED": "it's here", "MY_API_TOKEN": "s3cret",
            "UNRELATED_VAR": "stays"}
@@ -134,6 +143,8 @@ print("ENV " + json.dumps([os.environ["RANK"], {n: os.environ.get(n) for n in na
     expected = {"NCCL_UNIRANK_TEST": "nccl 1", "MY_EXPORTED": "it's here",
                 "MY_API_TOKEN": "s3cret", "UNRELATED_VAR": None}
     assert seen == {str(rank): expected for rank in range(4)}
+    assert [line for line in result.stdout.splitlines() if line.startswith("SHOWN ")] == \
+        ["SHOWN []"] * 4  # the -x secret is in no process's command line (it went over stdin)
 
 
 def test_doctor_checks_every_host_then_a_group_across_them(
