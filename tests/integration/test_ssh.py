@@ -169,3 +169,35 @@ def test_doctor_names_an_unreachable_host_and_starts_nothing(
     assert result.returncode == 1
     assert re.search(r"^ssh 127.0.1.9 +FAIL +ssh cannot reach it", result.stdout, re.MULTILINE)
     assert "group" not in result.stdout
+
+
+def test_the_root_cause_is_the_host_that_failed_not_the_one_that_lost_a_peer_first(
+        runner: Runner, ssh_testbed: list[str], tmp_path: Path) -> None:
+    """Rank 3 (node2) exits 3; ranks 0 and 1 (node1) then fail at once as a rank whose peer
+    went away fails (gloo's "Connection closed by peer"), so node1's unirank run ends first,
+    with 1; rank 2 (node2) ignores SIGTERM, so node2's ends only after its grace period. The
+    launcher still names node2, with exit code 3."""
+    script = runner.script("train.py", """
+import os, signal, sys, threading, time
+rank = int(os.environ["RANK"])
+flag = os.path.join(sys.argv[1], "rank3.exited")
+if rank == 3:
+    open(flag, "w").close()
+    sys.exit(3)
+if rank == 2:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Event().wait(60)
+while not os.path.exists(flag):
+    time.sleep(0.05)  # polls rank 3's flag: a condition, with the test's timeout
+raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.1.2]:1234")
+""")
+    folder = tmp_path / "flags"
+    folder.mkdir()
+    result = runner.run([*HOSTS, *ssh_testbed, "--grace-period", "3", str(script),
+                         str(folder)])
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.index("FAILED (exit code 1): rank ") < \
+        result.stderr.index("FAILED (exit code 3): rank 3")  # node1 did end first
+    assert result.stderr.splitlines()[-1] == ("unirank run: host node2 (node rank 1) ended the "
+                                              "job: unirank run failed with exit code 3")
+    assert "UNIRANK-HOST-VERDICT" not in result.stderr

@@ -480,4 +480,11 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
     if summary:
         sys.stderr.write(summary)
         sys.stderr.flush()
+    if args.from_ssh:  # for the launcher's choice of the root cause across hosts
+        from unirank.supervisor.ssh.remote import verdict_line
+
+        failure = result.first_failure
+        sys.stderr.write(verdict_line(failure is not None,
+                                      failure.error if failure is not None else ""))
+        sys.stderr.flush()
     return result.exit_code

@@ -99,3 +99,15 @@ def test_the_remote_side_takes_its_environment_then_ends_when_stdin_closes() -> 
     assert proc.stdout.readline() == json.dumps({"NCCL_X": "1"}) + " True\n"
     proc.stdin.close()
     assert proc.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_the_verdict_line_says_failed_and_lost_peer() -> None:
+    from unirank.supervisor.ssh.remote import parse_verdict, verdict_line
+
+    lost = verdict_line(True, "RuntimeError: [pair.cc:553] Connection closed by peer [x]:1")
+    assert lost.endswith("\n") and lost.count("\n") == 1
+    assert parse_verdict(lost.strip().encode()) == (True, True)
+    assert parse_verdict(verdict_line(True, "SystemExit: 3").strip().encode()) == (True, False)
+    assert parse_verdict(verdict_line(False, "").strip().encode()) == (False, False)
+    assert parse_verdict(b"hello") is None
+    assert parse_verdict(b"UNIRANK-HOST-VERDICT [") is None

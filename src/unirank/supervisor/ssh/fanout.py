@@ -8,9 +8,14 @@
   then stops its workers (:mod:`unirank.supervisor.ssh.stdinwatch`). The same happens when
   this process dies by SIGKILL: the pipes close with it. A second signal, or the grace period
   plus :data:`STOP_SLACK_S` without an end, kills the ssh clients.
-- Failure: the first host whose ``unirank run`` ends non-zero is the root cause; every other
-  host is stopped, its summary printed by the remote side, and a last line names the host.
-  The exit code is that host's (ssh's own failure is 255).
+- Failure: the first host whose ``unirank run`` ends non-zero stops every other host (each
+  prints its own summary). The root cause is the first host where a worker failed on its own
+  account, not by losing a peer: each remote side's last stderr line
+  (:func:`~unirank.supervisor.ssh.remote.verdict_line`, not shown) says so. A host whose
+  workers only lost a peer may end first (it does not wait for the failed host's teardown):
+  it is named only when no host says more; after those, the first host that ended before it
+  was told to stop, then the first that failed. A last line names the host;
+  the exit code is its (ssh's own failure is 255).
 
 Signals reach the loop through a wakeup fd; the handler does nothing. Reads no environment
 variable.
@@ -30,6 +35,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 from unirank.supervisor.output import LineBuffer
+from unirank.supervisor.ssh.remote import VERDICT_MARK, parse_verdict
 from unirank.supervisor.summary import signal_name
 
 __all__ = ["STOP_SLACK_S", "HostRun", "run_hosts"]
@@ -57,6 +63,10 @@ class _Remote:
     buffers: dict[int, tuple[LineBuffer, int]] = field(default_factory=dict)
     code: int | None = None
     tail: list[str] = field(default_factory=list)
+    #: (a worker failed there on its own, its failure only saw a peer go away): its verdict line
+    verdict: tuple[bool, bool] = (False, False)
+    #: it was told to stop (its stdin closed) before it ended
+    stopped: bool = False
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:
@@ -69,7 +79,7 @@ class _FanOut:
         self._grace = grace
         self._selector = selectors.DefaultSelector()
         self._remotes: list[_Remote] = []
-        self._failure: _Remote | None = None
+        self._failures: list[_Remote] = []
         self._signal: int | None = None
         self._kill_at: float | None = None
 
@@ -120,9 +130,10 @@ class _FanOut:
             return
         buffer, target = remote.buffers[fd]
         if data:
-            _write(target, buffer.feed(data, time.monotonic()), remote if target == 2 else None)
+            _write(target, _shown(buffer.feed(data, time.monotonic()), remote),
+                   remote if target == 2 else None)
             return
-        _write(target, buffer.flush_partial(), remote if target == 2 else None)
+        _write(target, _shown(buffer.flush_partial(), remote), remote if target == 2 else None)
         self._selector.unregister(fd)
         del remote.buffers[fd]
         if not remote.buffers:
@@ -140,9 +151,11 @@ class _FanOut:
         except subprocess.TimeoutExpired:
             remote.proc.kill()
             remote.code = remote.proc.wait(timeout=STOP_SLACK_S)
-        if remote.code != 0 and self._failure is None and self._signal is None:
-            self._failure = remote
-            self._stop_all()
+        remote.stopped = remote.proc.stdin is None or remote.proc.stdin.closed
+        if remote.code != 0 and self._signal is None:
+            self._failures.append(remote)
+            if len(self._failures) == 1:
+                self._stop_all()
 
     def _on_wakeup(self, wake_r: int) -> None:
         try:
@@ -172,9 +185,16 @@ class _FanOut:
             if remote.proc.poll() is None:
                 remote.proc.kill()
 
+    def _root_cause(self) -> _Remote | None:
+        """The first host that failed on its own account (see the module's docstring)."""
+        def rank(r: _Remote) -> tuple[bool, bool]:  # lower first
+            return r.verdict != (True, False), r.stopped
+
+        return min(self._failures, key=rank, default=None)
+
     def exit_code(self) -> int:
-        if self._failure is not None:
-            remote = self._failure
+        remote = self._root_cause()
+        if remote is not None:
             code = remote.code if remote.code is not None else 1
             what = ("ssh failed" if code == 255 else "unirank run failed")
             last = f": {remote.tail[-1]}" if code == 255 and remote.tail else ""
@@ -194,6 +214,20 @@ class _FanOut:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 remote.proc.wait(timeout=STOP_SLACK_S)
         self._selector.close()
+
+
+def _shown(data: bytes, remote: _Remote) -> bytes:
+    """``data`` (whole lines) without the remote side's verdict line, noted on ``remote``."""
+    if VERDICT_MARK not in data:
+        return data
+    kept = []
+    for line in data.splitlines(keepends=True):
+        verdict = parse_verdict(line.rstrip(b"\r\n"))
+        if verdict is None:
+            kept.append(line)
+        else:
+            remote.verdict = verdict
+    return b"".join(kept)
 
 
 def _write(fd: int, data: bytes, remote: _Remote | None) -> None:

@@ -17,19 +17,23 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
 from unirank.contract import INIT_TIMEOUT_VAR, NO_PRELOAD_VAR, STOP_SIGNALS_VAR
+from unirank.errorfile import LOST_PEER
 from unirank.errors import ConfigError
 
 __all__ = [
     "CARRIED_NAMES",
     "CARRIED_PREFIXES",
     "DEFAULT_CONNECT_TIMEOUT",
+    "VERDICT_MARK",
     "carried_environ",
     "decode_environ",
     "encode_environ",
+    "parse_verdict",
     "remote_line",
     "ssh_command",
     "ssh_options",
     "strip_options",
+    "verdict_line",
 ]
 
 #: seconds ssh waits for a host to answer (``-o ConnectTimeout``); an ``--ssh-option`` wins
@@ -40,6 +44,30 @@ CARRIED_NAMES = ("PYTHONPATH", "OMP_NUM_THREADS", INIT_TIMEOUT_VAR, NO_PRELOAD_V
                  STOP_SIGNALS_VAR)
 #: the one variable set on the remote command line rather than sent over stdin
 _ON_COMMAND_LINE = "PYTHONPATH"
+#: the start of the last stderr line of a remote ``unirank run --from-ssh``, read (and not
+#: shown) by the launcher: did a worker fail there, and did it only see a peer go away
+VERDICT_MARK = b"UNIRANK-HOST-VERDICT "
+
+
+def verdict_line(failed: bool, error: str) -> str:
+    """The remote side's last line: whether a worker failed on its own there (``failed``: the
+    run's root cause, not a worker its teardown stopped), and whether that root cause's
+    recorded ``error`` says a peer went away (:data:`unirank.errorfile.LOST_PEER`)."""
+    lost = failed and LOST_PEER.search(error) is not None
+    return VERDICT_MARK.decode() + json.dumps({"failed": failed, "lost_peer": lost}) + "\n"
+
+
+def parse_verdict(line: bytes) -> tuple[bool, bool] | None:
+    """``(failed, lost_peer)`` of :func:`verdict_line`'s line; None when ``line`` is not one."""
+    if not line.startswith(VERDICT_MARK):
+        return None
+    try:
+        value = json.loads(line[len(VERDICT_MARK):].decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(value, dict):
+        return None
+    return bool(value.get("failed")), bool(value.get("lost_peer"))
 
 
 def carried_environ(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
