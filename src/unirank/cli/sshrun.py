@@ -48,9 +48,9 @@ def add_ssh_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ssh-option", "--ssh_option", dest="ssh_option", action="append",
                        default=[], metavar="OPT",
                        help="an ssh option: Port=2222 (as -o) or '-F ./ssh_config'; repeatable")
-    group.add_argument("-x", dest="export", action="append", default=[], metavar="NAME",
-                       help="also carry this variable to every host (as mpirun's -x); "
-                       "repeatable")
+    group.add_argument("-x", dest="export", action="append", default=[], metavar="NAME[=V]",
+                       help="also carry this variable (NAME, or NAME=VALUE) to every host (as "
+                       "mpirun's -x); repeatable")
     group.add_argument("--from-ssh", dest="from_ssh", action="store_true",
                        help=argparse.SUPPRESS)
 

@@ -37,6 +37,10 @@ def test_carried_variables_are_the_prefixes_the_names_and_the_x_ones() -> None:
         "UNIRANK_INIT_TIMEOUT": "60", "MY_TOKEN": "s3cret"}
 
 
+def test_an_x_name_may_give_its_value_as_mpiruns() -> None:
+    assert carried_environ({}, ["A=1", "B=x=y", "C="]) == {"A": "1", "B": "x=y", "C": ""}
+
+
 def test_an_x_name_that_is_not_set_is_refused() -> None:
     with pytest.raises(ConfigError, match="-x='NOPE': names a variable that is not set here"):
         carried_environ(ENVIRON, ["NOPE"])

@@ -72,10 +72,15 @@ def parse_verdict(line: bytes) -> tuple[bool, bool] | None:
 
 def carried_environ(environ: Mapping[str, str], extra: Iterable[str] = ()) -> dict[str, str]:
     """The variables every host gets: :data:`CARRIED_PREFIXES`, :data:`CARRIED_NAMES` and the
-    ``-x`` names (a ``-x`` name that is not set here is a ConfigError, as mpirun's)."""
+    ``-x`` ones, as mpirun's: ``NAME`` (its value here; not set here is a ConfigError) or
+    ``NAME=VALUE``."""
     carried = {name: value for name, value in environ.items()
                if name.startswith(CARRIED_PREFIXES) or name in CARRIED_NAMES}
     for name in extra:
+        key, sep, value = name.partition("=")
+        if sep and key:
+            carried[key] = value
+            continue
         if name not in environ:
             raise ConfigError("names a variable that is not set here", variable="-x",
                               value=name, hint=f"export {name} before unirank run, or drop -x")
