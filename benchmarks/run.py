@@ -18,6 +18,9 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            done), `unirank run -n 2` / `torchrun --standalone -n 2`      (no target: figures)
   ddp8     the same with 8 workers                                                      <= 0.30
            (both also show, no target: `unirank run --no-preload` / the same torchrun)
+  ssh      start-up over ssh on the testbed's two hosts: `unirank run --hosts node1:2,node2:2
+           hello` / one `ssh HOST torchrun --nnodes 2 --node_rank I` per host in parallel
+           (DeepSpeed's way); benchmarks/_ssh.py                           (no target: figures)
   train    samples/s of examples/train.py's loop with ur.auto_* / the same written by hand
            (DDP + DistributedSampler), 2 local ranks, interleaved runs                  >= 0.98
            (init latency = last rank leaving init_process_group - last rank entering it, i.e.
@@ -39,6 +42,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import _pss
+from _ssh import bench_ssh
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -275,6 +279,7 @@ BENCHES: dict[str, Callable[[int], bool]] = {
     "train": bench_train,
     "ddp": bench_ddp,
     "ddp8": bench_ddp8,
+    "ssh": bench_ssh,
 }
 
 

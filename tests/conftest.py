@@ -5,6 +5,8 @@
 - ``slurm_testbed`` (session): the real two-node Slurm cluster of ``scripts/testbed``, with helpers
   to run ``srun``/``salloc`` and ``sbatch`` jobs that always have a timeout and never stay queued.
 - ``mpirun`` (session): the command prefix for Open MPI's ``mpirun``.
+- ``ssh_testbed`` (session): ``unirank run --hosts``'s ssh options for the testbed's two nodes
+  (one sshd each, started by ``scripts/testbed``).
 
 Rule (DEVELOPERS.md): with ``CI=true`` a testbed or mpirun that cannot be had is a test failure;
 elsewhere (no root, no apt) the tests skip with a one-line reason (``unavailable`` and ``in_ci``
@@ -400,6 +402,28 @@ def slurm_testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmTes
     if left:
         _cancel(left)
         raise AssertionError(f"tests left Slurm jobs in the queue (now cancelled): {left}")
+
+
+#: the testbed's ssh client configuration (scripts/testbed: root's key, known_hosts)
+TESTBED_SSH_CONFIG = Path("/etc/unirank-testbed/ssh/config")
+
+
+@pytest.fixture(scope="session")
+def ssh_testbed(slurm_testbed: SlurmTestbed) -> list[str]:
+    """``unirank run``'s options for reaching the testbed's node1 (127.0.1.1) and node2
+    (127.0.1.2) over real ssh: ``--ssh-option '-F <the testbed's ssh config>'``. The sshds are
+    started by ``scripts/testbed start`` with the rest of the testbed."""
+    for node in ("node1", "node2"):
+        try:
+            done = subprocess.run(["ssh", "-F", str(TESTBED_SSH_CONFIG), "-o", "ConnectTimeout=5",
+                                   node, "true"], stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            unavailable(f"ssh to the testbed's {node} failed: {exc}")
+        if done.returncode != 0:
+            unavailable(f"ssh to the testbed's {node} failed (scripts/testbed start sets up its "
+                        f"sshd): {done.stderr.strip()}")
+    return ["--ssh-option", f"-F {TESTBED_SSH_CONFIG}"]
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,10 @@ interfaces, name look-ups, versions, and a real gloo group joined within a short
 
 Runs anywhere: a login node, an allocation, every rank (``srun unirank doctor``, ``mpirun unirank
 doctor``), or spawning ``-n N`` local ranks through the same engine as ``unirank hello -n``.
-Rank 0 prints one table (every rank's failures named by rank and node), or ``--json``. Exit code
-0 when nothing failed, 1 otherwise. No torch at import; the local checks never import it.
+With ``--hosts``/``--hostfile`` it checks the hosts over ssh, then one rank on each
+(:mod:`unirank.cli.doctorhosts`). Rank 0 prints one table (every rank's failures named by
+rank and node), or ``--json``. Exit code 0 when nothing failed, 1 otherwise. No torch at
+import; the local checks never import it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                         help=f"seconds the group check waits for every rank (default: "
                         f"{DEFAULT_TIMEOUT:g})")
+    from unirank.cli.doctorhosts import add_host_arguments
+
+    add_host_arguments(parser)
 
 
 def _header(facts: Facts, timeout: float, ranks: int) -> list[str]:
@@ -204,6 +209,10 @@ def main(args: argparse.Namespace) -> int:
     :func:`unirank.init`."""
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise ConfigError("must be at least 1", variable="-n", value=str(args.nproc_per_node))
+    if args.hosts or args.hostfile:
+        from unirank.cli.doctorhosts import main_hosts
+
+        return main_hosts(args, os.environ)
     if args.nproc_per_node:
         return run_spawned(args)
     facts = gather(os.environ, backend=args.backend, spawn=None)

@@ -7,8 +7,12 @@ through srun. The parent process never imports torch.
 
 Every option of torchrun 2.13 is accepted (see README's torchrun compatibility table).
 
+With ``--hosts``/``--hostfile`` it starts one ``unirank run`` per host over ssh instead
+(:mod:`unirank.cli.sshrun`); ``--from-ssh`` is that remote side.
+
 Reads: UNIRANK_INIT_TIMEOUT, UNIRANK_NO_SRUN, MASTER_ADDR, MASTER_PORT, CUDA_VISIBLE_DEVICES and
-whatever the outer launcher's detection reads (see :mod:`unirank.launchers`).
+whatever the outer launcher's detection reads (see :mod:`unirank.launchers`); with --hosts,
+the variables it carries (:mod:`unirank.cli.sshrun`).
 """
 
 from __future__ import annotations
@@ -123,6 +127,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the script (or module, or program) to run")
     parser.add_argument("program_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script")
+    from unirank.cli.sshrun import add_ssh_arguments
+
+    add_ssh_arguments(parser)
+    # the option strings that take a value: what unirank run --hosts strips from its own line
+    parser.set_defaults(value_options=tuple(
+        name for action in parser._actions if action.option_strings and action.nargs != 0
+        for name in action.option_strings))
 
 
 #: torchrun options accepted with a one-line note: what they do has no meaning here
@@ -341,11 +352,13 @@ def target_of(args: argparse.Namespace) -> list[str]:
 def inner_command(args: argparse.Namespace, nproc: int, nnodes: int) -> list[str]:
     """This ``unirank run`` as a command line for each node of an srun step: the node count and
     the number of workers where the user gave none, then the user's own options, each once."""
+    from unirank.cli.sshrun import relaunch_argv
+
     raw = list(getattr(args, "raw_argv", None) or [])
     added = [] if args.nnodes is not None else ["--nnodes", str(nnodes)]
     if args.nproc_per_node is None:
         added += ["--nproc-per-node", str(nproc)]
-    return [sys.executable, "-m", "unirank", "run", *added, *raw]
+    return relaunch_argv(added, raw)
 
 
 def _nproc_in_allocation(args: argparse.Namespace, request: LaunchRequest,
@@ -422,14 +435,26 @@ def main(args: argparse.Namespace) -> int:
             "no script or module to run",
             hint="unirank run [options] script.py [args...]  or  unirank run [options] -m module",
         )
+    from unirank.cli.sshrun import check_ssh_only
     from unirank.cli.target import check_target
 
+    check_ssh_only(args)
+    environ = dict(os.environ)
+    if args.from_ssh:  # a host of unirank run --hosts: its environment, then the watch
+        from unirank.supervisor.ssh.stdinwatch import take_environ, watch_stdin
+
+        received, stream = take_environ()
+        environ.update(received)
+        watch_stdin(stream)
     problem = check_target(args.program, module=args.module, no_python=args.no_python,
-                           cwd=os.getcwd(), environ=os.environ)
+                           cwd=os.getcwd(), environ=environ)
     if problem is not None:  # as python says it, before any worker starts
         print(f"unirank run: {problem.message}", file=sys.stderr, flush=True)
         return problem.exit_code
-    environ = dict(os.environ)
+    if args.hosts or args.hostfile:
+        from unirank.cli.sshrun import main_hosts
+
+        return main_hosts(args, environ)
     target = target_of(args)
     from unirank.supervisor.fork.client import start_server
 
@@ -469,5 +494,12 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
     summary = format_summary(result)
     if summary:
         sys.stderr.write(summary)
+        sys.stderr.flush()
+    if args.from_ssh:  # for the launcher's choice of the root cause across hosts
+        from unirank.supervisor.ssh.remote import verdict_line
+
+        failure = result.first_failure
+        sys.stderr.write(verdict_line(failure is not None,
+                                      failure.error if failure is not None else ""))
         sys.stderr.flush()
     return result.exit_code

@@ -1,0 +1,50 @@
+"""``unirank run``'s host-list options refused in one line before anything starts (no ssh
+needed: every case here is refused before the pre-flight), and the arguments each host's
+``unirank run`` gets."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from unirank.cli.main import build_parser
+from unirank.cli.sshrun import SSH_OPTIONS, _user_arguments
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = str(REPO / "examples" / "quickstart.py")
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--hosts", "a:2", "--nnodes", "2"], "--nnodes='2': is set by the host list"),
+    (["--hosts", "a:2", "--standalone"], "--standalone='True': is set by the host list"),
+    (["--include", "a"], "--include='a': only applies with --hosts or --hostfile"),
+    (["-x", "HOME"], "-x='HOME': only applies with --hosts or --hostfile"),
+    (["--hosts", "a:2,b:4"], "gives the hosts different slot counts"),
+    (["--hosts", "a:2", "--hostfile", "f"], "--hosts='a:2': cannot be combined with --hostfile"),
+    (["--hostfile", "/no/such/file"], "--hostfile='/no/such/file': cannot be read"),
+    (["--hosts", "a:2,b:2", "--exclude", "a@b"], "--exclude='a@b': leaves no host"),
+    (["--hosts", "a:2", "-x", "UNIRANK_TEST_SURELY_UNSET"], "names a variable that is not set"),
+])
+def test_host_options_are_refused_in_one_line(args: list[str], says: str, tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "unirank", "run", *args, QUICKSTART],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("unirank run: error: ")
+    assert says in lines[0]
+
+
+def test_each_host_gets_the_users_options_without_the_host_list_ones() -> None:
+    argv = ["run", "--hosts", "a:2,b:2", "--tag-output", "--ssh-option", "-F cfg", "-x", "FOO",
+            "--include=a@b", "--max-restarts", "1", "train.py", "-x", "--hosts"]
+    parser = build_parser("run")
+    args, _ = parser.parse_known_args(argv)
+    args.raw_argv = argv[1:]
+    assert _user_arguments(args) == ["--tag-output", "--max-restarts", "1", "train.py", "-x",
+                                     "--hosts"]
+    assert set(SSH_OPTIONS) <= set(args.value_options)
