@@ -20,7 +20,10 @@ import signal
 
 from unirank.errors import ConfigError
 
-__all__ = ["REFUSED", "parse_signal", "parse_signals"]
+__all__ = ["REFUSED", "STOP_SIGNALS", "parse_signal", "parse_signals"]
+
+#: the signals that stop a launcher's workers (after they are forwarded), with a grace period
+STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
 
 #: the signals no use takes, and why
 REFUSED: dict[int, str] = {

@@ -59,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Union
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.deathcause import (
     FAULT_SIGNALS,
     MemoryCgroup,
@@ -88,7 +89,6 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_SIGNALS", "Supervisor", "WorkerLaunch", "worker_command"]
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 #: the selector's mark for the fork server's socket
 _SERVER = object()
 #: how long to wait for workers to vanish after SIGKILL before giving up on them
@@ -395,7 +395,7 @@ class Supervisor:
         except BlockingIOError:
             return
         for signum in data:
-            if signum in _STOP_SIGNALS and signum in self._signals:
+            if signum in STOP_SIGNALS and signum in self._signals:
                 self._on_stop_signal(signum)
             elif signum in self._signals:
                 for worker in self._alive():

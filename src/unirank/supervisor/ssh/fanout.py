@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.output import LineBuffer
 from unirank.supervisor.ssh.remote import VERDICT_MARK, parse_verdict
 from unirank.supervisor.summary import signal_name
@@ -42,7 +43,9 @@ __all__ = ["STOP_SLACK_S", "HostRun", "run_hosts"]
 
 #: seconds after the grace period that stopped hosts get before their ssh clients are killed
 STOP_SLACK_S = 10.0
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: the engine's stop signals, and the terminal's hang-up: the ssh clients run in their own
+#: session, so nothing else would stop them
+_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
