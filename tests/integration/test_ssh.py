@@ -147,12 +147,16 @@ print("SHOWN " + json.dumps(shown))
         ["SHOWN []"] * 4  # the -x secret is in no process's command line (it went over stdin)
 
 
+def _doctor(runner: Runner, hosts: str, ssh_options: list[str]) -> subprocess.CompletedProcess[str]:
+    """``unirank doctor --hosts HOSTS`` with the testbed's ssh options."""
+    return subprocess.run([sys.executable, "-m", "unirank", "doctor", "--hosts", hosts,
+                           *ssh_options], cwd=runner.cwd, text=True, capture_output=True,
+                          timeout=120, env=runner.environ(), check=False)
+
+
 def test_doctor_checks_every_host_then_a_group_across_them(
         runner: Runner, ssh_testbed: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "unirank", "doctor", "--hosts",
-                             "node1,node2", *ssh_testbed], cwd=runner.cwd, text=True,
-                            capture_output=True, timeout=120, env=runner.environ(),
-                            check=False)
+    result = _doctor(runner, "node1,node2", ssh_testbed)
     assert result.returncode == 0, result.stdout + result.stderr
     assert re.search(r"^ssh node1 +OK +python .*torch", result.stdout, re.MULTILINE)
     assert re.search(r"^ssh node2 +OK", result.stdout, re.MULTILINE)
@@ -162,10 +166,7 @@ def test_doctor_checks_every_host_then_a_group_across_them(
 
 def test_doctor_names_an_unreachable_host_and_starts_nothing(
         runner: Runner, ssh_testbed: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "unirank", "doctor", "--hosts",
-                             "node1,127.0.1.9", *ssh_testbed], cwd=runner.cwd, text=True,
-                            capture_output=True, timeout=60, env=runner.environ(),
-                            check=False)
+    result = _doctor(runner, "node1,127.0.1.9", ssh_testbed)
     assert result.returncode == 1
     assert re.search(r"^ssh 127.0.1.9 +FAIL +ssh cannot reach it", result.stdout, re.MULTILINE)
     assert "group" not in result.stdout
