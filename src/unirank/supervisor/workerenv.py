@@ -30,6 +30,7 @@ from unirank.contract import (
     TIMELINE_FILE_VAR,
     TIMELINE_VAR,
     USE_AGENT_STORE_VAR,
+    HangSettings,
     format_seconds,
 )
 from unirank.gpus import VISIBLE_DEVICES_VAR, own_gpu
@@ -63,6 +64,9 @@ class WorkerWiring:
     timeline_file: str | None = None
     #: where the worker's faulthandler writes a fatal signal's stack (UNIRANK_FAULT_FILE)
     fault_file: str | None = None
+    #: the hang detector's settings (UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
+    #: UNIRANK_HANG_INTERVAL); None: what ``base`` says
+    hang: HangSettings | None = None
 
 
 def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
@@ -120,7 +124,9 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     store client), TORCHELASTIC_ERROR_FILE (one per worker and attempt),
     TORCH_NCCL_ASYNC_ERROR_HANDLING (kept, else 1) and OMP_NUM_THREADS=1 when unset and more
     than one worker shares the node; with ``virtual_local_rank``, LOCAL_RANK=0 and
-    CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT,
+    CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT, the hang
+    detector's UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_INTERVAL and UNIRANK_HANG_TIMEOUT
+    (where the wiring gives its settings),
     PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, and for the bootstrap only the private
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES (the nodes as a compressed host list),
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
@@ -137,5 +143,7 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     if wiring.unbuffered and "PYTHONUNBUFFERED" not in base:
         env["PYTHONUNBUFFERED"] = "1"
     env[INIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
+    if wiring.hang is not None:
+        env.update(wiring.hang.environ())
     env.update(_private_environ(plan, wiring))
     return env

@@ -11,7 +11,8 @@ fork server) armed the parent-death signal:
    hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
    :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
    run), watch each start of the run's group (:mod:`.groupstart`), apply the variables the
-   program sets before it imports torch (:mod:`.lateenv`), and run the target;
+   program sets before it imports torch (:mod:`.lateenv`), start the hang detector's thread
+   (:mod:`unirank.hang.watcher`, with torch's flight recorder turned on), and run the target;
 4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
    the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
    other workers are done and gather the timeline.
@@ -22,8 +23,9 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-from unirank.contract import PRIVATE_VARIABLES
+from unirank.contract import PRIVATE_VARIABLES, resolve_hang
 from unirank.errorfile import exit_status
+from unirank.errors import ConfigError
 from unirank.store import hand_over
 from unirank.supervisor.worker import groupstart, lateenv
 from unirank.supervisor.worker import store as workerstore
@@ -71,6 +73,26 @@ def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
             gather(store, info.world_size, info.timeline_file)
 
 
+def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
+    """Start this rank's hang watcher (None when the detector is off), on a store connection
+    of its own."""
+    try:
+        settings = resolve_hang(None, None, environ)
+    except ConfigError as exc:
+        raise SystemExit(f"unirank bootstrap: {exc}") from None
+    if settings.report_after is None:
+        return None
+    from unirank.hang.watcher import Watcher, enable_recorder
+
+    enable_recorder(environ)
+
+    def connect() -> Any:
+        return workerstore.connect(info)
+
+    return Watcher(rank=info.rank, world_size=info.world_size, node=info.node_name,
+                   settings=settings, connect=connect, environ=environ).start()
+
+
 def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMapping[str, str],
                preloaded: tuple[float, float] | None = None) -> None:
     """Rendezvous, then run the target ``argv`` (see the module docstring); ``entered_at`` is
@@ -103,6 +125,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
         recorder.install_hooks()
         recorder.mark("script")
     lateenv.watch(environ, report=info.rank == 0)
+    watcher = _watch_hangs(info, environ)
     ok = False
     try:
         run_target(argv)
@@ -112,5 +135,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
         raise
     finally:
         uninstall()
+        if watcher is not None:
+            watcher.stop()
         _finish(store, info, recorder, ok=ok)
         del store  # a server lives exactly as long as the program and its linger
