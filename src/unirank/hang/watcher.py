@@ -24,6 +24,7 @@ before the program starts its group).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -49,8 +50,19 @@ from unirank.hang.progress import (
 )
 from unirank.hang.render import render_report, wavefront_line
 
-__all__ = ["ASK_KEY", "PROGRESS_PREFIX", "RECORDER_ENTRIES", "RECORDER_VAR", "STACKS_PREFIX",
-           "THREAD_NAME", "HangTimeoutError", "Watcher", "enable_recorder", "progress_key"]
+__all__ = [
+    "ASK_KEY",
+    "PROGRESS_PREFIX",
+    "RECORDER_ENTRIES",
+    "RECORDER_VAR",
+    "STACKS_PREFIX",
+    "THREAD_NAME",
+    "HangTimeoutError",
+    "Watcher",
+    "enable_recorder",
+    "progress_key",
+    "running",
+]
 
 THREAD_NAME = "unirank-hang-watch"
 PROGRESS_PREFIX = "unirank/hang/progress/"
@@ -63,6 +75,15 @@ RECORDER_ENTRIES = 256
 
 class HangTimeoutError(RuntimeError):
     """The job hung longer than ``--hang-timeout`` (rank 0's recorded failure)."""
+
+
+_RUNNING: list[Watcher] = []
+
+
+def running() -> Watcher | None:
+    """This process's watcher, if one was started (a worker's bootstrap starts it; then
+    :func:`unirank.init` does not start another)."""
+    return _RUNNING[-1] if _RUNNING else None
 
 
 def progress_key(rank: int) -> str:
@@ -134,7 +155,12 @@ class Watcher:
         self.detector: _Detector | None = None
 
     def start(self) -> Watcher:
+        """Start the thread (once per process: see :func:`running`)."""
+        _RUNNING.append(self)
         self._thread.start()
+        # before the interpreter's teardown: a daemon thread inside a store call at that
+        # moment aborts the process ("terminate called without an active exception")
+        atexit.register(self.stop)
         return self
 
     def stop(self, *, finished: bool = True, timeout: float = 2.0) -> None:
@@ -142,6 +168,8 @@ class Watcher:
         at most ``timeout`` seconds."""
         self._finished = finished
         self._stop.set()
+        if self in _RUNNING:
+            _RUNNING.remove(self)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
