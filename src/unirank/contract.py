@@ -130,9 +130,12 @@ TIMELINE_VAR = "UNIRANK_TIMELINE"
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
 #: where the worker's faulthandler writes the Python stack of a fatal signal (SIGSEGV, ...)
 FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
+#: the hang detector's settings are user-facing (``unirank run`` and :func:`unirank.init` read
+#: them), but in a worker that ``unirank run`` starts its bootstrap reads them and removes them
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER_NODE_VAR,
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
-                     TIMELINE_FILE_VAR, FAULT_FILE_VAR)
+                     TIMELINE_FILE_VAR, FAULT_FILE_VAR, HANG_REPORT_AFTER_VAR,
+                     HANG_TIMEOUT_VAR, HANG_INTERVAL_VAR)
 
 
 def format_seconds(value: float) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import linecache
 import os
 import sys
+import sysconfig
 from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
@@ -104,8 +105,6 @@ def _is_library(path: str, skip: Sequence[str]) -> bool:
 
 def library_prefixes() -> tuple[str, ...]:
     """Folders whose frames are never the user's: the standard library, torch, unirank."""
-    import sysconfig
-
     prefixes = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
     torch = sys.modules.get("torch")

@@ -98,18 +98,18 @@ def enable_recorder(environ: MutableMapping[str, str]) -> None:
 
 
 def _read_recorder() -> dict[str, Any] | None:
-    """The flight recorder's dump; {} before any group; None where torch cannot give it."""
+    """The flight recorder's dump; {} before torch is loaded; None where torch cannot give it.
+
+    Imports nothing: the program's first ``import torch`` is its own (see
+    :mod:`unirank.supervisor.worker.lateenv`), and torch's C module is loaded with it."""
     if "torch.distributed" not in sys.modules:
         return {}
-    try:
-        from torch._C._distributed_c10d import (  # type: ignore[attr-defined]
-            _dump_fr_trace_json,
-        )
-    except ImportError:
+    dump = getattr(sys.modules.get("torch._C._distributed_c10d"), "_dump_fr_trace_json", None)
+    if dump is None:
         return None
     try:
-        return dict(json.loads(_dump_fr_trace_json(True, True)))
-    except Exception:
+        return dict(json.loads(dump(True, True)))
+    except Exception:  # private API: any failure is "no information"
         return None
 
 
@@ -153,9 +153,16 @@ class Watcher:
         self._torch_seen = False
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self.detector: _Detector | None = None
+        self._store: Any = None
 
     def start(self) -> Watcher:
-        """Start the thread (once per process: see :func:`running`)."""
+        """Connect to the store (here: the connection imports what it needs before the
+        program runs), then start the thread (once per process: see :func:`running`). Without
+        a store there is no detector, and the program goes on."""
+        try:
+            self._store = self._connect()
+        except Exception:
+            return self
         _RUNNING.append(self)
         self._thread.start()
         # before the interpreter's teardown: a daemon thread inside a store call at that
@@ -175,10 +182,7 @@ class Watcher:
 
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        try:
-            store = self._connect()
-        except BaseException:
-            return
+        store = self._store
         if self.rank == 0:
             self.detector = _Detector(self, store)
         failures = 0

@@ -32,6 +32,7 @@ from unirank.contract import (
     USE_AGENT_STORE_VAR,
     HangSettings,
     format_seconds,
+    resolve_hang,
 )
 from unirank.gpus import VISIBLE_DEVICES_VAR, own_gpu
 from unirank.hostlist import compress, compress_tasks_per_node
@@ -65,7 +66,7 @@ class WorkerWiring:
     #: where the worker's faulthandler writes a fatal signal's stack (UNIRANK_FAULT_FILE)
     fault_file: str | None = None
     #: the hang detector's settings (UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
-    #: UNIRANK_HANG_INTERVAL); None: what ``base`` says
+    #: UNIRANK_HANG_INTERVAL); None: what ``base`` says (:func:`unirank.contract.resolve_hang`)
     hang: HangSettings | None = None
 
 
@@ -114,7 +115,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     """The whole environment of ``worker``: ``base`` (less any private variable of an outer
     run) plus torchrun's contract, unirank's settings and the engine's wiring.
 
-    Reads (from ``base``): OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, PYTHONUNBUFFERED,
+    Reads (from ``base``): UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
+    UNIRANK_HANG_INTERVAL, OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, PYTHONUNBUFFERED,
     CUDA_VISIBLE_DEVICES.
 
     Like torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
@@ -125,8 +127,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     TORCH_NCCL_ASYNC_ERROR_HANDLING (kept, else 1) and OMP_NUM_THREADS=1 when unset and more
     than one worker shares the node; with ``virtual_local_rank``, LOCAL_RANK=0 and
     CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT, the hang
-    detector's UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_INTERVAL and UNIRANK_HANG_TIMEOUT
-    (where the wiring gives its settings),
+    detector's UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_INTERVAL and UNIRANK_HANG_TIMEOUT (the
+    wiring's settings, else those ``base`` gives; read and removed by the bootstrap),
     PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, and for the bootstrap only the private
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES (the nodes as a compressed host list),
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
@@ -143,7 +145,6 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     if wiring.unbuffered and "PYTHONUNBUFFERED" not in base:
         env["PYTHONUNBUFFERED"] = "1"
     env[INIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
-    if wiring.hang is not None:
-        env.update(wiring.hang.environ())
+    env.update((wiring.hang or resolve_hang(None, None, base)).environ())
     env.update(_private_environ(plan, wiring))
     return env

@@ -23,9 +23,8 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-from unirank.contract import PRIVATE_VARIABLES, resolve_hang
+from unirank.contract import PRIVATE_VARIABLES
 from unirank.errorfile import exit_status
-from unirank.errors import ConfigError
 from unirank.store import hand_over
 from unirank.supervisor.worker import groupstart, lateenv
 from unirank.supervisor.worker import store as workerstore
@@ -76,10 +75,7 @@ def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
 def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
     """Start this rank's hang watcher (None when the detector is off), on a store connection
     of its own."""
-    try:
-        settings = resolve_hang(None, None, environ)
-    except ConfigError as exc:
-        raise SystemExit(f"unirank bootstrap: {exc}") from None
+    settings = info.hang
     if settings.report_after is None:
         return None
     from unirank.hang.watcher import Watcher, enable_recorder
@@ -124,8 +120,8 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
         recorder.mark("joined")
         recorder.install_hooks()
         recorder.mark("script")
+    watcher = _watch_hangs(info, environ)  # imports nothing after lateenv's watch starts
     lateenv.watch(environ, report=info.rank == 0)
-    watcher = _watch_hangs(info, environ)
     ok = False
     try:
         run_target(argv)
