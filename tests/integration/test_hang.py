@@ -250,3 +250,27 @@ def test_under_torchrun_ur_init_starts_the_watcher(runner: Runner, tmp_path: Pat
                      rf"\(urinit.py:{line_of(UR_INIT, 'a FIFO')}\)$", err, re.M), err
     assert proc.returncode == 0, err
     assert sorted(out.decode().split("\n")[:-1]) == ["ok 0", "ok 1"]
+
+
+def test_two_nodes_report_through_the_store_and_the_hang_timeout_ends_both(
+        runner: Runner) -> None:
+    """Two ``unirank run --nnodes 2`` (node names nodeA, nodeB), rank 3 on nodeB blocked:
+    rank 0 on nodeA reports it with its node, and ``--hang-timeout`` ends both nodes' runs
+    (nodeB's ranks end themselves: no collective error would reach them)."""
+    runner.script("blocked4.py", BLOCKED.replace("get_rank() == 2", "get_rank() == 3"))
+    port = str(free_port())
+    common = ["--nnodes", "2", "--master-addr", "127.0.0.1", "--master-port", port, "-n", "2",
+              *FAST, "--hang-timeout", "3", "blocked4.py"]
+    procs = [runner.start(["--node-rank", str(node), *common],
+                          env={"UNIRANK_NODE_NAME": name})
+             for node, name in enumerate(("nodeA", "nodeB"))]
+    (_, err_a), (_, err_b) = (p.communicate(timeout=120) for p in procs)
+    a, b = err_a.decode(), err_b.decode()
+    assert re.search(rf"^  ranks 0-2 \(nodeA, nodeB\) wait in all_reduce #2 \(float64\[8\], "
+                     rf"blocked4.py:{line_of(BLOCKED, 'never enters')}\) since \d+ s; rank 3 "
+                     rf"\(nodeB\) has not entered it: its main thread is in load_next_batch",
+                     a, re.M), a
+    assert [p.returncode for p in procs] == [86, 86], a + b
+    assert "FAILED (exit code 86): rank 0 (local rank 0) on node nodeA" in a, a
+    assert re.search(r"^  error: HangTimeoutError: rank 0 ended the job: no progress for 3 s",
+                     b, re.M), b

@@ -73,6 +73,19 @@ RECORDER_VAR = "TORCH_FR_BUFFER_SIZE"
 RECORDER_ENTRIES = 256
 
 
+#: added to the stack request counter by rank 0 when it ends the job (``--hang-timeout``): each
+#: rank's thread then counts itself in ENDED_KEY and stops using the store, which ends with
+#: rank 0's process
+ENDING = 1 << 40
+ENDED_KEY = "unirank/hang/ended"
+#: why rank 0 ends the job (the hang's wavefront), for the other ranks' records
+REASON_KEY = "unirank/hang/reason"
+
+
+class _JobEnding(Exception):
+    """Rank 0 ends the job: this rank's thread stops."""
+
+
 class HangTimeoutError(RuntimeError):
     """The job hung longer than ``--hang-timeout`` (rank 0's recorded failure)."""
 
@@ -185,13 +198,13 @@ class Watcher:
         store = self._store
         if self.rank == 0:
             self.detector = _Detector(self, store)
-        failures = 0
-        while failures < 3:
+        while True:
             try:
                 self._tick(store)
-                failures = 0
+            except _JobEnding as ending:
+                self._end(str(ending))  # rank 0 ends the job (--hang-timeout): so does this rank
             except Exception:
-                failures += 1
+                return  # the store went away (the job is ending): no more records
             if self._stop.wait(self.settings.interval):
                 break
         with contextlib.suppress(Exception):
@@ -242,15 +255,40 @@ class Watcher:
 
     def _answer(self, store: Any) -> None:
         number = int(store.add(ASK_KEY, 0))
+        if number >= ENDING:
+            reason = bytes(store.get(REASON_KEY)).decode(errors="replace")
+            store.add(ENDED_KEY, 1)
+            raise _JobEnding(f"rank 0 ended the job: {reason}")
         if number > self._answered:
             self.answer(store, number)
 
-    def exit_for_timeout(self, message: str) -> None:
-        """Record the hang as this rank's failure and end the process (``--hang-timeout``)."""
+    def exit_for_timeout(self, store: Any, message: str) -> None:
+        """Record the hang as this rank's failure, have every other rank end (each on its
+        next interval: its thread stops using the store, records why and exits, so that ranks
+        under other supervisors end too), and end this process (``--hang-timeout``) once they
+        have, at most two intervals and a second later (a frozen rank does not answer)."""
+        self._record(message)
+        with contextlib.suppress(Exception):
+            store.set(REASON_KEY, message)
+            store.add(ASK_KEY, ENDING)
+            deadline = time.monotonic() + 2 * self.settings.interval + 1
+            while (int(store.add(ENDED_KEY, 0)) < self.world_size - 1
+                   and time.monotonic() < deadline):
+                self._stop.wait(0.05)
+        os._exit(HANG_EXIT_CODE)
+
+    def _record(self, message: str) -> None:
         from unirank.errorfile import record_exception
 
         if self._error_file:
-            record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self._error_file})
+            record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self._error_file},
+                             exit_code=HANG_EXIT_CODE)
+
+    def _end(self, message: str) -> None:
+        """Another rank's part of :meth:`exit_for_timeout`: record why, give rank 0 (the
+        root cause) the time to end first, then end (ranks under another supervisor)."""
+        self._record(message)
+        self._stop.wait(2 * self.settings.interval + 3)
         os._exit(HANG_EXIT_CODE)
 
 
@@ -327,8 +365,8 @@ class _Detector:
         with contextlib.suppress(OSError):
             os.write(self.watcher._err_fd, text.encode(errors="replace"))
         if ending:
-            self.watcher.exit_for_timeout(
-                f"no progress for {limit:g} s (--hang-timeout): {wavefront_line(hangs[0])}")
+            self.watcher.exit_for_timeout(self.store, f"no progress for {limit:g} s "
+                                          f"(--hang-timeout): {wavefront_line(hangs[0])}")
 
     def _dump_files(self) -> list[str]:
         error_file = self.watcher._error_file
