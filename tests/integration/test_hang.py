@@ -205,7 +205,7 @@ def test_the_watcher_thread_and_the_recorder(runner: Runner, setting: list[str])
     if setting:
         assert ended.stdout == "threads ['MainThread'] recorder None\n"
     else:
-        assert ended.stdout == "threads ['MainThread', 'unirank-hang-watch'] recorder 256\n"
+        assert ended.stdout == "threads ['MainThread', 'unirank-hang-watch'] recorder 64\n"
 
 
 UR_INIT = """import os

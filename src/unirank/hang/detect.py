@@ -112,7 +112,8 @@ def _hang_in(pg: str, members: list[int], records: Mapping[int, Mapping[str, Any
     calls = _calls(at_seq)
     waiting = tuple(c for c in calls if c.waited is not None)
     first = waiting[0]
-    mismatched = tuple(c for c in calls if (c.op, c.what) != (first.op, first.what))
+    # a rank that finished number n has no entry read (``op`` unknown): not a mismatch
+    mismatched = tuple(c for c in calls if c.op and (c.op, c.what) != (first.op, first.what))
     waiting = tuple(c for c in waiting if (c.op, c.what) == (first.op, first.what))
     laggards = tuple(_laggard(r, records.get(r), mine.get(r), now)
                      for r in members if r not in mine or mine[r]["entered"] < seq)
