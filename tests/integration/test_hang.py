@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -274,3 +277,40 @@ def test_two_nodes_report_through_the_store_and_the_hang_timeout_ends_both(
     assert "FAILED (exit code 86): rank 0 (local rank 0) on node nodeA" in a, a
     assert re.search(r"^  error: HangTimeoutError: rank 0 ended the job: no progress for 3 s",
                      b, re.M), b
+
+
+def _stacks(runner: Runner, job: str) -> tuple[int, str, str]:
+    ended = subprocess.run([sys.executable, "-m", "unirank", "stacks", "--job", job],
+                           cwd=runner.cwd, env=runner.environ(), capture_output=True, text=True,
+                           timeout=60)
+    return ended.returncode, ended.stdout, ended.stderr
+
+
+def test_unirank_stacks_shows_every_rank_now_without_stopping_anything(
+        runner: Runner, tmp_path: Path) -> None:
+    """``unirank stacks --job ID`` from another shell, while rank 1 idles and the others wait
+    (below the report delay: no report): every rank's progress and stacks, grouped; the job
+    then goes on and ends well, and its job file goes with it."""
+    runner.script("skip.py", SKIP)
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    job = f"stacks-{os.getpid()}"
+    proc = runner.start(["--rdzv-id", job, "-n", "4", "skip.py"],
+                        env={"RELEASE_FILE": str(release), "UNIRANK_HANG_INTERVAL": "0.25"})
+    wanted = re.compile(r"^  ranks 0, 2-3 \(\S+\): waits in all_reduce #2 \(float32\[1024\], "
+                        rf"skip.py:{line_of(SKIP, 'is late for')}\) since \d+ s; main thread in "
+                        r"<module> .*\n  rank 1 \(\S+\): finished collective #1; main thread in "
+                        rf"idle_after_skipping \(skip.py:{line_of(SKIP, 'a FIFO')}\)$", re.M)
+    deadline = time.monotonic() + 90
+    out = ""
+    while not wanted.search(out):  # until every rank is in place (each try: a real command)
+        assert time.monotonic() < deadline and proc.poll() is None, out
+        code, out, err = _stacks(runner, job)
+        assert code in (0, 2), err  # 2: the job file is not written yet
+    assert out.startswith(f"unirank stacks: job {job}, 4 ranks\n"), out
+    assert f'skip.py", line {line_of(SKIP, "a FIFO")}, in idle_after_skipping' in out, out
+    release.write_text("go")
+    _, err_bytes = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and b"HANG" not in err_bytes, err_bytes.decode()
+    code, _, err = _stacks(runner, job)
+    assert code == 2 and "no running unirank job" in err, err

@@ -13,7 +13,8 @@ from typing import Any
 from unirank.hang.detect import Call, Hang, Laggard
 from unirank.joincheck import format_ranks
 
-__all__ = ["render_report", "stack_groups", "wavefront_line"]
+__all__ = ["progress_line", "render_report", "render_snapshot", "stack_groups",
+           "wavefront_line"]
 
 INDENT = "  "
 
@@ -121,4 +122,48 @@ def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[s
         out.append(f"{INDENT}every rank's stack: {', '.join(dump_files)}")
     if ending:
         out.append(f"{INDENT}{ending}")
+    return "\n".join(out) + "\n"
+
+
+def progress_line(record: Mapping[str, Any] | None, now: float) -> str:
+    """One rank's progress in words: each group's last collective (waiting or finished) and
+    where its main thread is."""
+    if record is None:
+        return "no progress record yet"
+    parts = []
+    for group in record.get("groups", ()):
+        prefix = "" if group["pg"] == "0" else f"group {group['pg']}: "
+        call = Call((), group.get("op") or "collective", group["entered"], group.get("what", ""),
+                    group.get("site", ""))
+        if group["entered"] > group["done"] and group.get("since") is not None:
+            waited = max(0.0, now - float(group["since"]))
+            parts.append(f"{prefix}waits in {_call(call)} since {_seconds(waited)}")
+        else:
+            parts.append(f"{prefix}finished collective #{group['done']}")
+    if record.get("finished"):
+        parts.append("its program has ended")
+    elif record.get("where"):
+        parts.append(f"main thread in {record['where']}")
+    return "; ".join(parts) or "no collective yet"
+
+
+def render_snapshot(records: Mapping[int, Mapping[str, Any] | None],
+                    stacks: Mapping[int, Sequence[Mapping[str, Any]]], *, job: str,
+                    unanswered: Sequence[int], nodes: Mapping[int, str], now: float,
+                    answer_timeout: float) -> str:
+    """``unirank stacks``: every rank's progress (ranks with the same words together), then
+    the stacks grouped as in the hang report."""
+    out = [f"unirank stacks: job {job}, {len(records)} ranks"]
+    lines: dict[str, list[int]] = {}
+    for rank, record in sorted(records.items()):
+        lines.setdefault(progress_line(record, now), []).append(rank)
+    for text, ranks in lines.items():
+        out.append(f"{INDENT}{_who(ranks, nodes)}: {text}")
+    out.append(f"{INDENT}Python stacks, grouped by identical stack:")
+    for ranks, threads in stack_groups(stacks):
+        out.append(f"{INDENT}{_who(ranks, nodes)}:")
+        out.extend(_stack_lines(threads))
+    if unanswered:
+        out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
+                   f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
     return "\n".join(out) + "\n"

@@ -39,6 +39,7 @@ from typing import Any
 from unirank.contract import ERROR_FILE_VAR, HangSettings
 from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER
 from unirank.hang.detect import Hang, find_hangs
+from unirank.hang.jobs import announce, withdraw
 from unirank.hang.progress import (
     frames_of,
     group_progress,
@@ -159,7 +160,7 @@ class Watcher:
 
     def __init__(self, *, rank: int, world_size: int, node: str, settings: HangSettings,
                  connect: Callable[[], Any], environ: Mapping[str, str],
-                 err_fd: int = 2) -> None:
+                 err_fd: int = 2, job: Mapping[str, Any] | None = None) -> None:
         self.rank, self.world_size, self.node = rank, world_size, node
         self.settings = settings
         self._connect = connect
@@ -173,6 +174,9 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self.detector: _Detector | None = None
         self._store: Any = None
+        #: this node's job file for ``unirank stacks`` (:mod:`unirank.hang.jobs`), if any
+        self._job = job
+        self._job_file: str | None = None
 
     def start(self) -> Watcher:
         """Connect to the store (here: the connection imports what it needs before the
@@ -183,6 +187,9 @@ class Watcher:
         except Exception:
             return self
         _RUNNING.append(self)
+        if self._job is not None:
+            self._job_file = announce({**self._job, "world_size": self.world_size,
+                                       "interval": self.settings.interval})
         self._thread.start()
         # before the interpreter's teardown: a daemon thread inside a store call at that
         # moment aborts the process ("terminate called without an active exception")
@@ -196,6 +203,7 @@ class Watcher:
         self._stop.set()
         if self in _RUNNING:
             _RUNNING.remove(self)
+        withdraw(self._job_file)
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -265,8 +273,8 @@ class Watcher:
             reason = bytes(store.get(REASON_KEY)).decode(errors="replace")
             store.add(ENDED_KEY, 1)
             raise _JobEnding(f"rank 0 ended the job: {reason}")
-        if number > self._answered:
-            self.answer(store, number)
+        for pending in range(max(self._answered + 1, number - 3), number + 1):
+            self.answer(store, pending)
 
     def exit_for_timeout(self, store: Any, message: str) -> None:
         """Record the hang as this rank's failure, have every other rank end (each on its
@@ -314,12 +322,7 @@ class _Detector:
 
     def records(self) -> dict[int, dict[str, Any] | None]:
         """Every rank's last record (None: it set none yet)."""
-        keys = [progress_key(r) for r in range(self.watcher.world_size)]
-        if self.store.check(keys):
-            values = self.store.multi_get(keys)
-            return {r: json.loads(bytes(v)) for r, v in enumerate(values)}
-        return {r: (json.loads(bytes(self.store.get(k))) if self.store.check([k]) else None)
-                for r, k in enumerate(keys)}
+        return read_records(self.store, self.watcher.world_size)
 
     def tick(self, now: float) -> None:
         hangs = find_hangs(self.records(), self.watcher.world_size, self.report_after, now)
@@ -340,20 +343,8 @@ class _Detector:
     def ask(self) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
         """Every rank's stacks (rank 0's own at once), those that did not answer in time, and
         the nodes the answers came from."""
-        number = int(self.store.add(ASK_KEY, 1))
-        self.watcher.answer(self.store, number)
-        keys = {r: f"{STACKS_PREFIX}{number}/{r}" for r in range(self.watcher.world_size)}
-        with contextlib.suppress(Exception):
-            self.store.wait(list(keys.values()), timedelta(seconds=self.answer_timeout))
-        stacks: dict[int, list[dict[str, Any]]] = {}
-        nodes: dict[int, str] = {}
-        for rank, key in keys.items():
-            if self.store.check([key]):
-                answer = json.loads(bytes(self.store.get(key)))
-                stacks[rank] = answer["threads"]
-                nodes[rank] = answer.get("node", "")
-        missing = [r for r in keys if r not in stacks]
-        return stacks, missing, nodes
+        return request_stacks(self.store, self.watcher.world_size, self.answer_timeout,
+                              own=self.watcher)
 
     def report(self, hangs: list[Hang], *, ending: bool) -> None:
         stacks, missing, nodes = self.ask()
@@ -398,6 +389,37 @@ class _Detector:
             with open(files[1], "w", encoding="utf-8") as fh:
                 json.dump({"report": text, "hangs": [_hang_json(h) for h in hangs],
                            "stacks": {str(r): s for r, s in stacks.items()}}, fh, indent=1)
+
+
+def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any] | None]:
+    """Every rank's last progress record (None: it set none yet): one ``multi_get`` when all
+    are there."""
+    keys = [progress_key(r) for r in range(world_size)]
+    if store.check(keys):
+        return {r: json.loads(bytes(v)) for r, v in enumerate(store.multi_get(keys))}
+    return {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
+            for r, k in enumerate(keys)}
+
+
+def request_stacks(store: Any, world_size: int, timeout: float, *, own: Watcher | None = None
+                   ) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
+    """Ask every rank's watcher for its stacks (``own``: answer for this process at once) and
+    wait for them at most ``timeout`` seconds: the stacks by rank, the ranks that did not
+    answer, and the nodes of those that did."""
+    number = int(store.add(ASK_KEY, 1))
+    if own is not None:
+        own.answer(store, number)
+    keys = {r: f"{STACKS_PREFIX}{number}/{r}" for r in range(world_size)}
+    with contextlib.suppress(Exception):
+        store.wait(list(keys.values()), timedelta(seconds=timeout))
+    stacks: dict[int, list[dict[str, Any]]] = {}
+    nodes: dict[int, str] = {}
+    for rank, key in keys.items():
+        if store.check([key]):
+            answer = json.loads(bytes(store.get(key)))
+            stacks[rank] = answer["threads"]
+            nodes[rank] = answer.get("node", "")
+    return stacks, [r for r in keys if r not in stacks], nodes
 
 
 def _hang_json(hang: Hang) -> dict[str, Any]:

@@ -125,8 +125,12 @@ def _watch_hangs(env: DistEnv, timeout: float, environ: Any) -> None:
     def connect() -> Any:
         return open_store(addr, port, rank=env.rank, timeout=timeout, hint="")
 
+    job = None
+    if env.local_rank == 0:  # this node's job file, for `unirank stacks`
+        job = {"run_id": environ.get(contract.RUN_ID_VAR) or env.job_id or f"{addr}:{port}",
+               "master_addr": addr, "master_port": port}
     watcher.Watcher(rank=env.rank, world_size=env.world_size, node=state.hostname(),
-                    settings=settings, connect=connect, environ=environ).start()
+                    settings=settings, connect=connect, environ=environ, job=job).start()
 
 
 def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:

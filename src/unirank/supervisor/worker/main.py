@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-from unirank.contract import PRIVATE_VARIABLES
+from unirank.contract import PRIVATE_VARIABLES, RUN_ID_VAR
 from unirank.errorfile import exit_status
 from unirank.store import hand_over
 from unirank.supervisor.worker import groupstart, lateenv
@@ -85,8 +85,12 @@ def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
     def connect() -> Any:
         return workerstore.connect(info)
 
+    job = None
+    if environ.get("LOCAL_RANK") == "0":  # this node's job file, for `unirank stacks`
+        job = {"run_id": environ.get(RUN_ID_VAR, ""), "master_addr": info.master_addr,
+               "master_port": info.master_port}
     return Watcher(rank=info.rank, world_size=info.world_size, node=info.node_name,
-                   settings=settings, connect=connect, environ=environ).start()
+                   settings=settings, connect=connect, environ=environ, job=job).start()
 
 
 def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMapping[str, str],
