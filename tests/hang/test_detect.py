@@ -145,3 +145,23 @@ def test_report_golden(ending: bool) -> None:
                                        "/logs/run/attempt_0/hang/report-2.json"],
         ending="ending the job (--hang-timeout 600 s, exit code 86)" if ending else "")
     _check_golden(f"report_{'timeout' if ending else 'plain'}.txt", text)
+
+
+def test_snapshot_golden() -> None:
+    """``unirank stacks``'s text: ranks with the same progress together, then the stacks."""
+    records: dict[int, dict[str, Any] | None] = {
+        r: record(r, group(1025, 1024), where="<module> (train.py:90)", node="node1")
+        for r in range(3)}
+    records[3] = record(3, group(1024, 1024), where="save_checkpoint (train.py:80)",
+                        node="node2")
+    records[4] = None
+    saving = [{"name": "MainThread", "frames": [
+        ["/work/train.py", 80, "save_checkpoint", "torch.save(state, path)"]]}]
+    waiting = [{"name": "MainThread", "frames": [
+        ["/work/train.py", 57, "train", "dist.all_reduce(grad)"]]}]
+    from unirank.hang.render import render_snapshot
+
+    text = render_snapshot(records, {0: waiting, 1: waiting, 2: waiting, 3: saving},
+                           job="demo", unanswered=[4], nodes={3: "node2", 4: "node2"},
+                           now=NOW, answer_timeout=4)
+    _check_golden("snapshot.txt", text)

@@ -297,8 +297,8 @@ def test_unirank_stacks_shows_every_rank_now_without_stopping_anything(
     job = f"stacks-{os.getpid()}"
     proc = runner.start(["--rdzv-id", job, "-n", "4", "skip.py"],
                         env={"RELEASE_FILE": str(release), "UNIRANK_HANG_INTERVAL": "0.25"})
-    wanted = re.compile(r"^  ranks 0, 2-3 \(\S+\): waits in all_reduce #2 \(float32\[1024\], "
-                        rf"skip.py:{line_of(SKIP, 'is late for')}\) since \d+ s; main thread in "
+    wanted = re.compile(r"^  ranks 0, 2-3 \(\S+\): waiting in all_reduce #2 \(float32\[1024\], "
+                        rf"skip.py:{line_of(SKIP, 'is late for')}\) for \d+ s; main thread in "
                         r"<module> .*\n  rank 1 \(\S+\): finished collective #1; main thread in "
                         rf"idle_after_skipping \(skip.py:{line_of(SKIP, 'a FIFO')}\)$", re.M)
     deadline = time.monotonic() + 90

@@ -137,7 +137,7 @@ def progress_line(record: Mapping[str, Any] | None, now: float) -> str:
                     group.get("site", ""))
         if group["entered"] > group["done"] and group.get("since") is not None:
             waited = max(0.0, now - float(group["since"]))
-            parts.append(f"{prefix}waits in {_call(call)} since {_seconds(waited)}")
+            parts.append(f"{prefix}waiting in {_call(call)} for {_seconds(waited)}")
         else:
             parts.append(f"{prefix}finished collective #{group['done']}")
     if record.get("finished"):
