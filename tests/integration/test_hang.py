@@ -17,10 +17,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from _procs import Runner, free_port, read_lines
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _outputs import console_script
+
+if TYPE_CHECKING:
+    from conftest import SlurmTestbed
 
 pytestmark = pytest.mark.integration
 
@@ -314,3 +321,22 @@ def test_unirank_stacks_shows_every_rank_now_without_stopping_anything(
     assert proc.returncode == 0 and b"HANG" not in err_bytes, err_bytes.decode()
     code, _, err = _stacks(runner, job)
     assert code == 2 and "no running unirank job" in err, err
+
+
+@pytest.mark.slurm
+def test_srun_two_nodes_name_the_rank_and_its_node(slurm_testbed: SlurmTestbed,
+                                                   tmp_path: Path) -> None:
+    """``srun -N2 unirank run -n 2`` on the testbed, rank 3 (node2) blocked in its own code:
+    rank 0 names it with its node, the line, the op and its number; ``--hang-timeout`` ends
+    both nodes' steps with exit code 86."""
+    (tmp_path / "blocked4.py").write_text(BLOCKED.replace("get_rank() == 2", "get_rank() == 3"))
+    result = slurm_testbed.srun(
+        ["-N2", "--ntasks-per-node=1", f"--chdir={tmp_path}", console_script("unirank"), "run",
+         "-n", "2", *FAST, "--hang-timeout", "4", "blocked4.py"], timeout=120, check=False)
+    err = result.stderr
+    assert re.search(rf"^  ranks 0-2 \(node1, node2\) wait in all_reduce #2 \(float64\[8\], "
+                     rf"blocked4.py:{line_of(BLOCKED, 'never enters')}\) since \d+ s; rank 3 "
+                     rf"\(node2\) has not entered it: its main thread is in load_next_batch "
+                     rf"\(blocked4.py:{line_of(BLOCKED, 'blocks forever')}\)$", err, re.M), err
+    assert result.returncode == 86, err
+    assert "FAILED (exit code 86): rank 0 (local rank 0) on node node1" in err, err
