@@ -164,8 +164,8 @@ class Watcher:
         self.rank, self.world_size, self.node = rank, world_size, node
         self.settings = settings
         self._connect = connect
-        self._error_file = environ.get(ERROR_FILE_VAR, "")
-        self._err_fd = err_fd
+        self.error_file = environ.get(ERROR_FILE_VAR, "")
+        self.err_fd = err_fd
         self._stop = threading.Event()
         self._finished = False
         self._answered = 0
@@ -294,8 +294,8 @@ class Watcher:
     def _record(self, message: str) -> None:
         from unirank.errorfile import record_exception
 
-        if self._error_file:
-            record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self._error_file},
+        if self.error_file:
+            record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self.error_file},
                              exit_code=HANG_EXIT_CODE)
 
     def _end(self, message: str) -> None:
@@ -360,13 +360,13 @@ class _Detector:
                              ending=last)
         self._write_dump(files, text, stacks, hangs)
         with contextlib.suppress(OSError):
-            os.write(self.watcher._err_fd, text.encode(errors="replace"))
+            os.write(self.watcher.err_fd, text.encode(errors="replace"))
         if ending:
             self.watcher.exit_for_timeout(self.store, f"no progress for {limit:g} s "
                                           f"(--hang-timeout): {wavefront_line(hangs[0])}")
 
     def _dump_files(self) -> list[str]:
-        error_file = self.watcher._error_file
+        error_file = self.watcher.error_file
         if not error_file:
             return []
         folder = os.path.join(os.path.dirname(os.path.dirname(error_file)), HANG_FOLDER)
