@@ -211,12 +211,7 @@ def _off_or_seconds(given: str | float | None, environ: Mapping[str, str], varia
         return None, False
     if text.strip().lower() in ("off", "none", "no"):
         return None, True
-    try:
-        seconds = parse_seconds(text, name, allow_zero=True)
-    except ConfigError:
-        raise ConfigError("is not a number of seconds", variable=name, value=text,
-                          hint="give a number of seconds, or off (0 is off too)") from None
-    return (seconds or None), True
+    return (parse_seconds(text, name, allow_zero=True) or None), True
 
 
 def resolve_hang(report_after: str | float | None = None, timeout: str | float | None = None,
