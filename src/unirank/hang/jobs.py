@@ -2,7 +2,8 @@
 
 The hang watcher of each node's first local rank writes ``<tmp>/unirank-<uid>/<run id>.json``
 (the run id, the store's address and port, the world size, the watcher's interval, its pid)
-when it starts, and removes it when it stops; a file whose pid is gone is stale.
+when it starts, and removes it when it stops; a file whose pid is gone (a rank killed by a
+signal cannot remove it) is stale, and :func:`find_jobs` removes it.
 
 Reads: TMPDIR (through :func:`tempfile.gettempdir`).
 """
@@ -64,7 +65,8 @@ def _alive(pid: int) -> bool:
 
 def find_jobs(job: str | None = None) -> list[dict[str, Any]]:
     """The running jobs of this node (their files' contents), by run id; with ``job``, those
-    whose run id is it or starts with ``job.`` (a Slurm job id without its step)."""
+    whose run id is it or starts with ``job.`` (a Slurm job id without its step). Stale files
+    are removed."""
     found = []
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(jobs_dir())):
@@ -75,6 +77,7 @@ def find_jobs(job: str | None = None) -> list[dict[str, Any]]:
                     data = json.load(fh)
                 run_id = str(data.get("run_id", ""))
                 if not _alive(int(data.get("pid", 0)) or -1):
+                    os.unlink(os.path.join(jobs_dir(), name))
                     continue
                 if job is None or run_id == job or run_id.startswith(f"{job}."):
                     found.append(data)

@@ -289,6 +289,7 @@ class Watcher:
             while (int(store.add(ENDED_KEY, 0)) < self.world_size - 1
                    and time.monotonic() < deadline):
                 self._stop.wait(0.05)
+        withdraw(self._job_file)
         os._exit(HANG_EXIT_CODE)
 
     def _record(self, message: str) -> None:
@@ -302,6 +303,7 @@ class Watcher:
         """Another rank's part of :meth:`exit_for_timeout`: record why, give rank 0 (the
         root cause) the time to end first, then end (ranks under another supervisor)."""
         self._record(message)
+        withdraw(self._job_file)
         self._stop.wait(2 * self.settings.interval + 3)
         os._exit(HANG_EXIT_CODE)
 
