@@ -25,6 +25,9 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            (DDP + DistributedSampler), 2 local ranks, interleaved runs                  >= 0.98
            (init latency = last rank leaving init_process_group - last rank entering it, i.e.
            the cost of the rendezvous itself, not the wait for slower ranks' `import torch`)
+  hang     samples/s of the same loop (by hand) with the hang detector on (its default
+           interval 5 s, and every 0.25 s) / off (`--hang-report-after off`), 2 local ranks,
+           interleaved runs                                                            >= 0.99
 """
 
 from __future__ import annotations
@@ -268,6 +271,40 @@ def bench_train(repeat: int) -> bool:
     return ok
 
 
+def _samples_per_s(flags: Sequence[str], env: dict[str, str]) -> float:
+    out = subprocess.run([PY, "-m", "unirank", "run", *flags, "-n", "2",
+                          str(HERE / "_train_worker.py"), "hand"], env=env,
+                         check=True, timeout=600, capture_output=True, text=True).stdout
+    return float(next(line.split()[1] for line in out.splitlines()
+                      if line.startswith("SAMPLES_PER_S")))
+
+
+def bench_hang(repeat: int) -> bool:
+    """The hang detector's cost: its thread reads the flight recorder and sets one store key
+    per interval on every rank (rank 0 also reads every rank's key)."""
+    fast = dict(clean_env(), UNIRANK_HANG_INTERVAL="0.25")
+    modes: dict[str, tuple[list[str], dict[str, str]]] = {
+        "off": (["--hang-report-after", "off"], clean_env()),
+        "on": ([], clean_env()),
+        "on, every 0.25 s": ([], fast),
+    }
+    rates: dict[str, list[float]] = {mode: [] for mode in modes}
+    for _ in range(repeat):
+        for mode, (flags, env) in modes.items():
+            rates[mode].append(_samples_per_s(flags, env))
+    medians = {mode: statistics.median(values) for mode, values in rates.items()}
+    print("hang: " + ", ".join(f"{mode} {rate:.0f} samples/s" for mode, rate in medians.items())
+          + f" (medians of {repeat}, 2 local ranks)")
+    ok = True
+    for mode in ("on", "on, every 0.25 s"):
+        ratio = medians[mode] / medians["off"]
+        ok = ok and (mode != "on" or ratio >= 0.99)
+        target = "target >= 0.99x  " + ("OK" if ratio >= 0.99 else "MISS") if mode == "on" \
+            else "(no target)"
+        print(f"  {'detector ' + mode + ' / off (samples/s)':<52} {ratio:8.3f}x  {target}")
+    return ok
+
+
 BENCHES: dict[str, Callable[[int], bool]] = {
     "start": bench_start,
     "start8": bench_start8,
@@ -277,6 +314,7 @@ BENCHES: dict[str, Callable[[int], bool]] = {
     "reduce": bench_reduce,
     "init16": bench_init16,
     "train": bench_train,
+    "hang": bench_hang,
     "ddp": bench_ddp,
     "ddp8": bench_ddp8,
     "ssh": bench_ssh,

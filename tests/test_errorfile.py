@@ -102,3 +102,13 @@ def test_the_record_says_the_exit_status_cpython_gives(code: str, tmp_path: Path
         return
     record = read_failure(path)
     assert record is not None and record.exit_code == status, record
+
+
+def test_a_record_may_name_the_exit_code_the_process_ends_with(tmp_path: Path) -> None:
+    """The hang detector ends its process with os._exit(86) after recording a RuntimeError:
+    the record says 86, so a rank stopped while exiting is shown with it."""
+    path = tmp_path / "error.json"
+    record_exception(RuntimeError("hung"), {ERROR_FILE_VAR: str(path)}, exit_code=86)
+    failure = read_failure(path)
+    assert failure is not None
+    assert (failure.exit_code, failure.message) == (86, "RuntimeError: hung")

@@ -10,7 +10,8 @@ TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_USE_AGENT_ST
 TORCHELASTIC_ERROR_FILE, TORCH_NCCL_ASYNC_ERROR_HANDLING and OMP_NUM_THREADS.
 
 unirank's own user-facing variables: UNIRANK_INIT_TIMEOUT, UNIRANK_NO_SRUN, UNIRANK_LAUNCHER,
-UNIRANK_STOP_SIGNALS and UNIRANK_MAX_REQUEUES.
+UNIRANK_STOP_SIGNALS, UNIRANK_MAX_REQUEUES, and the hang detector's UNIRANK_HANG_REPORT_AFTER,
+UNIRANK_HANG_TIMEOUT and UNIRANK_HANG_INTERVAL (:func:`resolve_hang`).
 ``unirank run`` marks the srun step it starts from an allocation shell with UNIRANK_SRUN_REEXEC,
 and gives every worker UNIRANK_NODE_NAME, its node's name (kept for the program, so that the
 worker's own detection names the node as its supervisor did). The bootstrap's private variables
@@ -22,17 +23,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from unirank.errors import ConfigError
 
 __all__ = [
     "DEFAULT_GRACE_PERIOD",
+    "DEFAULT_HANG_REPORT_AFTER",
     "DEFAULT_INIT_TIMEOUT",
     "DEFAULT_MAX_REQUEUES",
     "DONE_FD_VAR",
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
     "FAULT_FILE_VAR",
+    "HANG_INTERVAL_VAR",
+    "HANG_REPORT_AFTER_VAR",
+    "HANG_TIMEOUT_VAR",
     "INIT_TIMEOUT_VAR",
     "LAUNCHER_VAR",
     "LINGER_FD_VAR",
@@ -55,8 +61,10 @@ __all__ = [
     "TIMELINE_FILE_VAR",
     "TIMELINE_VAR",
     "USE_AGENT_STORE_VAR",
+    "HangSettings",
     "format_seconds",
     "parse_seconds",
+    "resolve_hang",
     "resolve_init_timeout",
 ]
 
@@ -88,6 +96,16 @@ NO_PRELOAD_VAR = "UNIRANK_NO_PRELOAD"
 #: public address) though it is none of its interfaces' addresses: the store host's check that
 #: the address is its own (:func:`unirank.resolve.require_own`) is skipped
 MASTER_FORWARDED_VAR = "UNIRANK_MASTER_FORWARDED"
+#: seconds a rank may wait in a collective that another rank has not entered before the hang
+#: detector reports it (``--hang-report-after``; ``0`` or ``off``: no detector)
+HANG_REPORT_AFTER_VAR = "UNIRANK_HANG_REPORT_AFTER"
+#: seconds of such a hang after which the job ends (``--hang-timeout``; unset: never)
+HANG_TIMEOUT_VAR = "UNIRANK_HANG_TIMEOUT"
+#: seconds between two progress records of a rank (default: a quarter of the report delay,
+#: 0.25 to 5 s)
+HANG_INTERVAL_VAR = "UNIRANK_HANG_INTERVAL"
+#: the default of UNIRANK_HANG_REPORT_AFTER
+DEFAULT_HANG_REPORT_AFTER = 60.0
 #: the default of UNIRANK_MAX_REQUEUES
 DEFAULT_MAX_REQUEUES = 10
 #: seconds every rank waits for the others to join when nothing else says how long
@@ -115,9 +133,12 @@ TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
 FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
+#: the hang detector's settings are user-facing (``unirank run`` and :func:`unirank.init` read
+#: them), but in a worker that ``unirank run`` starts its bootstrap reads them and removes them
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER_NODE_VAR,
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
-                     TIMELINE_FILE_VAR, FAULT_FILE_VAR, NUMA_BINDING_VAR)
+                     TIMELINE_FILE_VAR, FAULT_FILE_VAR, NUMA_BINDING_VAR, HANG_REPORT_AFTER_VAR,
+                     HANG_TIMEOUT_VAR, HANG_INTERVAL_VAR)
 
 
 def format_seconds(value: float) -> str:
@@ -157,3 +178,65 @@ def resolve_init_timeout(
     if text is not None and text.strip():
         return parse_seconds(text, INIT_TIMEOUT_VAR)
     return DEFAULT_INIT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class HangSettings:
+    """The hang detector's settings (see :mod:`unirank.hang`)."""
+
+    #: seconds before a hang is reported; None: the detector is off
+    report_after: float | None = DEFAULT_HANG_REPORT_AFTER
+    #: seconds of hang after which the job ends; None: never
+    timeout: float | None = None
+    #: seconds between two progress records of a rank
+    interval: float = 5.0
+
+    def environ(self) -> dict[str, str]:
+        """These settings as the worker's variables (what :func:`resolve_hang` reads back)."""
+        env = {HANG_REPORT_AFTER_VAR: ("off" if self.report_after is None
+                                       else format_seconds(self.report_after)),
+               HANG_INTERVAL_VAR: format_seconds(self.interval)}
+        if self.timeout is not None:
+            env[HANG_TIMEOUT_VAR] = format_seconds(self.timeout)
+        return env
+
+
+def _off_or_seconds(given: str | float | None, environ: Mapping[str, str], variable: str,
+                    option: str) -> tuple[float | None, bool]:
+    """``given`` (else ``variable``'s value) as seconds; None for ``off``/``0``; and whether
+    anything was set at all."""
+    name, text = (option, str(given)) if given is not None else (variable,
+                                                                  environ.get(variable, ""))
+    if isinstance(given, bool) or not text.strip():
+        if isinstance(given, bool):
+            raise ConfigError("must be a number of seconds", variable=option, value=str(given),
+                              hint="give a number of seconds, or off")
+        return None, False
+    if text.strip().lower() in ("off", "none", "no"):
+        return None, True
+    return (parse_seconds(text, name, allow_zero=True) or None), True
+
+
+def resolve_hang(report_after: str | float | None = None, timeout: str | float | None = None,
+                 environ: Mapping[str, str] | None = None) -> HangSettings:
+    """The hang detector's settings: the options given (``--hang-report-after``,
+    ``--hang-timeout``), else the variables, else 60 s and no timeout; ``0`` or ``off`` turns
+    either one off. The interval is UNIRANK_HANG_INTERVAL, else a quarter of the report
+    delay (0.25 to 5 s). A bad value is a ConfigError naming where it came from.
+
+    Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL.
+    """
+    environ = environ or {}
+    after, given = _off_or_seconds(report_after, environ, HANG_REPORT_AFTER_VAR,
+                                   "--hang-report-after")
+    if not given:
+        after = DEFAULT_HANG_REPORT_AFTER
+    limit, _ = _off_or_seconds(timeout, environ, HANG_TIMEOUT_VAR, "--hang-timeout")
+    text = environ.get(HANG_INTERVAL_VAR, "")
+    if text.strip():
+        interval = parse_seconds(text, HANG_INTERVAL_VAR)
+    else:
+        interval = min(5.0, max(0.25, (after or DEFAULT_HANG_REPORT_AFTER) / 4))
+    if after is None:
+        limit = None  # no detector: nothing to time out
+    return HangSettings(after, limit, interval)

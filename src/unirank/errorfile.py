@@ -60,10 +60,12 @@ def exit_status(code: object) -> int:
     return 1
 
 
-def record_exception(exc: BaseException, environ: Mapping[str, str] | None = None) -> None:
+def record_exception(exc: BaseException, environ: Mapping[str, str] | None = None, *,
+                     exit_code: int | None = None) -> None:
     """Write ``exc`` to this worker's error file, unless it is a clean exit (a ``SystemExit``
     whose :func:`exit_status` is 0, or :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`:
-    stopped to be requeued, not a failure) or already written.
+    stopped to be requeued, not a failure) or already written; ``exit_code``: the status the
+    process ends with (default: a SystemExit's, else 1).
 
     The first record wins: the exception where the failure started, not a later one raised
     while unwinding. Never raises (a failure report must not hide the failure).
@@ -85,7 +87,8 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] | None = Non
             },
         },
         "unirank_time": now,
-        "unirank_exit_code": exit_status(exc.code) if isinstance(exc, SystemExit) else 1,
+        "unirank_exit_code": (exit_code if exit_code is not None
+                              else exit_status(exc.code) if isinstance(exc, SystemExit) else 1),
         "unirank_config_error": isinstance(exc, ConfigError),
     }
     try:

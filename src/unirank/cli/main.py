@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "check": ("unirank.cli.check", "report torch, CUDA, launcher and NCCL/GLOO/TORCH settings"),
     "sbatch": ("unirank.cli.sbatch", "write a job's Slurm batch script; print or submit it"),
     "bench": ("unirank.cli.bench", "collective bandwidth per message size, like nccl-tests"),
+    "stacks": ("unirank.cli.stacks", "every rank's progress and Python stack of a running job"),
     "doctor": ("unirank.cli.doctor", "pre-flight checks: layout, master, port, interfaces, group"),
 }
 

@@ -80,6 +80,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--init-timeout", dest="init_timeout", default=None, metavar="S",
             help="seconds for every rank to join before each fails naming the missing ones "
             "(default: UNIRANK_INIT_TIMEOUT, else 300)")
+    _option(parser, "--hang-report-after", dest="hang_report_after", default=None, metavar="S",
+            help="report a hang (ranks waiting S seconds in a collective that others have not "
+            "entered) with every rank's stack; 0 or off: never (default: "
+            "UNIRANK_HANG_REPORT_AFTER, else 60)")
+    _option(parser, "--hang-timeout", dest="hang_timeout", default=None, metavar="S",
+            help="end the job (exit code 86) when a hang lasts S seconds (default: "
+            "UNIRANK_HANG_TIMEOUT, else never)")
     _option(parser, "--grace-period", "--shutdown-timeout", dest="grace_period", default=None,
             metavar="S", help="seconds between SIGTERM and SIGKILL when stopping workers "
             "(default 5)")
@@ -277,9 +284,14 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
     )
 
 
-def engine_options(args: argparse.Namespace) -> EngineOptions:
-    """How to run the workers: grace period, signals and where their output goes."""
-    from unirank.contract import DEFAULT_GRACE_PERIOD, parse_seconds
+def engine_options(args: argparse.Namespace,
+                   environ: Mapping[str, str] | None = None) -> EngineOptions:
+    """How to run the workers: grace period, signals, where their output goes, and the hang
+    detector's settings.
+
+    Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL.
+    """
+    from unirank.contract import DEFAULT_GRACE_PERIOD, parse_seconds, resolve_hang
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.engine import DEFAULT_SIGNALS
     from unirank.supervisor.output import (
@@ -300,9 +312,11 @@ def engine_options(args: argparse.Namespace) -> EngineOptions:
                       if args.local_ranks_filter else None),
     )
     signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
+    hang = resolve_hang(getattr(args, "hang_report_after", None),
+                        getattr(args, "hang_timeout", None), environ or {})
     return EngineOptions(grace_period=grace, output=output, signals=signals,
                          timeline=bool(args.timeline or args.timeline_json),
-                         timeline_json=args.timeline_json or None,
+                         timeline_json=args.timeline_json or None, hang=hang,
                          numa_binding=_numa_binding(args.numa_binding))
 
 
@@ -474,7 +488,7 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
     any); returns the exit code."""
     notes: list[str] = []
     request = build_request(args, environ, notes)
-    options = engine_options(args)
+    options = engine_options(args, environ)
     notes += [f"{name} is accepted but has no effect: {why}" for name, why in _NOTED.items()
               if getattr(args, "noted_" + name[2:].replace("-", "_"), None) is not None]
     for note in notes:

@@ -7,7 +7,9 @@ has every rank announce itself so that ranks that never join are named within th
 (in a worker of ``unirank run``, whose bootstrap already joined, the bootstrap's wrapper of
 ``init_process_group`` does it instead, bounded by ``--init-timeout``:
 :mod:`unirank.supervisor.worker.groupstart`), then has the chosen backend's entry
-(:mod:`unirank.runtime.backends`) start its group on that store.
+(:mod:`unirank.runtime.backends`) start its group on that store. A rank that no worker
+bootstrap started (srun, mpirun, torchrun one task per rank) starts its hang watcher here
+(:mod:`unirank.hang.watcher`), on a store connection of its own.
 """
 
 from __future__ import annotations
@@ -105,6 +107,32 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 
 
+def _watch_hangs(env: DistEnv, timeout: float, environ: Any) -> None:
+    """Start this rank's hang watcher, unless the detector is off or a worker's bootstrap
+    started one already; the flight recorder is turned on before the group starts.
+
+    Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL,
+    TORCH_FR_BUFFER_SIZE.
+    """
+    from unirank.hang import watcher
+
+    settings = contract.resolve_hang(None, None, environ)
+    if settings.report_after is None or watcher.running() is not None:
+        return
+    watcher.enable_recorder(environ)
+    addr, port = env.require_master()
+
+    def connect() -> Any:
+        return open_store(addr, port, rank=env.rank, timeout=timeout, hint="")
+
+    job = None
+    if env.local_rank == 0:  # this node's job file, for `unirank stacks`
+        job = {"run_id": environ.get(contract.RUN_ID_VAR) or env.job_id or f"{addr}:{port}",
+               "master_addr": addr, "master_port": port}
+    watcher.Watcher(rank=env.rank, world_size=env.world_size, node=state.hostname(),
+                    settings=settings, connect=connect, environ=environ, job=job).start()
+
+
 def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:
     """The store of an ``init_method="file://PATH"`` group: a ``FileStore`` in PATH (which every
     rank must see), joined as on unirank's own store (the join watchdog), under this init's key
@@ -184,6 +212,7 @@ def init(
         base = _file_store(env, file_url, init_timeout, generation)
     else:
         base = _joined_store(env, init_timeout, generation)
+        _watch_hangs(env, init_timeout, environ)
     entry.init(
         rank=env.rank,
         world_size=env.world_size,

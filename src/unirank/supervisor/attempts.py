@@ -25,6 +25,7 @@ Reads (from the ``environ`` it is given, never from ``os.environ``): SLURM_JOB_I
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,7 +34,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from unirank.contract import DEFAULT_GRACE_PERIOD
+from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
@@ -64,6 +65,8 @@ class EngineOptions:
     timeline_json: str | None = None
     #: ``--numa-binding``: the mode each worker binds itself by (None: no binding)
     numa_binding: str | None = None
+    #: the hang detector's settings for every worker (None: the workers read the variables)
+    hang: HangSettings | None = None
 
 
 def run_plan(
@@ -135,6 +138,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=(os.path.join(attempt_dir, "timeline.json")
                            if options.timeline and worker.rank == 0 else None),
+            hang=options.hang,
         )
         files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)
@@ -196,8 +200,19 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
             attempt += 1
     finally:
-        if not keep:
+        if not keep and not _hang_reports(root):
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _hang_reports(root: str) -> bool:
+    """Whether rank 0's hang detector wrote reports in the run's folder (which a report named:
+    the folder is kept then)."""
+    from unirank.hang import HANG_FOLDER
+
+    with contextlib.suppress(OSError):
+        return any(os.path.isdir(os.path.join(root, name, HANG_FOLDER))
+                   for name in os.listdir(root))
+    return False
 
 
 def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:

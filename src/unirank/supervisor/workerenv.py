@@ -31,7 +31,9 @@ from unirank.contract import (
     TIMELINE_FILE_VAR,
     TIMELINE_VAR,
     USE_AGENT_STORE_VAR,
+    HangSettings,
     format_seconds,
+    resolve_hang,
 )
 from unirank.gpus import VISIBLE_DEVICES_VAR, own_gpu
 from unirank.hostlist import compress, compress_tasks_per_node
@@ -66,6 +68,9 @@ class WorkerWiring:
     fault_file: str | None = None
     #: ``--numa-binding``: the mode (UNIRANK_NUMA_BINDING, with the worker's local numbers)
     numa_binding: str | None = None
+    #: the hang detector's settings (UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
+    #: UNIRANK_HANG_INTERVAL); None: what ``base`` says (:func:`unirank.contract.resolve_hang`)
+    hang: HangSettings | None = None
 
 
 def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
@@ -116,7 +121,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     """The whole environment of ``worker``: ``base`` (less any private variable of an outer
     run) plus torchrun's contract, unirank's settings and the engine's wiring.
 
-    Reads (from ``base``): OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, PYTHONUNBUFFERED,
+    Reads (from ``base``): UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
+    UNIRANK_HANG_INTERVAL, OMP_NUM_THREADS, TORCH_NCCL_ASYNC_ERROR_HANDLING, PYTHONUNBUFFERED,
     CUDA_VISIBLE_DEVICES.
 
     Like torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
@@ -126,7 +132,9 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     store client), TORCHELASTIC_ERROR_FILE (one per worker and attempt),
     TORCH_NCCL_ASYNC_ERROR_HANDLING (kept, else 1) and OMP_NUM_THREADS=1 when unset and more
     than one worker shares the node; with ``virtual_local_rank``, LOCAL_RANK=0 and
-    CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT,
+    CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT, the hang
+    detector's UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_INTERVAL and UNIRANK_HANG_TIMEOUT (the
+    wiring's settings, else those ``base`` gives; read and removed by the bootstrap),
     PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, and for the bootstrap only the private
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES (the nodes as a compressed host list),
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
@@ -143,5 +151,6 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     if wiring.unbuffered and "PYTHONUNBUFFERED" not in base:
         env["PYTHONUNBUFFERED"] = "1"
     env[INIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)
+    env.update((wiring.hang or resolve_hang(None, None, base)).environ())
     env.update(_private_environ(plan, worker, wiring))
     return env

@@ -21,13 +21,17 @@ from unirank.contract import (
     SUPERVISOR_PID_VAR,
     TIMELINE_FILE_VAR,
     TIMELINE_VAR,
+    HangSettings,
     parse_seconds,
+    resolve_hang,
     resolve_init_timeout,
 )
 from unirank.envvars import read_int, read_optional_int
 from unirank.errors import ConfigError
 
 __all__ = ["WorkerInfo", "read_worker_info"]
+
+_NO_HANG = HangSettings(report_after=None)
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class WorkerInfo:
     timeline_file: str = ""
     #: where faulthandler writes the stack of a fatal signal ("": nowhere; see :mod:`.faults`)
     fault_file: str = ""
+    #: the hang detector's settings (see :mod:`unirank.hang`)
+    hang: HangSettings = _NO_HANG
 
     def node_of(self, rank: int) -> str | None:
         """The node that runs ``rank``, by the plan's placement
@@ -134,6 +140,7 @@ def _read(environ: Mapping[str, str]) -> WorkerInfo:
         timeline_start=parse_seconds(timeline, TIMELINE_VAR) if timeline else None,
         timeline_file=environ.get(TIMELINE_FILE_VAR, ""),
         fault_file=environ.get(FAULT_FILE_VAR, ""),
+        hang=resolve_hang(None, None, environ),
     )
 
 
@@ -144,7 +151,8 @@ def read_worker_info(environ: Mapping[str, str]) -> WorkerInfo:
     Reads: RANK, WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT,
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES, UNIRANK_RANKS_PER_NODE, UNIRANK_INIT_TIMEOUT,
     UNIRANK_STORE_FD, UNIRANK_SUPERVISOR_PID, UNIRANK_EXIT_TIMEOUT, UNIRANK_LINGER_FD,
-    UNIRANK_DONE_FD, UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE, UNIRANK_FAULT_FILE.
+    UNIRANK_DONE_FD, UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE, UNIRANK_FAULT_FILE,
+    UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL.
     """
     try:
         return _read(environ)

@@ -11,7 +11,8 @@ fork server) armed the parent-death signal:
    hand the joined store to the runtime (:func:`unirank.store.hand_over`: the first
    :func:`unirank.init` starts its group on it without joining again, so a rank joins once per
    run), watch each start of the run's group (:mod:`.groupstart`), apply the variables the
-   program sets before it imports torch (:mod:`.lateenv`), and run the target;
+   program sets before it imports torch (:mod:`.lateenv`), start the hang detector's thread
+   (:mod:`unirank.hang.watcher`, with torch's flight recorder turned on), and run the target;
 4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
    the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
    other workers are done and gather the timeline.
@@ -22,7 +23,7 @@ from __future__ import annotations
 from collections.abc import MutableMapping, Sequence
 from typing import Any
 
-from unirank.contract import PRIVATE_VARIABLES
+from unirank.contract import PRIVATE_VARIABLES, RUN_ID_VAR
 from unirank.errorfile import exit_status
 from unirank.store import hand_over
 from unirank.supervisor.worker import groupstart, lateenv, numabind
@@ -71,6 +72,27 @@ def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
             gather(store, info.world_size, info.timeline_file)
 
 
+def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
+    """Start this rank's hang watcher (None when the detector is off), on a store connection
+    of its own."""
+    settings = info.hang
+    if settings.report_after is None:
+        return None
+    from unirank.hang.watcher import Watcher, enable_recorder
+
+    enable_recorder(environ)
+
+    def connect() -> Any:
+        return workerstore.connect(info)
+
+    job = None
+    if environ.get("LOCAL_RANK") == "0":  # this node's job file, for `unirank stacks`
+        job = {"run_id": environ.get(RUN_ID_VAR, ""), "master_addr": info.master_addr,
+               "master_port": info.master_port}
+    return Watcher(rank=info.rank, world_size=info.world_size, node=info.node_name,
+                   settings=settings, connect=connect, environ=environ, job=job).start()
+
+
 def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMapping[str, str],
                preloaded: tuple[float, float] | None = None) -> None:
     """Rendezvous, then run the target ``argv`` (see the module docstring); ``entered_at`` is
@@ -103,6 +125,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
         recorder.mark("joined")
         recorder.install_hooks()
         recorder.mark("script")
+    watcher = _watch_hangs(info, environ)  # imports nothing after lateenv's watch starts
     lateenv.watch(environ, report=info.rank == 0)
     ok = False
     try:
@@ -113,5 +136,7 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
         raise
     finally:
         uninstall()
+        if watcher is not None:
+            watcher.stop()
         _finish(store, info, recorder, ok=ok)
         del store  # a server lives exactly as long as the program and its linger

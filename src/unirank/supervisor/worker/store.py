@@ -34,8 +34,8 @@ from unirank.errors import ConfigError
 from unirank.store import StoreError, interrupted, open_store
 from unirank.supervisor.worker.info import WorkerInfo
 
-__all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "done",
-           "exit_barrier", "host_store", "linger", "private_fds", "rendezvous"]
+__all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "connect",
+           "done", "exit_barrier", "host_store", "linger", "private_fds", "rendezvous"]
 
 #: exit code of a worker that could not rendezvous (store unreachable, init timeout)
 RENDEZVOUS_FAILED = 1
@@ -59,6 +59,12 @@ def _open(info: WorkerInfo) -> Any:
         hint=f"check that node 0 ({info.store_node}) started unirank run with the same "
              f"--master-port, and that this node can reach that address",
     )
+
+
+def connect(info: WorkerInfo) -> Any:
+    """One more client connection to the job's store (the hang watcher's own)."""
+    return open_store(info.master_addr, info.master_port, rank=info.rank,
+                      timeout=info.init_timeout, served_by="rank 0", hint="")
 
 
 def _serve_store(info: WorkerInfo, watched: int) -> NoReturn:

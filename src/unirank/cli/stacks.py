@@ -1,0 +1,86 @@
+"""``unirank stacks``: every rank's progress and Python stack of a running job, now, grouped,
+without stopping anything.
+
+From another shell on any node of the job: the node's job file (:mod:`unirank.hang.jobs`,
+written by the hang watcher of the node's first rank) says where the job's store is; the
+command asks every rank's watcher for its stacks through the store (the same request as the
+hang report's), waits for them a bounded time, and prints them with each rank's collective
+progress. ``--job ID`` picks one of several jobs (a run id, or a Slurm job id); in a Slurm
+job's shell the job's id is the default. Needs the hang detector on (its default).
+
+Reads: SLURM_JOB_ID (through :mod:`unirank.launchers.slurm_vars`), TMPDIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from unirank.errors import ConfigError
+
+__all__ = ["add_arguments", "main"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``unirank stacks``."""
+    parser.add_argument("--job", default=None, metavar="ID",
+                        help="the job's run id (--rdzv-id, TORCHELASTIC_RUN_ID) or Slurm job "
+                        "id (default: the one job running on this node; in a Slurm job's shell, "
+                        "that job)")
+    parser.add_argument("--timeout", default=None, metavar="S",
+                        help="seconds to wait for the ranks' answers (default: two of the "
+                        "watcher's intervals and 3 s)")
+
+
+def _pick(job: str | None) -> dict[str, object]:
+    from unirank.hang.jobs import find_jobs, jobs_dir
+
+    found = find_jobs(job)
+    if len(found) == 1:
+        return found[0]
+    if not found:
+        raise ConfigError(f"no running unirank job{'' if job is None else ' ' + repr(job)} "
+                          f"on this node (no live job file in {jobs_dir()})",
+                          hint="run this on a node of the job, whose hang detector is on "
+                          "(not --hang-report-after off)")
+    ids = ", ".join(str(j["run_id"]) for j in found)
+    raise ConfigError(f"several unirank jobs run on this node: {ids}", variable="--job",
+                      value=job, hint="name one with --job ID")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Print every rank's progress and stacks (see the module docstring)."""
+    from unirank.contract import parse_seconds
+    from unirank.launchers import slurm_vars
+
+    job_id = args.job or slurm_vars.job_id(os.environ)[0]
+    job = _pick(job_id) if args.job or _has(job_id) else _pick(None)
+    interval = float(str(job.get("interval", 5.0)))
+    timeout = (parse_seconds(str(args.timeout), "--timeout") if args.timeout is not None
+               else 2 * interval + 3)
+    from unirank.hang.render import render_snapshot
+    from unirank.hang.watcher import read_records, request_stacks
+    from unirank.store import StoreError, open_store
+
+    addr, port = str(job["master_addr"]), int(str(job["master_port"]))
+    try:
+        store = open_store(addr, port, rank=-1, timeout=timeout, served_by="rank 0",
+                           hint="the job may have just ended")
+    except StoreError as exc:
+        print(f"unirank stacks: error: {exc.what}", file=sys.stderr)
+        return 1
+    world = int(str(job["world_size"]))
+    stacks, missing, nodes = request_stacks(store, world, timeout)
+    records = read_records(store, world)
+    nodes.update({r: str(rec.get("node", "")) for r, rec in records.items() if rec})
+    print(render_snapshot(records, stacks, job=str(job["run_id"]), unanswered=missing,
+                          nodes=nodes, now=time.time(), answer_timeout=timeout), end="")
+    return 0
+
+
+def _has(job_id: str | None) -> bool:
+    from unirank.hang.jobs import find_jobs
+
+    return job_id is not None and bool(find_jobs(job_id))

@@ -1,0 +1,23 @@
+"""The hang detector: every rank's collective progress, one place that sees a hang, one report.
+
+* :mod:`.progress` (pure): torch's flight recorder dump -> this rank's compact progress
+  record; Python stacks from :func:`sys._current_frames` as data; the user's frame of a stack;
+* :mod:`.detect` (pure): every rank's record -> the hang (the wavefront, mismatches) or None;
+* :mod:`.render` (pure): the report's text (golden files in tests/fixtures/hang);
+* :mod:`.watcher`: the thread each rank runs (``unirank-hang-watch``) that publishes its
+  record to the job's store, answers stack requests, and on rank 0 runs the detector and
+  prints the report; :data:`HANG_EXIT_CODE` is what ``--hang-timeout`` ends the job with.
+
+Reads no environment variable (the settings come as :class:`unirank.contract.HangSettings`).
+"""
+
+from __future__ import annotations
+
+__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER"]
+
+#: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
+#: rank 0 writes every report with every rank's stacks, as text and JSON (kept after the run)
+HANG_FOLDER = "hang"
+
+#: the exit code of a job ended by ``--hang-timeout`` (rank 0's, the root cause)
+HANG_EXIT_CODE = 86

@@ -1,0 +1,172 @@
+"""One rank's progress, as data (pure): the collectives it entered and finished, per process
+group, read from torch's flight recorder dump; the Python stacks of its threads; the frame of
+a stack that is the user's own code.
+
+A record (:func:`make_record`) is a small JSON-able dict that the rank's watcher sets in the
+store once per interval::
+
+    {"rank": 3, "node": "node1", "time": 1764.2, "where": "save (train.py:80)",
+     "groups": [{"pg": "0", "ranks": null, "entered": 12, "done": 11, "op": "all_reduce",
+                 "what": "float32[1024]", "since": 1760.1, "site": "train.py:57"}]}
+
+``entered``/``done`` are the group's last enqueued and last completed collective sequence
+numbers; ``op``/``what``/``since`` describe the last one entered (``since``: when it was
+entered, wall clock); ``site`` is the user's line that issued it, where known.
+
+Reads no environment variable.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+from collections.abc import Iterable, Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+__all__ = ["Frame", "describe_tensors", "group_progress", "make_record", "site_of",
+           "thread_stacks", "user_frame"]
+
+#: a frame as (file, line, function, source line)
+Frame = tuple[str, int, str, str]
+
+_DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
+           "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
+           "Bool": "bool", "ComplexFloat": "complex64", "ComplexDouble": "complex128"}
+
+
+def describe_tensors(dtypes: Sequence[str], sizes: Sequence[Sequence[int]]) -> str:
+    """``float32[1024]`` (several tensors: joined by ``, ``); ``""`` when nothing is known."""
+    parts = []
+    for dtype, shape in zip(dtypes, sizes):
+        name = _DTYPES.get(str(dtype), str(dtype).lower())
+        parts.append(f"{name}[{', '.join(str(n) for n in shape)}]")
+    return ", ".join(parts)
+
+
+def _op_name(profiling_name: str) -> str:
+    """``gloo:all_reduce`` -> ``all_reduce``; ``nccl:all_gather_into_tensor_coalesced`` too."""
+    return profiling_name.split(":", 1)[-1] or "collective"
+
+
+def _members(config: Any) -> list[int] | None:
+    """A group's ranks from the flight recorder's ``pg_config`` entry, None where unknown."""
+    text = config.get("ranks") if isinstance(config, Mapping) else None
+    try:
+        return [int(r) for r in str(text).strip("[] ").split(",") if r.strip()] or None
+    except ValueError:
+        return None
+
+
+def group_progress(dump: Mapping[str, Any], default_world: int) -> list[dict[str, Any]]:
+    """Each process group's progress from a flight recorder dump (``_dump_fr_trace_json``):
+    its last entered and finished collective, and what the last entered one is. A group whose
+    ranks are all ``default_world`` ranks gets ``ranks: None``."""
+    entries = [e for e in dump.get("entries", ()) if isinstance(e, Mapping)]
+    configs = dump.get("pg_config", {}) or {}
+    groups = []
+    for pg, status in sorted((dump.get("pg_status") or {}).items()):
+        entered = int(status.get("last_enqueued_collective", -1))
+        done = int(status.get("last_completed_collective", -1))
+        if entered < 0:
+            continue
+        group: dict[str, Any] = {"pg": str(pg), "entered": entered, "done": done, "op": "",
+                                 "what": "", "since": None, "thread": None}
+        for entry in reversed(entries):
+            if str(entry.get("pg_id")) == str(pg) and entry.get("collective_seq_id") == entered \
+                    and not entry.get("is_p2p"):
+                group["op"] = _op_name(str(entry.get("profiling_name", "")))
+                group["what"] = describe_tensors(entry.get("input_dtypes", ()),
+                                                 entry.get("input_sizes", ()))
+                group["since"] = int(entry.get("time_created_ns", 0)) / 1e9 or None
+                group["thread"] = entry.get("thread_id")
+                break
+        members = _members(configs.get(str(pg)) or _by_name(configs, entries, pg))
+        group["ranks"] = None if members is None or len(members) == default_world else members
+        groups.append(group)
+    return groups
+
+
+def _by_name(configs: Mapping[str, Any], entries: Iterable[Mapping[str, Any]],
+             pg: str) -> Any:
+    """pg_config is keyed by group name; entries name their group as [id, name]."""
+    for entry in entries:
+        names = entry.get("process_group")
+        if str(entry.get("pg_id")) == str(pg) and isinstance(names, list) and len(names) > 1:
+            return configs.get(str(names[1])) or configs.get(str(names[0]))
+    return None
+
+
+def _is_library(path: str, skip: Sequence[str]) -> bool:
+    return (path.startswith("<") or any(path.startswith(prefix) for prefix in skip))
+
+
+def library_prefixes() -> tuple[str, ...]:
+    """Folders whose frames are never the user's: the standard library, torch, unirank."""
+    prefixes = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+    torch = sys.modules.get("torch")
+    if torch is not None and getattr(torch, "__file__", None):
+        prefixes.add(os.path.dirname(os.path.abspath(str(torch.__file__))))
+    return tuple(sorted(p.rstrip(os.sep) + os.sep for p in prefixes))
+
+
+def user_frame(stack: Sequence[Frame], skip: Sequence[str]) -> Frame | None:
+    """The innermost frame of ``stack`` (outermost first) outside the folders in ``skip``."""
+    for frame in reversed(stack):
+        if not _is_library(os.path.abspath(frame[0]) if not frame[0].startswith("<")
+                           else frame[0], skip):
+            return frame
+    return None
+
+
+def site_of(frame: Frame | None, *, with_function: bool = False) -> str:
+    """``train.py:57`` (``save (train.py:80)`` with the function); ``""`` for no frame."""
+    if frame is None:
+        return ""
+    where = f"{os.path.basename(frame[0])}:{frame[1]}"
+    return f"{frame[2]} ({where})" if with_function else where
+
+
+def frames_of(frame: FrameType | None) -> list[Frame]:
+    """A live frame's stack, outermost first (source lines from linecache)."""
+    stack: list[Frame] = []
+    while frame is not None:
+        code = frame.f_code
+        line = frame.f_lineno or 0
+        stack.append((code.co_filename, line, code.co_name,
+                      linecache.getline(code.co_filename, line).strip()))
+        frame = frame.f_back
+    stack.reverse()
+    return stack
+
+
+def thread_stacks(frames: Mapping[int, FrameType], names: Mapping[int, str],
+                  skip_ident: int | None = None) -> list[dict[str, Any]]:
+    """Every thread's stack (from :func:`sys._current_frames`), named (``names``: ident ->
+    thread name), the main thread first, without ``skip_ident`` (the watcher itself)."""
+    threads = []
+    for ident, frame in frames.items():
+        if ident == skip_ident:
+            continue
+        threads.append({"name": names.get(ident, f"thread {ident}"), "ident": ident,
+                        "frames": [list(f) for f in frames_of(frame)]})
+    threads.sort(key=lambda t: (t["name"] != "MainThread", t["name"], t["ident"]))
+    return threads
+
+
+def make_record(rank: int, node: str, now: float, groups: list[dict[str, Any]],
+                where: str, *, finished: bool = False,
+                recorder: bool = True) -> dict[str, Any]:
+    """This rank's record (see the module docstring); ``finished``: its program has ended;
+    ``recorder``: the flight recorder could be read."""
+    record: dict[str, Any] = {"rank": rank, "node": node, "time": now, "where": where,
+                              "groups": [{k: v for k, v in g.items() if k != "thread"}
+                                         for g in groups]}
+    if finished:
+        record["finished"] = True
+    if not recorder:
+        record["recorder"] = False
+    return record

@@ -1,0 +1,169 @@
+"""The hang report's text (pure): the wavefront, mismatches, and every rank's Python stack
+grouped by identical stack. Golden files in tests/fixtures/hang.
+
+Reads no environment variable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from unirank.hang.detect import Call, Hang, Laggard
+from unirank.joincheck import format_ranks
+
+__all__ = ["progress_line", "render_report", "render_snapshot", "stack_groups",
+           "wavefront_line"]
+
+INDENT = "  "
+
+
+def _seconds(value: float) -> str:
+    return f"{math.floor(value)} s"
+
+
+def _who(ranks: Sequence[int], nodes: Mapping[int, str]) -> str:
+    """``rank 7 (node2)``, ``ranks 0-6`` (several nodes: not named)."""
+    names = sorted({nodes.get(r, "") for r in ranks} - {""})
+    text = format_ranks(ranks)
+    return f"{text} ({', '.join(names)})" if names and len(names) <= 2 else text
+
+
+def _call(call: Call, *, verb: str = "") -> str:
+    details = ", ".join(x for x in (call.what, call.site) if x)
+    return f"{verb}{call.op} #{call.seq}" + (f" ({details})" if details else "")
+
+
+def _laggard(lag: Laggard, nodes: Mapping[int, str], several: bool) -> str:
+    own = f"rank {lag.rank}'s" if several else "its"
+    if lag.silent_for is None:
+        return f"rank {lag.rank} sent no progress record (not started, or frozen)"
+    if lag.finished:
+        return f"{own} program has ended"
+    if lag.where:
+        return f"{own} main thread is in {lag.where}"
+    return f"{own} main thread is outside the program's code"
+
+
+def wavefront_line(hang: Hang) -> str:
+    """"ranks 0-6 wait in all_reduce #1025 (float32[1024], train.py:57) since 61 s; rank 7
+    (node2) has not entered it: its main thread is in save_checkpoint (train.py:80)"."""
+    waits = "; ".join(f"{_who(c.ranks, hang.nodes)} wait{'s' if len(c.ranks) == 1 else ''} "
+                      f"in {_call(c)} since {_seconds(c.waited or 0.0)}" for c in hang.waiting)
+    if not hang.laggards:
+        return waits
+    lagging = [lag.rank for lag in hang.laggards]
+    several = len(lagging) > 1
+    verb = "have" if several else "has"
+    where = ", ".join(_laggard(lag, hang.nodes, several) for lag in hang.laggards)
+    return f"{waits}; {_who(lagging, hang.nodes)} {verb} not entered it: {where}"
+
+
+def _mismatch_line(hang: Hang) -> str:
+    """"rank 3 called broadcast #12, ranks 0-2 all_reduce #12"."""
+    first = hang.waiting[0] if hang.waiting else None
+    same_op = all(c.op == (first.op if first else "") for c in hang.mismatched)
+    parts = []
+    for index, call in enumerate((*hang.mismatched, *hang.waiting)):
+        text = f"{call.op} #{call.seq}" + (f" ({call.what})" if same_op and call.what else "")
+        parts.append(f"{format_ranks(call.ranks)} {'called ' if index == 0 else ''}{text}")
+    return ", ".join(parts)
+
+
+def stack_groups(stacks: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[
+        tuple[list[int], Sequence[Mapping[str, Any]]]]:
+    """Ranks with identical stacks (every thread's name and frames), the largest group first."""
+    groups: dict[Any, list[int]] = {}
+    first: dict[Any, Sequence[Mapping[str, Any]]] = {}
+    for rank, threads in sorted(stacks.items()):
+        key = tuple((t["name"], tuple(tuple(f) for f in t["frames"])) for t in threads)
+        groups.setdefault(key, []).append(rank)
+        first.setdefault(key, threads)
+    ordered = sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[1]))
+    return [(ranks, first[key]) for key, ranks in ordered]
+
+
+def _stack_lines(threads: Sequence[Mapping[str, Any]]) -> list[str]:
+    lines = []
+    for thread in threads:
+        lines.append(f"{INDENT * 2}Thread {thread['name']}:")
+        for path, line, function, source in thread["frames"]:
+            lines.append(f'{INDENT * 3}File "{path}", line {line}, in {function}')
+            if source:
+                lines.append(f"{INDENT * 4}{source}")
+    return lines
+
+
+def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[str, Any]]],
+                  *, unanswered: Sequence[int], number: int, report_after: float,
+                  nodes: Mapping[int, str], answer_timeout: float,
+                  dump_files: Sequence[str] = (), ending: str = "") -> str:
+    """The whole report (see the module docstring); ``number``: the how-manieth for this hang,
+    ``unanswered``: ranks whose stacks did not come within ``answer_timeout`` seconds,
+    ``dump_files``: where the full dump went, ``ending``: a last line (``--hang-timeout``)."""
+    longest = max((h.waited for h in hangs), default=0.0)
+    out = [f"unirank: HANG (report {number}): ranks have waited in a collective for "
+           f"{_seconds(longest)} (--hang-report-after {report_after:g} s)"]
+    for hang in hangs:
+        prefix = "" if hang.pg == "0" else f"process group {hang.pg}: "
+        if hang.laggards or not hang.mismatched:
+            out.append(f"{INDENT}{prefix}{wavefront_line(hang)}")
+        if hang.mismatched:
+            out.append(f"{INDENT}{prefix}mismatch: {_mismatch_line(hang)}")
+    out.append(f"{INDENT}Python stacks, grouped by identical stack:")
+    for ranks, threads in stack_groups(stacks):
+        out.append(f"{INDENT}{_who(ranks, nodes)}:")
+        out.extend(_stack_lines(threads))
+    if unanswered:
+        out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
+                   f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
+    if dump_files:
+        out.append(f"{INDENT}every rank's stack: {', '.join(dump_files)}")
+    if ending:
+        out.append(f"{INDENT}{ending}")
+    return "\n".join(out) + "\n"
+
+
+def progress_line(record: Mapping[str, Any] | None, now: float) -> str:
+    """One rank's progress in words: each group's last collective (waiting or finished) and
+    where its main thread is."""
+    if record is None:
+        return "no progress record yet"
+    parts = []
+    for group in record.get("groups", ()):
+        prefix = "" if group["pg"] == "0" else f"group {group['pg']}: "
+        call = Call((), group.get("op") or "collective", group["entered"], group.get("what", ""),
+                    group.get("site", ""))
+        if group["entered"] > group["done"] and group.get("since") is not None:
+            waited = max(0.0, now - float(group["since"]))
+            parts.append(f"{prefix}waiting in {_call(call)} for {_seconds(waited)}")
+        else:
+            parts.append(f"{prefix}finished collective #{group['done']}")
+    if record.get("finished"):
+        parts.append("its program has ended")
+    elif record.get("where"):
+        parts.append(f"main thread in {record['where']}")
+    return "; ".join(parts) or "no collective yet"
+
+
+def render_snapshot(records: Mapping[int, Mapping[str, Any] | None],
+                    stacks: Mapping[int, Sequence[Mapping[str, Any]]], *, job: str,
+                    unanswered: Sequence[int], nodes: Mapping[int, str], now: float,
+                    answer_timeout: float) -> str:
+    """``unirank stacks``: every rank's progress (ranks with the same words together), then
+    the stacks grouped as in the hang report."""
+    out = [f"unirank stacks: job {job}, {len(records)} ranks"]
+    lines: dict[str, list[int]] = {}
+    for rank, record in sorted(records.items()):
+        lines.setdefault(progress_line(record, now), []).append(rank)
+    for text, ranks in lines.items():
+        out.append(f"{INDENT}{_who(ranks, nodes)}: {text}")
+    out.append(f"{INDENT}Python stacks, grouped by identical stack:")
+    for ranks, threads in stack_groups(stacks):
+        out.append(f"{INDENT}{_who(ranks, nodes)}:")
+        out.extend(_stack_lines(threads))
+    if unanswered:
+        out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
+                   f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
+    return "\n".join(out) + "\n"

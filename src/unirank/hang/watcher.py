@@ -1,0 +1,432 @@
+"""The thread each rank runs for the hang detector (``unirank-hang-watch``, a daemon).
+
+Every interval it reads torch's flight recorder (:func:`_read_recorder`; a torch without
+the private ``_dump_fr_trace_json`` gives "no progress information", never an error), sets
+this rank's progress record in the job's store (one ``set`` of one key), and checks one
+counter (``add(key, 0)``) that asks every rank for its Python stacks: then it sets them
+(every thread's, from :func:`sys._current_frames`, read by this thread: no signal is taken,
+no code runs in a signal handler). On rank 0 it also runs the detector
+(:func:`unirank.hang.detect.find_hangs` over every rank's record): when a hang is seen it
+asks for the stacks, waits for them a bounded time (a frozen rank does not answer: the report
+says so), prints one report (:func:`unirank.hang.render.render_report`) on rank 0's stderr,
+writes the full dump as text and JSON next to the attempt's folders (``hang/``), and repeats
+it with a doubling interval while the hang lasts. With a hang timeout it then records the
+report as rank 0's failure (the error file) and ends rank 0 with
+:data:`unirank.hang.HANG_EXIT_CODE`, so that the supervisor ends the job.
+
+The thread uses a store connection of its own, so it never waits behind the program's or
+torch's use of the store.
+
+Reads: TORCHELASTIC_ERROR_FILE (where rank 0 writes a hang timeout's record; its attempt
+folder holds the dumps), TORCH_FR_BUFFER_SIZE (set to :data:`RECORDER_ENTRIES` when unset,
+before the program starts its group).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from unirank.contract import ERROR_FILE_VAR, HangSettings
+from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER
+from unirank.hang.detect import Hang, find_hangs
+from unirank.hang.jobs import announce, withdraw
+from unirank.hang.progress import (
+    frames_of,
+    group_progress,
+    library_prefixes,
+    make_record,
+    site_of,
+    thread_stacks,
+    user_frame,
+)
+from unirank.hang.render import render_report, wavefront_line
+
+__all__ = [
+    "ASK_KEY",
+    "PROGRESS_PREFIX",
+    "RECORDER_ENTRIES",
+    "RECORDER_VAR",
+    "STACKS_PREFIX",
+    "THREAD_NAME",
+    "HangTimeoutError",
+    "Watcher",
+    "enable_recorder",
+    "progress_key",
+    "running",
+]
+
+THREAD_NAME = "unirank-hang-watch"
+PROGRESS_PREFIX = "unirank/hang/progress/"
+ASK_KEY = "unirank/hang/ask"
+STACKS_PREFIX = "unirank/hang/stacks/"
+#: torch's flight recorder: how many collectives it keeps (its ring buffer)
+RECORDER_VAR = "TORCH_FR_BUFFER_SIZE"
+RECORDER_ENTRIES = 64
+
+
+#: added to the stack request counter by rank 0 when it ends the job (``--hang-timeout``): each
+#: rank's thread then counts itself in ENDED_KEY and stops using the store, which ends with
+#: rank 0's process
+ENDING = 1 << 40
+ENDED_KEY = "unirank/hang/ended"
+#: why rank 0 ends the job (the hang's wavefront), for the other ranks' records
+REASON_KEY = "unirank/hang/reason"
+
+
+class _JobEnding(Exception):
+    """Rank 0 ends the job: this rank's thread stops."""
+
+
+class HangTimeoutError(RuntimeError):
+    """The job hung longer than ``--hang-timeout`` (rank 0's recorded failure)."""
+
+
+_RUNNING: list[Watcher] = []
+
+
+def running() -> Watcher | None:
+    """This process's watcher, if one was started (a worker's bootstrap starts it; then
+    :func:`unirank.init` does not start another)."""
+    return _RUNNING[-1] if _RUNNING else None
+
+
+def progress_key(rank: int) -> str:
+    """The store key of rank ``rank``'s progress record."""
+    return f"{PROGRESS_PREFIX}{rank}"
+
+
+def enable_recorder(environ: MutableMapping[str, str]) -> None:
+    """Turn torch's flight recorder on (before the first group starts), unless the program's
+    environment sets its size already."""
+    environ.setdefault(RECORDER_VAR, str(RECORDER_ENTRIES))
+
+
+def _read_recorder() -> dict[str, Any] | None:
+    """The flight recorder's dump; {} before torch is loaded; None where torch cannot give it.
+    Its entries only while a collective waits: the groups' status alone costs microseconds,
+    the entries about a millisecond per hundred.
+
+    Imports nothing: the program's first ``import torch`` is its own (see
+    :mod:`unirank.supervisor.worker.lateenv`), and torch's C module is loaded with it."""
+    if "torch.distributed" not in sys.modules:
+        return {}
+    dump = getattr(sys.modules.get("torch._C._distributed_c10d"), "_dump_fr_trace_json", None)
+    if dump is None:
+        return None
+    try:
+        status = dict(json.loads(dump(False, True)))
+        waiting = any(int(g.get("last_enqueued_collective", -1))
+                      > int(g.get("last_completed_collective", -1))
+                      for g in (status.get("pg_status") or {}).values())
+        return dict(json.loads(dump(True, True))) if waiting else status
+    except Exception:  # private API: any failure is "no information"
+        return None
+
+
+@dataclass
+class _Sites:
+    """The user's line behind each group's waiting collective, seen once per collective."""
+
+    skip: tuple[str, ...] = ()
+    seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+
+    def fill(self, groups: list[dict[str, Any]], frames: Mapping[int, Any]) -> None:
+        for group in groups:
+            key, seq = group["pg"], group["entered"]
+            known = self.seen.get(key)
+            if known is None or known[0] != seq:
+                site = ""
+                if group["entered"] > group["done"] and group.get("thread"):
+                    with contextlib.suppress(ValueError):
+                        frame = frames.get(int(group["thread"]))
+                        site = site_of(user_frame(frames_of(frame), self.skip))
+                known = (seq, site)
+                self.seen[key] = known
+            group["site"] = known[1]
+
+
+class Watcher:
+    """The thread (see the module docstring); :meth:`start` it, :meth:`stop` it at the end."""
+
+    def __init__(self, *, rank: int, world_size: int, node: str, settings: HangSettings,
+                 connect: Callable[[], Any], environ: Mapping[str, str],
+                 err_fd: int = 2, job: Mapping[str, Any] | None = None) -> None:
+        self.rank, self.world_size, self.node = rank, world_size, node
+        self.settings = settings
+        self._connect = connect
+        self.error_file = environ.get(ERROR_FILE_VAR, "")
+        self.err_fd = err_fd
+        self._stop = threading.Event()
+        self._finished = False
+        self._answered = 0
+        self._sites = _Sites()
+        self._torch_seen = False
+        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self.detector: _Detector | None = None
+        self._store: Any = None
+        #: this node's job file for ``unirank stacks`` (:mod:`unirank.hang.jobs`), if any
+        self._job = job
+        self._job_file: str | None = None
+
+    def start(self) -> Watcher:
+        """Connect to the store (here: the connection imports what it needs before the
+        program runs), then start the thread (once per process: see :func:`running`). Without
+        a store there is no detector, and the program goes on."""
+        try:
+            self._store = self._connect()
+        except Exception:
+            return self
+        _RUNNING.append(self)
+        if self._job is not None:
+            self._job_file = announce({**self._job, "world_size": self.world_size,
+                                       "interval": self.settings.interval})
+        self._thread.start()
+        # before the interpreter's teardown: a daemon thread inside a store call at that
+        # moment aborts the process ("terminate called without an active exception")
+        atexit.register(self.stop)
+        return self
+
+    def stop(self, *, finished: bool = True, timeout: float = 2.0) -> None:
+        """End the thread (it publishes a last record saying the program ended); waits for it
+        at most ``timeout`` seconds."""
+        self._finished = finished
+        self._stop.set()
+        if self in _RUNNING:
+            _RUNNING.remove(self)
+        withdraw(self._job_file)
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # -- the thread ---------------------------------------------------------------------
+    def _run(self) -> None:
+        store = self._store
+        if self.rank == 0:
+            self.detector = _Detector(self, store)
+        while True:
+            try:
+                self._tick(store)
+            except _JobEnding as ending:
+                self._end(str(ending))  # rank 0 ends the job (--hang-timeout): so does this rank
+            except Exception:
+                return  # the store went away (the job is ending): no more records
+            if self._stop.wait(self.settings.interval):
+                break
+        with contextlib.suppress(Exception):
+            self._publish(store)
+
+    def _tick(self, store: Any) -> None:
+        self._publish(store)
+        self._answer(store)
+        if self.detector is not None:
+            self.detector.tick(time.time())
+
+    def record(self) -> dict[str, Any]:
+        """This rank's progress record now."""
+        if not self._sites.skip or ("torch" in sys.modules) != self._torch_seen:
+            self._torch_seen = "torch" in sys.modules
+            self._sites.skip = library_prefixes()
+        dump = _read_recorder()
+        groups = group_progress(dump, self.world_size) if dump else []
+        frames = sys._current_frames()
+        self._sites.fill(groups, frames)
+        main = threading.main_thread().ident
+        where = site_of(user_frame(frames_of(frames.get(main or -1)), self._sites.skip),
+                        with_function=True)
+        return make_record(self.rank, self.node, time.time(), groups, where,
+                           finished=self._finished and self._stop.is_set(),
+                           recorder=dump is not None)
+
+    def _publish(self, store: Any) -> None:
+        store.set(progress_key(self.rank), json.dumps(self.record()))
+
+    def stacks(self) -> list[dict[str, Any]]:
+        """Every thread's stack but this one's, trimmed of the frames before the user's."""
+        names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
+        threads = thread_stacks(sys._current_frames(), names, threading.get_ident())
+        for thread in threads:
+            frames = thread["frames"]
+            outer = next((i for i, f in enumerate(frames)
+                          if user_frame([tuple(f)], self._sites.skip) is not None), None)
+            if outer:
+                thread["frames"] = frames[outer:]
+        return threads
+
+    def answer(self, store: Any, number: int) -> None:
+        """Set this rank's stacks for stack request ``number``."""
+        payload = {"rank": self.rank, "node": self.node, "threads": self.stacks()}
+        store.set(f"{STACKS_PREFIX}{number}/{self.rank}", json.dumps(payload))
+        self._answered = max(self._answered, number)
+
+    def _answer(self, store: Any) -> None:
+        number = int(store.add(ASK_KEY, 0))
+        if number >= ENDING:
+            reason = bytes(store.get(REASON_KEY)).decode(errors="replace")
+            store.add(ENDED_KEY, 1)
+            raise _JobEnding(f"rank 0 ended the job: {reason}")
+        for pending in range(max(self._answered + 1, number - 3), number + 1):
+            self.answer(store, pending)
+
+    def exit_for_timeout(self, store: Any, message: str) -> None:
+        """Record the hang as this rank's failure, have every other rank end (each on its
+        next interval: its thread stops using the store, records why and exits, so that ranks
+        under other supervisors end too), and end this process (``--hang-timeout``) once they
+        have, at most two intervals and a second later (a frozen rank does not answer)."""
+        self._record(message)
+        with contextlib.suppress(Exception):
+            store.set(REASON_KEY, message)
+            store.add(ASK_KEY, ENDING)
+            deadline = time.monotonic() + 2 * self.settings.interval + 1
+            while (int(store.add(ENDED_KEY, 0)) < self.world_size - 1
+                   and time.monotonic() < deadline):
+                self._stop.wait(0.05)
+        withdraw(self._job_file)
+        os._exit(HANG_EXIT_CODE)
+
+    def _record(self, message: str) -> None:
+        from unirank.errorfile import record_exception
+
+        if self.error_file:
+            record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self.error_file},
+                             exit_code=HANG_EXIT_CODE)
+
+    def _end(self, message: str) -> None:
+        """Another rank's part of :meth:`exit_for_timeout`: record why, give rank 0 (the
+        root cause) the time to end first, then end (ranks under another supervisor)."""
+        self._record(message)
+        withdraw(self._job_file)
+        self._stop.wait(2 * self.settings.interval + 3)
+        os._exit(HANG_EXIT_CODE)
+
+
+class _Detector:
+    """Rank 0's part: gather every record, find hangs, report with a doubling interval."""
+
+    def __init__(self, watcher: Watcher, store: Any) -> None:
+        self.watcher = watcher
+        self.store = store
+        self.current: tuple[tuple[str, int], ...] = ()
+        self.number = 0
+        self.next_at = 0.0
+        settings = watcher.settings
+        assert settings.report_after is not None
+        self.report_after = settings.report_after
+        self.answer_timeout = 2 * settings.interval + 3.0
+
+    def records(self) -> dict[int, dict[str, Any] | None]:
+        """Every rank's last record (None: it set none yet)."""
+        return read_records(self.store, self.watcher.world_size)
+
+    def tick(self, now: float) -> None:
+        hangs = find_hangs(self.records(), self.watcher.world_size, self.report_after, now)
+        key = tuple((h.pg, h.seq) for h in hangs)
+        if key != self.current:
+            self.current, self.number, self.next_at = key, 0, self.report_after
+        if not hangs:
+            return
+        waited = max(h.waited for h in hangs)
+        limit = self.watcher.settings.timeout
+        ending = limit is not None and waited >= limit
+        if waited < self.next_at and not ending:
+            return
+        self.number += 1
+        self.next_at = max(self.next_at, waited) * 2
+        self.report(hangs, ending=ending)
+
+    def ask(self) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
+        """Every rank's stacks (rank 0's own at once), those that did not answer in time, and
+        the nodes the answers came from."""
+        return request_stacks(self.store, self.watcher.world_size, self.answer_timeout,
+                              own=self.watcher)
+
+    def report(self, hangs: list[Hang], *, ending: bool) -> None:
+        stacks, missing, nodes = self.ask()
+        for hang in hangs:
+            nodes.update({r: n for r, n in hang.nodes.items() if n})
+        files = self._dump_files()
+        limit = self.watcher.settings.timeout
+        last = (f"ending the job (--hang-timeout {limit:g} s, exit code {HANG_EXIT_CODE})"
+                if ending else "")
+        text = render_report(hangs, stacks, unanswered=missing, number=self.number,
+                             report_after=self.report_after, nodes=nodes,
+                             answer_timeout=self.answer_timeout, dump_files=files,
+                             ending=last)
+        self._write_dump(files, text, stacks, hangs)
+        with contextlib.suppress(OSError):
+            os.write(self.watcher.err_fd, text.encode(errors="replace"))
+        if ending:
+            self.watcher.exit_for_timeout(self.store, f"no progress for {limit:g} s "
+                                          f"(--hang-timeout): {wavefront_line(hangs[0])}")
+
+    def _dump_files(self) -> list[str]:
+        error_file = self.watcher.error_file
+        if not error_file:
+            return []
+        folder = os.path.join(os.path.dirname(os.path.dirname(error_file)), HANG_FOLDER)
+        stem = os.path.join(folder, f"report-{self.number}")
+        return [f"{stem}.txt", f"{stem}.json"]
+
+    def _write_dump(self, files: list[str], text: str,
+                    stacks: Mapping[int, list[dict[str, Any]]], hangs: list[Hang]) -> None:
+        if not files:
+            return
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(files[0]), exist_ok=True)
+            per_rank = [f"rank {rank}:\n" + "".join(
+                f"  Thread {t['name']}:\n" + "".join(
+                    f'    File "{p}", line {n}, in {fn}\n' + (f"      {src}\n" if src else "")
+                    for p, n, fn, src in t["frames"]) for t in threads)
+                for rank, threads in sorted(stacks.items())]
+            with open(files[0], "w", encoding="utf-8") as fh:
+                fh.write(text + "\nevery rank's stack:\n" + "".join(per_rank))
+            with open(files[1], "w", encoding="utf-8") as fh:
+                json.dump({"report": text, "hangs": [_hang_json(h) for h in hangs],
+                           "stacks": {str(r): s for r, s in stacks.items()}}, fh, indent=1)
+
+
+def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any] | None]:
+    """Every rank's last progress record (None: it set none yet): one ``multi_get`` when all
+    are there."""
+    keys = [progress_key(r) for r in range(world_size)]
+    if store.check(keys):
+        return {r: json.loads(bytes(v)) for r, v in enumerate(store.multi_get(keys))}
+    return {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
+            for r, k in enumerate(keys)}
+
+
+def request_stacks(store: Any, world_size: int, timeout: float, *, own: Watcher | None = None
+                   ) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
+    """Ask every rank's watcher for its stacks (``own``: answer for this process at once) and
+    wait for them at most ``timeout`` seconds: the stacks by rank, the ranks that did not
+    answer, and the nodes of those that did."""
+    number = int(store.add(ASK_KEY, 1))
+    if own is not None:
+        own.answer(store, number)
+    keys = {r: f"{STACKS_PREFIX}{number}/{r}" for r in range(world_size)}
+    with contextlib.suppress(Exception):
+        store.wait(list(keys.values()), timedelta(seconds=timeout))
+    stacks: dict[int, list[dict[str, Any]]] = {}
+    nodes: dict[int, str] = {}
+    for rank, key in keys.items():
+        if store.check([key]):
+            answer = json.loads(bytes(store.get(key)))
+            stacks[rank] = answer["threads"]
+            nodes[rank] = answer.get("node", "")
+    return stacks, [r for r in keys if r not in stacks], nodes
+
+
+def _hang_json(hang: Hang) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data = asdict(hang)
+    data["nodes"] = {str(k): v for k, v in hang.nodes.items()}
+    return data

@@ -1,0 +1,167 @@
+"""The detector (pure): which records are a hang, the wavefront and the mismatches; and the
+report's text against golden files in tests/fixtures/hang (regenerate with
+``UNIRANK_REGEN_GOLDEN=1`` and review the diff)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from unirank.hang.detect import find_hangs
+from unirank.hang.render import render_report, stack_groups, wavefront_line
+
+GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hang"
+NOW = 1000.0
+
+
+def group(entered: int, done: int, *, op: str = "all_reduce", what: str = "float32[1024]",
+          since: float | None = 900.0, site: str = "train.py:57", pg: str = "0",
+          ranks: list[int] | None = None) -> dict[str, Any]:
+    return {"pg": pg, "entered": entered, "done": done, "op": op, "what": what,
+            "since": since, "site": site, "ranks": ranks}
+
+
+def record(rank: int, *groups: dict[str, Any], node: str = "node1", where: str = "",
+           time: float = NOW, finished: bool = False) -> dict[str, Any]:
+    data: dict[str, Any] = {"rank": rank, "node": node, "time": time, "where": where,
+                            "groups": list(groups)}
+    if finished:
+        data["finished"] = True
+    return data
+
+
+def waiting_world(laggard: dict[str, Any], world: int = 8) -> dict[int, dict[str, Any] | None]:
+    records: dict[int, dict[str, Any] | None] = {
+        r: record(r, group(1025, 1024), node="node1" if r < 4 else "node2")
+        for r in range(world - 1)}
+    records[world - 1] = laggard
+    return records
+
+
+def test_a_rank_that_has_not_entered_is_the_wavefront() -> None:
+    laggard = record(7, group(1024, 1024, since=800.0), node="node2",
+                     where="save_checkpoint (train.py:80)")
+    [hang] = find_hangs(waiting_world(laggard), 8, 60.0, NOW + 1)
+    assert (hang.pg, hang.seq, hang.waited) == ("0", 1025, 101.0)
+    assert [c.ranks for c in hang.waiting] == [tuple(range(7))]
+    assert [(lag.rank, lag.last, lag.where) for lag in hang.laggards] == [
+        (7, 1024, "save_checkpoint (train.py:80)")]
+    assert wavefront_line(hang) == (
+        "ranks 0-6 (node1, node2) wait in all_reduce #1025 (float32[1024], train.py:57) since "
+        "101 s; rank 7 (node2) has not entered it: its main thread is in save_checkpoint "
+        "(train.py:80)")
+
+
+def test_no_hang_below_the_threshold_nor_when_nobody_waits() -> None:
+    laggard = record(7, group(1024, 1024), where="save_checkpoint (train.py:80)")
+    assert find_hangs(waiting_world(laggard), 8, 200.0, NOW) == []  # waited 100 s < 200 s
+    computing = {r: record(r, group(12, 12)) for r in range(4)}
+    assert find_hangs(computing, 4, 0.0, NOW) == []
+
+
+def test_every_rank_in_the_same_collective_is_no_hang() -> None:
+    records: dict[int, dict[str, Any] | None] = {r: record(r, group(5, 4)) for r in range(4)}
+    assert find_hangs(records, 4, 60.0, NOW) == []
+
+
+def test_a_mismatch_at_the_same_number() -> None:
+    records: dict[int, dict[str, Any] | None] = {r: record(r, group(12, 11)) for r in range(3)}
+    records[3] = record(3, group(12, 11, op="broadcast", site="train.py:60"))
+    [hang] = find_hangs(records, 4, 60.0, NOW)
+    assert hang.laggards == ()
+    assert [(c.ranks, c.op) for c in hang.mismatched] == [((3,), "broadcast")]
+    text = render_report([hang], {}, unanswered=[], number=1, report_after=60,
+                         nodes={}, answer_timeout=13)
+    assert "  mismatch: rank 3 called broadcast #12, ranks 0-2 all_reduce #12\n" in text
+
+
+def test_a_shape_mismatch_names_the_shapes() -> None:
+    records: dict[int, dict[str, Any] | None] = {
+        r: record(r, group(3, 2, op="all_gather", what=f"float32[{4 + (r == 1)}]"))
+        for r in range(2)}
+    [hang] = find_hangs(records, 2, 60.0, NOW)
+    text = render_report([hang], {}, unanswered=[], number=1, report_after=60,
+                         nodes={}, answer_timeout=13)
+    assert ("mismatch: rank 1 called all_gather #3 (float32[5]), rank 0 all_gather #3 "
+            "(float32[4])") in text
+
+
+def test_silent_and_finished_ranks_are_laggards() -> None:
+    records: dict[int, dict[str, Any] | None] = {r: record(r, group(9, 8)) for r in range(2)}
+    records[2] = record(2, group(8, 8), finished=True)
+    records[3] = None
+    [hang] = find_hangs(records, 4, 60.0, NOW)
+    assert wavefront_line(hang).endswith(
+        "ranks 2-3 (node1) have not entered it: rank 2's program has ended, rank 3 sent no "
+        "progress record (not started, or frozen)")
+
+
+def test_a_subgroup_counts_its_own_ranks_only() -> None:
+    sub = [0, 1]
+    records: dict[int, dict[str, Any] | None] = {
+        0: record(0, group(3, 2, pg="1", ranks=sub)),
+        1: record(1, group(2, 2, pg="1", ranks=sub), where="load (data.py:9)"),
+        2: record(2), 3: record(3)}
+    [hang] = find_hangs(records, 4, 60.0, NOW)
+    assert (hang.pg, [lag.rank for lag in hang.laggards]) == ("1", [1])
+
+
+def test_identical_stacks_are_grouped() -> None:
+    waiting = [{"name": "MainThread", "frames": [["train.py", 57, "<module>", "x"]]}]
+    saving = [{"name": "MainThread", "frames": [["train.py", 80, "save", "y"]]}]
+    groups = stack_groups({0: waiting, 1: waiting, 2: saving, 3: waiting})
+    assert [ranks for ranks, _ in groups] == [[0, 1, 3], [2]]
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UNIRANK_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with UNIRANK_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"the report changed; if deliberate, regenerate {path}"
+
+
+@pytest.mark.parametrize("ending", [False, True], ids=["report", "timeout"])
+def test_report_golden(ending: bool) -> None:
+    laggard = record(7, group(1024, 1024), node="node2", where="save_checkpoint (train.py:80)")
+    records = waiting_world(laggard)
+    records[5] = record(5, group(1025, 1024, op="broadcast", site="train.py:61"), node="node2")
+    hangs = find_hangs(records, 8, 60.0, NOW + 1)
+    waiting = [{"name": "MainThread", "frames": [
+        ["/work/train.py", 90, "<module>", "train(model)"],
+        ["/work/train.py", 57, "train", "dist.all_reduce(grad)"]]},
+        {"name": "pin_memory", "frames": [["/work/data.py", 12, "pin", "queue.get()"]]}]
+    saving = [{"name": "MainThread", "frames": [
+        ["/work/train.py", 90, "<module>", "train(model)"],
+        ["/work/train.py", 80, "save_checkpoint", "torch.save(state, path)"]]}]
+    stacks = {r: waiting for r in range(5)} | {7: saving}
+    nodes = {r: "node1" if r < 4 else "node2" for r in range(8)}
+    text = render_report(
+        hangs, stacks, unanswered=[5, 6], number=2, report_after=60, nodes=nodes,
+        answer_timeout=13, dump_files=["/logs/run/attempt_0/hang/report-2.txt",
+                                       "/logs/run/attempt_0/hang/report-2.json"],
+        ending="ending the job (--hang-timeout 600 s, exit code 86)" if ending else "")
+    _check_golden(f"report_{'timeout' if ending else 'plain'}.txt", text)
+
+
+def test_snapshot_golden() -> None:
+    """``unirank stacks``'s text: ranks with the same progress together, then the stacks."""
+    records: dict[int, dict[str, Any] | None] = {
+        r: record(r, group(1025, 1024), where="<module> (train.py:90)", node="node1")
+        for r in range(3)}
+    records[3] = record(3, group(1024, 1024), where="save_checkpoint (train.py:80)",
+                        node="node2")
+    records[4] = None
+    saving = [{"name": "MainThread", "frames": [
+        ["/work/train.py", 80, "save_checkpoint", "torch.save(state, path)"]]}]
+    waiting = [{"name": "MainThread", "frames": [
+        ["/work/train.py", 57, "train", "dist.all_reduce(grad)"]]}]
+    from unirank.hang.render import render_snapshot
+
+    text = render_snapshot(records, {0: waiting, 1: waiting, 2: waiting, 3: saving},
+                           job="demo", unanswered=[4], nodes={3: "node2", 4: "node2"},
+                           now=NOW, answer_timeout=4)
+    _check_golden("snapshot.txt", text)
