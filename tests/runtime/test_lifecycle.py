@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from collections.abc import Iterator
 
 import pytest
@@ -131,3 +133,12 @@ def test_users_own_group_is_adopted_and_left_alone(local_env: DistEnv) -> None:
     assert ur.all_reduce(2) == 2
     ur.finalize()
     assert dist.is_initialized(), "finalize must not destroy a group unirank did not create"
+
+
+def test_a_horovod_still_being_imported_is_not_a_live_backend(
+        local_env: DistEnv, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While ``import horovod.torch`` runs (in this thread or another), the module is in
+    ``sys.modules`` without ``is_initialized`` yet: no backend is live, and nothing raises."""
+    monkeypatch.setitem(sys.modules, "horovod.torch", types.ModuleType("horovod.torch"))
+    assert state.active() is None
+    assert not state.is_initialized()

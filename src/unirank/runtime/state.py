@@ -119,8 +119,10 @@ def active() -> backends.Backend | None:
     ``None``. A Horovod the program started itself (``hvd.init()``, as ignite's own tests do) is
     taken as live too, as ignite takes it: unirank neither started nor ends it."""
     if STATE.active is None and not torch_group_exists():
-        hvd = sys.modules.get("horovod.torch")
-        if hvd is not None and hvd.is_initialized():
+        # a horovod.torch still being imported (by this thread or another) has no
+        # is_initialized yet: it is not started
+        started = getattr(sys.modules.get("horovod.torch"), "is_initialized", None)
+        if callable(started) and started():
             return backends.get("horovod")
     return STATE.active
 
