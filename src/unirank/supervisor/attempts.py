@@ -73,6 +73,7 @@ def run_plan(
     out_fd: int = 1,
     err_fd: int = 2,
     server: ForkServer | None = None,
+    listening: socket.socket | None = None,
 ) -> RunResult:
     """Open the store's port (where rank 0 runs, once its master address is known to be this
     host's: :func:`unirank.resolve.require_own`), start this node's workers and supervise
@@ -83,18 +84,21 @@ def run_plan(
     :func:`~unirank.supervisor.engine.worker_command`); ``environ`` the base of every worker's
     environment (see :func:`~unirank.supervisor.workerenv.worker_environ`); ``server`` the
     node's fork server (:func:`~unirank.supervisor.fork.client.start_server`; None: every
-    worker starts as its own interpreter), which this function configures and closes.
+    worker starts as its own interpreter), which this function configures and closes;
+    ``listening`` the store's socket where the caller opened it already (the dynamic
+    rendezvous publishes its port before the plan exists), which this function closes.
     """
     options = options or EngineOptions()
     # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
     options = replace(options, output=replace(options.output, console_tty=os.isatty(out_fd)))
-    sock: socket.socket | None = None
+    sock = listening
     try:
         if plan.hosts_store:  # rank 0 serves here: the master address must be this host's
             require_own(plan.master_addr, source=plan.master_source or "MASTER_ADDR",
                         environ=environ)
-            sock = open_store_socket(plan.master_port, host=plan.master_addr,
-                                     option="MASTER_PORT")
+            if sock is None:
+                sock = open_store_socket(plan.master_port, host=plan.master_addr,
+                                         option="MASTER_PORT")
             plan = plan.with_port(int(sock.getsockname()[1]))
         if server is not None:
             _configure(server, plan, environ, options)
