@@ -37,6 +37,7 @@ from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.signals import format_signals
 from unirank.supervisor.engine import DEFAULT_SIGNALS, Supervisor, WorkerLaunch, worker_command
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
@@ -130,6 +131,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             supervisor_pid=os.getpid(), restart_count=attempt, unbuffered=out.unbuffered,
             error_file=os.path.join(folder, "error.json"),
             fault_file=os.path.join(folder, FAULT_FILE_NAME),
+            signals_to_handle=format_signals(options.signals),
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=(os.path.join(attempt_dir, "timeline.json")
                            if options.timeline and worker.rank == 0 else None),
@@ -150,7 +152,8 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
 def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
                options: EngineOptions) -> None:
     """Give the fork server the environment this node's workers have in common."""
-    wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered)
+    wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered,
+                          signals_to_handle=format_signals(options.signals))
     server.configure(server_environ([worker_environ(plan, w, environ, wiring)
                                      for w in plan.workers]))
 

@@ -114,7 +114,7 @@ def claim_node(store: Store, spec: RdzvSpec, *, interval: float = BEAT_INTERVAL)
     node started twice); a claim whose beat stopped (its node died) is taken over. Returns
     the claim's key; a daemon thread beats it from then on."""
     key, beat = _claim_key(spec), _claim_key(spec) + ".beat"
-    token = json.dumps({"pid": os.getpid(), "name": spec.node_name, "t": time.time()})
+    token = json.dumps({"pid": os.getppid(), "name": spec.node_name, "t": time.time()})
     held = store.compare_set(key, "", token).decode()
     if held != token:
         before = store.add(beat, 0)
