@@ -85,6 +85,7 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
     from unirank.cli.counts import parse_nnodes_range
     from unirank.resolve import require_resolvable
 
+    conf = _conf(args.rdzv_conf)
     host, port = endpoint
     if not host:
         raise ConfigError(
@@ -98,7 +99,7 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
         endpoint_host=host, endpoint_port=port or DEFAULT_ENDPOINT_PORT,
         run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
         local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
-        serves_endpoint=_serves_endpoint(host, local_addr, environ), **_conf(args.rdzv_conf))
+        serves_endpoint=_serves_endpoint(host, local_addr, environ), **conf)
 
 
 def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,

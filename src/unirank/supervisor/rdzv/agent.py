@@ -116,15 +116,12 @@ def claim_node(store: Store, spec: RdzvSpec, *, interval: float = BEAT_INTERVAL)
     key, beat = _claim_key(spec), _claim_key(spec) + ".beat"
     token = json.dumps({"pid": os.getppid(), "name": spec.node_name, "t": time.time()})
     held = store.compare_set(key, "", token).decode()
-    if held != token:
-        before = store.add(beat, 0)
-        time.sleep(3 * interval)  # a live holder beats every interval
-        if store.add(beat, 0) != before or store.compare_set(key, held, token).decode() != token:
-            raise Refusal(_started_twice(spec, held), variable="--local-addr",
-                          value=spec.local_addr,
-                          hint="a node joins a job once: end the other unirank run, or give "
-                          "this one another --local-addr (or another --rdzv-id for another "
-                          "job)")
+    if held != token and (_beats(store, beat, 3 * interval)
+                          or store.compare_set(key, held, token).decode() != token):
+        raise Refusal(_started_twice(spec, held), variable="--local-addr",
+                      value=spec.local_addr,
+                      hint="a node joins a job once: end the other unirank run, or give this "
+                      "one another --local-addr (or another --rdzv-id for another job)")
 
     def beat_forever() -> None:
         while True:
@@ -133,6 +130,21 @@ def claim_node(store: Store, spec: RdzvSpec, *, interval: float = BEAT_INTERVAL)
 
     threading.Thread(target=beat_forever, name="unirank-rdzv-beat", daemon=True).start()
     return key
+
+
+def _beats(store: Store, beat: str, within: float) -> bool:
+    """Whether the claim's holder is alive: its beat advances ``within`` seconds (it beats
+    every :data:`BEAT_INTERVAL`), or its store went away meanwhile (its job ended)."""
+    try:
+        before = store.add(beat, 0)
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            if store.add(beat, 0) != before:
+                return True
+    except RuntimeError:
+        return True
+    return False
 
 
 def _started_twice(spec: RdzvSpec, held: str) -> str:
