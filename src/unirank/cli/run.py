@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from unirank.distenv import DistEnv
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.fork.client import ForkServer
-    from unirank.supervisor.plan import LaunchRequest
+    from unirank.supervisor.plan import LaunchRequest, Plan
+    from unirank.supervisor.rdzv.spec import Assignment
     from unirank.supervisor.summary import RunResult
 
 _EPILOG = (
@@ -440,15 +441,26 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
 
     nproc = request.nproc_per_node or request.spawn_default or 1
     helper, sock, assignment = elastic.join(args, _endpoint(args), nproc, outer, environ)
-    try:
+
+    def plan_at(place: Assignment) -> Plan:
         plan = make_plan(request, outer, environ, run_id_fallback=elastic.DEFAULT_RUN_ID,
-                         assignment=assignment)
-        plan = replace(plan, master_source="--rdzv-endpoint")
+                         assignment=place)
+        return replace(plan, master_source="--rdzv-endpoint")
+
+    def replan(attempt: int) -> Plan:  # a restart: the next round (the world may change)
+        place = helper.next(first=False)
+        print(f"unirank run: rendezvous round {place.round}: node rank {place.node_rank} of "
+              f"{place.nnodes}, {sum(place.ranks_per_node)} workers in all", file=sys.stderr,
+              flush=True)
+        return plan_at(place)
+
+    try:
+        plan = plan_at(assignment)
         listening = sock if plan.hosts_store else None
         if listening is None:
             sock.close()
         return run_plan(plan, target, environ=environ, options=options, server=server,
-                        listening=listening)
+                        listening=listening, replan=replan)
     finally:
         helper.close()
 

@@ -30,10 +30,11 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
+from unirank.errors import ConfigError
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
@@ -75,6 +76,7 @@ def run_plan(
     err_fd: int = 2,
     server: ForkServer | None = None,
     listening: socket.socket | None = None,
+    replan: Callable[[int], Plan] | None = None,
 ) -> RunResult:
     """Open the store's port (where rank 0 runs, once its master address is known to be this
     host's: :func:`unirank.resolve.require_own`), start this node's workers and supervise
@@ -87,7 +89,9 @@ def run_plan(
     node's fork server (:func:`~unirank.supervisor.fork.client.start_server`; None: every
     worker starts as its own interpreter), which this function configures and closes;
     ``listening`` the store's socket where the caller opened it already (the dynamic
-    rendezvous publishes its port before the plan exists), which this function closes.
+    rendezvous publishes its port before the plan exists), which this function closes;
+    ``replan`` gives the plan of each restart (its attempt number; the dynamic rendezvous's
+    next round: the world may have changed), else every attempt runs ``plan``.
     """
     options = options or EngineOptions()
     # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
@@ -106,7 +110,7 @@ def run_plan(
             if _cannot_serve(server, options, err_fd):
                 server = None
         return _run_attempts(plan, worker_command(target), environ, options, sock, server,
-                             (out_fd, err_fd))
+                             (out_fd, err_fd), replan)
     finally:
         if sock is not None:
             sock.close()
@@ -169,8 +173,10 @@ def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bo
 
 def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                   options: EngineOptions, sock: socket.socket | None,
-                  server: ForkServer | None, fds: tuple[int, int]) -> RunResult:
-    """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times."""
+                  server: ForkServer | None, fds: tuple[int, int],
+                  replan: Callable[[int], Plan] | None = None) -> RunResult:
+    """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times
+    (each restart at ``replan``'s plan, where given)."""
     out_fd, err_fd = fds
     root, keep = _log_root(plan, options, err_fd)
     earlier: list[RunResult] = []
@@ -196,9 +202,23 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
                 f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
             attempt += 1
+            if replan is not None:
+                plan = _next_plan(replan, attempt, sock)
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+def _next_plan(replan: Callable[[int], Plan], attempt: int,
+               sock: socket.socket | None) -> Plan:
+    """The plan of restart ``attempt``, its port the store socket's where rank 0 runs here."""
+    plan = replan(attempt)
+    if plan.hosts_store:
+        if sock is None:
+            raise ConfigError("rank 0 moved to this node, which serves no store",
+                              hint="start the job again")
+        plan = plan.with_port(int(sock.getsockname()[1]))
+    return plan
 
 
 def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:
