@@ -14,6 +14,7 @@ Environment variables read: the caller's environment, from which launcher variab
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -192,3 +193,65 @@ def test_bad_elastic_options_fail_at_once_with_one_line(runner: Runner, tmp_path
     assert lines[0].startswith("unirank run: error: ")
     assert expected in lines[0]
     assert "HINT:" in lines[0]
+
+
+# Steps of training: each rank all-reduces a one and says the world it sees; rank 2 (on the
+# node that is killed) says through a FIFO that the world of 4 has run a step.
+STEPS = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+for step in range(int(sys.argv[1])):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart} "
+          f"at {time.time():.3f}", flush=True)
+    if step == 1 and rank == 2 and restart == "0":
+        with open(sys.argv[2], "w") as fifo:
+            fifo.write("ready")
+    time.sleep(0.2)
+dist.destroy_process_group()
+"""
+
+
+def _wait_fifo(path: Path, timeout: float) -> None:
+    """Block until a writer wrote to the FIFO at ``path`` (at most ``timeout`` seconds)."""
+    import select
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        ready, _, _ = select.select([fd], [], [], timeout)
+        assert ready, f"no worker wrote to {path} within {timeout:g} s"
+    finally:
+        os.close(fd)
+
+
+def test_a_lost_node_s_survivor_restarts_at_the_world_left(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """``--nnodes 1:2 --max-restarts 1``: node B's ``unirank run`` is SIGKILLed while the world
+    of 4 trains; node A's workers fail, it re-rendezvouses once B's keep-alive lapsed, and
+    restarts alone at a world of 2, which finishes."""
+    (tmp_path / "steps.py").write_text(STEPS)
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    # the last call gives node B time to join the first round even on one busy core
+    args = _command(free_port(), "1:2", 2, "--max-restarts", "1", "--rdzv-conf",
+                    "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,"
+                    "keep_alive_max_attempt=3")
+    target = ["steps.py", "30", str(fifo)]
+    lost = _node(runner, args, OTHER, "nodeB", target)
+    survivor = _node(runner, args, ENDPOINT, "nodeA", target)
+    _wait_fifo(fifo, TIMEOUT)
+    lost.kill()
+    lost.communicate(timeout=TIMEOUT)
+    code, out, err = _ended(survivor)
+    assert code == 0, err
+    assert "unirank run: rendezvous round 1: node rank 0 of 1, 2 workers in all" in err, err
+    assert "unirank run: succeeded after 1 restart(s)" in err, err
+    restarted = [line for line in out.splitlines() if " restart 1 " in line]
+    assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out
+    assert sum(" step 29 " in f" {line} " for line in restarted) == 2, out
