@@ -124,9 +124,10 @@ def claim_node(store: Store, spec: RdzvSpec, *, interval: float = BEAT_INTERVAL)
                       "one another --local-addr (or another --rdzv-id for another job)")
 
     def beat_forever() -> None:
-        while True:
-            store.add(beat, 1)
-            time.sleep(interval)
+        with contextlib.suppress(RuntimeError):  # the store went with its node: the job ended
+            while True:
+                store.add(beat, 1)
+                time.sleep(interval)
 
     threading.Thread(target=beat_forever, name="unirank-rdzv-beat", daemon=True).start()
     return key
