@@ -250,7 +250,8 @@ def test_a_lost_node_s_survivor_restarts_at_the_world_left(runner: Runner,
     lost.communicate(timeout=TIMEOUT)
     code, out, err = _ended(survivor)
     assert code == 0, err
-    assert "unirank run: rendezvous round 1: node rank 0 of 1, 2 workers in all" in err, err
+    assert "unirank run: rendezvous round 1: node rank 0 of 1, 2 workers in all (left: nodeB)" \
+        in err, err
     assert "unirank run: succeeded after 1 restart(s)" in err, err
     restarted = [line for line in out.splitlines() if " restart 1 " in line]
     assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out

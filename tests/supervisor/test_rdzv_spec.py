@@ -64,3 +64,16 @@ def _args(*argv: str) -> argparse.Namespace:
 ])
 def test_when_the_rendezvous_is_dynamic(argv: list[str], dynamic: bool) -> None:
     assert elastic.wanted(_args(*argv)) is dynamic
+
+
+def test_a_new_round_names_the_nodes_that_left_or_joined() -> None:
+    def place(*hosts: str, round_: int = 0) -> Assignment:
+        return Assignment(node_rank=0, nnodes=len(hosts), ranks_per_node=(2,) * len(hosts),
+                          hosts=hosts, master_addr="a", master_port=1, round=round_)
+
+    assert elastic.describe_round(place("a", "b"), place("a", round_=1)) == \
+        "rendezvous round 1: node rank 0 of 1, 2 workers in all (left: b)"
+    assert elastic.describe_round(place("a", "b"), place("a", "c", round_=2)) == \
+        "rendezvous round 2: node rank 0 of 2, 4 workers in all (left: b; joined: c)"
+    assert elastic.describe_round(place("a"), place("a", round_=1)) == \
+        "rendezvous round 1: node rank 0 of 1, 2 workers in all"

@@ -25,7 +25,7 @@ from unirank.errors import ConfigError
 from unirank.supervisor.rdzv.client import RendezvousHelper
 from unirank.supervisor.rdzv.spec import DEFAULT_ENDPOINT_PORT, Assignment, RdzvSpec
 
-__all__ = ["CONF_KEYS", "DEFAULT_RUN_ID", "USED_OPTIONS", "join", "wanted"]
+__all__ = ["CONF_KEYS", "DEFAULT_RUN_ID", "USED_OPTIONS", "describe_round", "join", "wanted"]
 
 #: ``--rdzv-conf`` keys the dynamic rendezvous takes (torchrun's meaning; whole seconds)
 CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
@@ -122,3 +122,17 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
         if helper is not None:
             helper.close()
         raise
+
+
+def describe_round(before: Assignment, after: Assignment) -> str:
+    """One line on a new round: this node's place, and the nodes that left or joined since
+    ``before`` (by name; a name twice counts twice)."""
+    from collections import Counter
+
+    left = Counter(before.hosts) - Counter(after.hosts)
+    joined = Counter(after.hosts) - Counter(before.hosts)
+    changes = [f"{what}: {', '.join(sorted(names.elements()))}"
+               for what, names in (("left", left), ("joined", joined)) if names]
+    return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "
+            f"{sum(after.ranks_per_node)} workers in all"
+            + (f" ({'; '.join(changes)})" if changes else ""))

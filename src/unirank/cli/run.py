@@ -447,12 +447,13 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
                          assignment=place)
         return replace(plan, master_source="--rdzv-endpoint")
 
+    places = [assignment]
+
     def replan(attempt: int) -> Plan:  # a restart: the next round (the world may change)
-        place = helper.next(first=False)
-        print(f"unirank run: rendezvous round {place.round}: node rank {place.node_rank} of "
-              f"{place.nnodes}, {sum(place.ranks_per_node)} workers in all", file=sys.stderr,
-              flush=True)
-        return plan_at(place)
+        places.append(helper.next(first=False))
+        print(f"unirank run: {elastic.describe_round(places[-2], places[-1])}",
+              file=sys.stderr, flush=True)
+        return plan_at(places[-1])
 
     try:
         plan = plan_at(assignment)
