@@ -13,8 +13,10 @@ Environment variables read: the caller's environment, from which launcher variab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -256,3 +258,55 @@ def test_a_lost_node_s_survivor_restarts_at_the_world_left(runner: Runner,
     restarted = [line for line in out.splitlines() if " restart 1 " in line]
     assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out
     assert sum(" step 29 " in f" {line} " for line in restarted) == 2, out
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
+def test_a_hung_node_is_noticed_within_seconds_and_left_behind(runner: Runner,
+                                                              tmp_path: Path) -> None:
+    """Node B's whole process tree is SIGSTOPped (a hung machine: no connection closes, so the
+    collective alone would wait for its timeout): node A's rendezvous helper sees B's beat
+    stall, A stops its workers, names B, and restarts alone at a world of 2."""
+    (tmp_path / "steps.py").write_text(STEPS)
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    args = _command(free_port(), "1:2", 2, "--max-restarts", "1", "--rdzv-conf",
+                    "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,"
+                    "keep_alive_max_attempt=3")
+    target = ["steps.py", "20", str(fifo)]
+    hung = _node(runner, args, OTHER, "nodeB", target)
+    survivor = _node(runner, args, ENDPOINT, "nodeA", target)
+    _wait_fifo(fifo, TIMEOUT)
+    frozen = _tree(hung.pid)
+    try:
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        code, out, err = _ended(survivor)
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    assert code == 0, err
+    assert "unirank run: node nodeB (127.0.1.1) is lost: no beat for 5 s; stopping the " \
+           "workers" in err, err
+    assert "(left: nodeB)" in err, err
+    restarted = [line for line in out.splitlines() if " restart 1 " in line]
+    assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out
+    assert sum(" step 19 " in f" {line} " for line in restarted) == 2, out

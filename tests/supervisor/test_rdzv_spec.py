@@ -15,7 +15,7 @@ from unirank.supervisor.rdzv.spec import Assignment, NodeRecord, assign, assignm
 
 def _record(addr: str, nproc: int = 2, serves: bool = False) -> NodeRecord:
     return NodeRecord(addr=addr, name=f"n-{addr}", nproc=nproc, store_port=4000 + nproc,
-                      serves_endpoint=serves)
+                      serves_endpoint=serves, claim=addr)
 
 
 def test_the_node_serving_the_endpoint_is_node_rank_0_then_torch_s_order() -> None:

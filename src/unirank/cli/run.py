@@ -461,7 +461,7 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
         if listening is None:
             sock.close()
         return run_plan(plan, target, environ=environ, options=options, server=server,
-                        listening=listening, replan=replan)
+                        listening=listening, replan=replan, watch=helper)
     finally:
         helper.close()
 

@@ -39,7 +39,13 @@ from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.signals import format_signals
-from unirank.supervisor.engine import DEFAULT_SIGNALS, Supervisor, WorkerLaunch, worker_command
+from unirank.supervisor.engine import (
+    DEFAULT_SIGNALS,
+    Supervisor,
+    WorkerLaunch,
+    WorldWatch,
+    worker_command,
+)
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
@@ -77,6 +83,7 @@ def run_plan(
     server: ForkServer | None = None,
     listening: socket.socket | None = None,
     replan: Callable[[int], Plan] | None = None,
+    watch: WorldWatch | None = None,
 ) -> RunResult:
     """Open the store's port (where rank 0 runs, once its master address is known to be this
     host's: :func:`unirank.resolve.require_own`), start this node's workers and supervise
@@ -91,7 +98,8 @@ def run_plan(
     ``listening`` the store's socket where the caller opened it already (the dynamic
     rendezvous publishes its port before the plan exists), which this function closes;
     ``replan`` gives the plan of each restart (its attempt number; the dynamic rendezvous's
-    next round: the world may have changed), else every attempt runs ``plan``.
+    next round: the world may have changed), else every attempt runs ``plan``; ``watch``
+    says when the world changed during an attempt (the engine then stops the workers).
     """
     options = options or EngineOptions()
     # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
@@ -110,7 +118,7 @@ def run_plan(
             if _cannot_serve(server, options, err_fd):
                 server = None
         return _run_attempts(plan, worker_command(target), environ, options, sock, server,
-                             (out_fd, err_fd), replan)
+                             (out_fd, err_fd), replan, watch)
     finally:
         if sock is not None:
             sock.close()
@@ -174,7 +182,8 @@ def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bo
 def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                   options: EngineOptions, sock: socket.socket | None,
                   server: ForkServer | None, fds: tuple[int, int],
-                  replan: Callable[[int], Plan] | None = None) -> RunResult:
+                  replan: Callable[[int], Plan] | None = None,
+                  watch: WorldWatch | None = None) -> RunResult:
     """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times
     (each restart at ``replan``'s plan, where given)."""
     out_fd, err_fd = fds
@@ -190,7 +199,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
-                server=server, slurm_kills=slurm_vars.in_job(environ),
+                server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
             ).run()
             if _is_last(result, attempt, plan, environ):
                 if options.timeline:
@@ -233,6 +242,8 @@ def _attempt_end(result: RunResult) -> str:
     """How an attempt that is restarted ended, for the restart's line."""
     if result.requeued:
         return f"stopped to be requeued (exit code {REQUEUE_EXIT_CODE})"
+    if result.first_failure is None and result.world_changed:
+        return f"stopped ({result.world_changed})"
     first = result.first_failure
     cause = (f"rank {first.rank}: {first.describe()}"
              if first else f"exit code {exit_code_of(result.exit_code)}")

@@ -39,12 +39,14 @@ from unirank.supervisor.rdzv.spec import Assignment, NodeRecord, RdzvSpec, assig
 if TYPE_CHECKING:
     from torch.distributed import Store  # type: ignore[attr-defined]
 
-__all__ = ["BEAT_INTERVAL", "JOB_KEY", "Refusal", "main"]
+__all__ = ["BEAT_INTERVAL", "JOB_KEY", "LOST_AFTER", "Refusal", "main"]
 
 #: where the node serving the endpoint records its job's ``--rdzv-id``
 JOB_KEY = "unirank.rdzv.job"
 #: seconds between the beats of a node's claim on its address
 BEAT_INTERVAL = 1.0
+#: a peer whose beat did not advance for this many seconds is lost
+LOST_AFTER = 5.0
 
 
 class Refusal(Exception):
@@ -105,8 +107,8 @@ def check_job(store: Store, spec: RdzvSpec) -> None:
             "--rdzv-endpoint")
 
 
-def _claim_key(spec: RdzvSpec) -> str:
-    return f"unirank.rdzv.{spec.run_id}.node.{spec.local_addr}"
+def _claim_key(spec: RdzvSpec, addr: str | None = None) -> str:
+    return f"unirank.rdzv.{spec.run_id}.node.{addr or spec.local_addr}"
 
 
 def claim_node(store: Store, spec: RdzvSpec, *, interval: float = BEAT_INTERVAL) -> str:
@@ -175,7 +177,8 @@ def make_handler(store: Store, spec: RdzvSpec) -> Any:
     return create_handler(store, C10dRendezvousBackend(store, spec.run_id), params)
 
 
-def next_assignment(handler: Any, spec: RdzvSpec, serves: bool, round_: int) -> Assignment:
+def next_assignment(handler: Any, spec: RdzvSpec, serves: bool,
+                    round_: int) -> tuple[Assignment, list[NodeRecord]]:
     """Join the next round, then exchange the nodes' records in the round's store."""
     from torch.distributed.elastic.rendezvous.api import (
         RendezvousClosedError,
@@ -196,11 +199,41 @@ def next_assignment(handler: Any, spec: RdzvSpec, serves: bool, round_: int) -> 
                       hint="give the new job its own --rdzv-id") from None
     record = NodeRecord(addr=spec.master_addr() if serves else spec.local_addr,
                         name=spec.node_name, nproc=spec.nproc, store_port=spec.store_port,
-                        serves_endpoint=serves)
+                        serves_endpoint=serves, claim=spec.local_addr)
     info.store.set(f"unirank.node.{info.rank}", to_line(record))
     records = [NodeRecord(**json.loads(info.store.get(f"unirank.node.{r}")))
                for r in range(info.world_size)]
-    return assign(records, info.rank, round_)
+    return assign(records, info.rank, round_), records
+
+
+def watch_world(store: Store, handler: Any, spec: RdzvSpec, peers: list[NodeRecord],
+                stop: threading.Event) -> None:
+    """Until ``stop``: say (one ``{"event": ...}`` line) when a peer's beat stalls for
+    :data:`LOST_AFTER` seconds (lost: killed, or its machine gone or hung) while it still
+    holds its claim (a node whose run ended gave it back), or when a node waits to join while
+    the world is below ``max_nodes``. A store that went away is not news: its node (node rank
+    0, where rank 0 runs) ended, and the workers learn it themselves."""
+    beats = {p.claim: _claim_key(spec, p.claim) + ".beat" for p in peers}
+    names = {p.claim: p.name for p in peers}
+    try:
+        last = {claim: (store.add(key, 0), time.monotonic()) for claim, key in beats.items()}
+        while not stop.wait(BEAT_INTERVAL):
+            now = time.monotonic()
+            for claim, key in list(beats.items()):
+                value = store.add(key, 0)
+                if value != last[claim][0]:
+                    last[claim] = (value, now)
+                elif not store.check([_claim_key(spec, claim)]):
+                    del beats[claim]  # it left: its run ended (it gave its claim back)
+                elif now - last[claim][1] >= LOST_AFTER:
+                    _answer({"event": f"node {names[claim]} ({claim}) is lost: no beat for "
+                                      f"{now - last[claim][1]:.0f} s"})
+                    return
+            if len(peers) + 1 < spec.max_nodes and handler.num_nodes_waiting() > 0:
+                _answer({"event": f"{handler.num_nodes_waiting()} node(s) wait to join"})
+                return
+    except RuntimeError:
+        return  # the store's node ended
 
 
 def _answer(payload: object) -> None:
@@ -215,8 +248,18 @@ def _serve(spec: RdzvSpec) -> None:
     round_ = 0
     try:
         while True:
-            _answer(next_assignment(handler, spec, serves, round_))
-            if sys.stdin.buffer.readline().strip() != b"next":
+            assignment, records = next_assignment(handler, spec, serves, round_)
+            _answer(assignment)
+            stop = threading.Event()
+            peers = [r for r in records if r.claim != spec.local_addr]
+            watcher = threading.Thread(target=watch_world, args=(store, handler, spec, peers,
+                                                                 stop),
+                                       name="unirank-rdzv-watch", daemon=True)
+            watcher.start()
+            line = sys.stdin.buffer.readline().strip()
+            stop.set()
+            watcher.join(timeout=2 * BEAT_INTERVAL + 1)
+            if line != b"next":
                 return
             round_ += 1
     finally:

@@ -10,6 +10,7 @@ otherwise serve a second store for the workers on node rank 0; unirank's rank 0 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import selectors
 import subprocess
@@ -61,6 +62,8 @@ class RendezvousHelper:
         if not first:
             self._send(b"next\n")
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
+        while '"event"' in line:  # news of the round before, read too late: past
+            line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         try:
             return assignment_of(line, where="the rendezvous helper")
         except ConfigError as exc:
@@ -92,6 +95,32 @@ class RendezvousHelper:
                 self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode(errors="replace")
+
+    def fileno(self) -> int:
+        """The helper's answers: readable when it has news (:meth:`world_change`)."""
+        assert self._proc.stdout is not None
+        return self._proc.stdout.fileno()
+
+    def world_change(self) -> str | None:
+        """The helper's news while the workers run, without blocking: a node lost, nodes
+        waiting to join, the store gone, or the helper gone; None when nothing complete
+        came."""
+        try:
+            chunk = os.read(self.fileno(), 65536)
+        except BlockingIOError:
+            chunk = None
+        if chunk == b"":
+            self._keep_log = True
+            return f"the rendezvous helper ended (its log: {self.log_path})"
+        self._buffer += chunk or b""
+        if b"\n" not in self._buffer:
+            return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            news = json.loads(line)
+        except ValueError:
+            news = {}
+        return str(news.get("event") or line.decode(errors="replace"))
 
     def close(self) -> None:
         """End the helper: its node leaves the rendezvous (and the store it serves ends)."""

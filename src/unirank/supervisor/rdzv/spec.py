@@ -64,6 +64,8 @@ class NodeRecord:
     nproc: int
     store_port: int
     serves_endpoint: bool
+    #: the node's address in the rendezvous (``--local-addr``), the key of its claim and beat
+    claim: str = ""
 
 
 @dataclass(frozen=True)
