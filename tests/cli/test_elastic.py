@@ -310,3 +310,28 @@ def test_a_hung_node_is_noticed_within_seconds_and_left_behind(runner: Runner,
     restarted = [line for line in out.splitlines() if " restart 1 " in line]
     assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out
     assert sum(" step 19 " in f" {line} " for line in restarted) == 2, out
+
+
+def test_a_node_joining_a_running_job_is_admitted_at_the_next_round(runner: Runner,
+                                                                   tmp_path: Path) -> None:
+    """``--nnodes 1:2``: node A runs alone (world 2) when node B starts; B waits to join, A's
+    helper sees it, A stops its workers and both meet in the next round: world 4."""
+    (tmp_path / "steps.py").write_text(STEPS.replace('rank == 2 and restart == "0"',
+                                                     'rank == 0 and world == 2'))
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    args = _command(free_port(), "1:2", 2, "--max-restarts", "1", "--rdzv-conf",
+                    "join_timeout=60,last_call_timeout=2")
+    target = ["steps.py", "20", str(fifo)]
+    first = _node(runner, args, ENDPOINT, "nodeA", target)
+    _wait_fifo(fifo, TIMEOUT)  # node A's world of 2 runs
+    second = _node(runner, args, OTHER, "nodeB", target)
+    (code_a, out_a, err_a), (code_b, out_b, err_b) = _ended(first), _ended(second)
+    assert (code_a, code_b) == (0, 0), err_a + err_b
+    assert "unirank run: 1 node(s) wait to join; stopping the workers" in err_a, err_a
+    assert "node rank 0 of 2, 4 workers in all (joined: nodeB)" in err_a, err_a
+    restarted = [line for line in out_a.splitlines() if " restart 1 " in line]
+    assert {line.split(" world ")[1].split()[0] for line in restarted} == {"4"}, out_a
+    assert {line.split(" world ")[1].split()[0] for line in out_b.splitlines()} == {"4"}, out_b
+    assert sum(" step 19 " in f" {line} " for line in out_a.splitlines() + out_b.splitlines()) \
+        == 4, out_a + out_b
