@@ -81,7 +81,7 @@ def _serves_endpoint(host: str, local_addr: str | None, environ: Mapping[str, st
 
 
 def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
-          outer: DistEnv, environ: Mapping[str, str]) -> RdzvSpec:
+          outer: DistEnv, environ: Mapping[str, str], restarts: int) -> RdzvSpec:
     from unirank.cli.counts import parse_nnodes_range
     from unirank.resolve import require_resolvable
 
@@ -99,18 +99,20 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
         endpoint_host=host, endpoint_port=port or DEFAULT_ENDPOINT_PORT,
         run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
         local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
-        serves_endpoint=_serves_endpoint(host, local_addr, environ), **conf)
+        serves_endpoint=_serves_endpoint(host, local_addr, environ),
+        admit_joiners=restarts > 0, **conf)
 
 
 def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
-         outer: DistEnv, environ: Mapping[str, str],
+         outer: DistEnv, environ: Mapping[str, str], *, restarts: int = 0,
          ) -> tuple[RendezvousHelper, socket.socket, Assignment]:
     """Take part in the rendezvous: the helper (the caller closes it when the run ends), the
-    store's socket (for node rank 0; others close it) and this node's assignment. A refusal
-    is a one-line :class:`ConfigError`."""
+    store's socket (for node rank 0; others close it) and this node's assignment; with
+    ``restarts`` (``--max-restarts``) left, a node waiting to join stops the workers so that
+    the next round admits it. A refusal is a one-line :class:`ConfigError`."""
     from unirank.supervisor.listen import open_store_socket
 
-    spec = _spec(args, endpoint, nproc, outer, environ)
+    spec = _spec(args, endpoint, nproc, outer, environ, restarts)
     sock = open_store_socket(0, host=spec.master_addr(), option="--rdzv-endpoint")
     helper = None
     try:

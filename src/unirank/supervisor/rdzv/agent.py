@@ -210,9 +210,10 @@ def watch_world(store: Store, handler: Any, spec: RdzvSpec, peers: list[NodeReco
                 stop: threading.Event) -> None:
     """Until ``stop``: say (one ``{"event": ...}`` line) when a peer's beat stalls for
     :data:`LOST_AFTER` seconds (lost: killed, or its machine gone or hung) while it still
-    holds its claim (a node whose run ended gave it back), or when a node waits to join while
-    the world is below ``max_nodes``. A store that went away is not news: its node (node rank
-    0, where rank 0 runs) ended, and the workers learn it themselves."""
+    holds its claim (a node whose run ended gave it back), or (``admit_joiners``) when a node
+    waits to join while the world is below ``max_nodes``. A store that went away is not
+    news: its node (node rank 0, where rank 0 runs) ended, and the workers learn it
+    themselves."""
     beats = {p.claim: _claim_key(spec, p.claim) + ".beat" for p in peers}
     names = {p.claim: p.name for p in peers}
     try:
@@ -229,7 +230,8 @@ def watch_world(store: Store, handler: Any, spec: RdzvSpec, peers: list[NodeReco
                     _answer({"event": f"node {names[claim]} ({claim}) is lost: no beat for "
                                       f"{now - last[claim][1]:.0f} s"})
                     return
-            if len(peers) + 1 < spec.max_nodes and handler.num_nodes_waiting() > 0:
+            if spec.admit_joiners and len(peers) + 1 < spec.max_nodes \
+                    and handler.num_nodes_waiting() > 0:
                 _answer({"event": f"{handler.num_nodes_waiting()} node(s) wait to join"})
                 return
     except RuntimeError:

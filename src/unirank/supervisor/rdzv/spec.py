@@ -49,6 +49,8 @@ class RdzvSpec:
     close_timeout: int = 30
     keep_alive_interval: int = 5
     keep_alive_max_attempt: int = 3
+    #: stop the workers when a node waits to join (only where a restart can admit it)
+    admit_joiners: bool = False
 
     def master_addr(self) -> str:
         """Where this node's rank 0 would serve the workers' store."""
