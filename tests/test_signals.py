@@ -14,7 +14,7 @@ from unirank.cli.main import build_parser, main
 from unirank.cli.run import engine_options
 from unirank.errors import ConfigError
 from unirank.sbatch.requeue import stop_signals
-from unirank.signals import parse_signal, parse_signals
+from unirank.signals import format_signals, parse_signal, parse_signals
 
 REPO = Path(__file__).resolve().parents[1]
 HELLO = "examples/helloworld.py"
@@ -97,3 +97,9 @@ def test_a_list_keeps_the_order_given_each_signal_once() -> None:
     with pytest.raises(ConfigError, match=r"^V='TERM,KILL': SIGKILL cannot be caught"):
         parse_signals("TERM,KILL", variable="V", example="E")
     assert parse_signal(" Term ", variable="V", value="x", example="E") == signal.SIGTERM
+
+
+def test_format_signals_spells_them_as_torchrun_s_option() -> None:
+    assert format_signals((signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)) == \
+        "SIGTERM,SIGINT,SIGUSR1"
+    assert format_signals(()) == ""

@@ -20,7 +20,7 @@ import signal
 
 from unirank.errors import ConfigError
 
-__all__ = ["REFUSED", "STOP_SIGNALS", "parse_signal", "parse_signals"]
+__all__ = ["REFUSED", "STOP_SIGNALS", "format_signals", "parse_signal", "parse_signals"]
 
 #: the signals that stop a launcher's workers (after they are forwarded), with a grace period
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
@@ -70,3 +70,10 @@ def parse_signals(text: str, *, variable: str, example: str) -> tuple[int, ...]:
     found = [parse_signal(word, variable=variable, value=text, example=example)
              for word in text.replace(" ", ",").split(",") if word]
     return tuple(dict.fromkeys(found))
+
+
+def format_signals(numbers: tuple[int, ...]) -> str:
+    """``numbers`` as torchrun's ``--signals-to-handle`` spells them: ``SIGINT,SIGTERM``."""
+    import signal
+
+    return ",".join(signal.Signals(n).name for n in numbers)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from unirank.cli.counts import parse_nnodes, parse_nproc
+from unirank.cli.counts import parse_nnodes, parse_nnodes_range, parse_nproc
 from unirank.errors import ConfigError
 
 
@@ -35,3 +35,13 @@ def test_parse_nnodes() -> None:
     for bad, message in (("1:4", "elastic"), ("0", "at least 1"), ("x", "not a number")):
         with pytest.raises(ConfigError, match=message):
             parse_nnodes(bad)
+
+
+def test_parse_nnodes_range() -> None:
+    assert parse_nnodes_range("3") == (3, 3)
+    assert parse_nnodes_range("1:4") == (1, 4)
+    for bad, why in (("4:1", "MAX below MIN"), ("0:2", "at least 1"), ("a:b", "not a number")):
+        with pytest.raises(ConfigError, match=why):
+            parse_nnodes_range(bad)
+    with pytest.raises(ConfigError, match="elastic range, which needs the dynamic rendezvous"):
+        parse_nnodes("1:4")

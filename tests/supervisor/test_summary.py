@@ -141,3 +141,19 @@ def test_why_a_worker_died_reads_as_the_golden_file(name: str) -> None:
         path.write_text(text)
     assert path.exists(), f"no golden file {path}: run with UNIRANK_REGEN_GOLDEN=1"
     assert text == path.read_text()
+
+
+def test_a_world_change_names_the_node_and_fails_only_if_workers_did() -> None:
+    lost = "node n2 (10.0.0.2) is lost: no beat for 5 s"
+    stopped = RunResult(exits=(WorkerExit(0, 0, "n1", -15, stopped=True),
+                               WorkerExit(1, 1, "n1", -15, stopped=True)), world_changed=lost)
+    assert stopped.exit_code == 1
+    first, other = format_summary(stopped).splitlines()
+    assert first == f"unirank run: FAILED (exit code 1): {lost}"
+    assert other == "  other workers: ranks 0-1: killed by SIGTERM (signal 15), stopped by " \
+        "the teardown"
+    done = RunResult(exits=(WorkerExit(0, 0, "n1", 0),), world_changed=lost)
+    assert done.exit_code == 0
+    after = RunResult(exits=(WorkerExit(0, 0, "n1", 0),), attempts=(stopped,))
+    assert format_summary(after).splitlines() == [
+        "unirank run: succeeded after 1 restart(s)", f"  attempt 0: {lost}"]

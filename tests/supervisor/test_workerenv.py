@@ -30,6 +30,7 @@ from unirank.launchers import detect
 from unirank.supervisor.attempts import EngineOptions, attempt_launches
 from unirank.supervisor.engine import worker_command
 from unirank.supervisor.plan import LaunchRequest, Plan, make_plan
+from unirank.supervisor.rdzv.spec import Assignment
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "worker_env"
 RECORDED = Path(__file__).resolve().parents[1] / "fixtures" / "envs"
@@ -54,14 +55,16 @@ class Layout:
     base: dict[str, str]
 
 
-def run_layout(argv: list[str], base: dict[str, str]) -> Layout:
-    """``unirank run ARGV`` in a shell whose environment is ``base``."""
+def run_layout(argv: list[str], base: dict[str, str],
+               assignment: Assignment | None = None) -> Layout:
+    """``unirank run ARGV`` in a shell whose environment is ``base`` (at ``assignment``'s place
+    after a dynamic rendezvous, when given)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(argv)
     request = build_request(args, base)
     outer = detect(base, ["unirank"], hostname="host")
-    plan = make_plan(request, outer, base, run_id_fallback="run-id")
+    plan = make_plan(request, outer, base, run_id_fallback="run-id", assignment=assignment)
     return Layout(plan, target_of(args), engine_options(args), base)
 
 
@@ -170,10 +173,23 @@ def test_parallel_spawn(tmp_path: Path, listening: socket.socket) -> None:
     check_golden("parallel_n2", environments(parallel_layout(tmp_path), tmp_path, listening))
 
 
+def test_dynamic_rendezvous_second_node(tmp_path: Path, listening: socket.socket) -> None:
+    """``unirank run --nnodes 1:3 -n 2 --rdzv-backend c10d --rdzv-endpoint node0:29400
+    --rdzv-id job7 train.py`` on the node the rendezvous made node rank 1 of 2, after a node
+    of 3 workers: ranks 3-4 of 5 (UNIRANK_RANKS_PER_NODE=3,2), GROUP_RANK 1, node 0's master,
+    TORCHELASTIC_RUN_ID job7."""
+    assignment = Assignment(node_rank=1, nnodes=2, ranks_per_node=(3, 2),
+                            hosts=("node0", "host"), master_addr="node0", master_port=41000)
+    layout = run_layout(["--nnodes", "1:3", "-n", "2", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", "node0:29400", "--rdzv-id", "job7", "train.py"],
+                        SHELL, assignment)
+    check_golden("rdzv_1to3_n2_node1", environments(layout, tmp_path, listening))
+
+
 def test_golden_files_are_complete() -> None:
     """Every golden file holds whole environments (PATH included) and no run-specific value."""
     files = sorted(GOLDEN.glob("*.json"))
-    assert len(files) == 6
+    assert len(files) == 7
     for path in files:
         text = path.read_text()
         assert str(os.getpid()) not in json.dumps(

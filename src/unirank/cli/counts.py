@@ -1,11 +1,11 @@
 """The counts ``unirank run`` takes: ``--nproc-per-node`` (a number, ``auto``, ``gpu``, ``cpu``)
-and ``--nnodes`` (a number, or torchrun's ``N:N``)."""
+and ``--nnodes`` (a number, torchrun's ``N:N``, or an elastic range ``MIN:MAX``)."""
 
 from __future__ import annotations
 
 from unirank.errors import ConfigError
 
-__all__ = ["parse_nnodes", "parse_nproc"]
+__all__ = ["parse_nnodes", "parse_nnodes_range", "parse_nproc"]
 
 _NPROC_HINT = "use a positive integer, 'auto' (GPUs if any, else 1), 'gpu' or 'cpu'"
 
@@ -44,21 +44,31 @@ def parse_nproc(value: str, *, gpu_count: int, cpu_count: int | None) -> int:
     return count
 
 
-def parse_nnodes(value: str) -> int:
-    """``--nnodes``: a positive integer (torchrun's ``N:N`` is accepted; elastic ranges are not)."""
+def parse_nnodes_range(value: str) -> tuple[int, int]:
+    """``--nnodes``: ``N`` or torchrun's ``MIN:MAX`` (``N:N`` is ``N``), as ``(MIN, MAX)``."""
     text = value.strip()
     low, sep, high = text.partition(":")
-    hint = "give the number of nodes as a positive integer; unirank run is not elastic"
+    hint = "give the number of nodes, N, or an elastic range MIN:MAX"
     try:
-        count = int(low)
-        top = int(high) if sep else count
+        least = int(low)
+        most = int(high) if sep else least
     except ValueError:
         raise ConfigError("is not a number of nodes", variable="--nnodes", value=value,
                           hint=hint) from None
-    if count != top:
-        raise ConfigError("is an elastic range, which unirank run does not support",
-                          variable="--nnodes", value=value, hint=hint)
-    if count < 1:
+    if least < 1:
         raise ConfigError("must be at least 1", variable="--nnodes", value=value, hint=hint)
-    return count
+    if most < least:
+        raise ConfigError("has MAX below MIN", variable="--nnodes", value=value, hint=hint)
+    return least, most
 
+
+def parse_nnodes(value: str) -> int:
+    """``--nnodes`` of a static rendezvous: a positive integer (torchrun's ``N:N`` is accepted;
+    an elastic range needs the c10d rendezvous without ``--node-rank``)."""
+    least, most = parse_nnodes_range(value)
+    if least != most:
+        raise ConfigError(
+            "is an elastic range, which needs the dynamic rendezvous", variable="--nnodes",
+            value=value, hint="start every node with --rdzv-backend c10d --rdzv-endpoint "
+            "HOST:PORT and no --node-rank (nor srun/mpirun), or give one number of nodes")
+    return least

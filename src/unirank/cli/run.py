@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from unirank.distenv import DistEnv
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.fork.client import ForkServer
-    from unirank.supervisor.plan import LaunchRequest
+    from unirank.supervisor.plan import LaunchRequest, Plan
+    from unirank.supervisor.rdzv.spec import Assignment
     from unirank.supervisor.summary import RunResult
 
 _EPILOG = (
@@ -55,8 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="workers on this node: a number, 'auto' (the default: under a launcher that "
             "started several processes per node, each is one rank; else the GPUs, or 1), "
             "'gpu' or 'cpu'")
-    _option(parser, "--nnodes", default=None, metavar="N",
-            help="number of nodes (default: from the outer launcher, else 1)")
+    _option(parser, "--nnodes", default=None, metavar="N|MIN:MAX",
+            help="number of nodes (default: from the outer launcher, else 1); a range MIN:MAX "
+            "with the c10d rendezvous")
     _option(parser, "--node-rank", dest="node_rank", default=None, metavar="R",
             help="this node's rank (default: from the launcher; needed for several nodes "
             "without one)")
@@ -66,13 +68,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--master-port", dest="master_port", default=None, metavar="PORT",
             help="rendezvous port (default: launcher, MASTER_PORT, or a free port on one node)")
     _option(parser, "--rdzv-backend", dest="rdzv_backend", default="static", metavar="NAME",
-            help="static or c10d: both mean unirank's own static rendezvous on node 0")
+            help="static (node ranks given) or c10d (without --node-rank: node ranks "
+            "assigned at rendezvous, torch's dynamic rendezvous)")
     _option(parser, "--rdzv-endpoint", dest="rdzv_endpoint", default=None,
             metavar="HOST[:PORT]", help="node 0's host and port (as --master-addr/--master-port)")
     _option(parser, "--rdzv-id", dest="rdzv_id", default=None, metavar="ID",
             help="the job's id: TORCHELASTIC_RUN_ID and the log folder's name")
     _option(parser, "--rdzv-conf", dest="rdzv_conf", default=None, metavar="K=V,...",
-            help="join_timeout=S sets the init timeout; other keys are noted and ignored")
+            help="join_timeout, last_call_timeout, close_timeout (seconds; c10d), "
+            "keep_alive_interval, keep_alive_max_attempt; join_timeout also sets the init "
+            "timeout")
     _option(parser, "--standalone", action="store_true",
             help="one node on its own, with a free port (ignores outer launchers)")
     _option(parser, "--max-restarts", dest="max_restarts", default="0", metavar="N",
@@ -150,12 +155,20 @@ _NOTED = {
     "--event-log-handler": "torchelastic's event handlers live in torchrun's agent, which "
     "unirank run replaces",
     "--logs-specs": "a torchrun plugin for its agent; use --log-dir, --redirects and --tee",
-    "--local-addr": "unirank's rendezvous needs only node 0's address",
+    "--local-addr": "the static rendezvous needs only node 0's address",
     "--run-path": "scripts always run through runpy.run_path in a fresh worker",
     "--duplicate-stdout-filters": "not done by unirank run; use --tee and grep the log",
     "--duplicate-stderr-filters": "not done by unirank run; use --tee and grep the log",
 }
 _NOTED_FLAGS = {"--run-path"}
+
+
+def _has_no_effect(name: str, args: argparse.Namespace) -> bool:
+    """Whether the noted option ``name`` has no effect here (the dynamic rendezvous uses
+    ``--local-addr``)."""
+    from unirank.cli import elastic
+
+    return not (name in elastic.USED_OPTIONS and elastic.wanted(args))
 
 
 #: the planner's argument names as unirank run's options
@@ -212,19 +225,22 @@ def _check_rdzv_backend(value: str) -> None:
     if value.strip().lower() not in ("static", "c10d"):
         raise ConfigError(
             "is not a rendezvous unirank run provides", variable="--rdzv-backend", value=value,
-            hint="use static or c10d (both mean unirank's own rendezvous on node 0)",
+            hint="use static, or c10d (node ranks assigned at rendezvous without --node-rank)",
         )
 
 
 def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str]) -> str | None:
+    from unirank.cli import elastic
+
     if not args.rdzv_conf:
         return None
     timeout = None
+    used = elastic.CONF_KEYS if elastic.wanted(args) else ()
     for item in args.rdzv_conf.split(","):
         key, _sep, value = item.partition("=")
         if key.strip() == "join_timeout":
             timeout = value.strip()
-        elif key.strip():
+        elif key.strip() and key.strip() not in used:
             notes.append(f"--rdzv-conf {key.strip()} is ignored: unirank's rendezvous "
                          "is static")
     return timeout
@@ -244,6 +260,7 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
 
     Reads: UNIRANK_INIT_TIMEOUT, CUDA_VISIBLE_DEVICES.
     """
+    from unirank.cli import elastic
     from unirank.cli.counts import parse_nnodes, parse_nproc
     from unirank.contract import resolve_init_timeout
     from unirank.gpus import visible_gpu_count
@@ -269,7 +286,8 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
     return LaunchRequest(
         nproc_per_node=None if auto else nproc,
         spawn_default=nproc,
-        nnodes=parse_nnodes(args.nnodes) if args.nnodes is not None else None,
+        nnodes=(parse_nnodes(args.nnodes) if args.nnodes is not None
+                and not elastic.wanted(args) else None),
         node_rank=_int_option(args.node_rank, "--node-rank",
                               "give this node's rank, 0 to --nnodes - 1"),
         master_addr=addr,
@@ -278,7 +296,7 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
         init_timeout=init_timeout,
         max_restarts=_int_option(args.max_restarts, "--max-restarts",
                                  "give how many times to restart, 0 or more") or 0,
-        run_id=args.rdzv_id or None,
+        run_id=args.rdzv_id or (elastic.DEFAULT_RUN_ID if elastic.wanted(args) else None),
         role=args.role,
         virtual_local_rank=bool(args.virtual_local_rank),
     )
@@ -430,6 +448,8 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
     from unirank.supervisor.attempts import run_plan
     from unirank.supervisor.plan import make_plan
 
+    if _dynamic(args, outer):
+        return _rendezvous_and_run(args, request, outer, environ, options, target, server)
     try:
         plan = make_plan(request, outer, environ, run_id_fallback=uuid4().hex)
     except ConfigError as exc:
@@ -440,6 +460,53 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
 
         require_resolvable(plan.master_addr, source=plan.master_source)
     return run_plan(plan, target, environ=environ, options=options, server=server)
+
+
+def _dynamic(args: argparse.Namespace, outer: DistEnv) -> bool:
+    """The dynamic rendezvous (:func:`unirank.cli.elastic.wanted`), unless an outer launcher
+    gives the node ranks."""
+    from unirank.cli import elastic
+
+    return elastic.wanted(args) and outer.world_size <= 1 and not outer.launch_required
+
+
+def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,
+                        environ: Mapping[str, str], options: EngineOptions,
+                        target: list[str], server: ForkServer | None) -> RunResult:
+    """Join the dynamic rendezvous (:mod:`unirank.cli.elastic`), plan this node's workers at
+    the node rank it assigned, then start and supervise them."""
+    from dataclasses import replace
+
+    from unirank.cli import elastic
+    from unirank.supervisor.attempts import run_plan
+    from unirank.supervisor.plan import make_plan
+
+    nproc = request.nproc_per_node or request.spawn_default or 1
+    helper, sock, assignment = elastic.join(args, _endpoint(args), nproc, outer, environ,
+                                            restarts=request.max_restarts)
+
+    def plan_at(place: Assignment) -> Plan:
+        plan = make_plan(request, outer, environ, run_id_fallback=elastic.DEFAULT_RUN_ID,
+                         assignment=place)
+        return replace(plan, master_source="--rdzv-endpoint")
+
+    places = [assignment]
+
+    def replan(attempt: int) -> Plan:  # a restart: the next round (the world may change)
+        places.append(helper.next(first=False))
+        print(f"unirank run: {elastic.describe_round(places[-2], places[-1])}",
+              file=sys.stderr, flush=True)
+        return plan_at(places[-1])
+
+    try:
+        plan = plan_at(assignment)
+        listening = sock if plan.hosts_store else None
+        if listening is None:
+            sock.close()
+        return run_plan(plan, target, environ=environ, options=options, server=server,
+                        listening=listening, replan=replan, watch=helper)
+    finally:
+        helper.close()
 
 
 def main(args: argparse.Namespace) -> int:
@@ -490,10 +557,18 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
     request = build_request(args, environ, notes)
     options = engine_options(args, environ)
     notes += [f"{name} is accepted but has no effect: {why}" for name, why in _NOTED.items()
-              if getattr(args, "noted_" + name[2:].replace("-", "_"), None) is not None]
+              if getattr(args, "noted_" + name[2:].replace("-", "_"), None) is not None
+              and _has_no_effect(name, args)]
     for note in notes:
         print(f"unirank run: note: {note}", file=sys.stderr, flush=True)
     outer = _detect(environ)
+    if request.nnodes is None and args.nnodes is not None and not _dynamic(args, outer):
+        from dataclasses import replace
+
+        from unirank.cli.counts import parse_nnodes
+
+        # an outer launcher gives the node ranks: the static rendezvous, its node count
+        request = replace(request, nnodes=parse_nnodes(args.nnodes), run_id=args.rdzv_id)
     if outer.launch_required and not request.standalone:
         from unirank.supervisor.reexec import reexec_through_srun
 

@@ -31,14 +31,22 @@ import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings
+from unirank.errors import ConfigError
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
-from unirank.supervisor.engine import DEFAULT_SIGNALS, Supervisor, WorkerLaunch, worker_command
+from unirank.signals import format_signals
+from unirank.supervisor.engine import (
+    DEFAULT_SIGNALS,
+    Supervisor,
+    WorkerLaunch,
+    WorldWatch,
+    worker_command,
+)
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
@@ -79,6 +87,9 @@ def run_plan(
     err_fd: int = 2,
     server: ForkServer | None = None,
     keep_server: bool = False,
+    listening: socket.socket | None = None,
+    replan: Callable[[int], Plan] | None = None,
+    watch: WorldWatch | None = None,
 ) -> RunResult:
     """Open the store's port (where rank 0 runs, once its master address is known to be this
     host's: :func:`unirank.resolve.require_own`), start this node's workers and supervise
@@ -91,25 +102,31 @@ def run_plan(
     node's fork server (:func:`~unirank.supervisor.fork.client.start_server`; None: every
     worker starts as its own interpreter), which this function configures and closes (unless
     ``keep_server``: the caller runs it again, as ``ur.launch`` does in a notebook; a server
-    already configured by an earlier run keeps the environment it imported with).
+    already configured by an earlier run keeps the environment it imported with);
+    ``listening`` the store's socket where the caller opened it already (the dynamic
+    rendezvous publishes its port before the plan exists), which this function closes;
+    ``replan`` gives the plan of each restart (its attempt number; the dynamic rendezvous's
+    next round: the world may have changed), else every attempt runs ``plan``; ``watch``
+    says when the world changed during an attempt (the engine then stops the workers).
     """
     options = options or EngineOptions()
     # workers on a terminal print unbuffered, though through a pipe (see supervisor.output)
     options = replace(options, output=replace(options.output, console_tty=os.isatty(out_fd)))
-    sock: socket.socket | None = None
+    sock = listening
     try:
         if plan.hosts_store:  # rank 0 serves here: the master address must be this host's
             require_own(plan.master_addr, source=plan.master_source or "MASTER_ADDR",
                         environ=environ)
-            sock = open_store_socket(plan.master_port, host=plan.master_addr,
-                                     option="MASTER_PORT")
+            if sock is None:
+                sock = open_store_socket(plan.master_port, host=plan.master_addr,
+                                         option="MASTER_PORT")
             plan = plan.with_port(int(sock.getsockname()[1]))
         if server is not None:
             _configure(server, plan, environ, options)
             if _cannot_serve(server, options, err_fd):
                 server = None
         return _run_attempts(plan, worker_command(target), environ, options, sock, server,
-                             (out_fd, err_fd))
+                             (out_fd, err_fd), replan, watch)
     finally:
         if sock is not None:
             sock.close()
@@ -135,6 +152,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             error_file=os.path.join(folder, "error.json"),
             fault_file=os.path.join(folder, FAULT_FILE_NAME),
             numa_binding=options.numa_binding,
+            signals_to_handle=format_signals(options.signals),
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=(os.path.join(attempt_dir, "timeline.json")
                            if options.timeline and worker.rank == 0 else None),
@@ -156,7 +174,8 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
 def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
                options: EngineOptions) -> None:
     """Give the fork server the environment this node's workers have in common."""
-    wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered)
+    wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered,
+                          signals_to_handle=format_signals(options.signals))
     server.configure(server_environ([worker_environ(plan, w, environ, wiring)
                                      for w in plan.workers]))
 
@@ -172,8 +191,11 @@ def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bo
 
 def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                   options: EngineOptions, sock: socket.socket | None,
-                  server: ForkServer | None, fds: tuple[int, int]) -> RunResult:
-    """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times."""
+                  server: ForkServer | None, fds: tuple[int, int],
+                  replan: Callable[[int], Plan] | None = None,
+                  watch: WorldWatch | None = None) -> RunResult:
+    """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times
+    (each restart at ``replan``'s plan, where given)."""
     out_fd, err_fd = fds
     root, keep = _log_root(plan, options, err_fd)
     earlier: list[RunResult] = []
@@ -187,7 +209,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
-                server=server, slurm_kills=slurm_vars.in_job(environ),
+                server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
             ).run()
             if _is_last(result, attempt, plan, environ):
                 if options.timeline:
@@ -199,6 +221,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
                 f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
             attempt += 1
+            if replan is not None:
+                plan = _next_plan(replan, attempt, sock)
     finally:
         if not keep and not _hang_reports(root):
             shutil.rmtree(root, ignore_errors=True)
@@ -215,6 +239,18 @@ def _hang_reports(root: str) -> bool:
     return False
 
 
+def _next_plan(replan: Callable[[int], Plan], attempt: int,
+               sock: socket.socket | None) -> Plan:
+    """The plan of restart ``attempt``, its port the store socket's where rank 0 runs here."""
+    plan = replan(attempt)
+    if plan.hosts_store:
+        if sock is None:
+            raise ConfigError("rank 0 moved to this node, which serves no store",
+                              hint="start the job again")
+        plan = plan.with_port(int(sock.getsockname()[1]))
+    return plan
+
+
 def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:
     """Whether the run ends with this attempt: it succeeded, a signal stopped it, no restart
     is left, or it stopped to be requeued under Slurm (the batch script requeues the job)."""
@@ -227,6 +263,8 @@ def _attempt_end(result: RunResult) -> str:
     """How an attempt that is restarted ended, for the restart's line."""
     if result.requeued:
         return f"stopped to be requeued (exit code {REQUEUE_EXIT_CODE})"
+    if result.first_failure is None and result.world_changed:
+        return f"stopped ({result.world_changed})"
     first = result.first_failure
     cause = (f"rank {first.rank}: {first.describe()}"
              if first else f"exit code {exit_code_of(result.exit_code)}")

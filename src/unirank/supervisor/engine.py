@@ -54,7 +54,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
@@ -86,13 +86,27 @@ if TYPE_CHECKING:
 
     _Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
-__all__ = ["DEFAULT_SIGNALS", "Supervisor", "WorkerLaunch", "worker_command"]
+__all__ = ["DEFAULT_SIGNALS", "Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
 
 DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 #: the selector's mark for the fork server's socket
 _SERVER = object()
+#: the selector's mark for the world watch (:class:`WorldWatch`)
+_WATCH = object()
 #: how long to wait for workers to vanish after SIGKILL before giving up on them
 KILL_WAIT = 30.0
+
+
+class WorldWatch(Protocol):
+    """What tells the engine that the world changed while the workers run (the dynamic
+    rendezvous's helper: a node lost, or one waiting to join)."""
+
+    def fileno(self) -> int:
+        """A descriptor that becomes readable when there may be news."""
+
+    def world_change(self) -> str | None:
+        """The news, read without blocking: one line saying how the world changed, or None
+        (nothing yet)."""
 
 
 @dataclass(frozen=True)
@@ -198,8 +212,12 @@ class Supervisor:
         kill_wait: float = KILL_WAIT,
         server: ForkServer | None = None,
         slurm_kills: bool = False,
+        watch: WorldWatch | None = None,
     ) -> None:
         self._launches = list(launches)
+        #: says when the world changed (the dynamic rendezvous): the workers are then stopped
+        self._watch = watch
+        self._world_changed: str | None = None
         #: the node's fork server (None: every worker starts as its own interpreter)
         self._server = server
         self._node = node_name
@@ -242,6 +260,8 @@ class Supervisor:
             self._selector.register(wake_r, selectors.EVENT_READ, None)
             if self._server is not None and not self._server.gone:
                 self._selector.register(self._server.fileno(), selectors.EVENT_READ, _SERVER)
+            if self._watch is not None:
+                self._selector.register(self._watch.fileno(), selectors.EVENT_READ, _WATCH)
             self._start_all()
             self._loop(wake_r)
             self._output.drain()
@@ -355,6 +375,8 @@ class Supervisor:
                     self._on_wakeup(wake_r)
                 elif key.data is _SERVER:
                     self._on_server()
+                elif key.data is _WATCH:
+                    self._on_world_change()
                 elif isinstance(key.data, _Worker):
                     self._on_done(key.fd)
                 else:
@@ -388,6 +410,20 @@ class Supervisor:
             self._selector.unregister(self._server.fileno())
             if any(w.alive and w.proc is None for w in self._workers):
                 self._output.say("the fork server ended; the workers forked from it were killed")
+
+    def _on_world_change(self) -> None:
+        """The watch has news: stop the workers when it says the world changed (unless they
+        are being stopped already)."""
+        assert self._watch is not None
+        change = self._watch.world_change()
+        if change is None:
+            return
+        self._selector.unregister(self._watch.fileno())
+        if self._first_failure is None and self._stop_signal is None and self._alive():
+            self._world_changed = change
+            self._output.say(f"{change}; stopping the workers: SIGTERM now, SIGKILL after "
+                             f"{self._grace:g} s")
+            self._signal_all(signal.SIGTERM)
 
     def _on_wakeup(self, wake_r: int) -> None:
         try:
@@ -451,7 +487,7 @@ class Supervisor:
             if code == -signal.SIGKILL and signal.SIGKILL not in worker.stop_signals:
                 worker.oom = oom_verdict(worker.pid, worker.cgroup, since=worker.started - 1.0)
             if (code not in (0, REQUEUE_EXIT_CODE) and self._first_failure is None
-                    and self._stop_signal is None):
+                    and self._stop_signal is None and self._world_changed is None):
                 self._first_failure = worker
                 self._on_first_failure(worker)
         self._release_store_host()
@@ -525,7 +561,7 @@ class Supervisor:
         if blamed is not None:
             first = next(e for e in exits if e.rank == blamed.launch.rank)
         return RunResult(exits=exits, first_failure=first, stop_signal=self._stop_signal,
-                         unreaped=self._unreaped)
+                         unreaped=self._unreaped, world_changed=self._world_changed)
 
 
 def _root_cause(workers: Sequence[_Worker], first_failure: _Worker | None) -> _Worker | None:

@@ -9,6 +9,10 @@ imports torch.
 
 The rules, in order (``L`` is the number of processes the outer launcher put on this node):
 
+0. **Dynamic rendezvous** (``unirank run --rdzv-backend c10d`` without ``--node-rank``): the
+   rendezvous's :class:`~unirank.supervisor.rdzv.spec.Assignment` gives the node rank, the node
+   count, the ranks on each node (nodes may start different numbers of workers, as under
+   torchrun) and the master; this process starts its node's workers.
 1. ``standalone``: the outer launcher is ignored; one node, master ``127.0.0.1`` (unless given)
    on a free port (unless given). ``nnodes`` other than 1 is refused.
 2. A Slurm allocation shell where no task was launched: one holding several tasks is refused
@@ -69,6 +73,7 @@ from unirank.errors import ConfigError
 from unirank.rendezvous import DEFAULT_PORT
 from unirank.resolve import master_addr_source
 from unirank.store import uses_agent_store
+from unirank.supervisor.rdzv.spec import Assignment
 
 __all__ = [
     "IN_PLACE",
@@ -348,6 +353,19 @@ def _spawn(nproc: int, nnodes: int, node_rank: int, master: tuple[str, int],
                    (nproc,) * nnodes)
 
 
+def _rendezvoused(assignment: Assignment) -> _Layout:
+    """Rule 0: this node's workers after a dynamic rendezvous; consecutive ranks fill the nodes
+    in node-rank order."""
+    node_rank = assignment.node_rank
+    first = sum(assignment.ranks_per_node[:node_rank])
+    nproc = assignment.ranks_per_node[node_rank]
+    workers = tuple(Worker(first + local, local) for local in range(nproc))
+    hosts = assignment.hosts if len(assignment.hosts) == assignment.nnodes else ()
+    return _Layout(SPAWN, workers, sum(assignment.ranks_per_node), nproc, assignment.nnodes,
+                   node_rank, assignment.master_addr, assignment.master_port, hosts,
+                   assignment.ranks_per_node)
+
+
 def _standalone(request: LaunchRequest, outer: DistEnv) -> DistEnv:
     """``--standalone``: one node on its own, with nothing given about the master."""
     if request.nnodes not in (None, 1):
@@ -363,12 +381,14 @@ def make_plan(
     environ: Mapping[str, str],
     *,
     run_id_fallback: str,
+    assignment: Assignment | None = None,
 ) -> Plan:
     """Lay out the world and this process's workers (see the module docstring for the rules).
 
     ``outer`` is what :func:`unirank.launchers.detect` found around this process (its
     ``node_name`` names this node to the workers); ``run_id_fallback`` becomes
-    TORCHELASTIC_RUN_ID when neither the request nor the launcher gives one.
+    TORCHELASTIC_RUN_ID when neither the request nor the launcher gives one; ``assignment``
+    is this node's place after a dynamic rendezvous (rule 0).
 
     Reads: TORCHELASTIC_USE_AGENT_STORE (only without an outer launcher).
     """
@@ -382,8 +402,12 @@ def make_plan(
         init_timeout=request.init_timeout, launcher=outer.launcher,
         max_restarts=request.max_restarts, role=request.role,
         virtual_local_rank=request.virtual_local_rank)
-    layout = (_under_launcher(request, outer) if outer.world_size > 1
-              else _without_launcher(request, outer, environ))
+    if assignment is not None:
+        layout = _rendezvoused(assignment)
+    elif outer.world_size > 1:
+        layout = _under_launcher(request, outer)
+    else:
+        layout = _without_launcher(request, outer, environ)
     return _assemble(layout, settings, _source(request, outer, layout))
 
 

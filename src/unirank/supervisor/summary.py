@@ -192,6 +192,9 @@ class RunResult:
     unreaped: tuple[int, ...] = field(default=())
     #: the results of earlier attempts that failed (``--max-restarts``)
     attempts: tuple[RunResult, ...] = field(default=())
+    #: why the supervisor stopped the workers when the world changed (a node of the dynamic
+    #: rendezvous lost, or one waiting to join), as the rendezvous said it
+    world_changed: str | None = None
 
     @property
     def requeued(self) -> bool:
@@ -208,7 +211,7 @@ class RunResult:
         else 0."""
         if self.first_failure is not None:
             return self.first_failure.own_exit_code
-        if self.unreaped:
+        if self.unreaped or (self.world_changed and any(w.failed for w in self.exits)):
             return 1
         if self.requeued:
             return REQUEUE_EXIT_CODE
@@ -219,6 +222,8 @@ class RunResult:
 
 def _attempt_line(index: int, result: RunResult) -> str:
     first = result.first_failure
+    if first is None and result.world_changed:
+        return f"  attempt {index}: {result.world_changed}"
     if first is None:
         return f"  attempt {index}: exit code {result.exit_code}"
     error = f": {first.error}" if first.error else ""
@@ -278,6 +283,8 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
             f"{prog}: stopped by {signal_name(result.stop_signal)} "
             f"(exit code {result.exit_code}), forwarded to the workers"
         )
+    elif result.world_changed:
+        out.append(f"{prog}: FAILED (exit code {result.exit_code}): {result.world_changed}")
     else:
         out.append(f"{prog}: FAILED (exit code {result.exit_code})")
     others = [w for w in result.exits if first is None or w.rank != first.rank]

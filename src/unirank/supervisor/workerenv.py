@@ -26,6 +26,7 @@ from unirank.contract import (
     RANKS_PER_NODE_VAR,
     RESTART_COUNT_VAR,
     RUN_ID_VAR,
+    SIGNALS_TO_HANDLE_VAR,
     STORE_FD_VAR,
     SUPERVISOR_PID_VAR,
     TIMELINE_FILE_VAR,
@@ -71,6 +72,8 @@ class WorkerWiring:
     #: the hang detector's settings (UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
     #: UNIRANK_HANG_INTERVAL); None: what ``base`` says (:func:`unirank.contract.resolve_hang`)
     hang: HangSettings | None = None
+    #: the signals forwarded to the worker, by name (TORCHELASTIC_SIGNALS_TO_HANDLE)
+    signals_to_handle: str | None = None
 
 
 def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
@@ -130,6 +133,7 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
     TORCHELASTIC_USE_AGENT_STORE=True (rank 0's process hosts the store, so every rank is a
     store client), TORCHELASTIC_ERROR_FILE (one per worker and attempt),
+    TORCHELASTIC_SIGNALS_TO_HANDLE (the signals forwarded, by name),
     TORCH_NCCL_ASYNC_ERROR_HANDLING (kept, else 1) and OMP_NUM_THREADS=1 when unset and more
     than one worker shares the node; with ``virtual_local_rank``, LOCAL_RANK=0 and
     CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT, the hang
@@ -148,6 +152,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     env.update(_torchrun_environ(plan, worker, base, wiring.restart_count))
     if wiring.error_file is not None:
         env[ERROR_FILE_VAR] = wiring.error_file
+    if wiring.signals_to_handle is not None:
+        env[SIGNALS_TO_HANDLE_VAR] = wiring.signals_to_handle
     if wiring.unbuffered and "PYTHONUNBUFFERED" not in base:
         env["PYTHONUNBUFFERED"] = "1"
     env[INIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)

@@ -1,0 +1,140 @@
+"""``unirank run``'s dynamic rendezvous: the same command on every node, node ranks assigned at
+rendezvous (torchrun's ``--rdzv-backend c10d`` without ``--node-rank``), and ``--nnodes MIN:MAX``.
+
+:func:`wanted` is THE rule for whether a run takes the dynamic rendezvous: ``--rdzv-backend
+c10d``, no ``--node-rank``, no ``--standalone``, and ``--nnodes`` above one node (or a range);
+under an outer launcher (srun, mpirun), which gives node ranks itself, the static rendezvous
+stays. :func:`join` starts the node's rendezvous helper
+(:class:`~unirank.supervisor.rdzv.client.RendezvousHelper`), opens the store's socket the
+node serves should it be node rank 0, and waits for this node's
+:class:`~unirank.supervisor.rdzv.spec.Assignment`.
+
+Reads (from the mapping it is given): UNIRANK_MASTER_FORWARDED (through
+:func:`unirank.resolve.require_own`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+from collections.abc import Mapping
+from dataclasses import replace
+
+from unirank.distenv import DistEnv
+from unirank.errors import ConfigError
+from unirank.supervisor.rdzv.client import RendezvousHelper
+from unirank.supervisor.rdzv.spec import DEFAULT_ENDPOINT_PORT, Assignment, RdzvSpec
+
+__all__ = ["CONF_KEYS", "DEFAULT_RUN_ID", "USED_OPTIONS", "describe_round", "join", "wanted"]
+
+#: ``--rdzv-conf`` keys the dynamic rendezvous takes (torchrun's meaning; whole seconds)
+CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
+             "keep_alive_max_attempt")
+#: torchrun's ``--rdzv-id`` when none is given
+DEFAULT_RUN_ID = "none"
+#: options noted as having no effect elsewhere that the dynamic rendezvous uses
+USED_OPTIONS = frozenset({"--local-addr"})
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    """Whether these options ask for the dynamic rendezvous (see the module docstring)."""
+    from unirank.cli.counts import parse_nnodes_range
+
+    if str(args.rdzv_backend).strip().lower() != "c10d" or args.node_rank is not None \
+            or args.standalone or args.nnodes is None:
+        return False
+    least, most = parse_nnodes_range(str(args.nnodes))
+    return most > 1 or least != most
+
+
+def _conf(text: str | None) -> dict[str, int]:
+    """``--rdzv-conf``'s keys the rendezvous takes, as whole seconds (counts)."""
+    conf: dict[str, int] = {}
+    for item in (text or "").split(","):
+        key, _sep, value = item.partition("=")
+        if key.strip() not in CONF_KEYS:
+            continue
+        try:
+            number = int(value.strip())
+        except ValueError:
+            number = 0
+        if number < 1:
+            raise ConfigError("is not a whole number above 0", variable=f"--rdzv-conf "
+                              f"{key.strip()}", value=value.strip(),
+                              hint="give whole seconds, e.g. last_call_timeout=5")
+        conf[key.strip()] = number
+    return conf
+
+
+def _serves_endpoint(host: str, local_addr: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether this node is on the endpoint's host: its ``--local-addr`` is the endpoint's
+    host, or (without one) the endpoint's host is one of this host's addresses."""
+    if local_addr:
+        return local_addr == host
+    from unirank.resolve import require_own
+
+    try:
+        require_own(host, source="--rdzv-endpoint", environ=environ)
+    except ConfigError:
+        return False
+    return True
+
+
+def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
+          outer: DistEnv, environ: Mapping[str, str], restarts: int) -> RdzvSpec:
+    from unirank.cli.counts import parse_nnodes_range
+    from unirank.resolve import require_resolvable
+
+    conf = _conf(args.rdzv_conf)
+    host, port = endpoint
+    if not host:
+        raise ConfigError(
+            "is needed for the c10d rendezvous without --node-rank",
+            variable="--rdzv-endpoint", value=None,
+            hint="give every node the same --rdzv-endpoint HOST:PORT, HOST being one of them")
+    require_resolvable(host, source="--rdzv-endpoint")
+    least, most = parse_nnodes_range(str(args.nnodes))
+    local_addr = (args.noted_local_addr or "").strip() or None
+    return RdzvSpec(
+        endpoint_host=host, endpoint_port=port or DEFAULT_ENDPOINT_PORT,
+        run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
+        local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
+        serves_endpoint=_serves_endpoint(host, local_addr, environ),
+        admit_joiners=restarts > 0, **conf)
+
+
+def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
+         outer: DistEnv, environ: Mapping[str, str], *, restarts: int = 0,
+         ) -> tuple[RendezvousHelper, socket.socket, Assignment]:
+    """Take part in the rendezvous: the helper (the caller closes it when the run ends), the
+    store's socket (for node rank 0; others close it) and this node's assignment; with
+    ``restarts`` (``--max-restarts``) left, a node waiting to join stops the workers so that
+    the next round admits it. A refusal is a one-line :class:`ConfigError`."""
+    from unirank.supervisor.listen import open_store_socket
+
+    spec = _spec(args, endpoint, nproc, outer, environ, restarts)
+    sock = open_store_socket(0, host=spec.master_addr(), option="--rdzv-endpoint")
+    helper = None
+    try:
+        spec = replace(spec, store_port=int(sock.getsockname()[1]))
+        helper = RendezvousHelper(spec, environ)
+        return helper, sock, helper.next()
+    except BaseException:
+        sock.close()
+        if helper is not None:
+            helper.close()
+        raise
+
+
+def describe_round(before: Assignment, after: Assignment) -> str:
+    """One line on a new round: this node's place, and the nodes that left or joined since
+    ``before`` (by name; a name twice counts twice)."""
+    from collections import Counter
+
+    left = Counter(before.hosts) - Counter(after.hosts)
+    joined = Counter(after.hosts) - Counter(before.hosts)
+    changes = [f"{what}: {', '.join(sorted(names.elements()))}"
+               for what, names in (("left", left), ("joined", joined)) if names]
+    return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "
+            f"{sum(after.ranks_per_node)} workers in all"
+            + (f" ({'; '.join(changes)})" if changes else ""))

@@ -1,0 +1,139 @@
+"""The parent's side of the dynamic rendezvous: start the helper (:mod:`.agent`), read its
+answer with a deadline, end it. No torch here.
+
+The helper's stderr (torch's log lines) goes to a temporary file, kept and named in the error
+when the helper fails on its own (not a refusal). Reads no environment variable; the helper's
+environment is the mapping it is given, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torch would
+otherwise serve a second store for the workers on node rank 0; unirank's rank 0 serves theirs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+
+from unirank.errors import ConfigError
+from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to_line
+
+__all__ = ["ANSWER_MARGIN", "RendezvousHelper"]
+
+#: seconds the parent waits for an answer beyond the join timeout (the helper's import of
+#: torch and its connect)
+ANSWER_MARGIN = 60.0
+#: seconds a helper gets to leave once its stdin closed
+CLOSE_TIMEOUT = 5.0
+
+
+class RendezvousHelper:
+    """One node's rendezvous helper process, for the whole run (it keeps the node alive in the
+    rendezvous and, on the endpoint's node, serves the rendezvous store)."""
+
+    def __init__(self, spec: RdzvSpec, environ: Mapping[str, str]) -> None:
+        self.spec = spec
+        fd, self.log_path = tempfile.mkstemp(prefix="unirank-rdzv-", suffix=".log")
+        env = dict(environ)
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "unirank.supervisor.rdzv.agent"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env)
+        finally:
+            os.close(fd)
+        self._keep_log = False
+        self._buffer = b""
+        self._send(to_line(spec))
+
+    def _send(self, line: bytes) -> None:
+        assert self._proc.stdin is not None
+        with contextlib.suppress(BrokenPipeError):
+            self._proc.stdin.write(line)
+            self._proc.stdin.flush()
+
+    def next(self, *, first: bool = True) -> Assignment:
+        """This node's assignment in the first rendezvous (``first``) or the next round; a
+        refusal or a failure of the helper is a one-line :class:`ConfigError`."""
+        if not first:
+            self._send(b"next\n")
+        line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
+        while '"event"' in line:  # news of the round before, read too late: past
+            line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
+        try:
+            return assignment_of(line, where="the rendezvous helper")
+        except ConfigError as exc:
+            if exc.hint:
+                raise
+            self._keep_log = True
+            raise ConfigError(exc.message, variable=exc.variable, value=exc.value,
+                              hint=f"torch's log of the rendezvous: {self.log_path}") from None
+
+    def _read_line(self, timeout: float) -> str:
+        assert self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buffer:
+                left = deadline - time.monotonic()
+                if left <= 0 or not selector.select(left):
+                    self._keep_log = True
+                    raise ConfigError(
+                        f"the rendezvous helper did not answer within {timeout:g} s",
+                        hint=f"torch's log of the rendezvous: {self.log_path}")
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    self._keep_log = True
+                    raise ConfigError(
+                        f"the rendezvous helper ended (exit code {self._proc.wait()}) without "
+                        "an answer", hint=f"its log: {self.log_path}")
+                self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.decode(errors="replace")
+
+    def fileno(self) -> int:
+        """The helper's answers: readable when it has news (:meth:`world_change`)."""
+        assert self._proc.stdout is not None
+        return self._proc.stdout.fileno()
+
+    def world_change(self) -> str | None:
+        """The helper's news while the workers run, without blocking: a node lost, nodes
+        waiting to join, the store gone, or the helper gone; None when nothing complete
+        came."""
+        try:
+            chunk = os.read(self.fileno(), 65536)
+        except BlockingIOError:
+            chunk = None
+        if chunk == b"":
+            self._keep_log = True
+            return f"the rendezvous helper ended (its log: {self.log_path})"
+        self._buffer += chunk or b""
+        if b"\n" not in self._buffer:
+            return None
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        try:
+            news = json.loads(line)
+        except ValueError:
+            news = {}
+        return str(news.get("event") or line.decode(errors="replace"))
+
+    def close(self) -> None:
+        """End the helper: its node leaves the rendezvous (and the store it serves ends)."""
+        if self._proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+        try:
+            self._proc.wait(timeout=CLOSE_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
+        if not self._keep_log:
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)

@@ -1,0 +1,123 @@
+"""What one node brings to the dynamic rendezvous and what it gets back (pure; no torch).
+
+:class:`RdzvSpec` is what the ``unirank run`` parent asks of its helper (:mod:`.agent`);
+:class:`NodeRecord` is what each node publishes once torch's rendezvous completed;
+:func:`assign` is THE order of the nodes: the node that serves the rendezvous store (it runs on
+the endpoint's host) first, then the others in torch's rank order, so that node rank 0 (where
+global rank 0 and its store run) is the endpoint's host wherever that host takes part.
+Messages between the parent and the helper are one JSON object per line (:func:`to_line`,
+:func:`assignment_of`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, is_dataclass
+
+from unirank.errors import ConfigError
+
+__all__ = ["DEFAULT_ENDPOINT_PORT", "Assignment", "NodeRecord", "RdzvSpec", "assign",
+           "assignment_of", "to_line"]
+
+#: torchrun's port for a c10d endpoint given without one
+DEFAULT_ENDPOINT_PORT = 29400
+
+
+@dataclass(frozen=True)
+class RdzvSpec:
+    """One node's part in the rendezvous (``--rdzv-*``, ``--nnodes MIN:MAX``, ``-n``)."""
+
+    endpoint_host: str
+    endpoint_port: int
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    #: this node's address in the rendezvous: ``--local-addr``, else its name
+    local_addr: str
+    #: this node's name (the workers' UNIRANK_NODE_NAME)
+    node_name: str
+    #: the workers this node starts
+    nproc: int
+    #: whether this node is on the endpoint's host, so serves the rendezvous store there
+    serves_endpoint: bool
+    #: the port of the store this node's rank 0 serves, should this node be node rank 0
+    store_port: int = 0
+    #: torchrun's ``--rdzv-conf`` keys, in seconds / counts (torch's defaults where unset)
+    join_timeout: int = 600
+    last_call_timeout: int = 30
+    close_timeout: int = 30
+    keep_alive_interval: int = 5
+    keep_alive_max_attempt: int = 3
+    #: stop the workers when a node waits to join (only where a restart can admit it)
+    admit_joiners: bool = False
+
+    def master_addr(self) -> str:
+        """Where this node's rank 0 would serve the workers' store."""
+        return self.endpoint_host if self.serves_endpoint else self.local_addr
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What a node publishes to the others once torch's rendezvous completed."""
+
+    addr: str
+    name: str
+    nproc: int
+    store_port: int
+    serves_endpoint: bool
+    #: the node's address in the rendezvous (``--local-addr``), the key of its claim and beat
+    claim: str = ""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """This node's place after a rendezvous: its node rank, the node count, the ranks on each
+    node (in node-rank order), the nodes' names and the workers' master."""
+
+    node_rank: int
+    nnodes: int
+    ranks_per_node: tuple[int, ...]
+    hosts: tuple[str, ...]
+    master_addr: str
+    master_port: int
+    round: int = 0
+
+
+def assign(records: Sequence[NodeRecord], own: int, round_: int = 0) -> Assignment:
+    """Node ranks from torch's ranks: ``records[r]`` is what torch's rank ``r`` published and
+    ``own`` this node's torch rank. The node that serves the endpoint comes first, then the
+    others in torch's order; node rank 0's master is its own address and store port."""
+    order = sorted(range(len(records)), key=lambda r: (not records[r].serves_endpoint, r))
+    first = records[order[0]]
+    return Assignment(
+        node_rank=order.index(own), nnodes=len(records),
+        ranks_per_node=tuple(records[r].nproc for r in order),
+        hosts=tuple(records[r].name for r in order),
+        master_addr=first.addr, master_port=first.store_port, round=round_,
+    )
+
+
+def to_line(payload: object) -> bytes:
+    """One message: a dataclass or a dict as one JSON line."""
+    data = asdict(payload) if is_dataclass(payload) and not isinstance(payload, type) \
+        else payload
+    return (json.dumps(data, sort_keys=True) + "\n").encode()
+
+
+def assignment_of(line: str, *, where: str) -> Assignment:
+    """The helper's answer: an :class:`Assignment`, or its refusal raised as the one-line
+    :class:`ConfigError` it carries (``where`` names the helper in a garbled answer's error)."""
+    try:
+        data = json.loads(line)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} answered {line.strip()[:200]!r}", variable=None,
+                          hint="run again; if it repeats, report it with the line above")
+    if "error" in data:
+        raise ConfigError(str(data["error"]), variable=data.get("variable"),
+                          value=data.get("value"), hint=str(data.get("hint") or ""))
+    data["ranks_per_node"] = tuple(data["ranks_per_node"])
+    data["hosts"] = tuple(data["hosts"])
+    return Assignment(**data)

@@ -1,0 +1,79 @@
+"""The dynamic rendezvous's pure parts: the order of the nodes (:func:`assign`), the messages
+between the parent and its helper, and when ``unirank run`` takes the dynamic rendezvous."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from unirank.cli import elastic
+from unirank.cli.run import add_arguments
+from unirank.errors import ConfigError
+from unirank.supervisor.rdzv.spec import Assignment, NodeRecord, assign, assignment_of, to_line
+
+
+def _record(addr: str, nproc: int = 2, serves: bool = False) -> NodeRecord:
+    return NodeRecord(addr=addr, name=f"n-{addr}", nproc=nproc, store_port=4000 + nproc,
+                      serves_endpoint=serves, claim=addr)
+
+
+def test_the_node_serving_the_endpoint_is_node_rank_0_then_torch_s_order() -> None:
+    records = [_record("a", 1), _record("b", 3, serves=True), _record("c", 2)]
+    assert [assign(records, own).node_rank for own in range(3)] == [1, 0, 2]
+    first = assign(records, 2)
+    assert first.ranks_per_node == (3, 1, 2)
+    assert first.hosts == ("n-b", "n-a", "n-c")
+    assert (first.master_addr, first.master_port) == ("b", 4003)
+
+
+def test_without_a_node_on_the_endpoint_torch_s_order_stays() -> None:
+    records = [_record("a"), _record("b")]
+    assert [assign(records, own).node_rank for own in range(2)] == [0, 1]
+    assert assign(records, 1).master_addr == "a"
+
+
+def test_an_answer_round_trips_and_a_refusal_is_its_one_line() -> None:
+    answer = Assignment(node_rank=1, nnodes=2, ranks_per_node=(2, 2), hosts=("x", "y"),
+                        master_addr="x", master_port=5)
+    assert assignment_of(to_line(answer).decode(), where="helper") == answer
+    refusal = to_line({"error": "is taken", "variable": "--local-addr", "value": "h",
+                       "hint": "pick another"}).decode()
+    with pytest.raises(ConfigError, match=r"^--local-addr='h': is taken HINT: pick another$"):
+        assignment_of(refusal, where="helper")
+    with pytest.raises(ConfigError, match="helper answered 'garbage'"):
+        assignment_of("garbage", where="helper")
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args([*argv, "train.py"])
+
+
+@pytest.mark.parametrize(("argv", "dynamic"), [
+    (["--rdzv-backend", "c10d", "--nnodes", "2"], True),
+    (["--rdzv-backend", "c10d", "--nnodes", "1:2"], True),
+    (["--rdzv_backend=c10d", "--nnodes", "2:2"], True),
+    (["--rdzv-backend", "c10d", "--nnodes", "1"], False),
+    (["--rdzv-backend", "c10d", "--nnodes", "1:1"], False),
+    (["--rdzv-backend", "c10d", "--nnodes", "2", "--node-rank", "0"], False),
+    (["--rdzv-backend", "static", "--nnodes", "2"], False),
+    (["--rdzv-backend", "c10d"], False),
+    (["--rdzv-backend", "c10d", "--nnodes", "2", "--standalone"], False),
+])
+def test_when_the_rendezvous_is_dynamic(argv: list[str], dynamic: bool) -> None:
+    assert elastic.wanted(_args(*argv)) is dynamic
+
+
+def test_a_new_round_names_the_nodes_that_left_or_joined() -> None:
+    def place(*hosts: str, round_: int = 0) -> Assignment:
+        return Assignment(node_rank=0, nnodes=len(hosts), ranks_per_node=(2,) * len(hosts),
+                          hosts=hosts, master_addr="a", master_port=1, round=round_)
+
+    assert elastic.describe_round(place("a", "b"), place("a", round_=1)) == \
+        "rendezvous round 1: node rank 0 of 1, 2 workers in all (left: b)"
+    assert elastic.describe_round(place("a", "b"), place("a", "c", round_=2)) == \
+        "rendezvous round 2: node rank 0 of 2, 4 workers in all (left: b; joined: c)"
+    assert elastic.describe_round(place("a"), place("a", round_=1)) == \
+        "rendezvous round 1: node rank 0 of 1, 2 workers in all"
