@@ -71,6 +71,8 @@ ASK_KEY = "unirank/hang/ask"
 STACKS_PREFIX = "unirank/hang/stacks/"
 #: torch's flight recorder: how many collectives it keeps (its ring buffer)
 RECORDER_VAR = "TORCH_FR_BUFFER_SIZE"
+#: non-empty while :func:`enable_recorder` has put the recorder's size in the C environment
+_RECORDER_PUT: list[bool] = []
 RECORDER_ENTRIES = 64
 
 
@@ -107,8 +109,20 @@ def progress_key(rank: int) -> str:
 
 def enable_recorder(environ: MutableMapping[str, str]) -> None:
     """Turn torch's flight recorder on (before the first group starts), unless the program's
-    environment sets its size already."""
-    environ.setdefault(RECORDER_VAR, str(RECORDER_ENTRIES))
+    environment sets its size already: in the C environment only (``os.putenv``), which torch
+    reads when the first group starts, so that the program's ``os.environ`` stays torchrun's;
+    :func:`recorder_started` takes it out again."""
+    if RECORDER_VAR not in environ and not _RECORDER_PUT:
+        os.putenv(RECORDER_VAR, str(RECORDER_ENTRIES))
+        _RECORDER_PUT.append(True)
+
+
+def recorder_started() -> None:
+    """A group started (torch has read the recorder's size): take the size out of the C
+    environment again, so that no process the program starts inherits it."""
+    if _RECORDER_PUT:
+        os.unsetenv(RECORDER_VAR)
+        _RECORDER_PUT.clear()
 
 
 def _read_recorder() -> dict[str, Any] | None:

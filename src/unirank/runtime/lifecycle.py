@@ -220,6 +220,9 @@ def init(
         timeout=None if timeout is None else init_timeout,
         device=device_name,
     )
+    from unirank.hang.watcher import recorder_started
+
+    recorder_started()  # torch has read the flight recorder's size
     if entry.collectives is not None:
         state.STATE.active = entry
     state.STATE.owns_group = True

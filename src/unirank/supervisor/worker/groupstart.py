@@ -26,6 +26,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from unirank.hang.watcher import recorder_started
 from unirank.joincheck import InitTimeoutError, JoinAbortedError, announce_and_wait
 from unirank.supervisor.worker.info import WorkerInfo
 
@@ -70,7 +71,9 @@ def install(store: Any, info: WorkerInfo) -> Callable[[], None]:
             except (InitTimeoutError, JoinAbortedError) as exc:
                 # its traceback ends here, as if init_process_group raised it
                 raise exc.with_traceback(None) from None
-        return original(*args, **kwargs)
+        started = original(*args, **kwargs)
+        recorder_started()
+        return started
 
     modules = [m for m in (dist, c10d) if getattr(m, "init_process_group", None) is original]
     for module in modules:
