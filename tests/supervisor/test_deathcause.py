@@ -151,3 +151,26 @@ def test_a_fault_s_stack_keeps_the_user_s_frames() -> None:
 def test_a_missing_fault_file_is_no_stack(tmp_path: Path) -> None:
     assert read_fault_file(str(tmp_path / "fault.txt")) == []
     assert read_fault_file(None) == []
+
+
+def test_fault_stack_leaves_out_the_hang_watcher_thread() -> None:
+    dump = """Fatal Python error: Segmentation fault
+
+Thread 0x00007fa3216146c0 (most recent call first):
+  File "/usr/lib/python3.11/sysconfig.py", line 616 in get_paths
+  File "/site/unirank/hang/watcher.py", line 251 in record
+  File "/usr/lib/python3.11/threading.py", line 982 in run
+
+Thread 0x00007fa3216146c1 (most recent call first):
+  File "/work/loader.py", line 3 in fetch
+
+Current thread 0x00007fa3411bbb80 (most recent call first):
+  File "/work/segv.py", line 6 in crash
+"""
+    assert fault_stack(dump) == [
+        "Fatal Python error: Segmentation fault",
+        "Thread 0x00007fa3216146c1 (most recent call first):",
+        '  File "/work/loader.py", line 3 in fetch',
+        "Current thread 0x00007fa3411bbb80 (most recent call first):",
+        '  File "/work/segv.py", line 6 in crash',
+    ]

@@ -294,4 +294,6 @@ def test_private_variables_are_the_bootstrap_s() -> None:
                                       "UNIRANK_NODE_NAMES", "UNIRANK_RANKS_PER_NODE",
                                       "UNIRANK_EXIT_TIMEOUT", "UNIRANK_LINGER_FD",
                                       "UNIRANK_DONE_FD", "UNIRANK_TIMELINE",
-                                      "UNIRANK_TIMELINE_FILE", "UNIRANK_FAULT_FILE"}
+                                      "UNIRANK_TIMELINE_FILE", "UNIRANK_FAULT_FILE",
+                                      "UNIRANK_NUMA_BINDING", "UNIRANK_HANG_REPORT_AFTER",
+                                      "UNIRANK_HANG_TIMEOUT", "UNIRANK_HANG_INTERVAL"}

@@ -103,10 +103,17 @@ def _is_library(path: str, skip: Sequence[str]) -> bool:
     return (path.startswith("<") or any(path.startswith(prefix) for prefix in skip))
 
 
-def library_prefixes() -> tuple[str, ...]:
-    """Folders whose frames are never the user's: the standard library, torch, unirank."""
-    prefixes = {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+def base_prefixes() -> tuple[str, ...]:
+    """The standard library's folders and unirank's (``sysconfig`` may import its data module
+    on a first call: call this where imports are allowed, not in the watcher's thread)."""
+    return (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def library_prefixes(base: Sequence[str] | None = None) -> tuple[str, ...]:
+    """Folders whose frames are never the user's: ``base`` (default :func:`base_prefixes`),
+    and torch's once it is imported. Imports nothing when ``base`` is given."""
+    prefixes = set(base_prefixes() if base is None else base)
     torch = sys.modules.get("torch")
     if torch is not None and getattr(torch, "__file__", None):
         prefixes.add(os.path.dirname(os.path.abspath(str(torch.__file__))))

@@ -41,6 +41,7 @@ from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER
 from unirank.hang.detect import Hang, find_hangs
 from unirank.hang.jobs import announce, withdraw
 from unirank.hang.progress import (
+    base_prefixes,
     frames_of,
     group_progress,
     library_prefixes,
@@ -185,6 +186,7 @@ class Watcher:
         self._answered = 0
         self._sites = _Sites()
         self._torch_seen = False
+        self._base_prefixes = base_prefixes()  # here: the thread must import nothing
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self.detector: _Detector | None = None
         self._store: Any = None
@@ -248,7 +250,7 @@ class Watcher:
         """This rank's progress record now."""
         if not self._sites.skip or ("torch" in sys.modules) != self._torch_seen:
             self._torch_seen = "torch" in sys.modules
-            self._sites.skip = library_prefixes()
+            self._sites.skip = library_prefixes(self._base_prefixes)
         dump = _read_recorder()
         groups = group_progress(dump, self.world_size) if dump else []
         frames = sys._current_frames()

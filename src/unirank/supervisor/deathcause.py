@@ -51,6 +51,9 @@ _KILLED = re.compile(r"Killed process (\d+) ")
 _BOOTSTRAP_FRAMES = re.compile(r'File "(<frozen runpy>|[^"]*/runpy\.py|[^"]*/unirank/supervisor/'
                                r'(worker|fork)/[^"]*)"')
 
+#: a frame of unirank's own threads in a worker (the hang watcher): not the program's
+_OWN_THREAD_FRAMES = re.compile(r'File "[^"]*/unirank/hang/[^"]*"')
+
 ReadText = Callable[[str], str]
 
 
@@ -232,17 +235,31 @@ def oom_verdict(pid: int, cgroup: MemoryCgroup | None, *, since: float = 0.0,
     return OomVerdict(pid in oom_killed_pids(lines), "the kernel log")
 
 
+def _without_own_threads(lines: list[str]) -> list[str]:
+    """``lines`` of a dump without the blocks of unirank's own threads (a thread other than
+    the one that faulted whose frames are unirank's hang watcher)."""
+    blocks: list[list[str]] = [[]]
+    for line in lines:
+        if line.startswith(("Current thread", "Thread ")):
+            blocks.append([])
+        blocks[-1].append(line)
+    return [line for block in blocks
+            if not (block[:1] and block[0].startswith("Thread ")
+                    and any(_OWN_THREAD_FRAMES.search(line) for line in block))
+            for line in block]
+
+
 def fault_stack(text: str, max_lines: int = MAX_FAULT_LINES) -> list[str]:
     """The last faulthandler dump in ``text``: its "Fatal Python error" line, then each thread
-    with Python frames and its frames, without the bootstrap's, blank lines and the list of
-    extension modules."""
+    with Python frames and its frames, without the bootstrap's, unirank's own threads, blank
+    lines and the list of extension modules."""
     lines = text.splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith(FAULT_HEAD)]
     if not starts:
         return []
     out: list[str] = []
     header: str | None = None
-    for line in lines[starts[-1]:]:
+    for line in _without_own_threads(lines[starts[-1]:]):
         if not line.strip() or line.startswith("Extension modules:"):
             continue
         if line.startswith(("Current thread", "Thread ")):
