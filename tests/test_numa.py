@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import launcher_free_environ
+from _procs import Runner, launcher_free_environ
 from unirank import numa
 from unirank.contract import NUMA_BINDING_VAR
 from unirank.errors import ConfigError
@@ -134,15 +134,12 @@ def test_unknown_mode_and_one_node_are_refused(tmp_path: Path) -> None:
         numa.check_binding("nodes", one_node)
 
 
-def test_run_refuses_binding_on_this_one_node_machine(tmp_path: Path) -> None:
+def test_run_refuses_binding_on_this_one_node_machine(runner: Runner) -> None:
     """This machine has one NUMA node: one line, exit 2, no worker started."""
     if len(numa.read_topology().nodes) > 1:
         pytest.skip("this machine has several NUMA nodes")
-    script = tmp_path / "hello.py"
-    script.write_text("print('started')\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "unirank", "run", "-n", "2", "--numa-binding", "node",
-         str(script)], env=launcher_free_environ(), capture_output=True, text=True, timeout=120)
+    runner.script("hello.py", "print('started')\n")
+    proc = runner.run(["-n", "2", "--numa-binding", "node", "hello.py"], timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "--numa-binding='node': this machine has one NUMA node" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

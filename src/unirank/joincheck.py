@@ -55,6 +55,8 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
+from unirank.signals import keep_off_this_thread
+
 __all__ = [
     "ALL_KEY",
     "COORDINATOR_KEY",
@@ -315,6 +317,7 @@ def _interruptible(call: Callable[[], Any]) -> Any:
     done = threading.Event()
 
     def run() -> None:
+        keep_off_this_thread()  # the SIGINT this thread exists for goes to the main thread
         try:
             outcome.append((True, call()))
         except BaseException as exc:  # handed to the caller's thread

@@ -20,7 +20,8 @@ import signal
 
 from unirank.errors import ConfigError
 
-__all__ = ["REFUSED", "STOP_SIGNALS", "format_signals", "parse_signal", "parse_signals"]
+__all__ = ["REFUSED", "STOP_SIGNALS", "format_signals", "keep_off_this_thread", "parse_signal",
+           "parse_signals"]
 
 #: the signals that stop a launcher's workers (after they are forwarded), with a grace period
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
@@ -77,3 +78,16 @@ def format_signals(numbers: tuple[int, ...]) -> str:
     import signal
 
     return ",".join(signal.Signals(n).name for n in numbers)
+
+
+#: signals a thread raises itself (a fault in its own code): never blocked
+_SYNCHRONOUS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGTRAP,
+                signal.SIGSYS, signal.SIGABRT}
+
+
+def keep_off_this_thread() -> None:
+    """Block every signal sent to the process in the calling thread (one of unirank's helper
+    threads), so that the kernel hands them to the main thread. A signal taken by another
+    thread runs Python's handler only when the main thread next runs Python code: a main thread
+    blocked in ``select`` or ``read`` would not wake up for it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - _SYNCHRONOUS)

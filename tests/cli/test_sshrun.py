@@ -4,12 +4,11 @@ needed: every case here is refused before the pre-flight), and the arguments eac
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from _procs import Runner
 from unirank.cli.main import build_parser
 from unirank.cli.sshrun import SSH_OPTIONS, _user_arguments
 
@@ -28,9 +27,9 @@ QUICKSTART = str(REPO / "examples" / "quickstart.py")
     (["--hosts", "a:2,b:2", "--exclude", "a@b"], "--exclude='a@b': leaves no host"),
     (["--hosts", "a:2", "-x", "UNIRANK_TEST_SURELY_UNSET"], "names a variable that is not set"),
 ])
-def test_host_options_are_refused_in_one_line(args: list[str], says: str, tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "unirank", "run", *args, QUICKSTART],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+def test_host_options_are_refused_in_one_line(args: list[str], says: str,
+                                              runner: Runner) -> None:
+    done = runner.run([*args, QUICKSTART], timeout=60)
     assert done.returncode == 2
     assert done.stdout == ""
     lines = done.stderr.splitlines()

@@ -127,6 +127,7 @@ print("finished", rank)
 """
 
 THREADS = """import os
+import signal
 import threading
 
 import torch.distributed as dist
@@ -136,6 +137,13 @@ names = sorted(t.name for t in threading.enumerate())
 # the recorder's size reaches torch, not the program's environment
 print("threads", names, "environ", os.environ.get("TORCH_FR_BUFFER_SIZE"),
       "C environ", os.popen("env").read().count("TORCH_FR"))
+# the watcher takes none of the program's signals: they go to the main thread
+for thread in threading.enumerate():
+    if thread.name == "unirank-hang-watch":
+        status = open(f"/proc/self/task/{thread.native_id}/status").read()
+        blocked = int(status.split("SigBlk:")[1].split()[0], 16)
+        print("watcher blocks", [sig.name for sig in (signal.SIGINT, signal.SIGTERM,
+                                 signal.SIGUSR1, signal.SIGUSR2) if blocked >> (sig - 1) & 1])
 """
 
 
@@ -218,7 +226,8 @@ def test_the_watcher_thread_and_the_recorder(runner: Runner, setting: list[str])
         assert ended.stdout == "threads ['MainThread'] environ None C environ 0\n"
     else:
         assert ended.stdout == ("threads ['MainThread', 'unirank-hang-watch'] environ None "
-                                "C environ 0\n")
+                                "C environ 0\nwatcher blocks ['SIGINT', 'SIGTERM', 'SIGUSR1', "
+                                "'SIGUSR2']\n")
 
 
 UR_INIT = """import os

@@ -51,6 +51,7 @@ from unirank.hang.progress import (
     user_frame,
 )
 from unirank.hang.render import render_report, wavefront_line
+from unirank.signals import keep_off_this_thread
 
 __all__ = [
     "ASK_KEY",
@@ -225,6 +226,7 @@ class Watcher:
 
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
+        keep_off_this_thread()  # the program's signals go to its main thread
         store = self._store
         if self.rank == 0:
             self.detector = _Detector(self, store)

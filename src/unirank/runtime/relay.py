@@ -25,6 +25,8 @@ import threading
 from types import TracebackType
 from typing import IO, Any
 
+from unirank.signals import keep_off_this_thread
+
 __all__ = ["JOIN_TIMEOUT", "ConsoleRelay", "own_fd"]
 
 #: how long the relay waits for its thread to pass on the last bytes once the engine is done
@@ -46,6 +48,7 @@ def own_fd(stream: IO[str] | Any) -> int | None:
 def _pump(read_fd: int, stream: IO[str] | Any) -> None:
     """Write what arrives on ``read_fd`` to ``stream`` until its end, in whole lines (the rest
     at the end)."""
+    keep_off_this_thread()  # the caller's Ctrl-C goes to its main thread
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending = ""
     while True:
