@@ -232,18 +232,24 @@ def _wait_fifo(path: Path, timeout: float) -> None:
         os.close(fd)
 
 
+def _one_to_two_nodes(tmp_path: Path) -> tuple[Path, list[str]]:
+    """The training script and its FIFO in ``tmp_path``, and the options of a ``--nnodes 1:2``
+    job with one restart, whose nodes beat every second; the last call gives node B time to
+    join the first round even on one busy core."""
+    (tmp_path / "steps.py").write_text(STEPS)
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    return fifo, _command(free_port(), "1:2", 2, "--max-restarts", "1", "--rdzv-conf",
+                          "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,"
+                          "keep_alive_max_attempt=3")
+
+
 def test_a_lost_node_s_survivor_restarts_at_the_world_left(runner: Runner,
                                                           tmp_path: Path) -> None:
     """``--nnodes 1:2 --max-restarts 1``: node B's ``unirank run`` is SIGKILLed while the world
     of 4 trains; node A's workers fail, it re-rendezvouses once B's keep-alive lapsed, and
     restarts alone at a world of 2, which finishes."""
-    (tmp_path / "steps.py").write_text(STEPS)
-    fifo = tmp_path / "ready.fifo"
-    os.mkfifo(fifo)
-    # the last call gives node B time to join the first round even on one busy core
-    args = _command(free_port(), "1:2", 2, "--max-restarts", "1", "--rdzv-conf",
-                    "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,"
-                    "keep_alive_max_attempt=3")
+    fifo, args = _one_to_two_nodes(tmp_path)
     target = ["steps.py", "30", str(fifo)]
     lost = _node(runner, args, OTHER, "nodeB", target)
     survivor = _node(runner, args, ENDPOINT, "nodeA", target)
@@ -284,12 +290,7 @@ def test_a_hung_node_is_noticed_within_seconds_and_left_behind(runner: Runner,
     """Node B's whole process tree is SIGSTOPped (a hung machine: no connection closes, so the
     collective alone would wait for its timeout): node A's rendezvous helper sees B's beat
     stall, A stops its workers, names B, and restarts alone at a world of 2."""
-    (tmp_path / "steps.py").write_text(STEPS)
-    fifo = tmp_path / "ready.fifo"
-    os.mkfifo(fifo)
-    args = _command(free_port(), "1:2", 2, "--max-restarts", "1", "--rdzv-conf",
-                    "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,"
-                    "keep_alive_max_attempt=3")
+    fifo, args = _one_to_two_nodes(tmp_path)
     target = ["steps.py", "20", str(fifo)]
     hung = _node(runner, args, OTHER, "nodeB", target)
     survivor = _node(runner, args, ENDPOINT, "nodeA", target)

@@ -95,6 +95,19 @@ def _stack_lines(threads: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _stack_section(stacks: Mapping[int, Sequence[Mapping[str, Any]]], nodes: Mapping[int, str],
+                   unanswered: Sequence[int], answer_timeout: float) -> list[str]:
+    """Every rank's stacks grouped by identical stack, then the ranks that did not answer."""
+    out = [f"{INDENT}Python stacks, grouped by identical stack:"]
+    for ranks, threads in stack_groups(stacks):
+        out.append(f"{INDENT}{_who(ranks, nodes)}:")
+        out.extend(_stack_lines(threads))
+    if unanswered:
+        out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
+                   f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
+    return out
+
+
 def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[str, Any]]],
                   *, unanswered: Sequence[int], number: int, report_after: float,
                   nodes: Mapping[int, str], answer_timeout: float,
@@ -111,13 +124,7 @@ def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[s
             out.append(f"{INDENT}{prefix}{wavefront_line(hang)}")
         if hang.mismatched:
             out.append(f"{INDENT}{prefix}mismatch: {_mismatch_line(hang)}")
-    out.append(f"{INDENT}Python stacks, grouped by identical stack:")
-    for ranks, threads in stack_groups(stacks):
-        out.append(f"{INDENT}{_who(ranks, nodes)}:")
-        out.extend(_stack_lines(threads))
-    if unanswered:
-        out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
-                   f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
+    out += _stack_section(stacks, nodes, unanswered, answer_timeout)
     if dump_files:
         out.append(f"{INDENT}every rank's stack: {', '.join(dump_files)}")
     if ending:
@@ -159,11 +166,5 @@ def render_snapshot(records: Mapping[int, Mapping[str, Any] | None],
         lines.setdefault(progress_line(record, now), []).append(rank)
     for text, ranks in lines.items():
         out.append(f"{INDENT}{_who(ranks, nodes)}: {text}")
-    out.append(f"{INDENT}Python stacks, grouped by identical stack:")
-    for ranks, threads in stack_groups(stacks):
-        out.append(f"{INDENT}{_who(ranks, nodes)}:")
-        out.extend(_stack_lines(threads))
-    if unanswered:
-        out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
-                   f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
+    out += _stack_section(stacks, nodes, unanswered, answer_timeout)
     return "\n".join(out) + "\n"
