@@ -93,6 +93,36 @@ def is_live(pid: int, mark: Optional[bytes] = None) -> bool:
     return state != "Z" and (mark is None or mark in command)
 
 
+def _children() -> dict[int, list[int]]:
+    """Every process's children, by parent pid (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    return children
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    return _children().get(pid, [])
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it."""
+    children = _children()
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, []))
+    return found
+
+
 def wait_gone(pids: Iterable[int], timeout: float = 30.0,
               mark: Optional[bytes] = None) -> list[int]:
     """Wait until none of ``pids`` is live (see :func:`is_live`); return those still live at the
@@ -195,6 +225,16 @@ class Ended(subprocess.CompletedProcess[str]):
                  stderr: str) -> None:
         super().__init__(list(args), returncode, stdout, stderr)
         self.pid = pid
+
+
+def refusal_line(result: Ended) -> str:
+    """The one line ``unirank run`` refused its options with (exit code 2, nothing else on
+    stderr)."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("unirank run: error: "), result.stderr
+    return lines[0]
 
 
 class Runner:

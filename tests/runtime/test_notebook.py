@@ -9,7 +9,6 @@ launcher-free environment. Every wait has a timeout; nothing sleeps.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from _procs import launcher_free_environ, unavailable, wait_gone
+from _procs import children_of, launcher_free_environ, unavailable, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -167,19 +166,6 @@ def reply_to(client: Any, msg_id: str) -> dict[str, Any]:
         reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
         if reply["parent_header"].get("msg_id") == msg_id:
             return dict(reply["content"])
-
-
-def children_of(pid: int) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry))
-    return found
 
 
 TRAIN_FOREVER = """
