@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -109,7 +109,7 @@ def progress_key(rank: int) -> str:
     return f"{PROGRESS_PREFIX}{rank}"
 
 
-def enable_recorder(environ: MutableMapping[str, str]) -> None:
+def enable_recorder(environ: Mapping[str, str]) -> None:
     """Turn torch's flight recorder on (before the first group starts), unless the program's
     environment sets its size already: in the C environment only (``os.putenv``), which torch
     reads when the first group starts, so that the program's ``os.environ`` stays torchrun's;
@@ -181,6 +181,7 @@ class Watcher:
         self.settings = settings
         self._connect = connect
         self.error_file = environ.get(ERROR_FILE_VAR, "")
+        self._environ = environ
         self.err_fd = err_fd
         self._stop = threading.Event()
         self._finished = False
@@ -196,9 +197,11 @@ class Watcher:
         self._job_file: str | None = None
 
     def start(self) -> Watcher:
-        """Connect to the store (here: the connection imports what it needs before the
-        program runs), then start the thread (once per process: see :func:`running`). Without
-        a store there is no detector, and the program goes on."""
+        """Turn the flight recorder on (:func:`enable_recorder`), connect to the store (here:
+        the connection imports what it needs before the program runs), then start the thread
+        (once per process: see :func:`running`). Without a store there is no detector, and the
+        program goes on."""
+        enable_recorder(self._environ)
         try:
             self._store = self._connect()
         except Exception:

@@ -119,7 +119,6 @@ def _watch_hangs(env: DistEnv, timeout: float, environ: Any) -> None:
     settings = contract.resolve_hang(None, None, environ)
     if settings.report_after is None or watcher.running() is not None:
         return
-    watcher.enable_recorder(environ)
     addr, port = env.require_master()
 
     def connect() -> Any:

@@ -78,9 +78,7 @@ def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
     settings = info.hang
     if settings.report_after is None:
         return None
-    from unirank.hang.watcher import Watcher, enable_recorder
-
-    enable_recorder(environ)
+    from unirank.hang.watcher import Watcher
 
     def connect() -> Any:
         return workerstore.connect(info)
