@@ -22,7 +22,7 @@ def own_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_announce_find_withdraw() -> None:
     path = jobs.announce({"run_id": "123.0", "master_addr": "node1", "master_port": 29500})
-    assert path is not None and path.endswith("/123.0.json")
+    assert path is not None and path.endswith(f"/123.0.{os.getpid()}.json")
     [found] = jobs.find_jobs("123")  # a Slurm job id finds its step
     assert (found["master_port"], found["pid"]) == (29500, os.getpid())
     assert jobs.find_jobs("12") == [] and jobs.find_jobs("123.0") == [found]
@@ -37,3 +37,26 @@ def test_a_stale_file_is_removed() -> None:
     stale = Path(jobs.jobs_dir()) / "old.json"
     stale.write_text(json.dumps({"run_id": "old", "pid": int(gone.stdout)}))
     assert jobs.find_jobs() == [] and not stale.exists()
+
+
+def test_a_job_announced_twice_on_a_node_is_found_once_and_outlives_its_first_writer() -> None:
+    """With --virtual-local-rank every worker of a node is its first local rank and writes a
+    job file: the first to end must not hide the job from ``unirank stacks``."""
+    job = {"run_id": "77", "master_addr": "node1", "master_port": 29500}
+    script = ("import sys, time; from unirank.hang import jobs; "
+              f"jobs.announce({job!r}); print('ready', flush=True); sys.stdin.read()")
+    other = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": tempfile.gettempdir()})
+    try:
+        assert other.stdout is not None and other.stdout.readline() == "ready\n"
+        mine = jobs.announce(job)
+        assert [found["run_id"] for found in jobs.find_jobs()] == ["77"]
+        jobs.withdraw(mine)
+        [left] = jobs.find_jobs("77")
+        assert left["pid"] == other.pid
+    finally:
+        assert other.stdin is not None
+        other.stdin.close()
+        other.wait(timeout=30)
+    assert jobs.find_jobs() == []

@@ -1,9 +1,12 @@
 """Where a running job's store is, for ``unirank stacks`` in another shell of the same node.
 
-The hang watcher of each node's first local rank writes ``<tmp>/unirank-<uid>/<run id>.json``
+The hang watcher of each node's first local rank writes ``<tmp>/unirank-<uid>/<run id>.<pid>.json``
 (the run id, the store's address and port, the world size, the watcher's interval, its pid)
-when it starts, and removes it when it stops; a file whose pid is gone (a rank killed by a
-signal cannot remove it) is stale, and :func:`find_jobs` removes it.
+when it starts, and removes it when it stops. Each writer has a file of its own, so that where
+several processes of a node are its first local rank (``--virtual-local-rank``: every worker
+sees ``LOCAL_RANK=0``) the first to end does not hide the job from the others; :func:`find_jobs`
+gives each run id once. A file whose pid is gone (a rank killed by a signal cannot remove it) is
+stale, and :func:`find_jobs` removes it.
 
 Reads: TMPDIR (through :func:`tempfile.gettempdir`).
 """
@@ -30,12 +33,13 @@ def _safe(run_id: str) -> str:
 
 
 def announce(job: Mapping[str, Any]) -> str | None:
-    """Write ``job``'s file (atomically) with this pid; its path, or None where it cannot."""
+    """Write ``job``'s file for this process (atomically) with this pid; its path, or None
+    where it cannot."""
     folder = jobs_dir()
-    path = os.path.join(folder, f"{_safe(str(job['run_id']))}.json")
+    path = os.path.join(folder, f"{_safe(str(job['run_id']))}.{os.getpid()}.json")
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
-        temporary = f"{path}.{os.getpid()}"
+        temporary = f"{path}.tmp"
         with open(temporary, "w", encoding="utf-8") as fh:
             json.dump({**job, "pid": os.getpid()}, fh)
         os.replace(temporary, path)
@@ -64,10 +68,10 @@ def _alive(pid: int) -> bool:
 
 
 def find_jobs(job: str | None = None) -> list[dict[str, Any]]:
-    """The running jobs of this node (their files' contents), by run id; with ``job``, those
-    whose run id is it or starts with ``job.`` (a Slurm job id without its step). Stale files
-    are removed."""
-    found = []
+    """The running jobs of this node (their files' contents), once per run id, by run id; with
+    ``job``, those whose run id is it or starts with ``job.`` (a Slurm job id without its step).
+    Stale files are removed."""
+    found: dict[str, dict[str, Any]] = {}
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(jobs_dir())):
             if not name.endswith(".json"):
@@ -80,5 +84,5 @@ def find_jobs(job: str | None = None) -> list[dict[str, Any]]:
                     os.unlink(os.path.join(jobs_dir(), name))
                     continue
                 if job is None or run_id == job or run_id.startswith(f"{job}."):
-                    found.append(data)
-    return found
+                    found.setdefault(run_id, data)
+    return list(found.values())
