@@ -17,6 +17,11 @@ report as rank 0's failure (the error file) and ends rank 0 with
 The thread uses a store connection of its own, so it never waits behind the program's or
 torch's use of the store.
 
+When an exception leaves a rank's program while its last record showed it waiting in a
+collective (torch's collective timeout), :meth:`Watcher.failure_report` makes the report once
+more (:mod:`unirank.hang.onstop`); :func:`excepthook_with_report` calls it where no worker
+bootstrap does (:func:`unirank.init` under srun, mpirun, torchrun).
+
 Reads: TORCHELASTIC_ERROR_FILE (where rank 0 writes a hang timeout's record; its attempt
 folder holds the dumps), TORCH_FR_BUFFER_SIZE (set to :data:`RECORDER_ENTRIES` when unset,
 before the program starts its group).
@@ -63,6 +68,7 @@ __all__ = [
     "HangTimeoutError",
     "Watcher",
     "enable_recorder",
+    "excepthook_with_report",
     "progress_key",
     "running",
 ]
@@ -85,6 +91,10 @@ ENDING = 1 << 40
 ENDED_KEY = "unirank/hang/ended"
 #: why rank 0 ends the job (the hang's wavefront), for the other ranks' records
 REASON_KEY = "unirank/hang/reason"
+#: counted by each rank whose program failed in a collective: the first one prints the report
+FAILED_KEY = "unirank/hang/failed"
+#: set by that first rank once its report is printed (the others wait for it)
+REPORTED_KEY = "unirank/hang/failed-reported"
 
 
 class _JobEnding(Exception):
@@ -195,6 +205,12 @@ class Watcher:
         #: this node's job file for ``unirank stacks`` (:mod:`unirank.hang.jobs`), if any
         self._job = job
         self._job_file: str | None = None
+        #: the last record published that showed this rank waiting in a collective
+        self._last_waiting: dict[str, Any] | None = None
+        #: the program failed in a collective: no more records (the waiting one stays), and
+        #: its main thread's stack is the failure's traceback
+        self._held = False
+        self._failed_frames: list[list[Any]] | None = None
 
     def start(self) -> Watcher:
         """Turn the flight recorder on (:func:`enable_recorder`), connect to the store (here:
@@ -268,13 +284,20 @@ class Watcher:
                            recorder=dump is not None)
 
     def _publish(self, store: Any) -> None:
-        store.set(progress_key(self.rank), json.dumps(self.record()))
+        if self._held:
+            return
+        record = self.record()
+        store.set(progress_key(self.rank), json.dumps(record))
+        if any(g["entered"] > g["done"] for g in record["groups"]):
+            self._last_waiting = record
 
     def stacks(self) -> list[dict[str, Any]]:
-        """Every thread's stack but this one's, trimmed of the frames before the user's."""
+        """Every thread's stack but the watcher's, trimmed of the frames before the user's."""
         names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
-        threads = thread_stacks(sys._current_frames(), names, threading.get_ident())
+        threads = thread_stacks(sys._current_frames(), names, self._thread.ident)
         for thread in threads:
+            if thread["name"] == "MainThread" and self._failed_frames is not None:
+                thread["frames"] = self._failed_frames
             frames = thread["frames"]
             outer = next((i for i, f in enumerate(frames)
                           if user_frame([tuple(f)], self._sites.skip) is not None), None)
@@ -296,6 +319,43 @@ class Watcher:
             raise _JobEnding(f"rank 0 ended the job: {reason}")
         for pending in range(max(self._answered + 1, number - 3), number + 1):
             self.answer(store, pending)
+
+    def failure_report(self, exc: BaseException) -> str | None:
+        """An exception left the program (see :mod:`unirank.hang.onstop`): when this rank's
+        last record, at most two intervals old, showed it waiting in a collective, hold that
+        record, print the hang's report if this rank is the first to fail so (the others wait
+        for it, a bounded time), and return the hang's wavefront (None: no hang)."""
+        waiting = self._last_waiting
+        interval = self.settings.interval
+        if (isinstance(exc, SystemExit) or waiting is None or self._held
+                or time.time() - float(waiting["time"]) > 2 * interval + 1):
+            return None
+        self._held = True
+        self._failed_frames = [list(f) for f in _traceback_frames(exc)]
+        from unirank.hang.onstop import answer_within, report_now
+        from unirank.hang.render import wavefront_line
+
+        try:
+            store = self._connect()
+            store.set(progress_key(self.rank), json.dumps(waiting))
+            records = read_records(store, self.world_size)
+            if int(store.add(FAILED_KEY, 1)) > 1:
+                hangs = find_hangs(records, self.world_size, interval, time.time())
+                with contextlib.suppress(Exception):  # the first one's report, or its end
+                    store.wait([REPORTED_KEY], timedelta(seconds=answer_within(interval) + 2))
+                return wavefront_line(hangs[0]) if hangs else None
+            try:
+                made = report_now(store, self.world_size, interval, records=records, own=self,
+                                  cause=f"a collective failed: {type(exc).__name__}")
+            finally:
+                store.set(REPORTED_KEY, "1")
+        except Exception:  # the store is gone: the job ends anyway
+            return None
+        if made is None:
+            return None
+        with contextlib.suppress(OSError):
+            os.write(self.err_fd, made[0].encode(errors="replace"))
+        return wavefront_line(made[1][0])
 
     def exit_for_timeout(self, store: Any, message: str) -> None:
         """Record the hang as this rank's failure, have every other rank end (each on its
@@ -443,6 +503,41 @@ def request_stacks(store: Any, world_size: int, timeout: float, *, own: Watcher 
             stacks[rank] = answer["threads"]
             nodes[rank] = answer.get("node", "")
     return stacks, [r for r in keys if r not in stacks], nodes
+
+
+def _traceback_frames(exc: BaseException) -> list[tuple[str, int, str, str]]:
+    """The frames of ``exc``'s traceback, outermost first, as a stack's frames."""
+    import traceback
+
+    return [(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
+            for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def add_hang_note(exc: BaseException, wavefront: str | None) -> None:
+    """Add the hang's wavefront to ``exc`` as a note (its traceback and error record show
+    it)."""
+    if not wavefront:
+        return
+    note = f"unirank: the ranks hung: {wavefront}"
+    notes = getattr(exc, "__notes__", None)
+    with contextlib.suppress(AttributeError, TypeError):
+        if isinstance(notes, list):
+            notes.append(note)
+        else:
+            exc.__notes__ = [note]
+
+
+def excepthook_with_report(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` (an excepthook), after this process's watcher had its say about the exception
+    (:meth:`Watcher.failure_report`), which it gets as a note."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> Any:
+        watcher = running()
+        if watcher is not None and isinstance(value, BaseException):
+            add_hang_note(value, watcher.failure_report(value))
+        return hook(kind, value, tb)
+
+    return excepthook
 
 
 def _hang_json(hang: Hang) -> dict[str, Any]:

@@ -128,8 +128,11 @@ def _watch_hangs(env: DistEnv, timeout: float, environ: Any) -> None:
     if env.local_rank == 0:  # this node's job file, for `unirank stacks`
         job = {"run_id": environ.get(contract.RUN_ID_VAR) or env.job_id or f"{addr}:{port}",
                "master_addr": addr, "master_port": port}
-    watcher.Watcher(rank=env.rank, world_size=env.world_size, node=state.hostname(),
-                    settings=settings, connect=connect, environ=environ, job=job).start()
+    started = watcher.Watcher(rank=env.rank, world_size=env.world_size, node=state.hostname(),
+                              settings=settings, connect=connect, environ=environ,
+                              job=job).start()
+    if watcher.running() is started:  # torch's collective timeout: the hang's report first
+        sys.excepthook = watcher.excepthook_with_report(sys.excepthook)
 
 
 def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:
