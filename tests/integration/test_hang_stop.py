@@ -142,6 +142,7 @@ def test_a_second_ctrl_c_stops_at_once(runner: Runner, tmp_path: Path) -> None:
     try:
         read_lines(proc.stderr, 1, contains="every rank's stack:")  # type: ignore[arg-type]
         os.killpg(proc.pid, signal.SIGINT)
+        read_lines(proc.stderr, 1, contains="SIGINT again to stop now")  # type: ignore[arg-type]
         os.killpg(proc.pid, signal.SIGINT)
     finally:
         _, err = _finish(proc)

@@ -495,6 +495,11 @@ class Supervisor:
             return
         self._report_signal = signum
         self._selector.register(self._report.fileno(), selectors.EVENT_READ, _REPORT)
+        name = signal_name(signum)
+        self._output.say(f"got {name}: looking for ranks that wait in a collective, for the hang "
+                         f"report, before forwarding it (at most "
+                         f"{self._report.deadline - time.monotonic():.0f} s; {name} again to "
+                         "stop now)")
 
     def _close_report(self) -> str:
         """Stop waiting for the report: its text so far."""
