@@ -232,6 +232,14 @@ class Watcher:
         atexit.register(self.stop)
         return self
 
+    def reconfigure(self, settings: HangSettings) -> None:
+        """Take the settings the program gave :func:`unirank.init` (its keywords win over the
+        variables the bootstrap started this watcher with); ``off`` stops it."""
+        if settings.report_after is None:
+            self.stop(finished=False)
+            return
+        self.settings = settings
+
     def stop(self, *, finished: bool = True, timeout: float = 2.0) -> None:
         """End the thread (it publishes a last record saying the program ended); waits for it
         at most ``timeout`` seconds."""
@@ -408,6 +416,10 @@ class _Detector:
         return read_records(self.store, self.watcher.world_size)
 
     def tick(self, now: float) -> None:
+        settings = self.watcher.settings  # :meth:`Watcher.reconfigure` may change them
+        if settings.report_after is not None:
+            self.report_after = settings.report_after
+            self.answer_timeout = 2 * settings.interval + 3.0
         hangs = find_hangs(self.records(), self.watcher.world_size, self.report_after, now)
         key = tuple((h.pg, h.seq) for h in hangs)
         if key != self.current:
