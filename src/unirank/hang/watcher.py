@@ -54,6 +54,7 @@ from unirank.hang.progress import (
     site_of,
     thread_stacks,
     user_frame,
+    waits_for,
 )
 from unirank.hang.render import render_report, wavefront_line
 from unirank.signals import keep_off_this_thread
@@ -285,8 +286,12 @@ class Watcher:
         frames = sys._current_frames()
         self._sites.fill(groups, frames)
         main = threading.main_thread().ident
-        where = site_of(user_frame(frames_of(frames.get(main or -1)), self._sites.skip),
-                        with_function=True)
+        stack = frames_of(frames.get(main or -1))
+        mine = user_frame(stack, self._sites.skip)
+        where = site_of(mine, with_function=True)
+        waits = waits_for(stack, mine)
+        if where and waits:
+            where += f", waiting for {waits}"
         return make_record(self.rank, self.node, time.time(), groups, where,
                            finished=self._finished and self._stop.is_set(),
                            recorder=dump is not None)
