@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import Runner, launcher_free_environ, read_lines
+from _procs import Runner, free_port, launcher_free_environ, read_lines
 
 pytestmark = pytest.mark.integration
 
@@ -134,3 +135,78 @@ def test_a_hang_under_mpirun_is_reported(mpirun: list[str], tmp_path: Path) -> N
                      rf"\(mpi.py:{line_of(MPI, 'blocks forever')}\)$", err, re.M), err
     assert "ending the job (--hang-timeout 4 s, exit code 86)" in err, err
     assert ended.returncode != 0, err
+
+
+RANK0_IDLE = """import os
+import pathlib
+
+import torch
+import torch.distributed as dist
+import unirank as ur
+
+ur.init("gloo", hang_report_after=2)
+t = torch.ones(8)
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    os.write(1, f"pid {os.getpid()}\\n".encode())
+    pathlib.Path(os.environ["RELEASE_FILE"]).read_text()  # a FIFO nobody writes to
+dist.all_reduce(t)  # the all_reduce rank 0 never enters
+"""
+
+
+def test_a_frozen_rank_0_is_reported_by_rank_1(runner: Runner, tmp_path: Path) -> None:
+    """torchrun (its agent serves the store): rank 0 frozen by SIGSTOP; rank 1, the lowest
+    rank that still publishes, says it takes over and reports rank 0 as not answering."""
+    torchrun = shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    runner.script("rank0.py", RANK0_IDLE)
+    release = tmp_path / "release"
+    os.mkfifo(release)
+    proc = runner.start(command=[torchrun, "--nproc-per-node", "3", "--master-port",
+                                 str(free_port()), "rank0.py"],
+                        env={"RELEASE_FILE": str(release), "UNIRANK_HANG_INTERVAL": "0.5"})
+    pid = int(read_lines(proc.stdout, 1, contains="pid ")[-1].split()[-1])  # type: ignore[arg-type]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        lines = read_lines(proc.stderr, 1, contains="no stack within",  # type: ignore[arg-type]
+                           timeout=60)
+    finally:
+        os.kill(pid, signal.SIGKILL)  # torchrun then stops the others
+        _, rest = proc.communicate(timeout=90)
+    err = "\n".join(lines) + rest.decode()
+    assert ("unirank: rank 0 has sent no progress record for 8 s (frozen, or its interpreter "
+            "is held): rank 1 looks for hangs instead") in err, err
+    assert re.search(r"^  ranks 1-2 \(\S+\) wait in all_reduce #2 \(float32\[8\], "
+                     rf"rank0.py:{line_of(RANK0_IDLE, 'never enters')}\) since \d+ s; rank 0 ",
+                     err, re.M), err
+    assert re.search(r"^  rank 0 \(\S+\): no stack within \d+ s", err, re.M), err
+    assert err.count("looks for hangs instead") == 1, err  # rank 2 stays on standby
+
+
+HELD = """import ctypes
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(8)
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    ctypes.PyDLL(None).sleep(600)  # a C call that keeps the GIL: no thread of rank 0 runs
+dist.all_reduce(t)  # the all_reduce rank 0 never enters
+"""
+
+
+def test_rank_0_with_its_interpreter_held_under_unirank_run(runner: Runner) -> None:
+    """Rank 0 serves the store (which runs without the GIL) but its watcher cannot run: rank 1
+    reports, and ``--hang-timeout`` ends the job from there."""
+    runner.script("held.py", HELD)
+    ended = runner.run([*FAST, "-n", "3", "held.py"], env={"UNIRANK_HANG_INTERVAL": "0.5"})
+    err = ended.stderr
+    assert err.count("looks for hangs instead") == 1, err
+    assert "rank 1 looks for hangs instead" in err, err
+    assert re.search(r"^  ranks 1-2 \(\S+\) wait in all_reduce #2 \(float32\[8\], "
+                     rf"held.py:{line_of(HELD, 'never enters')}\) since \d+ s; rank 0 ",
+                     err, re.M), err
+    assert ended.returncode == 86, err
+    assert re.search(r"^unirank run: FAILED \(exit code 86\): rank 1 ", err, re.M), err

@@ -5,7 +5,8 @@ the private ``_dump_fr_trace_json`` gives "no progress information", never an er
 this rank's progress record in the job's store (one ``set`` of one key), and checks one
 counter (``add(key, 0)``) that asks every rank for its Python stacks: then it sets them
 (every thread's, from :func:`sys._current_frames`, read by this thread: no signal is taken,
-no code runs in a signal handler). On rank 0 it also runs the detector
+no code runs in a signal handler). On rank 0 (or a standby while rank 0 is silent:
+:mod:`unirank.hang.standby`) it also runs the detector
 (:func:`unirank.hang.detect.find_hangs` over every rank's record): when a hang is seen it
 asks for the stacks, waits for them a bounded time (a frozen rank does not answer: the report
 says so), prints one report (:func:`unirank.hang.render.render_report`) on rank 0's stderr,
@@ -57,6 +58,7 @@ from unirank.hang.progress import (
     waits_for,
 )
 from unirank.hang.render import render_report, wavefront_line
+from unirank.hang.standby import Duty, silent_after
 from unirank.signals import keep_off_this_thread
 
 __all__ = [
@@ -202,6 +204,9 @@ class Watcher:
         self._base_prefixes = base_prefixes()  # here: the thread must import nothing
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self.detector: _Detector | None = None
+        #: whether this rank runs the detector now (rank 0, or a standby: hang/standby.py)
+        self._duty = Duty(rank)
+        self._on_duty = rank == 0
         self._store: Any = None
         #: this node's job file for ``unirank stacks`` (:mod:`unirank.hang.jobs`), if any
         self._job = job
@@ -256,7 +261,7 @@ class Watcher:
     def _run(self) -> None:
         keep_off_this_thread()  # the program's signals go to its main thread
         store = self._store
-        if self.rank == 0:
+        if self._duty.stands_by:
             self.detector = _Detector(self, store)
         while True:
             try:
@@ -273,8 +278,26 @@ class Watcher:
     def _tick(self, store: Any) -> None:
         self._publish(store)
         self._answer(store)
-        if self.detector is not None:
+        if self.detector is not None and self._check_duty(store):
             self.detector.tick(time.time())
+
+    def _check_duty(self, store: Any) -> bool:
+        """Whether this rank runs the detector now; a standby says when it takes over."""
+        if self.rank == 0:
+            return True
+        keys = {r: progress_key(r) for r in self._duty.lower_ranks()}
+        records = {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
+                   for r, k in keys.items()}
+        on_duty = self._duty.on_duty(records, time.monotonic(), self.settings.interval)
+        if on_duty and not self._on_duty:
+            silent = silent_after(self.settings.interval)
+            lower = "rank 0 has" if self.rank == 1 else f"ranks 0-{self.rank - 1} have"
+            with contextlib.suppress(OSError):
+                os.write(self.err_fd, (f"unirank: {lower} sent no progress record for "
+                                       f"{silent:g} s (frozen, or its interpreter is held): "
+                                       f"rank {self.rank} looks for hangs instead\n").encode())
+        self._on_duty = on_duty
+        return on_duty
 
     def record(self) -> dict[str, Any]:
         """This rank's progress record now."""
@@ -329,7 +352,7 @@ class Watcher:
         if number >= ENDING:
             reason = bytes(store.get(REASON_KEY)).decode(errors="replace")
             store.add(ENDED_KEY, 1)
-            raise _JobEnding(f"rank 0 ended the job: {reason}")
+            raise _JobEnding(reason)
         for pending in range(max(self._answered + 1, number - 3), number + 1):
             self.answer(store, pending)
 
@@ -377,7 +400,7 @@ class Watcher:
         have, at most two intervals and a second later (a frozen rank does not answer)."""
         self._record(message)
         with contextlib.suppress(Exception):
-            store.set(REASON_KEY, message)
+            store.set(REASON_KEY, f"rank {self.rank} ended the job: {message}")
             store.add(ASK_KEY, ENDING)
             deadline = time.monotonic() + 2 * self.settings.interval + 1
             while (int(store.add(ENDED_KEY, 0)) < self.world_size - 1
