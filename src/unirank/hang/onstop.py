@@ -19,8 +19,9 @@ answer is named as such (frozen, or its interpreter held).
   directly, there is no time for it.
 * **torch's collective timeout** (gloo raises ``RuntimeError: ... Timed out waiting Nms for
   recv operation to complete`` in each rank that waited; afterwards its flight recorder
-  counts the collective as completed): when an exception leaves the program of a rank whose
-  last record showed it waiting in a collective, that rank's watcher
+  counts the collective as completed): when an exception raised inside torch.distributed
+  leaves the program of a rank whose last record showed it waiting in a collective, that
+  rank's watcher
   (:meth:`unirank.hang.watcher.Watcher.failure_report`) stops publishing (its waiting record
   stays), and the first such rank (one counter in the store) prints the report; the others
   wait for it a bounded time, so that their exit (which ends the job) does not cut it off.

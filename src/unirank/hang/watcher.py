@@ -357,28 +357,31 @@ class Watcher:
             self.answer(store, pending)
 
     def failure_report(self, exc: BaseException) -> str | None:
-        """An exception left the program (see :mod:`unirank.hang.onstop`): when this rank's
-        last record, at most two intervals old, showed it waiting in a collective, hold that
-        record, print the hang's report if this rank is the first to fail so (the others wait
-        for it, a bounded time), and return the hang's wavefront (None: no hang)."""
+        """An exception left the program (see :mod:`unirank.hang.onstop`): when it was raised
+        inside torch.distributed and this rank's last record, at most two intervals old,
+        showed it waiting in a collective, hold that record, print the hang's report if this
+        rank is the first to fail so (the others wait for it, a bounded time), and return the
+        hang's wavefront (None: no hang)."""
         waiting = self._last_waiting
         interval = self.settings.interval
         if (isinstance(exc, SystemExit) or waiting is None or self._held
                 or time.time() - float(waiting["time"]) > 2 * interval + 1):
             return None
+        frames = _traceback_frames(exc)
+        if not any("/torch/distributed/" in f[0].replace(os.sep, "/") for f in frames):
+            return None  # not raised inside a collective
         self._held = True
-        self._failed_frames = [list(f) for f in _traceback_frames(exc)]
+        self._failed_frames = [list(f) for f in frames]
         from unirank.hang.onstop import answer_within, report_now
         from unirank.hang.render import wavefront_line
 
+        store = self._store  # its ops are serialised with the thread's; a gone store fails fast
         try:
-            store = self._connect()
             store.set(progress_key(self.rank), json.dumps(waiting))
             records = read_records(store, self.world_size)
             if int(store.add(FAILED_KEY, 1)) > 1:
                 hangs = find_hangs(records, self.world_size, interval, time.time())
-                with contextlib.suppress(Exception):  # the first one's report, or its end
-                    store.wait([REPORTED_KEY], timedelta(seconds=answer_within(interval) + 2))
+                self._await_report(store, time.monotonic() + answer_within(interval) + 2)
                 return wavefront_line(hangs[0]) if hangs else None
             try:
                 made = report_now(store, self.world_size, interval, records=records, own=self,
@@ -392,6 +395,15 @@ class Watcher:
         with contextlib.suppress(OSError):
             os.write(self.err_fd, made[0].encode(errors="replace"))
         return wavefront_line(made[1][0])
+
+    def _await_report(self, store: Any, deadline: float) -> None:
+        """Until the first failing rank has printed its report (or ``deadline``), answering
+        its stack request at once (never holding the connection for long: the thread shares
+        it)."""
+        with contextlib.suppress(Exception):
+            while not store.check([REPORTED_KEY]) and time.monotonic() < deadline:
+                self._answer(store)
+                time.sleep(0.05)
 
     def exit_for_timeout(self, store: Any, message: str) -> None:
         """Record the hang as this rank's failure, have every other rank end (each on its
