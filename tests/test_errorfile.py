@@ -112,3 +112,21 @@ def test_a_record_may_name_the_exit_code_the_process_ends_with(tmp_path: Path) -
     failure = read_failure(path)
     assert failure is not None
     assert (failure.exit_code, failure.message) == (86, "RuntimeError: hung")
+
+
+def test_an_exceptions_notes_end_its_message(tmp_path: Path) -> None:
+    """The hang watcher's note (torch's collective timeout) is the record's last line: the
+    failure summary's ``error:`` line."""
+    from unirank.hang.watcher import add_hang_note
+
+    path = tmp_path / "error.json"
+    exc = RuntimeError("Timed out waiting 4000ms for recv operation to complete")
+    add_hang_note(exc, "ranks 0, 2 wait in all_reduce #2; rank 1 has not entered it")
+    add_hang_note(exc, None)  # no hang: nothing added
+    record_exception(exc, {ERROR_FILE_VAR: str(path)})
+    failure = read_failure(path)
+    assert failure is not None
+    assert failure.message == ("unirank: the ranks hung: ranks 0, 2 wait in all_reduce #2; "
+                               "rank 1 has not entered it")
+    message = json.loads(path.read_text())["message"]["message"]
+    assert message.startswith("RuntimeError: Timed out waiting 4000ms"), message

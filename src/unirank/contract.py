@@ -222,20 +222,23 @@ def _off_or_seconds(given: str | float | None, environ: Mapping[str, str], varia
 
 
 def resolve_hang(report_after: str | float | None = None, timeout: str | float | None = None,
-                 environ: Mapping[str, str] | None = None) -> HangSettings:
+                 environ: Mapping[str, str] | None = None, *,
+                 names: tuple[str, str] = ("--hang-report-after", "--hang-timeout")
+                 ) -> HangSettings:
     """The hang detector's settings: the options given (``--hang-report-after``,
-    ``--hang-timeout``), else the variables, else 60 s and no timeout; ``0`` or ``off`` turns
-    either one off. The interval is UNIRANK_HANG_INTERVAL, else a quarter of the report
-    delay (0.25 to 5 s). A bad value is a ConfigError naming where it came from.
+    ``--hang-timeout``, or the keywords ``hang_report_after=``, ``hang_timeout=`` of
+    :func:`unirank.init` and ``Parallel``: ``names`` says which, for the errors), else the
+    variables, else 60 s and no timeout; ``0`` or ``off`` turns either one off. The interval
+    is UNIRANK_HANG_INTERVAL, else a quarter of the report delay (0.25 to 5 s). A bad value
+    is a ConfigError naming where it came from.
 
     Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL.
     """
     environ = environ or {}
-    after, given = _off_or_seconds(report_after, environ, HANG_REPORT_AFTER_VAR,
-                                   "--hang-report-after")
+    after, given = _off_or_seconds(report_after, environ, HANG_REPORT_AFTER_VAR, names[0])
     if not given:
         after = DEFAULT_HANG_REPORT_AFTER
-    limit, _ = _off_or_seconds(timeout, environ, HANG_TIMEOUT_VAR, "--hang-timeout")
+    limit, _ = _off_or_seconds(timeout, environ, HANG_TIMEOUT_VAR, names[1])
     text = environ.get(HANG_INTERVAL_VAR, "")
     if text.strip():
         interval = parse_seconds(text, HANG_INTERVAL_VAR)

@@ -80,7 +80,9 @@ def record_exception(exc: BaseException, environ: Mapping[str, str] | None = Non
     now = time.time()
     payload = {
         "message": {
-            "message": f"{type(exc).__name__}: {exc}",
+            "message": f"{type(exc).__name__}: {exc}" + "".join(
+                f"\n{note}" for note in getattr(exc, "__notes__", None) or ()
+                if isinstance(note, str)),
             "extraInfo": {
                 "py_callstack": "".join(traceback.format_exception(exc)),
                 "timestamp": str(int(now)),

@@ -147,6 +147,18 @@ def test_report_golden(ending: bool) -> None:
     _check_golden(f"report_{'timeout' if ending else 'plain'}.txt", text)
 
 
+def test_report_on_stop_golden() -> None:
+    """The report made at a stop (``cause``): its first line says why, not the delay."""
+    laggard = record(7, group(1024, 1024), node="node2", where="save_checkpoint (train.py:80)")
+    hangs = find_hangs(waiting_world(laggard), 8, 5.0, NOW)
+    stacks = {r: [{"name": "MainThread", "frames": [
+        ["/work/train.py", 57, "train", "dist.all_reduce(grad)"]]}] for r in range(7)}
+    text = render_report(hangs, stacks, unanswered=[7], number=0, report_after=5,
+                         nodes={r: "node1" if r < 4 else "node2" for r in range(8)},
+                         answer_timeout=7, cause="on SIGINT")
+    _check_golden("report_on_stop.txt", text)
+
+
 def test_snapshot_golden() -> None:
     """``unirank stacks``'s text: ranks with the same progress together, then the stacks."""
     records: dict[int, dict[str, Any] | None] = {

@@ -97,3 +97,18 @@ def test_resolve_hang() -> None:
         resolve_hang(None, "soon")
     with pytest.raises(ConfigError, match="UNIRANK_HANG_REPORT_AFTER='-1'"):
         resolve_hang(None, None, {"UNIRANK_HANG_REPORT_AFTER": "-1"})
+
+
+def test_waits_for_a_dataloader_worker_only_below_the_users_frame() -> None:
+    from unirank.hang.progress import waits_for
+
+    user = ("/work/train.py", 20, "<module>", "batch = next(it)")
+    loader = "/py/site-packages/torch/utils/data/dataloader.py"
+    waiting = [("/work/train.py", 1, "<module>", ""), user,
+               (loader, 733, "__next__", ""), (loader, 1480, "_next_data", ""),
+               ("/py/lib/queue.py", 180, "get", "")]
+    assert waits_for(waiting, user) == "a DataLoader worker"
+    # num_workers=0: the user's __getitem__ is the innermost user frame; nothing below it
+    getitem = ("/work/data.py", 9, "__getitem__", "lock.acquire()")
+    assert waits_for([user, (loader, 733, "__next__", ""), getitem], getitem) == ""
+    assert waits_for(waiting, None) == ""

@@ -27,7 +27,7 @@ from types import FrameType
 from typing import Any
 
 __all__ = ["Frame", "describe_tensors", "group_progress", "make_record", "site_of",
-           "thread_stacks", "user_frame"]
+           "thread_stacks", "user_frame", "waits_for"]
 
 #: a frame as (file, line, function, source line)
 Frame = tuple[str, int, str, str]
@@ -127,6 +127,22 @@ def user_frame(stack: Sequence[Frame], skip: Sequence[str]) -> Frame | None:
                            else frame[0], skip):
             return frame
     return None
+
+
+#: library files whose frames, below the user's innermost one, say what a thread waits for
+_WAITS_IN = (("torch/utils/data/dataloader.py", "a DataLoader worker"),)
+
+
+def waits_for(stack: Sequence[Frame], user: Frame | None) -> str:
+    """What the frames below ``user`` (the user's innermost frame of ``stack``) wait for:
+    ``a DataLoader worker`` when the DataLoader's main-process side is there (a worker
+    process's ``__getitem__`` is stuck, or slow); ``""`` when nothing is known."""
+    below = stack[stack.index(user) + 1:] if user in stack else ()
+    for path, _line, _function, _source in below:
+        for marker, what in _WAITS_IN:
+            if path.replace(os.sep, "/").endswith(marker):
+                return what
+    return ""
 
 
 def site_of(frame: Frame | None, *, with_function: bool = False) -> str:

@@ -111,13 +111,17 @@ def _stack_section(stacks: Mapping[int, Sequence[Mapping[str, Any]]], nodes: Map
 def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[str, Any]]],
                   *, unanswered: Sequence[int], number: int, report_after: float,
                   nodes: Mapping[int, str], answer_timeout: float,
-                  dump_files: Sequence[str] = (), ending: str = "") -> str:
+                  dump_files: Sequence[str] = (), ending: str = "", cause: str = "") -> str:
     """The whole report (see the module docstring); ``number``: the how-manieth for this hang,
     ``unanswered``: ranks whose stacks did not come within ``answer_timeout`` seconds,
-    ``dump_files``: where the full dump went, ``ending``: a last line (``--hang-timeout``)."""
+    ``dump_files``: where the full dump went, ``ending``: a last line (``--hang-timeout``);
+    ``cause``: the report is made at the job's stop (``on SIGINT``, ``at the collective's
+    timeout``), not after ``report_after`` seconds."""
     longest = max((h.waited for h in hangs), default=0.0)
-    out = [f"unirank: HANG (report {number}): ranks have waited in a collective for "
-           f"{_seconds(longest)} (--hang-report-after {report_after:g} s)"]
+    head = (f"({cause})" if cause else f"(report {number})")
+    tail = "" if cause else f" (--hang-report-after {report_after:g} s)"
+    out = [f"unirank: HANG {head}: ranks have waited in a collective for "
+           f"{_seconds(longest)}{tail}"]
     for hang in hangs:
         prefix = "" if hang.pg == "0" else f"process group {hang.pg}: "
         if hang.laggards or not hang.mismatched:

@@ -5,7 +5,8 @@ the private ``_dump_fr_trace_json`` gives "no progress information", never an er
 this rank's progress record in the job's store (one ``set`` of one key), and checks one
 counter (``add(key, 0)``) that asks every rank for its Python stacks: then it sets them
 (every thread's, from :func:`sys._current_frames`, read by this thread: no signal is taken,
-no code runs in a signal handler). On rank 0 it also runs the detector
+no code runs in a signal handler). On rank 0 (or a standby while rank 0 is silent:
+:mod:`unirank.hang.standby`) it also runs the detector
 (:func:`unirank.hang.detect.find_hangs` over every rank's record): when a hang is seen it
 asks for the stacks, waits for them a bounded time (a frozen rank does not answer: the report
 says so), prints one report (:func:`unirank.hang.render.render_report`) on rank 0's stderr,
@@ -16,6 +17,11 @@ report as rank 0's failure (the error file) and ends rank 0 with
 
 The thread uses a store connection of its own, so it never waits behind the program's or
 torch's use of the store.
+
+When an exception leaves a rank's program while its last record showed it waiting in a
+collective (torch's collective timeout), :meth:`Watcher.failure_report` makes the report once
+more (:mod:`unirank.hang.onstop`); :func:`excepthook_with_report` calls it where no worker
+bootstrap does (:func:`unirank.init` under srun, mpirun, torchrun).
 
 Reads: TORCHELASTIC_ERROR_FILE (where rank 0 writes a hang timeout's record; its attempt
 folder holds the dumps), TORCH_FR_BUFFER_SIZE (set to :data:`RECORDER_ENTRIES` when unset,
@@ -49,8 +55,10 @@ from unirank.hang.progress import (
     site_of,
     thread_stacks,
     user_frame,
+    waits_for,
 )
 from unirank.hang.render import render_report, wavefront_line
+from unirank.hang.standby import Duty, silent_after
 from unirank.signals import keep_off_this_thread
 
 __all__ = [
@@ -63,6 +71,7 @@ __all__ = [
     "HangTimeoutError",
     "Watcher",
     "enable_recorder",
+    "excepthook_with_report",
     "progress_key",
     "running",
 ]
@@ -85,6 +94,10 @@ ENDING = 1 << 40
 ENDED_KEY = "unirank/hang/ended"
 #: why rank 0 ends the job (the hang's wavefront), for the other ranks' records
 REASON_KEY = "unirank/hang/reason"
+#: counted by each rank whose program failed in a collective: the first one prints the report
+FAILED_KEY = "unirank/hang/failed"
+#: set by that first rank once its report is printed (the others wait for it)
+REPORTED_KEY = "unirank/hang/failed-reported"
 
 
 class _JobEnding(Exception):
@@ -191,10 +204,19 @@ class Watcher:
         self._base_prefixes = base_prefixes()  # here: the thread must import nothing
         self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
         self.detector: _Detector | None = None
+        #: whether this rank runs the detector now (rank 0, or a standby: hang/standby.py)
+        self._duty = Duty(rank)
+        self._on_duty = rank == 0
         self._store: Any = None
         #: this node's job file for ``unirank stacks`` (:mod:`unirank.hang.jobs`), if any
         self._job = job
         self._job_file: str | None = None
+        #: the last record published that showed this rank waiting in a collective
+        self._last_waiting: dict[str, Any] | None = None
+        #: the program failed in a collective: no more records (the waiting one stays), and
+        #: its main thread's stack is the failure's traceback
+        self._held = False
+        self._failed_frames: list[list[Any]] | None = None
 
     def start(self) -> Watcher:
         """Turn the flight recorder on (:func:`enable_recorder`), connect to the store (here:
@@ -216,6 +238,14 @@ class Watcher:
         atexit.register(self.stop)
         return self
 
+    def reconfigure(self, settings: HangSettings) -> None:
+        """Take the settings the program gave :func:`unirank.init` (its keywords win over the
+        variables the bootstrap started this watcher with); ``off`` stops it."""
+        if settings.report_after is None:
+            self.stop(finished=False)
+            return
+        self.settings = settings
+
     def stop(self, *, finished: bool = True, timeout: float = 2.0) -> None:
         """End the thread (it publishes a last record saying the program ended); waits for it
         at most ``timeout`` seconds."""
@@ -231,7 +261,7 @@ class Watcher:
     def _run(self) -> None:
         keep_off_this_thread()  # the program's signals go to its main thread
         store = self._store
-        if self.rank == 0:
+        if self._duty.stands_by:
             self.detector = _Detector(self, store)
         while True:
             try:
@@ -248,8 +278,26 @@ class Watcher:
     def _tick(self, store: Any) -> None:
         self._publish(store)
         self._answer(store)
-        if self.detector is not None:
+        if self.detector is not None and self._check_duty(store):
             self.detector.tick(time.time())
+
+    def _check_duty(self, store: Any) -> bool:
+        """Whether this rank runs the detector now; a standby says when it takes over."""
+        if self.rank == 0:
+            return True
+        keys = {r: progress_key(r) for r in self._duty.lower_ranks()}
+        records = {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
+                   for r, k in keys.items()}
+        on_duty = self._duty.on_duty(records, time.monotonic(), self.settings.interval)
+        if on_duty and not self._on_duty:
+            silent = silent_after(self.settings.interval)
+            lower = "rank 0 has" if self.rank == 1 else f"ranks 0-{self.rank - 1} have"
+            with contextlib.suppress(OSError):
+                os.write(self.err_fd, (f"unirank: {lower} sent no progress record for "
+                                       f"{silent:g} s (frozen, or its interpreter is held): "
+                                       f"rank {self.rank} looks for hangs instead\n").encode())
+        self._on_duty = on_duty
+        return on_duty
 
     def record(self) -> dict[str, Any]:
         """This rank's progress record now."""
@@ -261,20 +309,31 @@ class Watcher:
         frames = sys._current_frames()
         self._sites.fill(groups, frames)
         main = threading.main_thread().ident
-        where = site_of(user_frame(frames_of(frames.get(main or -1)), self._sites.skip),
-                        with_function=True)
+        stack = frames_of(frames.get(main or -1))
+        mine = user_frame(stack, self._sites.skip)
+        where = site_of(mine, with_function=True)
+        waits = waits_for(stack, mine)
+        if where and waits:
+            where += f", waiting for {waits}"
         return make_record(self.rank, self.node, time.time(), groups, where,
                            finished=self._finished and self._stop.is_set(),
                            recorder=dump is not None)
 
     def _publish(self, store: Any) -> None:
-        store.set(progress_key(self.rank), json.dumps(self.record()))
+        if self._held:
+            return
+        record = self.record()
+        store.set(progress_key(self.rank), json.dumps(record))
+        if any(g["entered"] > g["done"] for g in record["groups"]):
+            self._last_waiting = record
 
     def stacks(self) -> list[dict[str, Any]]:
-        """Every thread's stack but this one's, trimmed of the frames before the user's."""
+        """Every thread's stack but the watcher's, trimmed of the frames before the user's."""
         names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
-        threads = thread_stacks(sys._current_frames(), names, threading.get_ident())
+        threads = thread_stacks(sys._current_frames(), names, self._thread.ident)
         for thread in threads:
+            if thread["name"] == "MainThread" and self._failed_frames is not None:
+                thread["frames"] = self._failed_frames
             frames = thread["frames"]
             outer = next((i for i, f in enumerate(frames)
                           if user_frame([tuple(f)], self._sites.skip) is not None), None)
@@ -293,9 +352,58 @@ class Watcher:
         if number >= ENDING:
             reason = bytes(store.get(REASON_KEY)).decode(errors="replace")
             store.add(ENDED_KEY, 1)
-            raise _JobEnding(f"rank 0 ended the job: {reason}")
+            raise _JobEnding(reason)
         for pending in range(max(self._answered + 1, number - 3), number + 1):
             self.answer(store, pending)
+
+    def failure_report(self, exc: BaseException) -> str | None:
+        """An exception left the program (see :mod:`unirank.hang.onstop`): when it was raised
+        inside torch.distributed and this rank's last record, at most two intervals old,
+        showed it waiting in a collective, hold that record, print the hang's report if this
+        rank is the first to fail so (the others wait for it, a bounded time), and return the
+        hang's wavefront (None: no hang)."""
+        waiting = self._last_waiting
+        interval = self.settings.interval
+        if (isinstance(exc, SystemExit) or waiting is None or self._held
+                or time.time() - float(waiting["time"]) > 2 * interval + 1):
+            return None
+        frames = _traceback_frames(exc)
+        if not any("/torch/distributed/" in f[0].replace(os.sep, "/") for f in frames):
+            return None  # not raised inside a collective
+        self._held = True
+        self._failed_frames = [list(f) for f in frames]
+        from unirank.hang.onstop import answer_within, report_now
+        from unirank.hang.render import wavefront_line
+
+        store = self._store  # its ops are serialised with the thread's; a gone store fails fast
+        try:
+            store.set(progress_key(self.rank), json.dumps(waiting))
+            records = read_records(store, self.world_size)
+            if int(store.add(FAILED_KEY, 1)) > 1:
+                hangs = find_hangs(records, self.world_size, interval, time.time())
+                self._await_report(store, time.monotonic() + answer_within(interval) + 2)
+                return wavefront_line(hangs[0]) if hangs else None
+            try:
+                made = report_now(store, self.world_size, interval, records=records, own=self,
+                                  cause=f"a collective failed: {type(exc).__name__}")
+            finally:
+                store.set(REPORTED_KEY, "1")
+        except Exception:  # the store is gone: the job ends anyway
+            return None
+        if made is None:
+            return None
+        with contextlib.suppress(OSError):
+            os.write(self.err_fd, made[0].encode(errors="replace"))
+        return wavefront_line(made[1][0])
+
+    def _await_report(self, store: Any, deadline: float) -> None:
+        """Until the first failing rank has printed its report (or ``deadline``), answering
+        its stack request at once (never holding the connection for long: the thread shares
+        it)."""
+        with contextlib.suppress(Exception):
+            while not store.check([REPORTED_KEY]) and time.monotonic() < deadline:
+                self._answer(store)
+                time.sleep(0.05)
 
     def exit_for_timeout(self, store: Any, message: str) -> None:
         """Record the hang as this rank's failure, have every other rank end (each on its
@@ -304,7 +412,7 @@ class Watcher:
         have, at most two intervals and a second later (a frozen rank does not answer)."""
         self._record(message)
         with contextlib.suppress(Exception):
-            store.set(REASON_KEY, message)
+            store.set(REASON_KEY, f"rank {self.rank} ended the job: {message}")
             store.add(ASK_KEY, ENDING)
             deadline = time.monotonic() + 2 * self.settings.interval + 1
             while (int(store.add(ENDED_KEY, 0)) < self.world_size - 1
@@ -348,6 +456,10 @@ class _Detector:
         return read_records(self.store, self.watcher.world_size)
 
     def tick(self, now: float) -> None:
+        settings = self.watcher.settings  # :meth:`Watcher.reconfigure` may change them
+        if settings.report_after is not None:
+            self.report_after = settings.report_after
+            self.answer_timeout = 2 * settings.interval + 3.0
         hangs = find_hangs(self.records(), self.watcher.world_size, self.report_after, now)
         key = tuple((h.pg, h.seq) for h in hangs)
         if key != self.current:
@@ -443,6 +555,41 @@ def request_stacks(store: Any, world_size: int, timeout: float, *, own: Watcher 
             stacks[rank] = answer["threads"]
             nodes[rank] = answer.get("node", "")
     return stacks, [r for r in keys if r not in stacks], nodes
+
+
+def _traceback_frames(exc: BaseException) -> list[tuple[str, int, str, str]]:
+    """The frames of ``exc``'s traceback, outermost first, as a stack's frames."""
+    import traceback
+
+    return [(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
+            for f in traceback.extract_tb(exc.__traceback__)]
+
+
+def add_hang_note(exc: BaseException, wavefront: str | None) -> None:
+    """Add the hang's wavefront to ``exc`` as a note (its traceback and error record show
+    it)."""
+    if not wavefront:
+        return
+    note = f"unirank: the ranks hung: {wavefront}"
+    notes = getattr(exc, "__notes__", None)
+    with contextlib.suppress(AttributeError, TypeError):
+        if isinstance(notes, list):
+            notes.append(note)
+        else:
+            exc.__notes__ = [note]
+
+
+def excepthook_with_report(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` (an excepthook), after this process's watcher had its say about the exception
+    (:meth:`Watcher.failure_report`), which it gets as a note."""
+
+    def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> Any:
+        watcher = running()
+        if watcher is not None and isinstance(value, BaseException):
+            add_hang_note(value, watcher.failure_report(value))
+        return hook(kind, value, tb)
+
+    return excepthook
 
 
 def _hang_json(hang: Hang) -> dict[str, Any]:

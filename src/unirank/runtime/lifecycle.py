@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_INIT_TIMEOUT",
     "InitError",
     "finalize",
+    "hang_settings",
     "init",
     "launch_command",
     "require_launched",
@@ -107,17 +108,33 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 
 
-def _watch_hangs(env: DistEnv, timeout: float, environ: Any) -> None:
+def hang_settings(report_after: str | float | None, timeout: str | float | None,
+                   environ: Mapping[str, str]) -> contract.HangSettings | None:
+    """The hang detector's settings from :func:`init`'s keywords, else the variables (None:
+    neither keyword given). Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
+    UNIRANK_HANG_INTERVAL."""
+    if report_after is None and timeout is None:
+        return None
+    return contract.resolve_hang(report_after, timeout, environ,
+                                 names=("hang_report_after", "hang_timeout"))
+
+
+def _watch_hangs(env: DistEnv, timeout: float, environ: Any,
+                 given: contract.HangSettings | None) -> None:
     """Start this rank's hang watcher, unless the detector is off or a worker's bootstrap
-    started one already; the flight recorder is turned on before the group starts.
+    started one already (which then takes ``given``: :func:`init`'s keywords); the flight
+    recorder is turned on before the group starts.
 
     Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL,
     TORCH_FR_BUFFER_SIZE.
     """
     from unirank.hang import watcher
 
-    settings = contract.resolve_hang(None, None, environ)
-    if settings.report_after is None or watcher.running() is not None:
+    settings = given or contract.resolve_hang(None, None, environ)
+    running = watcher.running()
+    if running is not None and given is not None:
+        running.reconfigure(given)
+    if settings.report_after is None or running is not None:
         return
     addr, port = env.require_master()
 
@@ -128,8 +145,11 @@ def _watch_hangs(env: DistEnv, timeout: float, environ: Any) -> None:
     if env.local_rank == 0:  # this node's job file, for `unirank stacks`
         job = {"run_id": environ.get(contract.RUN_ID_VAR) or env.job_id or f"{addr}:{port}",
                "master_addr": addr, "master_port": port}
-    watcher.Watcher(rank=env.rank, world_size=env.world_size, node=state.hostname(),
-                    settings=settings, connect=connect, environ=environ, job=job).start()
+    started = watcher.Watcher(rank=env.rank, world_size=env.world_size, node=state.hostname(),
+                              settings=settings, connect=connect, environ=environ,
+                              job=job).start()
+    if watcher.running() is started:  # torch's collective timeout: the hang's report first
+        sys.excepthook = watcher.excepthook_with_report(sys.excepthook)
 
 
 def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:
@@ -162,7 +182,8 @@ def _join(base: Any, prefix: str, env: DistEnv, timeout: float) -> None:
 
 
 def init(
-    backend: str | None = None, timeout: float | None = None, init_method: str | None = None
+    backend: str | None = None, timeout: float | None = None, init_method: str | None = None,
+    *, hang_report_after: str | float | None = None, hang_timeout: str | float | None = None,
 ) -> None:
     """Start the default process group for this process's launcher context.
 
@@ -174,13 +195,17 @@ def init(
     ``init_method``: ``None`` or ``"env://"`` (unirank's rendezvous store on the master address
     and port), or ``"file://PATH"`` (a store in that file, seen by every rank; no master address
     needed); see :func:`unirank.runtime.ignite_options.init_method`.
+    ``hang_report_after``, ``hang_timeout``: the hang detector's ``--hang-report-after`` and
+    ``--hang-timeout`` (seconds, or ``"off"``), over UNIRANK_HANG_REPORT_AFTER and
+    UNIRANK_HANG_TIMEOUT (see docs/troubleshooting.md).
 
     A group that already exists (the user called ``init_process_group``) is adopted as it is.
     At world size 1 no network is used (an in-memory store). Ranks that do not join in time are
     named in the :class:`~unirank.joincheck.InitTimeoutError` every waiting rank raises.
 
     Reads: the launcher's variables (see :func:`unirank.launchers.detect`),
-    UNIRANK_INIT_TIMEOUT, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
+    UNIRANK_INIT_TIMEOUT, UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL,
+    TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
     SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
     """
     if state.is_initialized():
@@ -190,6 +215,7 @@ def init(
     env = state.dist_env()
     require_launched(env, sys.argv, sys.executable)
     init_timeout = resolve_init_timeout(timeout, environ)
+    hang = hang_settings(hang_report_after, hang_timeout, environ)
     facts = backends.cuda_facts()
     entry = backends.get(
         backends.choose_backend(
@@ -211,7 +237,7 @@ def init(
         base = _file_store(env, file_url, init_timeout, generation)
     else:
         base = _joined_store(env, init_timeout, generation)
-        _watch_hangs(env, init_timeout, environ)
+        _watch_hangs(env, init_timeout, environ, hang)
     entry.init(
         rank=env.rank,
         world_size=env.world_size,

@@ -171,7 +171,10 @@ class Parallel:
     waits for the others to join (default ``UNIRANK_INIT_TIMEOUT``, else 300).
     ``tag_output``: spawned workers' lines start with ``[rank<N>]:`` (``unirank run
     --tag-output``). ``keep_server``: the fork server stays, idle, for the next spawn of this
-    process (``launch``'s way; it ends with this process). ``spawn_kwargs``: pytorch-ignite's
+    process (``launch``'s way; it ends with this process). ``hang_report_after``,
+    ``hang_timeout`` (keywords only): the hang detector's settings, as ``unirank run
+    --hang-report-after/--hang-timeout`` (seconds, or ``"off"``; default the variables
+    UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT). ``spawn_kwargs``: pytorch-ignite's
     options, as :mod:`~unirank.runtime.ignite_options` reads them (``timeout`` is an init
     timeout). Bad arguments are refused here, when the object is built, with ignite's exception
     types (:func:`check_request`). ignite's lines (``Spawn function ... in N processes``, ``End of
@@ -179,7 +182,8 @@ class Parallel:
 
     Reads: the launcher's variables (through :func:`~unirank.runtime.state.dist_env`),
     MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, OMP_NUM_THREADS,
-    UNIRANK_INIT_TIMEOUT, SLURMD_NODENAME.
+    UNIRANK_INIT_TIMEOUT, UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
+    UNIRANK_HANG_INTERVAL, SLURMD_NODENAME.
     """
 
     def __init__(
@@ -195,11 +199,18 @@ class Parallel:
         init_timeout: float | None = None,
         tag_output: bool = False,
         keep_server: bool = False,
+        hang_report_after: str | float | None = None,
+        hang_timeout: str | float | None = None,
         **spawn_kwargs: Any,
     ) -> None:
         request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                        master_addr=master_addr, master_port=master_port)
         check_request(backend, request, init_method)
+        #: the hang detector's keywords, as given (for ``init`` in place), and their settings
+        #: (for spawned workers; None: neither given, the variables say)
+        self._hang = (hang_report_after, hang_timeout)
+        self._hang_settings = lifecycle.hang_settings(hang_report_after, hang_timeout,
+                                                      os.environ)
         # pytorch-ignite's Parallel options (timeout, start_method, join, daemon)
         ignite = dict(spawn_kwargs)
         ignite_options.take_spawn_options(ignite)
@@ -247,7 +258,8 @@ class Parallel:
         in_place = plan.mode == IN_PLACE
         wants_group = in_place and (plan.world_size > 1 or self.backend is not None)
         if wants_group and not state.is_initialized():
-            lifecycle.init(self.backend, self.init_timeout, self.init_method)
+            lifecycle.init(self.backend, self.init_timeout, self.init_method,
+                           hang_report_after=self._hang[0], hang_timeout=self._hang[1])
             self._finalize = True
         self._logger = ignite_logger(LOGGER_NAME)
         self._log_start(in_place)
@@ -314,7 +326,8 @@ class Parallel:
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
         options = EngineOptions(prog=PROG, output=OutputOptions(
-            prefix_template=TAG_TEMPLATE if self._tag_output else None))
+            prefix_template=TAG_TEMPLATE if self._tag_output else None),
+            hang=self._hang_settings)
         server = _fork_server(path, keep=self._keep_server)
         ran = False
         try:

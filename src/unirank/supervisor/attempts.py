@@ -34,7 +34,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings
+from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, resolve_hang
 from unirank.errors import ConfigError
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
@@ -51,6 +51,7 @@ from unirank.supervisor.fork.client import ForkServer, fallback_line, server_env
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
+from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
@@ -171,6 +172,17 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
     return launches
 
 
+def _stop_report(plan: Plan, options: EngineOptions,
+                 environ: Mapping[str, str]) -> StopReportSpec | None:
+    """Where the engine asks for the hang report at a stop signal: on the node that runs
+    rank 0, with the detector on, not under Slurm (see :mod:`.stopreport`)."""
+    settings = options.hang or resolve_hang(None, None, environ)
+    if not plan.hosts_store or settings.report_after is None or slurm_vars.in_job(environ):
+        return None
+    return StopReportSpec(plan.master_addr, plan.master_port, plan.world_size,
+                          settings.interval)
+
+
 def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
                options: EngineOptions) -> None:
     """Give the fork server the environment this node's workers have in common."""
@@ -210,6 +222,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
                 server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
+                stop_report=_stop_report(plan, options, environ),
             ).run()
             if _is_last(result, attempt, plan, environ):
                 if options.timeline:

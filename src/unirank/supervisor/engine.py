@@ -21,6 +21,11 @@ worker stops its children too.
   (``slurm_kills``) SIGTERM starts none and a second one is only forwarded: Slurm sends it to
   every process of the step and SIGKILL KillWait seconds later, which is the workers' time to
   save a checkpoint.
+* The node that runs rank 0, with the hang detector on (``stop_report``), asks for the hang
+  report before it forwards its first SIGINT or SIGTERM (not Slurm's): a short child process
+  (:mod:`.stopreport`) prints it when some rank waits in a collective that another has not
+  entered; the signal is forwarded when it has ended, or after its deadline; a second stop
+  signal kills at once.
 * A worker that exits with :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) saved its
   checkpoint and stopped to run again: no failure, no teardown. When every worker ended with 0
   or 79 the run's exit code is 79 (one line, no failure summary).
@@ -71,6 +76,7 @@ from unirank.supervisor.deathcause import (
 )
 from unirank.supervisor.fork.client import ForkServer, fallback_line
 from unirank.supervisor.plan import Plan, Worker
+from unirank.supervisor.stopreport import StopReport, StopReportSpec
 from unirank.supervisor.streams import WorkerStreams
 from unirank.supervisor.summary import (
     OutputTail,
@@ -93,6 +99,8 @@ DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2
 _SERVER = object()
 #: the selector's mark for the world watch (:class:`WorldWatch`)
 _WATCH = object()
+#: the selector's mark for the stop's hang report (:class:`~.stopreport.StopReport`)
+_REPORT = object()
 #: how long to wait for workers to vanish after SIGKILL before giving up on them
 KILL_WAIT = 30.0
 
@@ -213,8 +221,14 @@ class Supervisor:
         server: ForkServer | None = None,
         slurm_kills: bool = False,
         watch: WorldWatch | None = None,
+        stop_report: StopReportSpec | None = None,
     ) -> None:
         self._launches = list(launches)
+        #: where to ask for the hang report at the first stop signal (None: not here)
+        self._report_spec = stop_report
+        #: the report being made, and the stop signal forwarded once it is done
+        self._report: StopReport | None = None
+        self._report_signal = 0
         #: says when the world changed (the dynamic rendezvous): the workers are then stopped
         self._watch = watch
         self._world_changed: str | None = None
@@ -364,6 +378,9 @@ class Supervisor:
             if not self._alive():
                 return
             now = time.monotonic()
+            if self._report is not None and now >= self._report.deadline:
+                self._end_report()
+                continue
             if self._deadline is not None and now >= self._deadline:
                 if self._killing:
                     self._unreaped = tuple(w.pid for w in self._alive())
@@ -377,6 +394,9 @@ class Supervisor:
                     self._on_server()
                 elif key.data is _WATCH:
                     self._on_world_change()
+                elif key.data is _REPORT:
+                    if self._report is not None and self._report.read():
+                        self._end_report()
                 elif isinstance(key.data, _Worker):
                     self._on_done(key.fd)
                 else:
@@ -385,7 +405,8 @@ class Supervisor:
 
     def _timeout(self, now: float) -> float | None:
         """How long the loop may sleep: until the grace period ends or a partial line is due."""
-        due = [d for d in (self._output.next_due(), self._deadline) if d is not None]
+        report = self._report.deadline if self._report is not None else None
+        due = [d for d in (self._output.next_due(), self._deadline, report) if d is not None]
         return max(0.0, min(due) - now) if due else None
 
     def _on_done(self, fd: int) -> None:
@@ -442,7 +463,15 @@ class Supervisor:
         # Slurm sends SIGTERM to every process of the step (srun passes on its own too) and
         # SIGKILL after KillWait: the workers get that long to save, no deadline of ours
         slurms = self._slurm_kills and signum == signal.SIGTERM
+        if self._report is not None:  # a second one while the report is made: stop now
+            self._close_report()
+            self._stop_signal = self._report_signal
+            self._kill_all()
+            return
         if self._stop_signal is None and self._first_failure is None:
+            if not slurms and self._report_spec is not None:
+                self._begin_report(signum)
+                return
             self._stop_signal = signum
             if not slurms:
                 self._output.say(
@@ -454,6 +483,39 @@ class Supervisor:
             self._signal_all(signum, deadline=False)
         else:
             self._kill_all()
+
+    def _begin_report(self, signum: int) -> None:
+        """Ask for the hang report (once per run); the signal waits for it."""
+        assert self._report_spec is not None
+        spec, self._report_spec = self._report_spec, None
+        try:
+            self._report = StopReport(spec, signal_name(signum))
+        except OSError:
+            self._on_stop_signal(signum)
+            return
+        self._report_signal = signum
+        self._selector.register(self._report.fileno(), selectors.EVENT_READ, _REPORT)
+        name = signal_name(signum)
+        self._output.say(f"got {name}: looking for ranks that wait in a collective, for the hang "
+                         f"report, before forwarding it (at most "
+                         f"{self._report.deadline - time.monotonic():.0f} s; {name} again to "
+                         "stop now)")
+
+    def _close_report(self) -> str:
+        """Stop waiting for the report: its text so far."""
+        report, self._report = self._report, None
+        if report is None:
+            return ""
+        self._selector.unregister(report.fileno())
+        report.close()
+        return report.text()
+
+    def _end_report(self) -> None:
+        """The report came (or its time is up): show it, then forward the waiting signal."""
+        text = self._close_report()
+        if text.strip():
+            self._output.show(text)
+        self._on_stop_signal(self._report_signal)
 
     def _exit_code(self, worker: _Worker) -> int | None:
         """How ``worker`` ended, or None while it runs."""
@@ -532,6 +594,7 @@ class Supervisor:
     def _cleanup(self) -> None:
         """Leave nothing behind: kill workers still running (an error got us here) and whatever
         their process groups still hold (rank 0's store), then close pipes and log files."""
+        self._close_report()
         for worker in self._workers:
             _send(worker.pid, signal.SIGKILL, group=True)
         forked = [w.pid for w in self._workers if w.alive and w.proc is None]

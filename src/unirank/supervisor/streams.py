@@ -148,6 +148,11 @@ class WorkerStreams:
         self._write(self._err_fd, self._view(self._err_fd).update(
             -1, "", [f"{self._prog}: {message}"], [], time.monotonic()))
 
+    def show(self, text: str) -> None:
+        """Lines of the engine's own, as they are (a hang report), on stderr."""
+        self._write(self._err_fd, self._view(self._err_fd).update(
+            -1, "", text.rstrip("\n").split("\n"), [], time.monotonic()))
+
     def _feed(self, stream: _Stream, data: bytes) -> None:
         if stream.tail is not None:
             stream.tail.feed(data)

@@ -9,7 +9,9 @@ Tracebacks leave out the bootstrap's and runpy's frames, which ``python script.p
 an exception that leaves the target (a ``SystemExit`` with a failing code included) is recorded
 in the worker's error file (:mod:`unirank.errorfile`) at once, before the worker's own ending
 (exit barrier, interpreter teardown) closes its connections to the other ranks: so its time
-comes before the failures it causes in them.
+comes before the failures it causes in them. A failure inside a collective (torch's
+collective timeout) first gets the hang watcher's report and the hang as a note
+(:mod:`unirank.hang.onstop`).
 """
 
 from __future__ import annotations
@@ -133,8 +135,19 @@ def run_target(argv: Sequence[str]) -> None:
     try:
         _dispatch(argv)
     except BaseException as exc:
+        _note_hang(exc)
         record_exception(_trim(exc))
         raise
+
+
+def _note_hang(exc: BaseException) -> None:
+    """A failure inside a collective (torch's collective timeout): the hang watcher's report,
+    and its wavefront as ``exc``'s note (:meth:`unirank.hang.watcher.Watcher.failure_report`)."""
+    from unirank.hang.watcher import add_hang_note, running
+
+    watcher = running()
+    if watcher is not None:
+        add_hang_note(exc, watcher.failure_report(exc))
 
 
 def _dispatch(argv: Sequence[str]) -> None:

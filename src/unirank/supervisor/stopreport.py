@@ -1,0 +1,85 @@
+"""The hang report at a stop signal, from the parent's side (no torch).
+
+On its first SIGINT or SIGTERM while the workers run, the supervisor of the node that runs
+rank 0 (with the hang detector on, and not under Slurm, whose SIGTERM reaches the workers
+directly) starts :mod:`unirank.hang.onstop` as a short child process in a session of its own
+(a terminal's second Ctrl-C reaches only the supervisor), reads the report from its stdout,
+and forwards the signal when the child has ended or :meth:`StopReport.deadline` has passed
+(:data:`START_ALLOWANCE` for the interpreter and torch's import, and the stacks' wait); a
+second stop signal gives the report up and stops at once.
+
+Reads no environment variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+__all__ = ["START_ALLOWANCE", "StopReport", "StopReportSpec"]
+
+#: seconds for the child to start, import torch and reach the store, besides the stacks' wait
+START_ALLOWANCE = 8.0
+
+
+@dataclass(frozen=True)
+class StopReportSpec:
+    """Where the job's store is, its world size and the watchers' interval."""
+
+    addr: str
+    port: int
+    world_size: int
+    interval: float
+
+
+class StopReport:
+    """One report being made (see the module docstring)."""
+
+    def __init__(self, spec: StopReportSpec, signame: str) -> None:
+        from unirank.hang.onstop import answer_within
+
+        command = [sys.executable, "-m", "unirank.hang.onstop", spec.addr, str(spec.port),
+                   str(spec.world_size), f"{spec.interval:g}", signame]
+        self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                      start_new_session=True)
+        assert self._proc.stdout is not None
+        self._fd = self._proc.stdout.fileno()
+        os.set_blocking(self._fd, False)
+        self._chunks: list[bytes] = []
+        #: when (``time.monotonic()``) the report is given up
+        self.deadline = time.monotonic() + START_ALLOWANCE + answer_within(spec.interval)
+
+    def fileno(self) -> int:
+        """The child's stdout."""
+        return self._fd
+
+    def read(self) -> bool:
+        """Read what the child wrote; True once its stdout ended."""
+        try:
+            data = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        self._chunks.append(data)
+        return not data
+
+    def text(self) -> str:
+        """The report (empty: no hang, or none came)."""
+        return b"".join(self._chunks).decode(errors="replace")
+
+    def close(self) -> None:
+        """End the child (if it still runs) and reap it."""
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=5)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
