@@ -13,11 +13,16 @@ Reads no environment variable (the settings come as :class:`unirank.contract.Han
 
 from __future__ import annotations
 
-__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER"]
+__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "WAITING_MARK"]
 
 #: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
 #: rank 0 writes every report with every rank's stacks, as text and JSON (kept after the run)
 HANG_FOLDER = "hang"
+
+#: the file, in the attempt's folder, that the detector keeps while some rank has waited in a
+#: collective for one interval or more that another has not entered: the supervisor asks for the
+#: report at a stop signal only then, so that a plain Ctrl-C is forwarded at once
+WAITING_MARK = "ranks-waiting"
 
 #: the exit code of a job ended by ``--hang-timeout`` (rank 0's, the root cause)
 HANG_EXIT_CODE = 86

@@ -43,7 +43,7 @@ from datetime import timedelta
 from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
-from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER
+from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
 from unirank.hang.detect import Hang, find_hangs
 from unirank.hang.jobs import announce, withdraw
 from unirank.hang.progress import (
@@ -217,6 +217,12 @@ class Watcher:
         #: its main thread's stack is the failure's traceback
         self._held = False
         self._failed_frames: list[list[Any]] | None = None
+
+    def attempt_folder(self) -> str:
+        """The attempt's folder (the error file's ``<attempt>/<local rank>/error.json``), or ""
+        where no error file is named (not started by ``unirank run``)."""
+        error_file = self.error_file
+        return os.path.dirname(os.path.dirname(error_file)) if error_file else ""
 
     def start(self) -> Watcher:
         """Turn the flight recorder on (:func:`enable_recorder`), connect to the store (here:
@@ -460,7 +466,10 @@ class _Detector:
         if settings.report_after is not None:
             self.report_after = settings.report_after
             self.answer_timeout = 2 * settings.interval + 3.0
-        hangs = find_hangs(self.records(), self.watcher.world_size, self.report_after, now)
+        records = self.records()
+        self._mark_waiting(bool(find_hangs(records, self.watcher.world_size, settings.interval,
+                                           now)))
+        hangs = find_hangs(records, self.watcher.world_size, self.report_after, now)
         key = tuple((h.pg, h.seq) for h in hangs)
         if key != self.current:
             self.current, self.number, self.next_at = key, 0, self.report_after
@@ -500,11 +509,26 @@ class _Detector:
             self.watcher.exit_for_timeout(self.store, f"no progress for {limit:g} s "
                                           f"(--hang-timeout): {wavefront_line(hangs[0])}")
 
+    def _mark_waiting(self, waiting: bool) -> None:
+        """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has
+        waited one interval (the supervisor's sign to ask for the report at a stop); at every
+        look, so that a standby's mark does not outlive its duty."""
+        folder = self.watcher.attempt_folder()
+        if not folder:
+            return
+        path = os.path.join(folder, WAITING_MARK)
+        with contextlib.suppress(OSError):
+            if not waiting:
+                os.unlink(path)
+            elif not os.path.exists(path):
+                with open(path, "w", encoding="utf-8"):
+                    pass
+
     def _dump_files(self) -> list[str]:
-        error_file = self.watcher.error_file
-        if not error_file:
+        folder = self.watcher.attempt_folder()
+        if not folder:
             return []
-        folder = os.path.join(os.path.dirname(os.path.dirname(error_file)), HANG_FOLDER)
+        folder = os.path.join(folder, HANG_FOLDER)
         stem = os.path.join(folder, f"report-{self.number}")
         return [f"{stem}.txt", f"{stem}.json"]
 

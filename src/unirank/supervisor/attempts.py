@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, resolve_hang
 from unirank.errors import ConfigError
+from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
@@ -172,15 +173,15 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
     return launches
 
 
-def _stop_report(plan: Plan, options: EngineOptions,
-                 environ: Mapping[str, str]) -> StopReportSpec | None:
+def _stop_report(plan: Plan, options: EngineOptions, environ: Mapping[str, str],
+                 attempt_dir: str) -> StopReportSpec | None:
     """Where the engine asks for the hang report at a stop signal: on the node that runs
     rank 0, with the detector on, not under Slurm (see :mod:`.stopreport`)."""
     settings = options.hang or resolve_hang(None, None, environ)
     if not plan.hosts_store or settings.report_after is None or slurm_vars.in_job(environ):
         return None
     return StopReportSpec(plan.master_addr, plan.master_port, plan.world_size,
-                          settings.interval)
+                          settings.interval, os.path.join(attempt_dir, WAITING_MARK))
 
 
 def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
@@ -222,7 +223,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
                 server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
-                stop_report=_stop_report(plan, options, environ),
+                stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
             if _is_last(result, attempt, plan, environ):
                 if options.timeline:
@@ -244,8 +245,6 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
 def _hang_reports(root: str) -> bool:
     """Whether rank 0's hang detector wrote reports in the run's folder (which a report named:
     the folder is kept then)."""
-    from unirank.hang import HANG_FOLDER
-
     with contextlib.suppress(OSError):
         return any(os.path.isdir(os.path.join(root, name, HANG_FOLDER))
                    for name in os.listdir(root))

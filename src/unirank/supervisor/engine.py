@@ -469,7 +469,8 @@ class Supervisor:
             self._kill_all()
             return
         if self._stop_signal is None and self._first_failure is None:
-            if not slurms and self._report_spec is not None:
+            if not slurms and self._report_spec is not None and \
+                    self._report_spec.someone_waits():
                 self._begin_report(signum)
                 return
             self._stop_signal = signum

@@ -2,7 +2,9 @@
 
 On its first SIGINT or SIGTERM while the workers run, the supervisor of the node that runs
 rank 0 (with the hang detector on, and not under Slurm, whose SIGTERM reaches the workers
-directly) starts :mod:`unirank.hang.onstop` as a short child process in a session of its own
+directly), when rank 0's detector keeps the attempt's :data:`~unirank.hang.WAITING_MARK` (some
+rank waited an interval or more at its last look; else the signal is forwarded at once),
+starts :mod:`unirank.hang.onstop` as a short child process in a session of its own
 (a terminal's second Ctrl-C reaches only the supervisor), reads the report from its stdout,
 and forwards the signal when the child has ended or :meth:`StopReport.deadline` has passed
 (:data:`START_ALLOWANCE` for the interpreter and torch's import, and the stacks' wait); a
@@ -29,12 +31,20 @@ START_ALLOWANCE = 8.0
 
 @dataclass(frozen=True)
 class StopReportSpec:
-    """Where the job's store is, its world size and the watchers' interval."""
+    """Where the job's store is, its world size, the watchers' interval, and the detector's
+    :data:`~unirank.hang.WAITING_MARK` file."""
 
     addr: str
     port: int
     world_size: int
     interval: float
+    waiting_mark: str
+
+    def someone_waits(self) -> bool:
+        """Whether the detector saw, at its last look, a rank that has waited in a collective
+        for an interval or more: only then is a report asked for (a plain Ctrl-C of ranks that
+        compute is forwarded at once, without starting the report's child)."""
+        return os.path.exists(self.waiting_mark)
 
 
 class StopReport:
