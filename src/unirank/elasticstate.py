@@ -24,7 +24,8 @@ from unirank.contract import MAX_RESTARTS_VAR, RESTART_COUNT_VAR, RESTART_REASON
 from unirank.envvars import read_int
 from unirank.errors import ConfigError
 
-__all__ = ["KINDS", "ElasticState", "RestartReason", "nodes_changed", "read_elastic_state"]
+__all__ = ["KINDS", "UNKNOWN", "ElasticState", "RestartReason", "nodes_changed", "parse_reason",
+           "read_elastic_state"]
 
 #: the kinds of restart reason, as :attr:`RestartReason.kind` spells them
 KINDS = ("node lost", "node joined", "world changed", "worker failed", "hang timeout",
@@ -140,7 +141,7 @@ def _names(data: dict[str, object], key: str, value: str) -> tuple[str, ...]:
 
 
 def parse_reason(value: str) -> tuple[int, int, RestartReason]:
-    """UNIRANK_RESTART_REASON's value: the attempt it is for, the world size before, and the
+    """The value of UNIRANK_RESTART_REASON: the attempt it is for, the world size before, and the
     reason; a malformed value is a :class:`ConfigError` naming the variable."""
     try:
         data = json.loads(value)

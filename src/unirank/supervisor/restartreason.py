@@ -9,6 +9,7 @@ Runs in the ``unirank run`` parent; reads no environment variable.
 from __future__ import annotations
 
 from unirank.elasticstate import RestartReason, nodes_changed
+from unirank.errorfile import LOST_PEER
 from unirank.hang import HANG_EXIT_CODE
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
@@ -20,10 +21,16 @@ __all__ = ["restart_reason"]
 def restart_reason(result: RunResult, before: Plan, after: Plan) -> RestartReason:
     """Why the attempt that gave ``result`` (run at ``before``) ended, the next one running at
     ``after``: the world changed (a node lost or joined: the nodes by name, from the two
-    rounds' node lists), the workers stopped to be requeued, the hang timeout ended them, or
+    rounds' node lists; also where a worker here failed for its lost peers and nodes were gone
+    at the next round), the workers stopped to be requeued, the hang timeout ended them, or
     a worker failed (the root cause's rank, node and exit code)."""
     lost, joined = nodes_changed(before.hosts, after.hosts)
     first = result.first_failure
+    if lost and first is not None and LOST_PEER.search(first.error):
+        # the workers here lost their peers on a node that is gone: that node is the cause
+        return RestartReason("node lost", f"rank {first.rank} on {first.node} lost its peers "
+                             f"({first.error}); gone at the next round: {', '.join(lost)}",
+                             lost, joined)
     if first is None and result.world_changed:
         kind = "node lost" if lost else "node joined" if joined else "world changed"
         return RestartReason(kind, result.world_changed, lost, joined)
