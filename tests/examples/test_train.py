@@ -237,7 +237,7 @@ def _node(runner: Runner, addr: str, name: str, port: int, target: list[str],
 def test_a_lost_node_s_survivor_resumes_from_the_checkpoint_at_the_new_world(
         runner: Runner, tmp_path: Path) -> None:
     """Two nodes of 2 ranks train (``--save_every 1``); node B's ``unirank run`` is SIGKILLed
-    once the world of 4 logged a step: node A restarts alone and train.py resumes from its
+    once the world of 4 logged its second step: node A restarts alone and train.py resumes from its
     last checkpoint at world 2, saying why, mid-epoch (it did not start over), and each step
     from there has the loss of an unbroken run at world 2 (the global batch kept: no sample
     skipped or seen twice), to the same last loss."""
@@ -249,7 +249,9 @@ def test_a_lost_node_s_survivor_resumes_from_the_checkpoint_at_the_new_world(
     port = free_port()
     lost = _node(runner, "127.0.1.1", "nodeB", port, target, stdout=subprocess.PIPE)
     survivor = _node(runner, "127.0.1.2", "nodeA", port, target, stdout=subprocess.PIPE)
-    _read_until(lost, "Process 2/4 Train Epoch", 120)
+    # node B's rank 2 logs step 1 of the world of 4 once the checkpoint after step 0 is saved
+    # (ur.save: every rank waits for rank 0's save)
+    _read_until(lost, "Process 2/4 Train Epoch: 0 [4/256]", 120)
     lost.kill()
     lost.communicate(timeout=120)
     out_b, err_b = survivor.communicate(timeout=180)
