@@ -11,7 +11,8 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   some stream goes to a log file), and in it torchrun's ``attempt_<n>/<local_rank>/`` with each
   worker's ``error.json``, its ``fault.txt`` (the Python stack of a fatal signal, written by
   the worker's faulthandler: :mod:`.worker.faults`) and its ``--redirects`` / ``--tee`` log files
-  (:func:`attempt_launches`);
+  (:func:`attempt_launches`), and the attempt's ``filtered_stdout.log`` / ``filtered_stderr.log``
+  (``--duplicate-std*-filters``);
 * runs one attempt with the engine (:class:`~unirank.supervisor.engine.Supervisor`) and, with
   ``max_restarts``, starts the group again after a failure, TORCHELASTIC_RESTART_COUNT counting
   up, and the workers of each restart learn why the attempt before ended
@@ -172,6 +173,10 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             stderr_console=shown and not out.redirected(worker.local_rank, 2),
             stdout_file=files[0], stderr_file=files[1],
             prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
+            stdout_copy=(out.line_copy(worker.local_rank, 1, attempt_dir, plan.role)
+                         if keep_logs else None),
+            stderr_copy=(out.line_copy(worker.local_rank, 2, attempt_dir, plan.role)
+                         if keep_logs else None),
         ))
     return launches
 
