@@ -41,6 +41,7 @@ _RUNTIME_NAMES = frozenset(
         "print0",
         "get_logger",
         "dist_env",
+        "elastic_state",
         "auto_model",
         "auto_optim",
         "auto_dataloader",

@@ -15,7 +15,9 @@ UNIRANK_STOP_SIGNALS, UNIRANK_MAX_REQUEUES, and the hang detector's UNIRANK_HANG
 UNIRANK_HANG_TIMEOUT and UNIRANK_HANG_INTERVAL (:func:`resolve_hang`).
 ``unirank run`` marks the srun step it starts from an allocation shell with UNIRANK_SRUN_REEXEC,
 and gives every worker UNIRANK_NODE_NAME, its node's name (kept for the program, so that the
-worker's own detection names the node as its supervisor did). The bootstrap's private variables
+worker's own detection names the node as its supervisor did), and the workers of a restarted
+attempt UNIRANK_RESTART_REASON (why the attempt before ended, for :func:`unirank.elastic_state`;
+kept for the program). The bootstrap's private variables
 (:data:`PRIVATE_VARIABLES`) are removed before the user's program starts. Every ``UNIRANK_*``
 name is defined here and nowhere else.
 """
@@ -54,6 +56,7 @@ __all__ = [
     "PRIVATE_VARIABLES",
     "RANKS_PER_NODE_VAR",
     "RESTART_COUNT_VAR",
+    "RESTART_REASON_VAR",
     "RUN_ID_VAR",
     "SIGNALS_TO_HANDLE_VAR",
     "SRUN_REEXEC_VAR",
@@ -89,6 +92,9 @@ NO_SRUN_VAR = "UNIRANK_NO_SRUN"
 SRUN_REEXEC_VAR = "UNIRANK_SRUN_REEXEC"
 #: the node's name as the supervisor knows it (see :func:`unirank.launchers.node_name`)
 NODE_NAME_VAR = "UNIRANK_NODE_NAME"
+#: a restarted attempt's workers: why the attempt before ended, one JSON object
+#: (:mod:`unirank.elasticstate`)
+RESTART_REASON_VAR = "UNIRANK_RESTART_REASON"
 #: the signals that ask the ranks to stop (``USR2,TERM``; see :mod:`unirank.sbatch.requeue`)
 STOP_SIGNALS_VAR = "UNIRANK_STOP_SIGNALS"
 #: how many times a Slurm job may be requeued (``SLURM_RESTART_COUNT``) before it stops failing

@@ -203,6 +203,12 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+if restart != "0" and rank == 0:  # why this attempt runs, as unirank.elastic_state() says
+    import unirank as ur
+    state = ur.elastic_state()
+    print(f"elastic state: {state.reason.kind}; lost {list(state.reason.lost_nodes)}; joined "
+          f"{list(state.reason.joined_nodes)}; world {state.previous_world_size} -> "
+          f"{state.world_size}", flush=True)
 for step in range(int(sys.argv[1])):
     t = torch.ones(1)
     dist.all_reduce(t)
@@ -260,6 +266,8 @@ def test_a_lost_node_s_survivor_restarts_at_the_world_left(runner: Runner,
     restarted = [line for line in out.splitlines() if " restart 1 " in line]
     assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out
     assert sum(" step 29 " in f" {line} " for line in restarted) == 2, out
+    # the restarted script learns why (ur.elastic_state()): node B lost, world 4 -> 2
+    assert "elastic state: node lost; lost ['nodeB']; joined []; world 4 -> 2" in out, out
 
 
 def test_a_hung_node_is_noticed_within_seconds_and_left_behind(runner: Runner,
@@ -285,6 +293,7 @@ def test_a_hung_node_is_noticed_within_seconds_and_left_behind(runner: Runner,
     assert "unirank run: node nodeB (127.0.1.1) is lost: no beat for 5 s; stopping the " \
            "workers" in err, err
     assert "(left: nodeB)" in err, err
+    assert "elastic state: node lost; lost ['nodeB']; joined []; world 4 -> 2" in out, out
     restarted = [line for line in out.splitlines() if " restart 1 " in line]
     assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out
     assert sum(" step 19 " in f" {line} " for line in restarted) == 2, out
@@ -308,6 +317,7 @@ def test_a_node_joining_a_running_job_is_admitted_at_the_next_round(runner: Runn
     assert (code_a, code_b) == (0, 0), err_a + err_b
     assert "unirank run: 1 node(s) wait to join; stopping the workers" in err_a, err_a
     assert "node rank 0 of 2, 4 workers in all (joined: nodeB)" in err_a, err_a
+    assert "elastic state: node joined; lost []; joined ['nodeB']; world 2 -> 4" in out_a, out_a
     restarted = [line for line in out_a.splitlines() if " restart 1 " in line]
     assert {line.split(" world ")[1].split()[0] for line in restarted} == {"4"}, out_a
     assert {line.split(" world ")[1].split()[0] for line in out_b.splitlines()

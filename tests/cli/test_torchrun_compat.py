@@ -226,6 +226,45 @@ def test_tee_and_local_ranks_filter(runner: Runner, tmp_path: Path) -> None:
     assert not (logs / "t" / "attempt_0" / "0" / "stderr.log").exists()
 
 
+FRUIT = """
+import os, sys
+rank = os.environ["LOCAL_RANK"]
+for word in ("apple pie", "banana", "orange, juice", "kiwi"):
+    print(f"out {rank} {word}", flush=True)
+    print(f"err {rank} {word}", file=sys.stderr, flush=True)
+"""
+
+
+def _filtered(logs: Path) -> dict[str, list[str]]:
+    """Each ``filtered_std*.log`` of the run's first attempt: its lines, sorted."""
+    (attempt,) = logs.glob("*/attempt_0")
+    return {path.name: sorted(path.read_text().splitlines())
+            for path in sorted(attempt.glob("filtered_*.log"))}
+
+
+def test_duplicate_filters_copy_the_lines_torchrun_copies(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters`` with ``--tee``: the
+    attempt's ``filtered_stdout.log`` and ``filtered_stderr.log`` hold what torchrun's own
+    hold (``,,`` a comma in a filter; ``[default0]:`` before each line)."""
+    torchrun = shutil.which("torchrun")
+    assert torchrun, "torchrun comes with torch"
+    (tmp_path / "fruit.py").write_text(FRUIT)
+    options = ["--nproc-per-node", "2", "--tee", "3", "--duplicate-stdout-filters",
+               "apple,orange,, juice", "--duplicate-stderr-filters", "kiwi"]
+    ours = runner.run([*options, "--log-dir", str(tmp_path / "ours"), "fruit.py"], drop=NO_OMP)
+    assert ours.returncode == 0, ours.stderr
+    theirs = subprocess.run([torchrun, "--standalone", *options, "--log-dir",
+                             str(tmp_path / "theirs"), "fruit.py"], cwd=tmp_path,
+                            env=runner.environ(drop=NO_OMP), capture_output=True, text=True,
+                            timeout=runner.timeout, check=False)
+    assert theirs.returncode == 0, theirs.stderr
+    assert _filtered(tmp_path / "ours") == _filtered(tmp_path / "theirs") == {
+        "filtered_stderr.log": ["[default0]:err 0 kiwi", "[default1]:err 1 kiwi"],
+        "filtered_stdout.log": ["[default0]:out 0 apple pie", "[default0]:out 0 orange, juice",
+                                "[default1]:out 1 apple pie", "[default1]:out 1 orange, juice"]}
+
+
 def test_role_no_python_and_noted_options(runner: Runner, tmp_path: Path) -> None:
     script = tmp_path / "prog.sh"
     script.write_text("#!/bin/sh\necho \"shell rank $RANK role $ROLE_NAME of $WORLD_SIZE\"\n")

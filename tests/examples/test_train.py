@@ -29,7 +29,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_examples import EXAMPLES, run
 
-from _procs import Runner, launcher_free_environ
+from _procs import Runner, free_port, launcher_free_environ
 
 pytestmark = pytest.mark.integration
 
@@ -126,8 +126,9 @@ def test_checkpoint_resumes_after_the_saved_epoch(tmp_path: Path) -> None:
 
 
 def test_world_one_resumes_mid_epoch_with_the_same_data_order(tmp_path: Path) -> None:
-    """At world size 1 the shuffle draws from torch's RNG: a run stopped by SIGUSR2 (plain
-    python, no launcher: it exits 0) and run again ends with the unbroken run's parameters."""
+    """At world size 1 (the shuffle of the seed and the epoch, as at any world size): a run
+    stopped by SIGUSR2 (plain python, no launcher: it exits 0) and run again ends with the
+    unbroken run's parameters."""
     checkpoint = tmp_path / "ckpt.pt"
     args = [sys.executable, TRAIN, *ARGS, "--epochs", "20"]
     whole = run(args).stdout
@@ -198,3 +199,72 @@ def test_two_xla_cpu_processes_fail_at_once(xla_python: str) -> None:
     assert last.startswith("train.py: error: PJRT_DEVICE='CPU': asks for 2 XLA processes"), last
     assert "pytorch/xla/issues/9089" in last and "TPU" in last
     assert "Traceback" not in proc.stderr
+
+
+#: 16 global steps of 16 samples per epoch at any world size
+ELASTIC_ARGS = ["--seed", "7", "--nb_samples", "256", "--batch_size", "16", "--log_interval", "1"]
+RANK0_STEP = re.compile(r"Process 0/(\d+) Train Epoch: 0 \[(\d+)/256\]\tLoss: (\S+)")
+
+
+def _read_until(proc: subprocess.Popen[Any], text: str, timeout: float) -> str:
+    """What ``proc`` wrote to stdout until ``text`` appeared (fails after ``timeout`` s)."""
+    import select
+    import time
+
+    assert proc.stdout is not None
+    fd, seen, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while text.encode() not in seen:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(left, 0))
+        chunk = os.read(fd, 65536) if ready else b""
+        assert chunk, f"{text!r} not written within {timeout:g} s:\n{seen.decode()}"
+        seen += chunk
+    return seen.decode()
+
+
+def _node(runner: Runner, addr: str, name: str, port: int, target: list[str],
+          stdout: int | None = None) -> subprocess.Popen[Any]:
+    """One node of a ``--nnodes 1:2`` job on a loopback alias (see tests/cli/test_elastic.py),
+    its nodes beating every second."""
+    return runner.start(
+        ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+         "--rdzv-endpoint", f"127.0.1.2:{port}", "--max-restarts", "2", "--rdzv-conf",
+         "join_timeout=60,last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=3",
+         "--local-addr", addr, *target],
+        stdout=stdout, env={"UNIRANK_NODE_NAME": name}, drop=("OMP_NUM_THREADS",))
+
+
+def test_a_lost_node_s_survivor_resumes_from_the_checkpoint_at_the_new_world(
+        runner: Runner, tmp_path: Path) -> None:
+    """Two nodes of 2 ranks train (``--save_every 1``); node B's ``unirank run`` is SIGKILLed
+    once the world of 4 logged its second step: node A restarts alone and train.py resumes from its
+    last checkpoint at world 2, saying why, mid-epoch (it did not start over), and each step
+    from there has the loss of an unbroken run at world 2 (the global batch kept: no sample
+    skipped or seen twice), to the same last loss."""
+    whole = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ELASTIC_ARGS]).stdout
+    unbroken = {int(n) // 8: float(loss) for w, n, loss in RANK0_STEP.findall(whole)}
+    assert sorted(unbroken) == list(range(16)), whole
+    checkpoint = tmp_path / "ckpt.pt"
+    target = [TRAIN, *ELASTIC_ARGS, "--checkpoint", str(checkpoint), "--save_every", "1"]
+    port = free_port()
+    lost = _node(runner, "127.0.1.1", "nodeB", port, target, stdout=subprocess.PIPE)
+    survivor = _node(runner, "127.0.1.2", "nodeA", port, target, stdout=subprocess.PIPE)
+    # node B's rank 2 logs step 1 of the world of 4 once the checkpoint after step 0 is saved
+    # (ur.save: every rank waits for rank 0's save)
+    _read_until(lost, "Process 2/4 Train Epoch: 0 [4/256]", 120)
+    lost.kill()
+    lost.communicate(timeout=120)
+    out_b, err_b = survivor.communicate(timeout=180)
+    out, err = out_b.decode(), err_b.decode()
+    assert survivor.returncode == 0, err
+    resumed = re.findall(r"resumed from .* at epoch 0, batch (\d+) \(step (\d+)\)", out)
+    assert resumed, out
+    batch = int(resumed[-1][0])
+    assert 0 < batch < 16, out  # mid-epoch: the steps before the checkpoint are kept
+    assert re.search(r"new world size 4 -> 2 \(restart \d of 2, node lost: nodeB\): global "
+                     r"batch 16 kept, 8 per rank", out), out
+    after = [(int(n) // 8, float(loss)) for w, n, loss in RANK0_STEP.findall(out.split(
+        "new world size 4 -> 2")[-1]) if w == "2"]
+    assert [step for step, _ in after] == list(range(batch, 16)), out
+    for step, loss in after:
+        assert math.isclose(loss, unbroken[step], rel_tol=1e-4), (step, loss, unbroken[step])

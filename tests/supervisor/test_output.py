@@ -8,7 +8,9 @@ from unirank.supervisor.output import (
     PARTIAL_LINE_LIMIT,
     TAG_TEMPLATE,
     LineBuffer,
+    LineCopy,
     OutputOptions,
+    parse_filters,
 )
 
 
@@ -66,3 +68,21 @@ def test_workers_write_unbuffered_when_tagged_or_on_a_terminal() -> None:
     assert not OutputOptions().unbuffered  # a file or a pipe: workers buffer as they would
     assert OutputOptions(console_tty=True).unbuffered  # a terminal: lines show as printed
     assert OutputOptions(prefix_template=TAG_TEMPLATE).unbuffered
+
+
+def test_duplicate_filters_split_on_commas_and_keep_a_doubled_one() -> None:
+    """torchrun's comma_separated_list: ``,,`` is a comma inside a filter."""
+    assert parse_filters("apple,orange,, juice") == ("apple", "orange, juice")
+    assert parse_filters("") == ()
+
+
+def test_lines_are_copied_from_teed_streams_only() -> None:
+    """As torchrun: a stream that is not teed (redirected or on the console only) copies
+    nothing; a teed one copies the lines holding any filter, after ``[<role><local_rank>]:``."""
+    options = OutputOptions(tee={0: 1, 1: 2}, redirects={2: 3}, stdout_filters=("apple",))
+    copy = options.line_copy(0, 1, "/logs/attempt_0", "trainer")
+    assert copy == LineCopy("/logs/attempt_0/filtered_stdout.log", ("apple",), "[trainer0]:")
+    assert copy.picks("an apple pie") and not copy.picks("a banana")
+    assert options.line_copy(1, 1, "/l", "r") is None  # its stdout is not teed
+    assert options.line_copy(2, 1, "/l", "r") is None  # redirected, not teed
+    assert options.line_copy(0, 2, "/l", "r") is None  # no stderr filter

@@ -129,11 +129,10 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
 def describe_round(before: Assignment, after: Assignment) -> str:
     """One line on a new round: this node's place, and the nodes that left or joined since
     ``before`` (by name; a name twice counts twice)."""
-    from collections import Counter
+    from unirank.elasticstate import nodes_changed
 
-    left = Counter(before.hosts) - Counter(after.hosts)
-    joined = Counter(after.hosts) - Counter(before.hosts)
-    changes = [f"{what}: {', '.join(sorted(names.elements()))}"
+    left, joined = nodes_changed(before.hosts, after.hosts)
+    changes = [f"{what}: {', '.join(names)}"
                for what, names in (("left", left), ("joined", joined)) if names]
     return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "
             f"{sum(after.ranks_per_node)} workers in all"

@@ -130,6 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             "NUMA nodes by local rank), as torchrun does")
     _option(parser, "--local-ranks-filter", dest="local_ranks_filter", default=None,
             metavar="R,...", help="show only these local ranks' output on the console")
+    for stream in ("stdout", "stderr"):
+        _option(parser, f"--duplicate-{stream}-filters", dest=f"duplicate_{stream}_filters",
+                default="", metavar="TEXT,...",
+                help=f"copy the teed {stream} lines that hold one of these strings (,, is a "
+                f"comma) into the attempt's filtered_{stream}.log, as torchrun")
     for name in _NOTED:
         takes_value = name not in _NOTED_FLAGS
         _option(parser, name, dest="noted_" + name[2:].replace("-", "_"),
@@ -157,8 +162,6 @@ _NOTED = {
     "--logs-specs": "a torchrun plugin for its agent; use --log-dir, --redirects and --tee",
     "--local-addr": "the static rendezvous needs only node 0's address",
     "--run-path": "scripts always run through runpy.run_path in a fresh worker",
-    "--duplicate-stdout-filters": "not done by unirank run; use --tee and grep the log",
-    "--duplicate-stderr-filters": "not done by unirank run; use --tee and grep the log",
 }
 _NOTED_FLAGS = {"--run-path"}
 
@@ -315,6 +318,7 @@ def engine_options(args: argparse.Namespace,
     from unirank.supervisor.output import (
         TAG_TEMPLATE,
         OutputOptions,
+        parse_filters,
         parse_ranks_filter,
         parse_std,
     )
@@ -328,6 +332,8 @@ def engine_options(args: argparse.Namespace,
         log_dir=args.log_dir or None,
         ranks_filter=(parse_ranks_filter(args.local_ranks_filter)
                       if args.local_ranks_filter else None),
+        stdout_filters=parse_filters(args.duplicate_stdout_filters or ""),
+        stderr_filters=parse_filters(args.duplicate_stderr_filters or ""),
     )
     signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
     hang = resolve_hang(getattr(args, "hang_report_after", None),

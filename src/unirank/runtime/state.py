@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from unirank.distenv import DistEnv
+from unirank.elasticstate import ElasticState, read_elastic_state
 from unirank.runtime import backends
 from unirank.runtime.layout import Layout, group_layout
 
@@ -32,6 +34,7 @@ __all__ = [
     "backend_entry",
     "device",
     "dist_env",
+    "elastic_state",
     "get_local_rank",
     "get_local_world_size",
     "get_nnodes",
@@ -151,6 +154,22 @@ def get_world_size() -> int:
     if torch_group_exists():
         return int(dist.get_world_size())
     return dist_env().world_size
+
+
+def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
+    """Whether this run was restarted and why: the restart count and the maximum
+    (TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS), the world size now and before,
+    and why the attempt before ended (a node lost or joined, a worker failed, the hang
+    timeout...; ``unirank run`` says it in UNIRANK_RESTART_REASON). Under torchrun the reason
+    is ``unknown``. ``environ``: read this mapping instead of the program's environment (the
+    world size then from its WORLD_SIZE). A malformed value is a ConfigError naming it.
+
+    Reads: TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, UNIRANK_RESTART_REASON, and
+    the world size as :func:`get_world_size` (WORLD_SIZE where ``environ`` is given).
+    """
+    if environ is not None:
+        return read_elastic_state(environ)
+    return read_elastic_state(os.environ, get_world_size())
 
 
 def _hand_made_layout() -> Layout | None:

@@ -11,10 +11,13 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   some stream goes to a log file), and in it torchrun's ``attempt_<n>/<local_rank>/`` with each
   worker's ``error.json``, its ``fault.txt`` (the Python stack of a fatal signal, written by
   the worker's faulthandler: :mod:`.worker.faults`) and its ``--redirects`` / ``--tee`` log files
-  (:func:`attempt_launches`);
+  (:func:`attempt_launches`), and the attempt's ``filtered_stdout.log`` / ``filtered_stderr.log``
+  (``--duplicate-std*-filters``);
 * runs one attempt with the engine (:class:`~unirank.supervisor.engine.Supervisor`) and, with
   ``max_restarts``, starts the group again after a failure, TORCHELASTIC_RESTART_COUNT counting
-  up; every attempt's root cause goes into the summary. A group that stopped to be requeued
+  up, and the workers of each restart learn why the attempt before ended
+  (UNIRANK_RESTART_REASON: :func:`.restartreason.restart_reason`); every attempt's root cause
+  goes into the summary. A group that stopped to be requeued
   (exit code :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`) is restarted too, except under
   Slurm, where 79 is passed on for the batch script to requeue the job; a stop signal ends the
   run whatever is left of ``max_restarts``;
@@ -52,6 +55,7 @@ from unirank.supervisor.fork.client import ForkServer, fallback_line, server_env
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
+from unirank.supervisor.restartreason import restart_reason
 from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
@@ -138,10 +142,12 @@ def run_plan(
 
 def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                      options: EngineOptions, attempt: int, attempt_dir: str,
-                     store_fd: int | None, keep_logs: bool) -> list[WorkerLaunch]:
+                     store_fd: int | None, keep_logs: bool, *,
+                     restart_reason: str | None = None) -> list[WorkerLaunch]:
     """How to start each of this node's workers for attempt ``attempt``: its command line,
     environment base and wiring (error file in ``attempt_dir``, the store's listening
-    ``store_fd`` for rank 0, the timeline), and where its output goes."""
+    ``store_fd`` for rank 0, the timeline, why the attempt before ended), and where its output
+    goes."""
     out = options.output
     launches = []
     for worker in plan.workers:
@@ -158,7 +164,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=(os.path.join(attempt_dir, "timeline.json")
                            if options.timeline and worker.rank == 0 else None),
-            hang=options.hang,
+            hang=options.hang, restart_reason=restart_reason,
         )
         files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)
@@ -169,6 +175,10 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             stderr_console=shown and not out.redirected(worker.local_rank, 2),
             stdout_file=files[0], stderr_file=files[1],
             prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
+            stdout_copy=(out.line_copy(worker.local_rank, 1, attempt_dir, plan.role)
+                         if keep_logs else None),
+            stderr_copy=(out.line_copy(worker.local_rank, 2, attempt_dir, plan.role)
+                         if keep_logs else None),
         ))
     return launches
 
@@ -212,13 +222,15 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     out_fd, err_fd = fds
     root, keep = _log_root(plan, options, err_fd)
     earlier: list[RunResult] = []
+    reason: str | None = None
     try:
         attempt = 0
         while True:
             attempt_dir = os.path.join(root, f"attempt_{attempt}")
             shutil.rmtree(attempt_dir, ignore_errors=True)
             launches = attempt_launches(plan, argv, environ, options, attempt, attempt_dir,
-                                        sock.fileno() if sock else None, keep)
+                                        sock.fileno() if sock else None, keep,
+                                        restart_reason=reason)
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
@@ -235,8 +247,10 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
                 f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
             attempt += 1
+            before = plan
             if replan is not None:
                 plan = _next_plan(replan, attempt, sock)
+            reason = restart_reason(result, before, plan).to_value(attempt, before.world_size)
     finally:
         if not keep and not _hang_reports(root):
             shutil.rmtree(root, ignore_errors=True)

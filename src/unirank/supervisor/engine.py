@@ -75,6 +75,7 @@ from unirank.supervisor.deathcause import (
     read_fault_file,
 )
 from unirank.supervisor.fork.client import ForkServer, fallback_line
+from unirank.supervisor.output import LineCopy
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.stopreport import StopReport, StopReportSpec
 from unirank.supervisor.streams import WorkerStreams
@@ -138,6 +139,9 @@ class WorkerLaunch:
     stdout_file: str | None = None
     stderr_file: str | None = None
     prefix: bytes | None = None
+    #: ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``: where lines are copied
+    stdout_copy: LineCopy | None = None
+    stderr_copy: LineCopy | None = None
 
     @property
     def target(self) -> tuple[str, ...]:
@@ -344,8 +348,9 @@ class Supervisor:
             self._selector.register(done_read, selectors.EVENT_READ, worker)
         # stderr's bytes are kept too: its tail goes into the failure summary
         self._output.add(err_read, 2 * launch.local_rank + 1, err_targets, launch.prefix,
-                         worker.tail)
-        self._output.add(out_read, 2 * launch.local_rank, out_targets, launch.prefix, None)
+                         worker.tail, launch.stderr_copy)
+        self._output.add(out_read, 2 * launch.local_rank, out_targets, launch.prefix, None,
+                         launch.stdout_copy)
 
     def _spawn(self, launch: WorkerLaunch, env: dict[str, str], stdio: tuple[int, int],
                fds: tuple[int, ...]) -> tuple[int, subprocess.Popen[bytes] | None]:

@@ -19,6 +19,11 @@ I/O).
   streams leave the console, teed ones stay on it too.
 * ``--local-ranks-filter 0,2``: only those local ranks' output reaches the console (log files and
   the failure summary still get everything).
+* ``--duplicate-stdout-filters 'apple,orange'`` (``--duplicate-stderr-filters``), as torchrun:
+  the lines of teed streams that hold any of the strings (``,,`` is a comma in one) are copied,
+  each after ``[<role><local_rank>]:``, into one file of the attempt for all local ranks,
+  ``<log_dir>/<run_id>/attempt_<n>/filtered_stdout.log`` (``filtered_stderr.log``)
+  (:meth:`OutputOptions.line_copy`, :class:`LineCopy`).
 
 Runs in the ``unirank run`` parent: the options come from its command line, and
 :mod:`.streams` does the I/O. Reads: no environment variable.
@@ -32,8 +37,11 @@ from string import Template
 
 from unirank.errors import ConfigError
 
-__all__ = ["PARTIAL_LINE_DELAY", "LineBuffer", "OutputOptions", "parse_ranks_filter",
-           "parse_std"]
+__all__ = ["FILTERED_FILES", "PARTIAL_LINE_DELAY", "LineBuffer", "LineCopy", "OutputOptions",
+           "parse_filters", "parse_ranks_filter", "parse_std"]
+
+#: the attempt folder's files of ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``
+FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
 
 TAG_TEMPLATE = "[rank${rank}]:"
 #: seconds a partial line (one without its newline yet) is held before it is passed on as it is
@@ -71,6 +79,28 @@ def parse_ranks_filter(value: str) -> frozenset[int]:
     return ranks
 
 
+def parse_filters(value: str) -> tuple[str, ...]:
+    """torchrun's ``--duplicate-std*-filters``: comma-separated strings, ``,,`` a comma in one
+    (torchrun's ``comma_separated_list``); empty strings match nothing and are dropped."""
+    placeholder = "\0"
+    items = value.replace(",,", placeholder).split(",")
+    return tuple(item.replace(placeholder, ",") for item in items if item)
+
+
+@dataclass(frozen=True)
+class LineCopy:
+    """The lines of a stream copied into a file: those that hold any of ``needles``, each
+    after ``tag`` (torchrun's ``[default0]:``)."""
+
+    path: str
+    needles: tuple[str, ...]
+    tag: str
+
+    def picks(self, line: str) -> bool:
+        """Whether ``line`` is copied."""
+        return any(needle in line for needle in self.needles)
+
+
 @dataclass(frozen=True)
 class OutputOptions:
     """Where each local rank's stdout (bit 1) and stderr (bit 2) go."""
@@ -82,6 +112,9 @@ class OutputOptions:
     ranks_filter: frozenset[int] | None = None
     #: the supervisor's stdout is a terminal
     console_tty: bool = False
+    #: ``--duplicate-stdout-filters``, ``--duplicate-stderr-filters``
+    stdout_filters: tuple[str, ...] = ()
+    stderr_filters: tuple[str, ...] = ()
 
     @staticmethod
     def _bits(spec: int | dict[int, int], local_rank: int) -> int:
@@ -100,6 +133,16 @@ class OutputOptions:
         bits = self._bits(self.redirects, local_rank) | self._bits(self.tee, local_rank)
         return (f"{folder}/stdout.log" if bits & 1 else None,
                 f"{folder}/stderr.log" if bits & 2 else None)
+
+    def line_copy(self, local_rank: int, bit: int, attempt_dir: str,
+                  role: str) -> LineCopy | None:
+        """Where the filtered lines of ``local_rank``'s stream (1 stdout, 2 stderr) are copied,
+        as torchrun: only a teed stream's, with filters given; else None."""
+        needles = self.stdout_filters if bit == 1 else self.stderr_filters
+        if not needles or not self._bits(self.tee, local_rank) & bit:
+            return None
+        return LineCopy(f"{attempt_dir}/{FILTERED_FILES[bit]}", needles,
+                        f"[{role}{local_rank}]:")
 
     @property
     def writes_files(self) -> bool:

@@ -9,7 +9,9 @@ Each worker's stdout and stderr go through the supervisor, which passes them on 
 draws progress bars in place on a terminal and as a few lines elsewhere
 (:mod:`~unirank.supervisor.console`), tags them, filters them (``--local-ranks-filter``), writes
 them to log files (``--redirects``, ``--tee``, torchrun's
-``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``) and keeps stderr's tail for the failure
+``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``), copies the lines that hold one of
+``--duplicate-std*-filters``' strings into the attempt's ``filtered_std*.log``
+(:class:`~unirank.supervisor.output.LineCopy`) and keeps stderr's tail for the failure
 summary. Descriptors that write to one sink (stdout and stderr are often one terminal) share
 one view of it, so that the live rows are drawn once. The engine's own lines go through the
 same view (:meth:`WorkerStreams.say`). A sink whose reader went away gets nothing more; the run
@@ -27,7 +29,7 @@ import selectors
 import time
 
 from unirank.supervisor.console import LogView, TerminalView
-from unirank.supervisor.output import LineBuffer
+from unirank.supervisor.output import LineBuffer, LineCopy
 from unirank.supervisor.rows import RankRows
 from unirank.supervisor.summary import OutputTail
 
@@ -41,7 +43,7 @@ class _Stream:
     """One worker output pipe: where its lines go, how they are tagged, what is kept."""
 
     def __init__(self, fd: int, key: int, targets: list[int], prefix: bytes | None,
-                 tail: OutputTail | None) -> None:
+                 tail: OutputTail | None, copy: tuple[int, LineCopy] | None = None) -> None:
         self.fd = fd
         #: its place among the node's streams (a terminal shows live rows in this order)
         self.key = key
@@ -50,6 +52,8 @@ class _Stream:
         self.lines = LineBuffer()
         self.rows = RankRows()
         self.tail = tail
+        #: the file its filtered lines are copied to, and the filter
+        self.copy = copy
 
 
 class WorkerStreams:
@@ -66,6 +70,8 @@ class WorkerStreams:
         self._sinks: dict[int, tuple[int, int]] = {}
         self._views: dict[tuple[int, int], TerminalView | LogView] = {}
         self._files: list[int] = []
+        #: the files of filtered lines, by path (one file for all local ranks)
+        self._copies: dict[str, int] = {}
         self._broken: set[int] = set()
 
     # -- opening ------------------------------------------------------------------------------
@@ -82,13 +88,19 @@ class WorkerStreams:
         return targets
 
     def add(self, fd: int, key: int, targets: list[int], prefix: bytes | None,
-            tail: OutputTail | None) -> None:
+            tail: OutputTail | None, copy: LineCopy | None = None) -> None:
         """Read the pipe ``fd`` from now on: its lines go to ``targets`` with ``prefix``, its
-        bytes to ``tail`` too (stderr); ``key`` orders its live rows on a terminal."""
+        bytes to ``tail`` too (stderr), the lines ``copy`` picks to its file; ``key`` orders
+        its live rows on a terminal."""
         os.set_blocking(fd, False)
         for target in targets:
             self._view(target)
-        stream = _Stream(fd, key, targets, prefix, tail)
+        copy_to = None
+        if copy is not None:
+            if copy.path not in self._copies:
+                self._copies[copy.path] = self.targets(None, copy.path)[0]
+            copy_to = (self._copies[copy.path], copy)
+        stream = _Stream(fd, key, targets, prefix, tail, copy_to)
         self._streams[fd] = stream
         self._selector.register(fd, selectors.EVENT_READ, stream)
 
@@ -140,6 +152,7 @@ class WorkerStreams:
         for fd in self._files:
             os.close(fd)
         self._files.clear()
+        self._copies.clear()
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -167,6 +180,11 @@ class WorkerStreams:
         if end:
             lines += stream.rows.close()
         live = [] if end else stream.rows.live()
+        if stream.copy is not None:
+            fd, copy = stream.copy
+            picked = "".join(f"{copy.tag}{line}\n" for line in lines if copy.picks(line))
+            if picked:
+                self._write(fd, picked.encode("utf-8", "surrogateescape"))
         now = time.monotonic()
         for target in stream.targets:
             self._write(target, self._view(target).update(stream.key, stream.prefix, lines,

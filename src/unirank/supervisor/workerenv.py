@@ -25,6 +25,7 @@ from unirank.contract import (
     PRIVATE_VARIABLES,
     RANKS_PER_NODE_VAR,
     RESTART_COUNT_VAR,
+    RESTART_REASON_VAR,
     RUN_ID_VAR,
     SIGNALS_TO_HANDLE_VAR,
     STORE_FD_VAR,
@@ -74,6 +75,9 @@ class WorkerWiring:
     hang: HangSettings | None = None
     #: the signals forwarded to the worker, by name (TORCHELASTIC_SIGNALS_TO_HANDLE)
     signals_to_handle: str | None = None
+    #: a restarted attempt: why the one before ended (UNIRANK_RESTART_REASON, the value of
+    #: :meth:`unirank.elasticstate.RestartReason.to_value`)
+    restart_reason: str | None = None
 
 
 def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
@@ -144,16 +148,21 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
     UNIRANK_EXIT_TIMEOUT (when ranks run under other supervisors too), and what the wiring
     gives: UNIRANK_SUPERVISOR_PID, UNIRANK_STORE_FD, UNIRANK_LINGER_FD, UNIRANK_DONE_FD,
-    UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE, UNIRANK_FAULT_FILE and UNIRANK_NUMA_BINDING.
+    UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE, UNIRANK_FAULT_FILE and UNIRANK_NUMA_BINDING. A
+    restarted attempt's workers get UNIRANK_RESTART_REASON (the wiring's; one in ``base`` is
+    dropped: it was another run's).
     """
     if plan.master_port == 0:
         raise ValueError("the master port is not chosen yet: call Plan.with_port first")
-    env = {k: v for k, v in base.items() if k not in PRIVATE_VARIABLES}
+    env = {k: v for k, v in base.items()
+           if k not in PRIVATE_VARIABLES and k != RESTART_REASON_VAR}
     env.update(_torchrun_environ(plan, worker, base, wiring.restart_count))
     if wiring.error_file is not None:
         env[ERROR_FILE_VAR] = wiring.error_file
     if wiring.signals_to_handle is not None:
         env[SIGNALS_TO_HANDLE_VAR] = wiring.signals_to_handle
+    if wiring.restart_reason is not None:
+        env[RESTART_REASON_VAR] = wiring.restart_reason
     if wiring.unbuffered and "PYTHONUNBUFFERED" not in base:
         env["PYTHONUNBUFFERED"] = "1"
     env[INIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)

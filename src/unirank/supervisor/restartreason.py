@@ -1,0 +1,49 @@
+"""Why an attempt ended, as the next attempt's workers learn it: :func:`restart_reason` (pure:
+the attempt's :class:`~.summary.RunResult` and the plans before and after in, a
+:class:`~unirank.elasticstate.RestartReason` out). :mod:`.attempts` passes it on through the
+worker environment (UNIRANK_RESTART_REASON, :func:`~.workerenv.worker_environ`).
+
+Runs in the ``unirank run`` parent; reads no environment variable.
+"""
+
+from __future__ import annotations
+
+from unirank.elasticstate import RestartReason, nodes_changed
+from unirank.errorfile import LOST_PEER
+from unirank.hang import HANG_EXIT_CODE
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.supervisor.plan import Plan
+from unirank.supervisor.summary import RunResult
+
+__all__ = ["restart_reason"]
+
+
+def restart_reason(result: RunResult, before: Plan, after: Plan) -> RestartReason:
+    """Why the attempt that gave ``result`` (run at ``before``) ended, the next one running at
+    ``after``: the world changed (a node lost or joined: the nodes by name, from the two
+    rounds' node lists; also where a worker here failed for its lost peers and nodes were gone
+    at the next round), the workers stopped to be requeued, the hang timeout ended them, or
+    a worker failed (the root cause's rank, node and exit code)."""
+    lost, joined = nodes_changed(before.hosts, after.hosts)
+    first = result.first_failure
+    if lost and first is not None and LOST_PEER.search(first.error):
+        # the workers here lost their peers on a node that is gone: that node is the cause
+        return RestartReason("node lost", f"rank {first.rank} on {first.node} lost its peers "
+                             f"({first.error}); gone at the next round: {', '.join(lost)}",
+                             lost, joined)
+    if first is None and result.world_changed:
+        kind = "node lost" if lost else "node joined" if joined else "world changed"
+        return RestartReason(kind, result.world_changed, lost, joined)
+    if first is None and result.requeued:
+        return RestartReason("requeued", f"the workers stopped to be requeued (exit code "
+                             f"{REQUEUE_EXIT_CODE})", lost, joined)
+    if first is None:
+        return RestartReason("unknown", f"the attempt ended with exit code {result.exit_code}",
+                             lost, joined)
+    code = first.own_exit_code
+    kind = "hang timeout" if code == HANG_EXIT_CODE else "worker failed"
+    message = f"rank {first.rank} on {first.node}: {first.describe()}"
+    if first.error:
+        message += f": {first.error}"
+    return RestartReason(kind, message, lost, joined, rank=first.rank, exit_code=code,
+                         node=first.node)

@@ -1,0 +1,91 @@
+"""``supervisor.restartreason.restart_reason``: why an attempt ended, from its RunResult and the
+plans before and after (pure): a lost or joined node named from the two rounds, a failed
+worker's rank and exit code, the hang timeout, a requeue."""
+
+from __future__ import annotations
+
+from unirank.hang import HANG_EXIT_CODE
+from unirank.supervisor.plan import Plan, Worker
+from unirank.supervisor.restartreason import restart_reason
+from unirank.supervisor.summary import RunResult, WorkerExit
+
+
+def _plan(*hosts: str) -> Plan:
+    return Plan(mode="spawn", workers=(Worker(0, 0), Worker(1, 1)), world_size=2 * len(hosts),
+                local_world_size=2, nnodes=len(hosts), node_rank=0, master_addr="127.0.0.1",
+                master_port=1234, run_id="r", node_name=hosts[0], hosts=hosts)
+
+
+def _exit(rank: int, code: int, error: str = "") -> WorkerExit:
+    return WorkerExit(rank=rank, local_rank=rank, node="nodeA", returncode=code, error=error)
+
+
+def test_a_world_change_with_a_node_gone_is_a_lost_node_named() -> None:
+    result = RunResult((_exit(0, -15), _exit(1, -15)),
+                       world_changed="node nodeB (127.0.1.1) is lost: no beat for 5 s")
+    reason = restart_reason(result, _plan("nodeA", "nodeB"), _plan("nodeA"))
+    assert (reason.kind, reason.lost_nodes, reason.joined_nodes) == ("node lost", ("nodeB",), ())
+    assert reason.message == "node nodeB (127.0.1.1) is lost: no beat for 5 s"
+
+
+def test_a_world_change_with_a_node_more_is_a_joined_node() -> None:
+    result = RunResult((_exit(0, -15),), world_changed="1 node(s) wait to join")
+    reason = restart_reason(result, _plan("nodeA"), _plan("nodeA", "nodeB"))
+    assert (reason.kind, reason.joined_nodes) == ("node joined", ("nodeB",))
+
+
+def test_a_world_change_with_the_same_nodes_again_is_said_as_such() -> None:
+    result = RunResult((_exit(0, -15),), world_changed="node nodeB (x) is lost: no beat")
+    reason = restart_reason(result, _plan("nodeA", "nodeB"), _plan("nodeA", "nodeB"))
+    assert reason.kind == "world changed"
+
+
+def test_a_failed_worker_gives_its_rank_node_and_exit_code() -> None:
+    failed = _exit(1, 3, "SystemExit: 3")
+    result = RunResult((_exit(0, 0), failed), first_failure=failed)
+    reason = restart_reason(result, _plan("nodeA"), _plan("nodeA"))
+    assert (reason.kind, reason.rank, reason.node, reason.exit_code) == (
+        "worker failed", 1, "nodeA", 3)
+    assert reason.message == "rank 1 on nodeA: exit code 3: SystemExit: 3"
+
+
+def test_the_hang_timeout_s_exit_code_is_a_hang_timeout() -> None:
+    hung = _exit(0, HANG_EXIT_CODE)
+    reason = restart_reason(RunResult((hung,), first_failure=hung), _plan("a"), _plan("a"))
+    assert (reason.kind, reason.rank, reason.exit_code) == ("hang timeout", 0, HANG_EXIT_CODE)
+
+
+def test_workers_that_lost_their_peers_on_a_node_now_gone_blame_that_node() -> None:
+    """A SIGKILLed node's workers die with it: the survivors' gloo fails at once (before the
+    beat stalls), and the next round shows the node gone: the reason is the lost node."""
+    peer = _exit(0, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.1.1]:1234")
+    reason = restart_reason(RunResult((peer,), first_failure=peer), _plan("nodeA", "nodeB"),
+                            _plan("nodeA"))
+    assert (reason.kind, reason.lost_nodes, reason.rank) == ("node lost", ("nodeB",), None)
+
+
+def test_a_worker_s_own_failure_is_not_blamed_on_a_node_gone_meanwhile() -> None:
+    failed = _exit(1, 3, "ValueError: bad batch")
+    reason = restart_reason(RunResult((failed,), first_failure=failed),
+                            _plan("nodeA", "nodeB"), _plan("nodeA"))
+    assert (reason.kind, reason.rank, reason.lost_nodes) == ("worker failed", 1, ("nodeB",))
+
+
+def test_workers_stopped_to_be_requeued() -> None:
+    result = RunResult((_exit(0, 79), _exit(1, 79)))
+    assert restart_reason(result, _plan("a"), _plan("a")).kind == "requeued"
+
+
+def test_the_wiring_s_reason_reaches_the_worker_and_an_outer_run_s_does_not() -> None:
+    from unirank.supervisor.workerenv import WorkerWiring, worker_environ
+
+    plan = _plan("nodeA")
+    base = {"UNIRANK_RESTART_REASON": "an outer run's", "PATH": "/bin"}
+    first = worker_environ(plan, plan.workers[0], base)
+    assert "UNIRANK_RESTART_REASON" not in first
+    value = restart_reason(RunResult((_exit(0, -15),), world_changed="x"), _plan("nodeA", "b"),
+                           plan).to_value(1, 4)
+    again = worker_environ(plan, plan.workers[0], base,
+                           WorkerWiring(restart_count=1, restart_reason=value))
+    assert again["UNIRANK_RESTART_REASON"] == value
+    assert again["TORCHELASTIC_RESTART_COUNT"] == "1"
