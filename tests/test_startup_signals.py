@@ -32,7 +32,7 @@ from _procs import free_port, launcher_free_environ
 REPO = Path(__file__).resolve().parents[1]
 _NOISE = ("Traceback", "frame #", "Exception raised from", "Interrupted system call", "[c10d]")
 #: rank 0's join key under :func:`unirank.init`'s first prefix
-_JOIN_0 = "/unirank/attempt_0/init_0/join/unirank/join/0"
+_JOIN_0 = "/unirank/init_0/join/unirank/join/0"
 
 
 def _env(rank: int, port: int, timeout: str = "300") -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -142,3 +143,35 @@ def test_a_horovod_still_being_imported_is_not_a_live_backend(
     monkeypatch.setitem(sys.modules, "horovod.torch", types.ModuleType("horovod.torch"))
     assert state.active() is None
     assert not state.is_initialized()
+
+
+JOIN_ACROSS_RESTART_COUNTS = """
+import unirank as ur
+ur.init("gloo", timeout=20)
+ur.barrier()
+print("joined", ur.get_rank(), ur.get_world_size(), flush=True)
+ur.finalize()
+"""
+
+
+def test_ranks_whose_nodes_count_restarts_differently_start_one_group(tmp_path: Path) -> None:
+    """A node that joined an elastic job starts at TORCHELASTIC_RESTART_COUNT=0 while the
+    others count their restarts: ``ur.init`` under one such rank each must still start one
+    group (real processes, a store of rank 0's)."""
+    import subprocess
+
+    from _procs import free_port, launcher_free_environ
+
+    script = tmp_path / "join.py"
+    script.write_text(JOIN_ACROSS_RESTART_COUNTS)
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=launcher_free_environ({
+            "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "UNIRANK_HANG_REPORT_AFTER": "off",
+            "TORCHELASTIC_RESTART_COUNT": str(1 - rank), "TORCHELASTIC_MAX_RESTARTS": "3"}))
+        for rank in (0, 1)]
+    ended = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], ended
+    assert [out for out, _ in ended] == ["joined 0 2\n", "joined 1 2\n"], ended

@@ -94,11 +94,16 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     ``init_process_group`` has every rank join at the group's start
     (:mod:`unirank.supervisor.worker.groupstart`).
 
-    Reads: TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT.
+    The prefix names the init, not the restart: every attempt has a store of its own (rank 0's
+    worker serves a new one under ``unirank run``; torchrun's agent makes one per round), and
+    the restart count is each node's own (a node that joined an elastic job starts at 0 while
+    the others count their restarts), so it must not part the ranks of one group.
+
+    Reads: TORCHELASTIC_USE_AGENT_STORE.
     """
     environ = os.environ
     addr, port = env.require_master()
-    prefix = f"/unirank/attempt_{environ.get(contract.RESTART_COUNT_VAR, '0')}/init_{generation}"
+    prefix = f"/unirank/init_{generation}"
     base = take_joined(rank=env.rank, world_size=env.world_size, addr=addr, port=port)
     if base is not None:
         base.set_timeout(timedelta(seconds=timeout))

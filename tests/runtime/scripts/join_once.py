@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 import unirank as ur
 
-JOINED = "/unirank/attempt_0/init_{}/join/unirank/join/count"
+JOINED = "/unirank/init_{}/join/unirank/join/count"
 
 
 def main() -> None:
