@@ -26,7 +26,7 @@ GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hang"
 def record(rank: int, in_s: float, wall_s: float = 40.0, node: str = "node1",
            interval: float = 5.0) -> dict[str, Any]:
     return {"rank": rank, "node": node,
-            "collectives": {"in_s": in_s, "wall_s": wall_s, "samples": int(wall_s * 50),
+            "collectives": {"in_s": in_s, "wall_s": wall_s, "samples": int(wall_s * 20),
                             "interval": interval},
             "watcher": {"cpu_s": 0.01, "ticks": 8}}
 

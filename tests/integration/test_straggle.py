@@ -1,15 +1,17 @@
 """Stragglers on real ``unirank run -n 3`` jobs (gloo): a rank that does ten times the others'
 work per step is named as the one that kept the others waiting, in the block at the end and in
-``--timeline``'s rows; a balanced run names nobody. The runs last 3 s of collectives (rank 0
-decides when to stop, and tells the others through the loop's own all_reduce, so every rank
-makes the same calls) with the detector's interval at 0.25 s, so that the block is printed;
-what is asserted is who is named, never a time."""
+``--timeline``'s rows; a balanced run names nobody; on the testbed's two nodes, rank 0's node
+prints the block once and names the slow rank of the other node with that node. The runs last
+3 s of collectives (rank 0 decides when to stop, and tells the others through the loop's own
+all_reduce, so every rank makes the same calls) with the detector's interval at 0.25 s, so that
+the block is printed; what is asserted is who is named, never a time."""
 
 from __future__ import annotations
 
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,3 +88,14 @@ def test_a_short_run_prints_no_block(runner: Runner) -> None:
     result = runner.run(["-n", "2", "hello.py"], env=ENV)
     assert result.returncode == 0, result.stderr
     assert "time in collectives" not in result.stderr
+
+
+def test_two_nodes_one_block_naming_the_other_node_s_rank(slurm_testbed: Any) -> None:
+    folder = slurm_testbed.work_dir
+    (folder / "straggle_loop.py").write_text(LOOP)
+    result = slurm_testbed.srun(
+        Runner.command(["-n", "2", str(folder / "straggle_loop.py")],
+                       prefix=["-N2", "--ntasks-per-node=1"]),
+        timeout=180, env={**ENV, "SLOW_RANK": "3"})
+    assert result.stderr.count("unirank run: time in collectives") == 1, result.stderr
+    assert NAMED.findall(result.stderr) == [("3", "node2")], result.stderr

@@ -14,7 +14,7 @@ it with a doubling interval while the hang lasts. With a hang timeout it then re
 report as rank 0's failure (the error file) and ends rank 0 with
 :data:`unirank.hang.HANG_EXIT_CODE`, so that the supervisor ends the job.
 
-Between two records it looks at the groups' status every 20 ms to measure the rank's time in
+Between two records it looks at the groups' status every 50 ms to measure the rank's time in
 collectives (:mod:`unirank.hang.waits`); :meth:`Watcher.end_record` gives that, with the
 thread's own CPU time, to the rank's end-of-run record.
 
@@ -197,7 +197,7 @@ class Watcher:
         self._thread = threading.Thread(target=self._run_timed, name=THREAD_NAME, daemon=True)
         #: this rank's time in collectives (:mod:`unirank.hang.waits`), and the thread's cost
         self.waits = WaitMeter()
-        self.cpu_s = 0.0
+        self.cpu_s = self.life_s = 0.0
         self.ticks = 0
         self.detector: _Detector | None = None
         self._store: Any = None
@@ -255,12 +255,13 @@ class Watcher:
             self._publish(store)
 
     def _run_timed(self) -> None:
-        """:meth:`_run`, with the thread's own CPU time kept (:meth:`end_record`)."""
-        started = time.thread_time()
+        """:meth:`_run`, with the thread's own CPU time and life kept (:meth:`end_record`)."""
+        started, born = time.thread_time(), time.monotonic()
         try:
             self._run()
         finally:
             self.cpu_s = time.thread_time() - started
+            self.life_s = time.monotonic() - born
 
     def _look_until_next_tick(self) -> bool:
         """Between two records: look at the collectives in flight every
@@ -278,9 +279,11 @@ class Watcher:
 
     def end_record(self) -> dict[str, Any]:
         """What this rank adds to its end-of-run record (:mod:`unirank.supervisor.worker.
-        timeline`): its time in collectives, and what the thread cost (CPU seconds, records)."""
+        timeline`): its time in collectives, and what the thread cost (CPU seconds, over how
+        many seconds, records)."""
         return {"collectives": {**self.waits.summary(), "interval": self.settings.interval},
-                "watcher": {"cpu_s": round(self.cpu_s, 6), "ticks": self.ticks}}
+                "watcher": {"cpu_s": round(self.cpu_s, 6), "life_s": round(self.life_s, 3),
+                            "ticks": self.ticks}}
 
     def _tick(self, store: Any) -> None:
         self._publish(store)
