@@ -14,7 +14,8 @@ it with a doubling interval while the hang lasts. With a hang timeout it then re
 report as rank 0's failure (the error file) and ends rank 0 with
 :data:`unirank.hang.HANG_EXIT_CODE`, so that the supervisor ends the job.
 
-Between two records it looks at the groups' status every 50 ms to measure the rank's time in
+Where asked (``measure_waits``: a worker of ``unirank run``, whose rank 0 gathers it), it
+looks at the groups' status every 50 ms between two records, to measure the rank's time in
 collectives (:mod:`unirank.hang.waits`); :meth:`Watcher.end_record` gives that, with the
 thread's own CPU time, to the rank's end-of-run record.
 
@@ -181,7 +182,8 @@ class Watcher:
 
     def __init__(self, *, rank: int, world_size: int, node: str, settings: HangSettings,
                  connect: Callable[[], Any], environ: Mapping[str, str],
-                 err_fd: int = 2, job: Mapping[str, Any] | None = None) -> None:
+                 err_fd: int = 2, job: Mapping[str, Any] | None = None,
+                 measure_waits: bool = False) -> None:
         self.rank, self.world_size, self.node = rank, world_size, node
         self.settings = settings
         self._connect = connect
@@ -195,8 +197,9 @@ class Watcher:
         self._torch_seen = False
         self._base_prefixes = base_prefixes()  # here: the thread must import nothing
         self._thread = threading.Thread(target=self._run_timed, name=THREAD_NAME, daemon=True)
-        #: this rank's time in collectives (:mod:`unirank.hang.waits`), and the thread's cost
-        self.waits = WaitMeter()
+        #: this rank's time in collectives (:mod:`unirank.hang.waits`; None: not measured,
+        #: nothing gathers it), and the thread's cost
+        self.waits = WaitMeter() if measure_waits else None
         self.cpu_s = self.life_s = 0.0
         self.ticks = 0
         self.detector: _Detector | None = None
@@ -268,6 +271,8 @@ class Watcher:
         :data:`~unirank.hang.waits.SAMPLE_PERIOD` seconds (:class:`WaitMeter`), until the
         next record is due; True when the watcher is stopped."""
         self.ticks += 1
+        if self.waits is None:
+            return self._stop.wait(self.settings.interval)
         due = time.monotonic() + self.settings.interval
         while not self._stop.is_set():
             now = time.monotonic()
@@ -281,9 +286,12 @@ class Watcher:
         """What this rank adds to its end-of-run record (:mod:`unirank.supervisor.worker.
         timeline`): its time in collectives, and what the thread cost (CPU seconds, over how
         many seconds, records)."""
-        return {"collectives": {**self.waits.summary(), "interval": self.settings.interval},
-                "watcher": {"cpu_s": round(self.cpu_s, 6), "life_s": round(self.life_s, 3),
-                            "ticks": self.ticks}}
+        record: dict[str, Any] = {"watcher": {"cpu_s": round(self.cpu_s, 6),
+                                              "life_s": round(self.life_s, 3),
+                                              "ticks": self.ticks}}
+        if self.waits is not None:
+            record["collectives"] = {**self.waits.summary(), "interval": self.settings.interval}
+        return record
 
     def _tick(self, store: Any) -> None:
         self._publish(store)

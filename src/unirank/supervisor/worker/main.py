@@ -87,7 +87,7 @@ def _finish(store: Any, info: WorkerInfo, parts: dict[str, Any], *, ok: bool) ->
 
 def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
     """Start this rank's hang watcher (None when the detector is off), on a store connection
-    of its own."""
+    of its own, measuring the rank's time in collectives (rank 0 gathers it at the end)."""
     settings = info.hang
     if settings.report_after is None:
         return None
@@ -101,7 +101,8 @@ def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
         job = {"run_id": environ.get(RUN_ID_VAR, ""), "master_addr": info.master_addr,
                "master_port": info.master_port}
     return Watcher(rank=info.rank, world_size=info.world_size, node=info.node_name,
-                   settings=settings, connect=connect, environ=environ, job=job).start()
+                   settings=settings, connect=connect, environ=environ, job=job,
+                   measure_waits=True).start()
 
 
 def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMapping[str, str],
