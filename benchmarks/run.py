@@ -29,7 +29,9 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            interval 5 s, and every 0.25 s) / off (`--hang-report-after off`), 2 local ranks,
            interleaved runs, the ratio per pair (median, quartiles)                    >= 0.99
            (also shown, no target: the watcher thread's own CPU time per interval, from
-           its time.thread_time, which bounds the cost whatever the machine's noise)
+           its time.thread_time, which bounds the cost whatever the machine's noise; and
+           the 20 looks a second alone, A/B in alternating windows of one training process:
+           benchmarks/_look_ab_worker.py)
 """
 
 from __future__ import annotations
@@ -339,6 +341,13 @@ def bench_hang(repeat: int) -> bool:
         print(f"  {'watcher thread CPU per interval (' + mode + ')':<52} "
               f"{share * interval * 1e3:8.2f} ms  = {100 * share:.3f} % of one core "
               f"({interval:g} s interval, 20 looks a second included)")
+    out = subprocess.run([PY, str(HERE / "_look_ab_worker.py"), str(4 * repeat)], env=base,
+                         check=True, timeout=600, capture_output=True, text=True).stdout
+    median, q1, q3, pairs, _ = next(line.split()[1:] for line in out.splitlines()
+                                    if line.startswith("LOOK_AB"))
+    print(f"  {'looks every 50 ms / none, in one process (steps/s)':<52} {float(median):8.3f}x"
+          f"  (no target)  (quartiles {float(q1):.3f}-{float(q3):.3f}, {pairs} pairs of "
+          f"0.5 s windows)")
     return ok
 
 
