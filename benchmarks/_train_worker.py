@@ -3,11 +3,13 @@
 ``python -m unirank run -n 2 _train_worker.py auto|hand``: ``auto`` uses ``ur.auto_model``,
 ``ur.auto_dataloader`` and ``ur.auto_optim``; ``hand`` the same model, data and global batch with
 DistributedDataParallel and a DistributedSampler written out. Rank 0 prints ``SAMPLES_PER_S x``,
-measured after two warm-up steps (the same steps in both modes).
+measured after two warm-up steps (the same steps in both modes). BENCH_EPOCHS (default 2) sets
+how many passes over the data it makes.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ import unirank as ur
 
 NB_SAMPLES = 1024
 GLOBAL_BATCH = 64
-EPOCHS = 2
+EPOCHS = int(os.environ.get("BENCH_EPOCHS", "2"))
 WARMUP = 2
 
 

@@ -27,7 +27,11 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            the cost of the rendezvous itself, not the wait for slower ranks' `import torch`)
   hang     samples/s of the same loop (by hand) with the hang detector on (its default
            interval 5 s, and every 0.25 s) / off (`--hang-report-after off`), 2 local ranks,
-           interleaved runs                                                            >= 0.99
+           interleaved runs, the ratio per pair (median, quartiles)                    >= 0.99
+           (also shown, no target: the watcher thread's own CPU time per interval, from
+           its time.thread_time, which bounds the cost whatever the machine's noise; and
+           the 20 looks a second alone, A/B in alternating windows of one training process:
+           benchmarks/_look_ab_worker.py)
 """
 
 from __future__ import annotations
@@ -271,37 +275,79 @@ def bench_train(repeat: int) -> bool:
     return ok
 
 
-def _samples_per_s(flags: Sequence[str], env: dict[str, str]) -> float:
-    out = subprocess.run([PY, "-m", "unirank", "run", *flags, "-n", "2",
+def _samples_per_s(flags: Sequence[str], env: dict[str, str],
+                   records: Path | None = None) -> float:
+    """One run of the training loop; with ``records``, its end-of-run records are written
+    there (``--timeline-json``: each rank's hang watcher's CPU time and records)."""
+    extra = ["--timeline-json", str(records)] if records is not None else []
+    out = subprocess.run([PY, "-m", "unirank", "run", *flags, *extra, "-n", "2",
                           str(HERE / "_train_worker.py"), "hand"], env=env,
                          check=True, timeout=600, capture_output=True, text=True).stdout
     return float(next(line.split()[1] for line in out.splitlines()
                       if line.startswith("SAMPLES_PER_S")))
 
 
+def _quartiles(values: Sequence[float]) -> tuple[float, float, float]:
+    q1, q2, q3 = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
+    return q1, q2, q3
+
+
+def _watcher_cost(path: Path) -> tuple[float, float, float]:
+    """Every rank's hang watcher thread: CPU seconds, seconds it lived, and its interval."""
+    cpu, life, interval = 0.0, 0.0, 0.0
+    for record in json.loads(path.read_text()):
+        cpu += record["watcher"]["cpu_s"]
+        life += record["watcher"]["life_s"]
+        interval = record["collectives"]["interval"]
+    return cpu, life, interval
+
+
 def bench_hang(repeat: int) -> bool:
-    """The hang detector's cost: its thread reads the flight recorder and sets one store key
-    per interval on every rank (rank 0 also reads every rank's key)."""
-    fast = dict(clean_env(), UNIRANK_HANG_INTERVAL="0.25")
+    """The hang detector's cost: its thread reads the flight recorder's status every 50 ms
+    (time in collectives) and sets one store key per interval on every rank (rank 0 also reads
+    every rank's key). Off and on run in alternation (``repeat`` pairs, every run with
+    ``--timeline-json`` so that both pay the same), the ratio is taken per pair (median and
+    quartiles); the watcher's own CPU time (its thread's ``time.thread_time``) per interval
+    bounds the cost independently of the machine's noise."""
+    base = dict(clean_env(), BENCH_EPOCHS="30")  # 10-20 s a run: a few 5 s intervals
+    fast = dict(base, UNIRANK_HANG_INTERVAL="0.25")
     modes: dict[str, tuple[list[str], dict[str, str]]] = {
-        "off": (["--hang-report-after", "off"], clean_env()),
-        "on": ([], clean_env()),
+        "off": (["--hang-report-after", "off"], base),
+        "on": ([], base),
         "on, every 0.25 s": ([], fast),
     }
     rates: dict[str, list[float]] = {mode: [] for mode in modes}
-    for _ in range(repeat):
-        for mode, (flags, env) in modes.items():
-            rates[mode].append(_samples_per_s(flags, env))
+    costs: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        records = Path(tmp) / "records.json"
+        for _ in range(repeat):
+            for mode, (flags, env) in modes.items():
+                rates[mode].append(_samples_per_s(flags, env, records))
+                if mode != "off":
+                    costs[mode].append(_watcher_cost(records))
     medians = {mode: statistics.median(values) for mode, values in rates.items()}
     print("hang: " + ", ".join(f"{mode} {rate:.0f} samples/s" for mode, rate in medians.items())
-          + f" (medians of {repeat}, 2 local ranks)")
+          + f" (medians of {repeat}, 2 local ranks, interleaved)")
     ok = True
     for mode in ("on", "on, every 0.25 s"):
-        ratio = medians[mode] / medians["off"]
+        q1, ratio, q3 = _quartiles([on / off for on, off in zip(rates[mode], rates["off"])])
         ok = ok and (mode != "on" or ratio >= 0.99)
         target = "target >= 0.99x  " + ("OK" if ratio >= 0.99 else "MISS") if mode == "on" \
             else "(no target)"
-        print(f"  {'detector ' + mode + ' / off (samples/s)':<52} {ratio:8.3f}x  {target}")
+        print(f"  {'detector ' + mode + ' / off (samples/s, per pair)':<52} {ratio:8.3f}x  "
+              f"{target}  (quartiles {q1:.3f}-{q3:.3f})")
+        share = sum(c for c, _, _ in costs[mode]) / sum(life for _, life, _ in costs[mode])
+        interval = costs[mode][0][2]
+        print(f"  {'watcher thread CPU per interval (' + mode + ')':<52} "
+              f"{share * interval * 1e3:8.2f} ms  = {100 * share:.3f} % of one core "
+              f"({interval:g} s interval, 20 looks a second included)")
+    out = subprocess.run([PY, str(HERE / "_look_ab_worker.py"), str(4 * repeat)], env=base,
+                         check=True, timeout=600, capture_output=True, text=True).stdout
+    median, q1, q3, pairs, _ = next(line.split()[1:] for line in out.splitlines()
+                                    if line.startswith("LOOK_AB"))
+    print(f"  {'looks every 50 ms / none, in one process (steps/s)':<52} {float(median):8.3f}x"
+          f"  (no target)  (quartiles {float(q1):.3f}-{float(q3):.3f}, {pairs} pairs of "
+          f"0.5 s windows)")
     return ok
 
 

@@ -137,7 +137,8 @@ LINGER_FD_VAR = "UNIRANK_LINGER_FD"
 DONE_FD_VAR = "UNIRANK_DONE_FD"
 #: ``--timeline``: the time the supervisor started this worker (set only when on)
 TIMELINE_VAR = "UNIRANK_TIMELINE"
-#: ``--timeline``, rank 0 only: where to write every rank's gathered times
+#: rank 0 only: where to write every rank's gathered end-of-run record (``--timeline``'s times,
+#: the time in collectives)
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
 #: where the worker's faulthandler writes the Python stack of a fatal signal (SIGSEGV, ...)
 FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"

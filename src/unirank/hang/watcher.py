@@ -15,6 +15,11 @@ it with a doubling interval while the hang lasts. With a hang timeout it then re
 report as rank 0's failure (the error file) and ends rank 0 with
 :data:`unirank.hang.HANG_EXIT_CODE`, so that the supervisor ends the job.
 
+Where asked (``measure_waits``: a worker of ``unirank run``, whose rank 0 gathers it), it
+looks at the groups' status every 50 ms between two records, to measure the rank's time in
+collectives (:mod:`unirank.hang.waits`); :meth:`Watcher.end_record` gives that, with the
+thread's own CPU time, to the rank's end-of-run record.
+
 The thread uses a store connection of its own, so it never waits behind the program's or
 torch's use of the store.
 
@@ -59,6 +64,7 @@ from unirank.hang.progress import (
 )
 from unirank.hang.render import render_report, wavefront_line
 from unirank.hang.standby import Duty, silent_after
+from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_dump, recorder_status
 from unirank.signals import keep_off_this_thread
 
 __all__ = [
@@ -149,7 +155,7 @@ def _read_recorder() -> dict[str, Any] | None:
     :mod:`unirank.supervisor.worker.lateenv`), and torch's C module is loaded with it."""
     if "torch.distributed" not in sys.modules:
         return {}
-    dump = getattr(sys.modules.get("torch._C._distributed_c10d"), "_dump_fr_trace_json", None)
+    dump = recorder_dump()
     if dump is None:
         return None
     try:
@@ -189,7 +195,8 @@ class Watcher:
 
     def __init__(self, *, rank: int, world_size: int, node: str, settings: HangSettings,
                  connect: Callable[[], Any], environ: Mapping[str, str],
-                 err_fd: int = 2, job: Mapping[str, Any] | None = None) -> None:
+                 err_fd: int = 2, job: Mapping[str, Any] | None = None,
+                 measure_waits: bool = False) -> None:
         self.rank, self.world_size, self.node = rank, world_size, node
         self.settings = settings
         self._connect = connect
@@ -202,7 +209,12 @@ class Watcher:
         self._sites = _Sites()
         self._torch_seen = False
         self._base_prefixes = base_prefixes()  # here: the thread must import nothing
-        self._thread = threading.Thread(target=self._run, name=THREAD_NAME, daemon=True)
+        self._thread = threading.Thread(target=self._run_timed, name=THREAD_NAME, daemon=True)
+        #: this rank's time in collectives (:mod:`unirank.hang.waits`; None: not measured,
+        #: nothing gathers it), and the thread's cost
+        self.waits = WaitMeter() if measure_waits else None
+        self.cpu_s = self.life_s = 0.0
+        self.ticks = 0
         self.detector: _Detector | None = None
         #: whether this rank runs the detector now (rank 0, or a standby: hang/standby.py)
         self._duty = Duty(rank)
@@ -276,10 +288,47 @@ class Watcher:
                 self._end(str(ending))  # rank 0 ends the job (--hang-timeout): so does this rank
             except Exception:
                 return  # the store went away (the job is ending): no more records
-            if self._stop.wait(self.settings.interval):
+            if self._look_until_next_tick():
                 break
         with contextlib.suppress(Exception):
             self._publish(store)
+
+    def _run_timed(self) -> None:
+        """:meth:`_run`, with the thread's own CPU time and life kept (:meth:`end_record`)."""
+        started, born = time.thread_time(), time.monotonic()
+        try:
+            self._run()
+        finally:
+            self.cpu_s = time.thread_time() - started
+            self.life_s = time.monotonic() - born
+
+    def _look_until_next_tick(self) -> bool:
+        """Between two records: look at the collectives in flight every
+        :data:`~unirank.hang.waits.SAMPLE_PERIOD` seconds (:class:`WaitMeter`), until the
+        next record is due; True when the watcher is stopped."""
+        self.ticks += 1
+        if self.waits is None:
+            return self._stop.wait(self.settings.interval)
+        due = time.monotonic() + self.settings.interval
+        while not self._stop.is_set():
+            now = time.monotonic()
+            self.waits.look(now, recorder_status())
+            if now >= due:
+                return False
+            if self._stop.wait(min(SAMPLE_PERIOD, due - now)):
+                break
+        return True
+
+    def end_record(self) -> dict[str, Any]:
+        """What this rank adds to its end-of-run record (:mod:`unirank.supervisor.worker.
+        timeline`): its time in collectives, and what the thread cost (CPU seconds, over how
+        many seconds, records)."""
+        record: dict[str, Any] = {"watcher": {"cpu_s": round(self.cpu_s, 6),
+                                              "life_s": round(self.life_s, 3),
+                                              "ticks": self.ticks}}
+        if self.waits is not None:
+            record["collectives"] = {**self.waits.summary(), "interval": self.settings.interval}
+        return record
 
     def _tick(self, store: Any) -> None:
         self._publish(store)

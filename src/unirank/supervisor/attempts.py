@@ -21,7 +21,10 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   (exit code :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`) is restarted too, except under
   Slurm, where 79 is passed on for the batch script to requeue the job; a stop signal ends the
   run whatever is left of ``max_restarts``;
-* prints the start-up timeline rank 0 gathered (``--timeline``) and writes its JSON.
+* prints what rank 0 gathered at the end of the run (``timeline.json`` in the attempt's
+  folder): the start-up timeline (``--timeline``; and writes its JSON) and, where the hang
+  watcher measured it over a long enough run, each rank's time in collectives and the ranks
+  that kept the others waiting (:func:`unirank.hang.straggle.render_block`).
 
 Reads (from the ``environ`` it is given, never from ``os.environ``): SLURM_JOB_ID, SLURM_JOBID.
 """
@@ -64,6 +67,8 @@ __all__ = ["FAULT_FILE_NAME", "EngineOptions", "attempt_launches", "run_plan"]
 
 #: the file in a worker's attempt folder where its faulthandler writes (next to error.json)
 FAULT_FILE_NAME = "fault.txt"
+#: the file in the attempt's folder where rank 0 writes every rank's end-of-run record
+TIMELINE_FILE_NAME = "timeline.json"
 
 
 @dataclass(frozen=True)
@@ -162,8 +167,8 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             numa_binding=options.numa_binding,
             signals_to_handle=format_signals(options.signals),
             store_fd=store_fd if worker.rank == 0 else None,
-            timeline_file=(os.path.join(attempt_dir, "timeline.json")
-                           if options.timeline and worker.rank == 0 else None),
+            timeline_file=(os.path.join(attempt_dir, TIMELINE_FILE_NAME)
+                           if worker.rank == 0 else None),
             hang=options.hang, restart_reason=restart_reason,
         )
         files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
@@ -238,9 +243,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
             if _is_last(result, attempt, plan, environ):
-                if options.timeline:
-                    _report_timeline(os.path.join(attempt_dir, "timeline.json"), options,
-                                     err_fd)
+                _report_end(os.path.join(attempt_dir, TIMELINE_FILE_NAME), options, err_fd)
                 return replace(result, attempts=tuple(earlier))
             earlier.append(result)
             os.write(err_fd, (
@@ -309,16 +312,22 @@ def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[str, boo
     return base, False
 
 
-def _report_timeline(path: str, options: EngineOptions, err_fd: int) -> None:
-    """Print the start-up timeline rank 0 gathered (where rank 0 ran), and write its JSON."""
+def _report_end(path: str, options: EngineOptions, err_fd: int) -> None:
+    """Print what rank 0 gathered at the run's end (where rank 0 ran): the start-up timeline
+    (``--timeline``; and write its JSON), then the time in collectives and the stragglers."""
+    from unirank.hang.straggle import render_block
     from unirank.supervisor.worker.timeline import format_table
 
     try:
         with open(path, encoding="utf-8") as fh:
             records = json.load(fh)
     except (OSError, ValueError):
-        return  # rank 0 runs elsewhere, or did not finish: its node prints the table
-    os.write(err_fd, format_table(records).encode())
+        return  # rank 0 runs elsewhere, or did not finish: its node prints them
+    if options.timeline:
+        os.write(err_fd, format_table(records).encode())
+    block = render_block(records, options.prog)
+    if block:
+        os.write(err_fd, block.encode())
     if options.timeline_json:
         with open(options.timeline_json, "w", encoding="utf-8") as fh:
             json.dump(records, fh, indent=1)

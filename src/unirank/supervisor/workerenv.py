@@ -64,7 +64,7 @@ class WorkerWiring:
     done_fd: int | None = None
     #: ``--timeline``: when the supervisor started the worker (UNIRANK_TIMELINE)
     timeline_start: float | None = None
-    #: ``--timeline``, rank 0: where to write the gathered times (UNIRANK_TIMELINE_FILE)
+    #: rank 0: where to write the gathered end-of-run records (UNIRANK_TIMELINE_FILE)
     timeline_file: str | None = None
     #: where the worker's faulthandler writes a fatal signal's stack (UNIRANK_FAULT_FILE)
     fault_file: str | None = None

@@ -45,6 +45,18 @@ def test_table_names_ranks_that_never_reached_a_phase() -> None:
     assert format_table([]) == "unirank run: timeline: no rank reported its times\n"
 
 
+def test_table_has_the_time_in_collectives_as_rows_where_measured() -> None:
+    records = [_record(0, "a", started=1.0, joined=2.0), _record(1, "b", started=1.0)]
+    assert "in collectives" not in format_table(records)  # the hang watcher was off
+    for record, in_s in zip(records, (9.0, 1.0)):
+        record["collectives"] = {"in_s": in_s, "wall_s": 10.0, "samples": 500,
+                                 "interval": 5.0}
+    rows = {line[2:29].strip(): line[29:].split() for line in format_table(records).splitlines()}
+    assert rows["in collectives (s)"] == ["1.000", "5.000", "9.000", "rank", "1", "on", "b",
+                                          "(least)"]
+    assert rows["in collectives (%)"][:3] == ["10.000", "50.000", "90.000"]
+
+
 @pytest.mark.integration
 def test_timeline_of_a_local_run(runner: Runner, tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text(TORCHRUN_SCRIPT)

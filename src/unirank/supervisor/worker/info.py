@@ -57,7 +57,7 @@ class WorkerInfo:
     done_fd: int | None = None
     #: ``--timeline``: when the supervisor started this worker (None: off)
     timeline_start: float | None = None
-    #: ``--timeline``, rank 0: where to write every rank's gathered times
+    #: rank 0: where to write every rank's gathered end-of-run record (timeline, collectives)
     timeline_file: str = ""
     #: where faulthandler writes the stack of a fatal signal ("": nowhere; see :mod:`.faults`)
     fault_file: str = ""

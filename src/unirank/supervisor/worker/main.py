@@ -13,9 +13,10 @@ fork server) armed the parent-death signal:
    run), watch each start of the run's group (:mod:`.groupstart`), apply the variables the
    program sets before it imports torch (:mod:`.lateenv`), start the hang detector's thread
    (:mod:`unirank.hang.watcher`, with torch's flight recorder turned on), and run the target;
-4. at its end: publish its timeline (``--timeline``), close its done pipe, count itself out of
-   the exit barrier (ranks under other supervisors too), and on rank 0 linger until the node's
-   other workers are done and gather the timeline.
+4. at its end: publish its end-of-run record (its timeline with ``--timeline``, its time in
+   collectives from the hang watcher), close its done pipe, count itself out of the exit
+   barrier (ranks under other supervisors too), and on rank 0 linger until the node's other
+   workers are done and gather every rank's record.
 """
 
 from __future__ import annotations
@@ -57,16 +58,28 @@ def _recorder(info: WorkerInfo, entered_at: float,
     return recorder
 
 
-def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
-    """The end of the program: timeline, done pipe, exit barrier, linger (see the docstring)."""
+def _end_record(recorder: Any, watcher: Any) -> dict[str, Any]:
+    """This rank's end-of-run record's parts: the timeline's times, the hang watcher's time in
+    collectives ({} when neither runs)."""
+    parts: dict[str, Any] = {} if watcher is None else watcher.end_record()
     if recorder is not None:
-        recorder.publish(store)
+        parts["times"] = recorder.times
+    return parts
+
+
+def _finish(store: Any, info: WorkerInfo, parts: dict[str, Any], *, ok: bool) -> None:
+    """The end of the program: end-of-run record, done pipe, exit barrier, linger (see the
+    docstring)."""
+    if parts:
+        from unirank.supervisor.worker.timeline import publish
+
+        publish(store, info.rank, info.node_name, parts)
     workerstore.done(info)
     if info.exit_timeout is not None:
         workerstore.exit_barrier(store, info, wait=ok and info.rank == 0)
     if ok:
         workerstore.linger(info)
-        if recorder is not None and info.timeline_file:
+        if parts and info.timeline_file:
             from unirank.supervisor.worker.timeline import gather
 
             gather(store, info.world_size, info.timeline_file)
@@ -74,7 +87,7 @@ def _finish(store: Any, info: WorkerInfo, recorder: Any, *, ok: bool) -> None:
 
 def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
     """Start this rank's hang watcher (None when the detector is off), on a store connection
-    of its own."""
+    of its own, measuring the rank's time in collectives (rank 0 gathers it at the end)."""
     settings = info.hang
     if settings.report_after is None:
         return None
@@ -88,7 +101,8 @@ def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
         job = {"run_id": environ.get(RUN_ID_VAR, ""), "master_addr": info.master_addr,
                "master_port": info.master_port}
     return Watcher(rank=info.rank, world_size=info.world_size, node=info.node_name,
-                   settings=settings, connect=connect, environ=environ, job=job).start()
+                   settings=settings, connect=connect, environ=environ, job=job,
+                   measure_waits=True).start()
 
 
 def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMapping[str, str],
@@ -136,5 +150,5 @@ def run_worker(argv: Sequence[str], *, entered_at: float, environ: MutableMappin
         uninstall()
         if watcher is not None:
             watcher.stop()
-        _finish(store, info, recorder, ok=ok)
+        _finish(store, info, _end_record(recorder, watcher), ok=ok)
         del store  # a server lives exactly as long as the program and its linger

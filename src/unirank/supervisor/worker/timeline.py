@@ -11,14 +11,18 @@ from Python returned (``first_collective``: ``barrier``, ``all_reduce``, ``broad
 two are seen by wrapping those torch functions before the program starts.
 
 Each rank keeps its own times (``time.time()``, a few calls) and, at the end of its program,
-sets them in the rendezvous store under one key (O(1) per rank). Rank 0, which hosts the store
-and already waits for the others at its end, reads them all in one ``multi_get`` and writes them
-to the file its supervisor named; node 0's supervisor prints the table. Off, nothing of this
-runs. Pure except :class:`Recorder`'s hooks and the store calls.
+sets them in the rendezvous store under one key (O(1) per rank), in its end-of-run record
+(:func:`publish`), which also carries the rank's time in collectives measured by its hang
+watcher (:mod:`unirank.hang.waits`, without ``--timeline`` too). Rank 0, which hosts the store
+and already waits for the others at its end, reads them all in one ``multi_get`` (:func:`gather`)
+and writes them to the file its supervisor named; node 0's supervisor prints the table (with
+the time in collectives as rows) and the stragglers' block
+(:func:`unirank.hang.straggle.render_block`). With neither the timeline nor the hang watcher,
+nothing of this runs. Pure except :class:`Recorder`'s hooks and the store calls.
 
 The worker's bootstrap (:mod:`.info`) reads UNIRANK_TIMELINE (the launch time, set by the
-supervisor when on) and UNIRANK_TIMELINE_FILE (rank 0 only: where to write the gathered times),
-and passes the :class:`Recorder` it builds along.
+supervisor when on) and UNIRANK_TIMELINE_FILE (rank 0 only: where to write the gathered
+records), and passes the :class:`Recorder` it builds along.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from unirank.contract import TIMELINE_FILE_VAR, TIMELINE_VAR
+from unirank.hang.straggle import collective_rows
 
-__all__ = ["PHASES", "TIMELINE_FILE_VAR", "TIMELINE_VAR", "Recorder", "format_table", "gather"]
+__all__ = ["PHASES", "TIMELINE_FILE_VAR", "TIMELINE_VAR", "Recorder", "format_table", "gather",
+           "publish"]
 
 KEY_PREFIX = "unirank/timeline/"
 PHASES: tuple[tuple[str, str], ...] = (
@@ -90,15 +96,18 @@ class Recorder:
 
         return wrapper
 
-    def publish(self, store: Any) -> None:
-        """Set this rank's times in the store (one key). Never raises."""
-        with contextlib.suppress(Exception):  # a timeline must not fail a job
-            store.set(f"{KEY_PREFIX}{self.rank}",
-                      json.dumps({"rank": self.rank, "node": self.node, "times": self.times}))
+
+
+def publish(store: Any, rank: int, node: str, parts: Mapping[str, Any]) -> None:
+    """Set this rank's end-of-run record in the store (one key): ``parts`` are ``times`` (the
+    :class:`Recorder`'s), ``collectives`` and ``watcher`` (the hang watcher's
+    :meth:`~unirank.hang.watcher.Watcher.end_record`). Never raises."""
+    with contextlib.suppress(Exception):  # a timeline must not fail a job
+        store.set(f"{KEY_PREFIX}{rank}", json.dumps({"rank": rank, "node": node, **parts}))
 
 
 def gather(store: Any, world_size: int, path: str) -> None:
-    """Rank 0: read every rank's times (those that published) and write them to ``path``."""
+    """Rank 0: read every rank's record (those that published) and write them to ``path``."""
     try:
         keys = [f"{KEY_PREFIX}{r}" for r in range(world_size)]
         if not store.check(keys):  # a rank ended without publishing: take the others'
@@ -113,10 +122,13 @@ def gather(store: Any, world_size: int, path: str) -> None:
 
 def format_table(records: Sequence[Mapping[str, Any]]) -> str:
     """One row per phase: min / median / max over ranks, in seconds after the first worker
-    started, and the slowest rank with its node."""
-    if not records:
+    started, and the slowest rank with its node; then each rank's time in collectives (seconds
+    and percent of its collective activity), where measured, with the rank that spent the
+    least (the one the others waited for)."""
+    if not any(r.get("times") for r in records):
         return "unirank run: timeline: no rank reported its times\n"
-    origin = min(min(r["times"].values()) for r in records if r["times"])
+    records = [r for r in records if r.get("times")]
+    origin = min(min(r["times"].values()) for r in records)
     first = "fork server" if any("preload" in r["times"] for r in records) else "worker"
     lines = [f"unirank run: start-up timeline of {len(records)} rank(s), seconds after the "
              f"first {first} started",
@@ -134,4 +146,6 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
             if len(seen) < len(records) else ""
         lines.append(f"  {label:<27} {values[0]:8.3f} {statistics.median(values):8.3f} "
                      f"{worst:8.3f}  rank {who['rank']} on {who['node']}{missing}")
+    for label, (low, median, high), least in collective_rows(records):
+        lines.append(f"  {label:<27} {low:8.3f} {median:8.3f} {high:8.3f}  {least}")
     return "\n".join(lines) + "\n"

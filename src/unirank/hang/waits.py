@@ -1,0 +1,116 @@
+"""How long this rank spent inside collectives: sampled from torch's flight recorder status.
+
+Torch 2.13 under gloo fills no completion time in the flight recorder's entries
+(``time_discovered_completed_ns`` is 0, ``duration_ms`` is absent), and completion hooks are
+NCCL's only; what every backend keeps is each group's status: its last entered and last
+completed collective. So the hang watcher's thread (:mod:`.watcher`) looks at that status every
+:data:`SAMPLE_PERIOD` seconds between its records (a C call of a few microseconds and a small
+JSON document; no Python code runs per collective): a rank with a collective entered and not
+completed in any group is *in collectives* at that moment, and the time since the previous look
+is counted as such. :class:`WaitMeter` adds these up (pure: it takes the looks as data).
+
+The window is the rank's collective activity: from the first look that shows a collective
+entered to the last look that shows one in flight, or one entered or completed since the look
+before (what the program does before its first collective and after its last one is not
+counted). Nothing is missed for good
+(no entry falls out of a ring); a collective shorter than the period is counted in proportion
+to how often it is seen, so the fraction is an estimate with a standard error of about
+``sqrt(f (1 - f) / n)`` over ``n`` looks (a 10 s run, 200 looks: at most 3.5 percentage points;
+a 10-minute run: under half a point). The period trades that against the thread's cost: in a
+training process a look takes 100-150 us of the thread's CPU (measured with
+``time.thread_time``: the status call, its JSON and the wake-up, slower there than in a quiet
+process), 20 a second are about 0.3 % of one core.
+
+Reads no environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SAMPLE_PERIOD", "WaitMeter", "in_flight", "recorder_dump", "recorder_status"]
+
+#: seconds between two looks at the flight recorder's status (20 per second)
+SAMPLE_PERIOD = 0.05
+
+
+def recorder_dump() -> Callable[..., bytes] | None:
+    """Torch's flight recorder dump function (``_dump_fr_trace_json``); None before the
+    program imported ``torch.distributed``, or where torch has none. Imports nothing."""
+    if "torch.distributed" not in sys.modules:
+        return None
+    dump = getattr(sys.modules.get("torch._C._distributed_c10d"), "_dump_fr_trace_json", None)
+    return dump if callable(dump) else None
+
+
+def recorder_status() -> Mapping[str, Any] | None:
+    """Every group's status now (``pg_status``: group id -> last entered / completed
+    collective); None where it cannot be read."""
+    dump = recorder_dump()
+    if dump is None:
+        return None
+    try:
+        status = json.loads(dump(False, True)).get("pg_status")
+    except Exception:  # private API: any failure is "no information"
+        return None
+    return status if isinstance(status, Mapping) else None
+
+
+def in_flight(status: Mapping[str, Any]) -> tuple[bool, int]:
+    """Whether some group has a collective entered and not completed, and the sum of the
+    groups' last entered and last completed numbers (it moves whenever the rank enters or
+    completes a collective)."""
+    waiting, moves = False, 0
+    for group in status.values():
+        entered = int(group.get("last_enqueued_collective", -1))
+        done = int(group.get("last_completed_collective", -1))
+        waiting = waiting or entered > done
+        moves += max(entered, 0) + max(done, 0)
+    return waiting, moves
+
+
+@dataclass
+class WaitMeter:
+    """The time in collectives over the rank's collective activity (see the module docstring).
+    Feed it :meth:`look` with a monotonic clock's time and :func:`recorder_status`."""
+
+    #: seconds counted inside collectives
+    in_s: float = 0.0
+    #: looks taken inside the window
+    samples: int = 0
+    _first: float | None = None
+    _last_active: float = 0.0
+    _previous: float = 0.0
+    _moves: int = 0
+
+    def look(self, now: float, status: Mapping[str, Any] | None) -> None:
+        """Count one look at ``now`` (seconds, monotonic)."""
+        if not status:
+            return
+        waiting, moves = in_flight(status)
+        if self._first is None:
+            if moves <= 0:
+                return
+            self._first = self._previous = self._last_active = now
+            self._moves = moves
+        if waiting:
+            self.in_s += now - self._previous
+        if waiting or moves != self._moves:
+            self._last_active = now
+            self._moves = moves
+        self._previous = now
+        self.samples += 1
+
+    @property
+    def wall_s(self) -> float:
+        """Seconds from the first to the last look that saw a collective."""
+        return 0.0 if self._first is None else self._last_active - self._first
+
+    def summary(self) -> dict[str, Any]:
+        """What the end-of-run record carries: ``in_s``, ``wall_s``, ``samples``."""
+        return {"in_s": round(min(self.in_s, self.wall_s), 4), "wall_s": round(self.wall_s, 4),
+                "samples": self.samples}
