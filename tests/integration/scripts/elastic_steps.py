@@ -1,8 +1,7 @@
-"""Steps of training for the elastic tests: ``elastic_steps.py STEPS FIFO``.
+"""Steps of training for the elastic tests: ``elastic_steps.py STEPS``.
 
 Each rank all-reduces a one per step and prints ``step S rank R world W sum N restart C``
-(C: TORCHELASTIC_RESTART_COUNT); in the first attempt, rank 2 (the second node's first rank)
-writes ``ready`` to the FIFO after step 1, so that the test knows a world of two nodes trains.
+(C: TORCHELASTIC_RESTART_COUNT), then sleeps 0.2 s.
 """
 
 import os
@@ -20,8 +19,5 @@ for step in range(int(sys.argv[1])):
     dist.all_reduce(t)
     print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart}",
           flush=True)
-    if step == 1 and rank == 2 and restart == "0":
-        with open(sys.argv[2], "w") as fifo:
-            fifo.write("ready")
     time.sleep(0.2)
 dist.destroy_process_group()
