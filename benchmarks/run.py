@@ -28,6 +28,11 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
   hang     samples/s of the same loop (by hand) with the hang detector on (its default
            interval 5 s, and every 0.25 s) / off (`--hang-report-after off`), 2 local ranks,
            interleaved runs                                                            >= 0.99
+  elastic  a lost node: `--nnodes 1:2 --max-restarts 3`, two nodes of 2 workers on loopback
+           aliases (c10d rendezvous, the same --rdzv-conf), node B SIGKILLed while training:
+           the time to node A's first restarted step, unirank run / torchrun's agent
+           (whole node killed; B's launcher alone also shown), Slurm's requeue path beside
+           it; benchmarks/_elastic.py                               <= 0.5x and <= 15 s
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import _pss
+from _elastic import bench_elastic
 from _ssh import bench_ssh
 
 HERE = Path(__file__).resolve().parent
@@ -318,6 +324,7 @@ BENCHES: dict[str, Callable[[int], bool]] = {
     "ddp": bench_ddp,
     "ddp8": bench_ddp8,
     "ssh": bench_ssh,
+    "elastic": bench_elastic,
 }
 
 
