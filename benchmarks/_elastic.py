@@ -9,8 +9,8 @@ A's rendezvous store listens (so A serves it under both launchers); once the wor
 few steps, B is killed with SIGKILL, two ways:
 
 * ``node``: B's launcher and every process below it at once (a lost machine). This is the fair
-  case: torchrun's workers do not die with their agent (they are not its process group's
-  members only, and nothing tells them), so killing its agent alone loses no worker;
+  case: torchrun's workers do not die with their agent (nothing tells them), so killing
+  its agent alone loses no worker;
 * ``launcher``: B's launcher alone (the issue's wording). unirank's workers end with their
   parent (PR_SET_PDEATHSIG); torchrun's train on.
 
@@ -48,8 +48,7 @@ BOUND_S = 60.0
 #: requeued job about 120 s before it may start again, then the job starts anew
 SLURM_REQUEUE_S = 125.0
 STEPS = 2000
-_RESTARTED = re.compile(r"^step \d+ rank \d+ world (\d+) restart ([1-9]\d*) at ([\d.]+)$",
-                        re.MULTILINE)
+_STEP = re.compile(r"^step \d+ rank \d+ world (\d+) restart (\d+) at ([\d.]+)$", re.MULTILINE)
 
 
 def _env() -> dict[str, str]:
@@ -110,18 +109,39 @@ def _end(procs: Sequence[subprocess.Popen[bytes]]) -> None:
         proc.wait(timeout=30)
 
 
+def _world_of_four(name: str, folder: Path, tries: int = 3,
+                   ) -> tuple[list[subprocess.Popen[bytes]], Path]:
+    """Nodes A and B started (B once A's store listens) and training at a world of 4, their
+    processes and A's output; a try where B came after the last call and the world of 4 did
+    not form within 45 s is ended and started again."""
+    for attempt in range(tries):
+        port = _free_port()
+        out_a = folder / f"{name}-{attempt}-a.log"
+        procs = [_node(name, port, NODE_A, out_a)]
+        try:
+            _until(lambda port=port: _listens(port), 60,  # type: ignore[misc]
+                   f"{name}: node A's store did not listen")
+            procs.append(_node(name, port, NODE_B, folder / f"{name}-{attempt}-b.log"))
+            _until(lambda out=out_a: "step 3 rank 0 world 4 " in out.read_text(),  # type: ignore[misc]
+                   45, "")
+            return procs, out_a
+        except RuntimeError:
+            _end(procs)
+        except BaseException:
+            _end(procs)
+            raise
+    raise RuntimeError(f"elastic: {name}: no world of 4 trained in {tries} tries")
+
+
 def one_run(name: str, how: str, folder: Path) -> float | None:
-    """Seconds from B's kill to node A's first restarted step; None past :data:`BOUND_S`."""
-    port = _free_port()
-    out_a, out_b = folder / f"{name}-{how}-a.log", folder / f"{name}-{how}-b.log"
-    node_a = _node(name, port, NODE_A, out_a)
-    procs = [node_a]
+    """Seconds from B's kill to node A's first restarted step; None when there was none
+    within :data:`BOUND_S` (node A's launcher may have ended first: :data:`ENDED` says)."""
+    procs, out_a = _world_of_four(name, folder)
+    node_a = procs[0]
     try:
-        _until(lambda: _listens(port), 60, f"{name}: node A's rendezvous store did not listen")
-        procs.append(_node(name, port, NODE_B, out_b))
-        _until(lambda: "step 3 rank 0 world 4 " in out_a.read_text(), 90,
-               f"{name}: no world of 4 trained")
         victims = _tree(procs[1]) if how == "node" else [procs[1].pid]
+        # a late node B may have joined at a restart already: count the restarts after this
+        attempt = max(int(m[1]) for m in _STEP.findall(out_a.read_text()))
         killed = time.time()
         for pid in victims:
             with contextlib.suppress(ProcessLookupError):
@@ -129,27 +149,37 @@ def one_run(name: str, how: str, folder: Path) -> float | None:
         found: list[float] = []
 
         def restarted() -> bool:
-            found.extend(float(m[2]) for m in _RESTARTED.findall(out_a.read_text())[:1])
+            found.extend([float(m[2]) for m in _STEP.findall(out_a.read_text())
+                          if int(m[1]) > attempt][:1])
             return bool(found) or node_a.poll() is not None
 
         with contextlib.suppress(RuntimeError):
             _until(restarted, BOUND_S, "")
+        if not found and node_a.poll() is not None:
+            ENDED.append(f"{name}: node A ended with exit code {node_a.returncode} "
+                         "without a restarted step")
         return found[0] - killed if found else None
     finally:
         _end(procs)
 
 
-def _shown(times: list[float | None]) -> str:
-    done = [t for t in times if t is not None]
-    if len(done) < len(times):
-        return f"did not restart within {BOUND_S:g} s ({len(times) - len(done)} of {len(times)})"
-    return f"{statistics.median(done):.2f} s (runs {', '.join(f'{t:.1f}' for t in done)})"
+#: why a run had no restarted step, when node A's launcher ended first
+ENDED: list[str] = []
 
 
 def _median(times: list[float | None]) -> float | None:
-    if any(t is None for t in times):
-        return None
-    return statistics.median(t for t in times if t is not None)
+    """The median, a run without a restart counting as the longest; None when that is it."""
+    value = statistics.median(float("inf") if t is None else t for t in times)
+    return None if value == float("inf") else value
+
+
+def _shown(times: list[float | None]) -> str:
+    runs = ", ".join("none" if t is None else f"{t:.1f}" for t in times)
+    median = _median(times)
+    head = (f"did not restart within {BOUND_S:g} s" if median is None
+            else f"{median:.2f} s")
+    return f"{head} (runs: {runs}; none: no restarted step within {BOUND_S:g} s)" \
+        if None in times else f"{head} (runs: {runs})"
 
 
 def bench_elastic(repeat: int) -> bool:
@@ -169,6 +199,8 @@ def bench_elastic(repeat: int) -> bool:
         for name in ("unirank", "torchrun"):
             print(f"    {name + (' run' if name == 'unirank' else ''):<12} "
                   f"{_shown(times[(name, how)])}")
+    for line in dict.fromkeys(ENDED):
+        print(f"  ({line})")
     print(f"  Slurm's requeue path (docs/run.md, measured on the testbed): about "
           f"{SLURM_REQUEUE_S:g} s to the job's start again, before its first step")
     ours, theirs = _median(times[("unirank", "node")]), _median(times[("torchrun", "node")])
