@@ -2,7 +2,9 @@
 
 The script has one commented block per job: the ``#SBATCH`` header (what the job asks of Slurm),
 the environment, the user's setup lines, the rendezvous written out (``--explicit-env`` only),
-the launch, and (``--requeue`` only) the requeue from the batch shell. It holds no
+the launch (for an elastic range ``--nnodes MIN:MAX``: the first node's ``unirank run`` and
+the other nodes' in two steps, see :func:`_elastic`), and (``--requeue`` only) the requeue
+from the batch shell. It holds no
 MASTER_ADDR/MASTER_PORT lines unless asked: every rank derives them (:mod:`unirank.rendezvous`).
 """
 
@@ -118,9 +120,14 @@ def _explicit_env(spec: JobSpec) -> list[str]:
     ]
 
 
+def _target(spec: JobSpec) -> list[str]:
+    """What each rank runs: ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    return (["-m", spec.program] if spec.module else [spec.program]) + list(spec.program_args)
+
+
 def _command(spec: JobSpec) -> tuple[str, str]:
     """Why, and the srun line (srun's --quiet: no notes of its own on a stop or requeue)."""
-    target = (["-m", spec.program] if spec.module else [spec.program]) + list(spec.program_args)
+    target = _target(spec)
     if spec.launch == "node":
         why = (f"# srun starts one task per node; each runs unirank run, which starts "
                f"{spec.tasks_per_node} rank(s) there.")
@@ -141,7 +148,7 @@ def _unirank_run(spec: JobSpec) -> list[str]:
 def _elastic(spec: JobSpec) -> list[str]:
     """The launch of an elastic job: the rendezvous endpoint, then two sruns in the background
     (the first node's, whose exit status is the job's, and the other nodes'), waited for."""
-    target = (["-m", spec.program] if spec.module else [spec.program]) + list(spec.program_args)
+    target = _target(spec)
     python = shlex.quote(spec.python)
     conf = ["--rdzv-conf", spec.rdzv_conf] if spec.rdzv_conf else []
     run = shlex.join(_unirank_run(spec)) + " " + shlex.join(
