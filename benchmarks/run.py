@@ -32,6 +32,11 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            its time.thread_time, which bounds the cost whatever the machine's noise; and
            the 20 looks a second alone, A/B in alternating windows of one training process:
            benchmarks/_look_ab_worker.py)
+  elastic  a lost node: `--nnodes 1:2 --max-restarts 3`, two nodes of 2 workers on loopback
+           aliases (c10d rendezvous, the same --rdzv-conf), node B SIGKILLed while training:
+           the time to node A's first restarted step, unirank run / torchrun's agent
+           (whole node killed; B's launcher alone also shown), Slurm's requeue path beside
+           it; benchmarks/_elastic.py                               <= 0.5x and <= 15 s
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import _pss
+from _elastic import bench_elastic
 from _ssh import bench_ssh
 
 HERE = Path(__file__).resolve().parent
@@ -364,6 +370,7 @@ BENCHES: dict[str, Callable[[int], bool]] = {
     "ddp": bench_ddp,
     "ddp8": bench_ddp8,
     "ssh": bench_ssh,
+    "elastic": bench_elastic,
 }
 
 

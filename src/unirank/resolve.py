@@ -37,7 +37,7 @@ from typing import Any, Generic, TypeVar
 from unirank.errors import ConfigError
 
 __all__ = ["RESOLVE_TIMEOUT", "Bounded", "bounded", "lookup", "master_addr_source", "require_own",
-           "require_resolvable", "reverse_lookup"]
+           "require_resolvable", "reverse_lookup", "same_address"]
 
 _T = TypeVar("_T")
 
@@ -144,6 +144,13 @@ def _addresses(host: str, timeout: float) -> tuple[str, ...] | None:
     if found.value is None:
         return None
     return tuple(str(info[4][0]) for info in found.value)
+
+
+def same_address(first: str, second: str, *, timeout: float = RESOLVE_TIMEOUT) -> bool:
+    """Whether the hosts ``first`` and ``second`` (names or addresses) have an address in
+    common; False when either does not resolve within ``timeout`` seconds."""
+    ours, theirs = _addresses(first, timeout), _addresses(second, timeout)
+    return bool(ours and theirs and set(ours) & set(theirs))
 
 
 def require_own(host: str, *, source: str, environ: Mapping[str, str],

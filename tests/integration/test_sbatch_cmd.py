@@ -296,3 +296,53 @@ def test_ctrl_c_without_a_terminal_detaches_and_the_job_keeps_running(
             proc.kill()
             proc.communicate()
         _conftest(slurm_testbed)._cancel_by_name(name)  # scancel, then wait until it is gone
+
+
+ELASTIC_STEPS = str(REPO / "tests" / "integration" / "scripts" / "elastic_steps.py")
+
+
+def _launcher_on(node: str, marker: str) -> int:
+    """The pid of the ``python -m unirank run`` (not its srun) on the testbed node ``node``
+    whose command line holds ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:4] == [b"-m", b"unirank", b"run"] and marker.encode() in argv \
+                and f"SLURMD_NODENAME={node}".encode() in environ:
+            found.append(int(entry.name))
+    assert len(found) == 1, f"unirank run on {node}: {found}"
+    return found[0]
+
+
+def test_an_elastic_job_loses_node2_and_node1_finishes_alone(
+    slurm_testbed: SlurmTestbed,
+) -> None:
+    """``--nnodes 1:2 --max-restarts 3``: node2's ``unirank run`` is SIGKILLed while the world
+    of 4 trains; node1 notices, restarts alone at a world of 2 and finishes; the job (whose
+    status is node1's) completes with exit code 0, and node1's lines name the lost node."""
+    steps = "60"
+    marker = f"{ELASTIC_STEPS}"
+    following, job = start(slurm_testbed, [
+        "--nnodes", "1:2", "--ntasks-per-node", "2", "--max-restarts", "3", "--rdzv-conf",
+        "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3",
+        "--follow", ELASTIC_STEPS, steps], minutes=4)
+    try:
+        following.wait_for(r"^step 1 rank 2 world 4 sum 4 restart 0$")
+        os.kill(_launcher_on("node2", marker), signal.SIGKILL)
+    finally:
+        done = following.finish()
+    assert done.returncode == 0, _described(done)
+    assert f"unirank sbatch: job {job} COMPLETED, exit code 0" in done.stderr, _described(done)
+    assert "unirank run: rendezvous round 1: node rank 0 of 1, 2 workers in all " \
+           "(left: node2)" in done.stdout, _described(done)
+    assert "unirank run: succeeded after 1 restart(s)" in done.stdout, _described(done)
+    last = int(steps) - 1
+    assert sorted(re.findall(rf"^step {last} rank (\d) world (\d) sum \d restart 1$",
+                             done.stdout, re.MULTILINE)) == [("0", "2"), ("1", "2")], \
+        _described(done)

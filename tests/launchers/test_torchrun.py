@@ -89,6 +89,18 @@ def test_c10d_rendezvous_may_order_nodes_freely() -> None:
     assert env.job_id == "50"
 
 
+def test_a_dynamic_world_may_count_other_nodes_than_the_srun_step() -> None:
+    """An elastic job's node runs in a step of its own (``unirank sbatch --nnodes 1:2``), or
+    its survivors go on in a step of more tasks after a node was lost: with a run id the
+    world is the rendezvous's, whatever the step counts."""
+    environ = {**SRUN_AGENT_NODE2, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+               "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "GROUP_WORLD_SIZE": "1",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+               "TORCHELASTIC_RUN_ID": "50"}
+    env = detect(environ, argv=[])
+    assert (env.launcher, env.world_size, env.num_nodes) == ("torchrun", 2, 1)
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--local-rank=1"], ["--local_rank=1"], ["--local_rank", "1"], ["x", "--local-rank", "1"]],

@@ -19,7 +19,10 @@ COMMAND_ONLY = {"--help", "--config", "--dry-run", "--submit", "--parsable", "--
 #: a value each option takes, where a kind's plain sample would be refused
 VALUES: dict[str, Any] = {"time": "10", "signal": "USR2@60", "launch": "node",
                           "backend": "gloo", "env": ["NCCL_DEBUG=INFO"],
-                          "setup": ["module load cuda"], "sbatch-arg": ["--exclusive"]}
+                          "setup": ["module load cuda"], "sbatch-arg": ["--exclusive"],
+                          "nodes": "1:2"}
+#: options that need another one given with them (both ways alike)
+NEEDS: dict[str, list[str]] = {"rdzv-conf": ["--nnodes", "1:2"]}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,6 +59,7 @@ def test_an_option_and_its_key_give_the_same_job(flag: str, tmp_path: Path) -> N
     toml = tmp_path / "job.toml"
     shown = repr(value).replace("True", "true").replace("'", '"')
     toml.write_text(f"{key} = {shown}\n")
-    from_flag = _spec(argv)
-    assert _spec(["--config", str(toml)]) == from_flag
-    assert from_flag != _spec([]), f"{flag} changed nothing"
+    needs = NEEDS.get(key, [])
+    from_flag = _spec([*needs, *argv])
+    assert _spec([*needs, "--config", str(toml)]) == from_flag
+    assert from_flag != _spec(needs), f"{flag} changed nothing"

@@ -92,16 +92,40 @@ REFUSALS = {
         "lead, e.g. --signal USR2@30"),
     "zero_nodes": (
         ["--nodes", "0", HELLO],
-        "--nodes='0': must be at least 1 HINT: give a whole number, 1 or more"),
+        "--nodes='0': must be at least 1 HINT: give the number of nodes, N, or an elastic "
+        "range MIN:MAX, e.g. 1:2"),
+    "range_max_below_min": (
+        ["--nnodes", "2:1", HELLO],
+        "--nodes='2:1': has MAX below MIN HINT: give the number of nodes, N, or an elastic "
+        "range MIN:MAX, e.g. 1:2"),
+    "range_with_task_launch": (
+        ["--nnodes", "1:2", "--launch", "tasks", HELLO],
+        "--nodes='1:2': is an elastic range, which needs --launch node (one unirank run per "
+        "node, restarting the ranks at the world left) HINT: drop --launch tasks, or give one "
+        "number of nodes, e.g. --nodes 2"),
+    "max_restarts_with_task_launch": (
+        ["-N", "2", "--max-restarts", "1", "--launch", "tasks", HELLO],
+        "--max-restarts='1': needs --launch node (with --launch tasks each rank is a Slurm "
+        "task, which no launcher restarts) HINT: add --launch node, or drop --max-restarts"),
+    "rdzv_conf_without_range": (
+        ["-N", "2", "--launch", "node", "--rdzv-conf", "last_call_timeout=5", HELLO],
+        "--rdzv-conf='last_call_timeout=5': needs an elastic range (--nnodes MIN:MAX), whose "
+        "nodes meet in torch's c10d rendezvous HINT: give --nnodes MIN:MAX, or drop "
+        "--rdzv-conf"),
     "config_unknown_key": (
         ["--config", "CONFIG", HELLO],
         "CONFIG: key='ntasks': is not an option of unirank sbatch HINT: use one of nodes, "
         "ntasks-per-node, gpus-per-node, cpus-per-task, mem, time, partition, account, qos, "
         "job-name, output, error, constraint, requeue, signal, sbatch-arg, env, setup, launch, "
-        "backend, python, explicit-env"),
+        "max-restarts, rdzv-conf, backend, python, explicit-env"),
     "config_wrong_type": (
         ["--config", "CONFIG_TYPE", HELLO],
-        "CONFIG_TYPE: nodes='two': must be a whole number HINT: e.g. nodes = ..."),
+        "CONFIG_TYPE: ntasks-per-node='two': must be a whole number HINT: e.g. "
+        "ntasks-per-node = ..."),
+    "config_not_a_node_count": (
+        ["--config", "CONFIG_NODES", HELLO],
+        "--nodes='two': is not a number of nodes HINT: give the number of nodes, N, or an "
+        "elastic range MIN:MAX, e.g. 1:2"),
 }
 
 ARGPARSE_REFUSALS = {
@@ -109,16 +133,18 @@ ARGPARSE_REFUSALS = {
         ["--nodess", "2", HELLO],
         "unknown option --nodess (did you mean --nodes?) HINT: options go before SCRIPT; the "
         "valid ones: --account --backend --config --constraint --cpus-per-task --dry-run --env "
-        "--error --explicit-env --follow --gpus-per-node --help --job-name --launch --mem "
-        "--module --nodes --ntasks-per-node --output --parsable --partition --python --qos "
-        "--requeue --sbatch-arg --setup --signal --submit --time"),
+        "--error --explicit-env --follow --gpus-per-node --help --job-name --launch "
+        "--max-restarts --mem --module --nnodes --nodes --ntasks-per-node --output --parsable "
+        "--partition --python --qos --rdzv-conf --requeue --sbatch-arg --setup --signal "
+        "--submit --time"),
     "no_abbreviations": (
         ["--ntasks", "8", HELLO],
         "unknown option --ntasks (did you mean --ntasks-per-node?) HINT: options go before "
         "SCRIPT; the valid ones: --account --backend --config --constraint --cpus-per-task "
         "--dry-run --env --error --explicit-env --follow --gpus-per-node --help --job-name "
-        "--launch --mem --module --nodes --ntasks-per-node --output --parsable --partition "
-        "--python --qos --requeue --sbatch-arg --setup --signal --submit --time"),
+        "--launch --max-restarts --mem --module --nnodes --nodes --ntasks-per-node --output "
+        "--parsable --partition --python --qos --rdzv-conf --requeue --sbatch-arg --setup "
+        "--signal --submit --time"),
     "sbatch_arg_without_equals": (
         ["--sbatch-arg", "--exclusive", HELLO],
         "argument --sbatch-arg: expected one argument HINT: write the sbatch option after '=': "
@@ -127,7 +153,8 @@ ARGPARSE_REFUSALS = {
 
 
 def _configs(args: list[str], tmp_path: Path) -> list[str]:
-    files = {"CONFIG": "ntasks = 2\n", "CONFIG_TYPE": 'nodes = "two"\n'}
+    files = {"CONFIG": "ntasks = 2\n", "CONFIG_TYPE": 'ntasks-per-node = "two"\n',
+             "CONFIG_NODES": 'nodes = "two"\n'}
     out = []
     for arg in args:
         if arg in files:

@@ -28,6 +28,7 @@ from unirank.sbatch.spec import (
     JobSpec,
     check_spec,
     parse_env,
+    parse_nodes,
     parse_time,
     parse_warning_signal,
 )
@@ -58,6 +59,11 @@ LAYOUTS = {
                         "examples/train.py"],
     "batch_signal_requeue.sh": ["-N", "2", "--requeue", "--signal", "B:USR2@120",
                                 "examples/train.py", "--checkpoint", "ckpt/model.pt"],
+    "elastic_1to2.sh": ["--nnodes", "1:2", "--ntasks-per-node", "2", "--rdzv-conf",
+                        "last_call_timeout=5", "examples/train.py", "--epochs", "3"],
+    "elastic_requeue_signal.sh": ["-N", "2-4", "--ntasks-per-node", "4", "--gpus-per-node", "4",
+                                  "-c", "8", "--max-restarts", "5", "--requeue", "--signal",
+                                  "B:USR2@120", "examples/train.py"],
 }
 
 
@@ -281,3 +287,42 @@ def test_docs_show_the_recorded_script() -> None:
     start = doc.index(marker) + len(marker)
     shown = doc[start:doc.index("```\n", start)]
     assert shown == (GOLDEN / "node_2x4_nccl_requeue.sh").read_text()
+
+
+def test_an_elastic_range_asks_min_to_max_nodes_and_no_tasks_per_node(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slurm 22.05 gives ``--nodes=1-2 --ntasks-per-node=1`` one node (it counts MIN tasks),
+    ``--nodes=1-2`` alone two: the script asks no tasks per node, and --no-kill."""
+    script = dry_run(LAYOUTS["elastic_1to2.sh"], capsys, monkeypatch)
+    assert "#SBATCH --nodes=1-2\n" in script
+    assert "#SBATCH --ntasks-per-node" not in script
+    assert "#SBATCH --no-kill\n" in script
+    assert " --max-restarts 3 --nnodes 1:2 --rdzv-backend c10d --rdzv-conf last_call_timeout=5 "\
+        in script
+    assert '--rdzv-id "$SLURM_JOB_ID"' in script
+
+
+@pytest.mark.parametrize("nodes", [["-N", "1-2"], ["--nodes", "1:2"], ["--nnodes", "1-2"]])
+def test_every_spelling_of_a_range_gives_the_same_script(
+    nodes: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = LAYOUTS["elastic_1to2.sh"]
+    assert dry_run([*nodes, *args[2:]], capsys, monkeypatch) == \
+        dry_run(args, capsys, monkeypatch)
+
+
+def test_a_range_of_one_count_is_no_elastic_job() -> None:
+    spec = check_spec(JobSpec(program="x.py", nodes=2, min_nodes=None, launch="node"))
+    assert not spec.elastic
+    assert render(spec) == render(check_spec(JobSpec(program="x.py", nodes=2, launch="node")))
+    assert parse_nodes("2:2") == (2, None)
+    assert parse_nodes("1-4") == (4, 1)
+
+
+def test_node_launch_carries_max_restarts(capsys: pytest.CaptureFixture[str],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    script = dry_run(["-N", "2", "--launch", "node", "--max-restarts", "2",
+                      "examples/helloworld.py"], capsys, monkeypatch)
+    assert (f"\nsrun --quiet {PYTHON} -m unirank run --nproc-per-node 1 --max-restarts 2 "
+            "examples/helloworld.py\n") in script

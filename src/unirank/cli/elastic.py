@@ -4,9 +4,10 @@ rendezvous (torchrun's ``--rdzv-backend c10d`` without ``--node-rank``), and ``-
 :func:`wanted` is THE rule for whether a run takes the dynamic rendezvous: ``--rdzv-backend
 c10d``, no ``--node-rank``, no ``--standalone``, and ``--nnodes`` above one node (or a range);
 under an outer launcher (srun, mpirun), which gives node ranks itself, the static rendezvous
-stays. :func:`join` starts the node's rendezvous helper
-(:class:`~unirank.supervisor.rdzv.client.RendezvousHelper`), opens the store's socket the
-node serves should it be node rank 0, and waits for this node's
+stays, but for a range started one task per node (``unirank sbatch --nnodes MIN:MAX``; see
+``cli.run._dynamic``). :func:`join` starts the node's rendezvous helper
+(:class:`~unirank.supervisor.rdzv.client.RendezvousHelper`), opens the store's socket the node
+serves should it be node rank 0, and waits for this node's
 :class:`~unirank.supervisor.rdzv.spec.Assignment`.
 
 Reads (from the mapping it is given): UNIRANK_MASTER_FORWARDED (through
@@ -25,7 +26,8 @@ from unirank.errors import ConfigError
 from unirank.supervisor.rdzv.client import RendezvousHelper
 from unirank.supervisor.rdzv.spec import DEFAULT_ENDPOINT_PORT, Assignment, RdzvSpec
 
-__all__ = ["CONF_KEYS", "DEFAULT_RUN_ID", "USED_OPTIONS", "describe_round", "join", "wanted"]
+__all__ = ["CONF_KEYS", "DEFAULT_RUN_ID", "USED_OPTIONS", "describe_round", "is_range", "join",
+           "wanted"]
 
 #: ``--rdzv-conf`` keys the dynamic rendezvous takes (torchrun's meaning; whole seconds)
 CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
@@ -47,6 +49,16 @@ def wanted(args: argparse.Namespace) -> bool:
     return most > 1 or least != most
 
 
+def is_range(args: argparse.Namespace) -> bool:
+    """Whether ``--nnodes`` is an elastic range (``MIN:MAX`` with MIN below MAX)."""
+    from unirank.cli.counts import parse_nnodes_range
+
+    if args.nnodes is None:
+        return False
+    least, most = parse_nnodes_range(str(args.nnodes))
+    return least != most
+
+
 def _conf(text: str | None) -> dict[str, int]:
     """``--rdzv-conf``'s keys the rendezvous takes, as whole seconds (counts)."""
     conf: dict[str, int] = {}
@@ -66,11 +78,19 @@ def _conf(text: str | None) -> dict[str, int]:
     return conf
 
 
-def _serves_endpoint(host: str, local_addr: str | None, environ: Mapping[str, str]) -> bool:
+def _serves_endpoint(host: str, local_addr: str | None, environ: Mapping[str, str],
+                     outer: DistEnv) -> bool:
     """Whether this node is on the endpoint's host: its ``--local-addr`` is the endpoint's
-    host, or (without one) the endpoint's host is one of this host's addresses."""
+    host; or (without one) under an outer launcher that names the node (srun's
+    SLURMD_NODENAME), the node's name is the endpoint's host or shares an address with it
+    (several nodes may share a machine); else the endpoint's host is one of this host's
+    addresses."""
     if local_addr:
         return local_addr == host
+    if outer.launcher != "local":
+        from unirank.resolve import same_address
+
+        return outer.node_name == host or same_address(outer.node_name, host)
     from unirank.resolve import require_own
 
     try:
@@ -99,7 +119,7 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
         endpoint_host=host, endpoint_port=port or DEFAULT_ENDPOINT_PORT,
         run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
         local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
-        serves_endpoint=_serves_endpoint(host, local_addr, environ),
+        serves_endpoint=_serves_endpoint(host, local_addr, environ, outer),
         admit_joiners=restarts > 0, **conf)
 
 

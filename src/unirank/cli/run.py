@@ -470,10 +470,14 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
 
 def _dynamic(args: argparse.Namespace, outer: DistEnv) -> bool:
     """The dynamic rendezvous (:func:`unirank.cli.elastic.wanted`), unless an outer launcher
-    gives the node ranks."""
+    gives the node ranks: it does not for an elastic range ``MIN:MAX`` started one task per
+    node (``unirank sbatch --nnodes MIN:MAX``'s steps), where each task is one node."""
     from unirank.cli import elastic
 
-    return elastic.wanted(args) and outer.world_size <= 1 and not outer.launch_required
+    if not elastic.wanted(args) or outer.launch_required:
+        return False
+    return outer.world_size <= 1 or (elastic.is_range(args)
+                                     and outer.world_size == outer.num_nodes)
 
 
 def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,

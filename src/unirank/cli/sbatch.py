@@ -112,12 +112,15 @@ def default_python() -> str:
 def build_spec(args: argparse.Namespace) -> JobSpec:
     """The checked JobSpec of the parsed options merged over the ``--config`` file."""
     from unirank.sbatch.config import merge, read_config
-    from unirank.sbatch.spec import check_spec, parse_env
+    from unirank.sbatch.spec import check_spec, parse_env, parse_nodes
 
     flags: dict[str, Any] = {option.field: getattr(args, option.dest) for option in OPTIONS}
     defaults = read_config(args.config) if args.config else {}
     merged = merge(defaults, flags)
     merged["env"] = parse_env(tuple(merged.get("env", ())))
+    merged["nodes"], merged["min_nodes"] = parse_nodes(merged.get("nodes", 1))
+    if merged["min_nodes"] is not None or merged.get("max_restarts") is not None:
+        merged.setdefault("launch", "node")  # a range, restarts: one unirank run per node
     merged.setdefault("python", default_python())
     program_args = list(args.program_args)
     if program_args and program_args[0] == "--":

@@ -52,12 +52,16 @@ def present(environ: Mapping[str, str], argv: Sequence[str]) -> bool:
 
 
 def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: int) -> None:
-    """Inside ``srun``: one torchrun agent per task, and static ranks that match the tasks'.
+    """Inside ``srun``, with the static rendezvous (run id ``none``): one torchrun agent per
+    task, and node ranks that match the tasks'. A run id names a dynamic rendezvous, whose
+    world is the nodes that met (``unirank sbatch --nnodes MIN:MAX`` starts the first node in
+    a step of its own; a lost node's survivors go on in a step of more tasks).
 
     Reads: SLURM_STEP_NUM_TASKS / SLURM_NTASKS, SLURM_PROCID, SLURM_NODEID, TORCHELASTIC_RUN_ID.
     """
     tasks_var = first_set(environ, *V.STEP_NUM_TASKS)
-    if tasks_var is None:
+    static = environ.get(RUN_ID_VAR, "none") in ("none", "")
+    if tasks_var is None or not static:
         return
     tasks = read_int(environ, tasks_var, minimum=1)
     if num_nodes != tasks:
@@ -67,9 +71,8 @@ def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: 
             variable=tasks_var, value=environ[tasks_var],
             hint=f"use srun --ntasks-per-node=1 -N {num_nodes}, or torchrun --nnodes {tasks}",
         )
-    static = environ.get(RUN_ID_VAR, "none") in ("none", "")
     procid = read_int(environ, V.PROCID)
-    if static and node_rank != procid:
+    if node_rank != procid:
         nodeid = environ.get(V.NODEID, "?")
         raise ConfigError(
             f"torchrun's node rank GROUP_RANK={node_rank} disagrees with this srun task's "

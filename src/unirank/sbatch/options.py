@@ -44,7 +44,7 @@ class JobOption:
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         """Add it to ``parser``; not given, its value is None (the file's, or the default)."""
-        kwargs: dict[str, Any] = {"help": self.help}
+        kwargs: dict[str, Any] = {"help": self.help, "dest": self.dest}
         if self.kind is bool:
             kwargs.update(action="store_const", const=True)
         else:
@@ -58,7 +58,10 @@ class JobOption:
 
 #: every option that sets the job, in the order ``unirank sbatch --help`` lists them
 OPTIONS: tuple[JobOption, ...] = (
-    JobOption(("-N", "--nodes"), "nodes", int, "N", "number of nodes (default 1)"),
+    JobOption(("-N", "--nnodes", "--nodes"), "nodes", str, "N|MIN:MAX",
+              "number of nodes (default 1); a range MIN:MAX (or MIN-MAX) is an elastic job "
+              "(--launch node): it starts on the nodes Slurm gives, and a lost node's survivors "
+              "restart at the world left"),
     JobOption(("--ntasks-per-node",), "tasks_per_node", int, "N",
               "ranks per node (default 1); with --launch node, unirank run's --nproc-per-node"),
     JobOption(("--gpus-per-node",), "gpus_per_node", int, "G", "GPUs per node (default none)"),
@@ -91,6 +94,12 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption(("--launch",), "launch", str, "|".join(LAUNCH_MODES),
               "tasks: one Slurm task per rank running python SCRIPT (default); node: one task "
               "per node running unirank run --nproc-per-node N SCRIPT"),
+    JobOption(("--max-restarts",), "max_restarts", int, "N",
+              "with --launch node: unirank run's --max-restarts (default 0; 3 with a range "
+              "MIN:MAX)"),
+    JobOption(("--rdzv-conf",), "rdzv_conf", str, "K=V,...",
+              "with --nnodes MIN:MAX: unirank run's --rdzv-conf, torchrun's keys, e.g. "
+              "last_call_timeout=5 (how long more nodes may join once MIN did; default 30)"),
     JobOption(("--backend",), "backend", str, "|".join(BACKENDS),
               "the backend the script will use, for the GPU check (auto: nccl with a GPU "
               "per rank, else gloo)"),

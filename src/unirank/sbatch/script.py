@@ -2,7 +2,9 @@
 
 The script has one commented block per job: the ``#SBATCH`` header (what the job asks of Slurm),
 the environment, the user's setup lines, the rendezvous written out (``--explicit-env`` only),
-the launch, and (``--requeue`` only) the requeue from the batch shell. It holds no
+the launch (for an elastic range ``--nnodes MIN:MAX``: the first node's ``unirank run`` and
+the other nodes' in two steps, see :func:`_elastic`), and (``--requeue`` only) the requeue
+from the batch shell. It holds no
 MASTER_ADDR/MASTER_PORT lines unless asked: every rank derives them (:mod:`unirank.rendezvous`).
 """
 
@@ -44,18 +46,27 @@ def _header(spec: JobSpec) -> list[str]:
     per_node, cpus = _slurm_tasks(spec)
     what = ("one Slurm task per node, each running unirank run"
             if spec.launch == "node" else "one Slurm task per rank")
+    ranks = (f"{(spec.min_nodes or 0) * spec.tasks_per_node}-{spec.nodes * spec.tasks_per_node}"
+             if spec.elastic else str(spec.nodes * spec.tasks_per_node))
     lines = [_block("Slurm options: what the job asks for"),
-             f"# {spec.nodes} node(s) x {spec.tasks_per_node} rank(s) = "
-             f"{spec.nodes * spec.tasks_per_node} ranks, {what}."]
+             f"# {spec.nodes_text('-')} node(s) x {spec.tasks_per_node} rank(s) = "
+             f"{ranks} ranks, {what}."]
     options: list[tuple[str, object]] = [
         ("job-name", spec.job_name or default_job_name(spec)),
-        ("nodes", spec.nodes), ("ntasks-per-node", per_node), ("cpus-per-task", cpus),
+        # an elastic job asks no --ntasks-per-node: with it Slurm counts MIN x that many
+        # tasks and gives MIN nodes (seen on Slurm 22.05); its steps start one task per node
+        ("nodes", spec.nodes_text("-")), ("ntasks-per-node", None if spec.elastic else per_node),
+        ("cpus-per-task", cpus),
         ("gpus-per-node", spec.gpus_per_node or None), ("mem", spec.mem),
         ("time", spec.time), ("partition", spec.partition), ("account", spec.account),
         ("qos", spec.qos), ("constraint", spec.constraint), ("output", spec.output),
         ("error", spec.error),
     ]
     lines += [f"#SBATCH --{name}={value}" for name, value in options if value is not None]
+    if spec.elastic:
+        lines += ["# Elastic: Slurm gives between the least and the most nodes; a node that fails",
+                  "# ends neither the job nor its other nodes (the survivors go on without it).",
+                  "#SBATCH --no-kill"]
     if spec.requeue:
         lines += ["# Requeue on preemption or on request; append to the log so that it keeps",
                   "# every run, and warn the ranks before the time limit.",
@@ -79,7 +90,10 @@ def _environment(spec: JobSpec) -> list[str]:
            else "One OpenMP thread per rank (no --cpus-per-task given), as torchrun does")
     lines = [_block("Environment"), f"# {why}.", f"export OMP_NUM_THREADS={threads}"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.set_values()]
-    if not spec.explicit_env:
+    if spec.elastic:
+        lines += ["# No MASTER_ADDR/MASTER_PORT: each rendezvous round gives them (the job's "
+                  "first node;", "# a port it opens)."]
+    elif not spec.explicit_env:
         lines += ["# No MASTER_ADDR/MASTER_PORT: every rank derives them (the job's first "
                   "node; the port", "# from the job id), see unirank.rendezvous."]
     return lines
@@ -106,23 +120,82 @@ def _explicit_env(spec: JobSpec) -> list[str]:
     ]
 
 
+def _target(spec: JobSpec) -> list[str]:
+    """What each rank runs: ``SCRIPT ARGS`` or ``-m MODULE ARGS``."""
+    return (["-m", spec.program] if spec.module else [spec.program]) + list(spec.program_args)
+
+
 def _command(spec: JobSpec) -> tuple[str, str]:
     """Why, and the srun line (srun's --quiet: no notes of its own on a stop or requeue)."""
-    target = (["-m", spec.program] if spec.module else [spec.program]) + list(spec.program_args)
+    target = _target(spec)
     if spec.launch == "node":
         why = (f"# srun starts one task per node; each runs unirank run, which starts "
                f"{spec.tasks_per_node} rank(s) there.")
-        command = [spec.python, "-m", "unirank", "run", "--nproc-per-node",
-                   str(spec.tasks_per_node), *target]
+        command = [*_unirank_run(spec), *target]
     else:
         why = "# srun starts one task per rank; each finds its rank, world and master from Slurm."
         command = [spec.python, *target]
     return why, "srun --quiet " + shlex.join(command)
 
 
-def _waited(spec: JobSpec, srun: str) -> list[str]:
-    """srun in the background, waited for by a batch shell that traps Slurm's SIGTERM (and
-    forwards a ``B:`` warning signal to srun, which passes it to the ranks)."""
+def _unirank_run(spec: JobSpec) -> list[str]:
+    """``python -m unirank run`` and its options (``--launch node``), before the target."""
+    restarts = spec.restarts()
+    return [spec.python, "-m", "unirank", "run", "--nproc-per-node", str(spec.tasks_per_node),
+            *(["--max-restarts", str(restarts)] if restarts is not None else [])]
+
+
+def _elastic(spec: JobSpec) -> list[str]:
+    """The launch of an elastic job: the rendezvous endpoint, then two sruns in the background
+    (the first node's, whose exit status is the job's, and the other nodes'), waited for."""
+    target = _target(spec)
+    python = shlex.quote(spec.python)
+    conf = ["--rdzv-conf", spec.rdzv_conf] if spec.rdzv_conf else []
+    run = shlex.join(_unirank_run(spec)) + " " + shlex.join(
+        ["--nnodes", spec.nodes_text(), "--rdzv-backend", "c10d", *conf])
+    lines = [
+        f"# Elastic (--nnodes {spec.nodes_text()}): one unirank run per node, meeting in torch's "
+        "c10d dynamic",
+        "# rendezvous served by the job's first node (node rank 0) at a port derived from the",
+        "# job id (unirank.sbatch.jobenv); the job id is the rendezvous id. A lost node's",
+        "# survivors stop their ranks within seconds and restart them at the world left.",
+        f'endpoint="$({python} -m unirank.sbatch.jobenv MASTER_ADDR):'
+        f'$({python} -m unirank.sbatch.jobenv MASTER_PORT)"',
+        "# Two steps: the first node's, whose exit status is the job's (srun's own would be the",
+        "# worst task's: 137 for a node killed although the others finished), and the other",
+        "# nodes'. --no-kill: a failed node does not end the step; --kill-on-bad-exit=0 and",
+        "# --wait=0: a node's end ends no other node's (whatever KillOnBadExit and WaitTime the",
+        "# site's slurm.conf sets).",
+        "elastic() {",
+        '    srun --quiet --no-kill --kill-on-bad-exit=0 --wait=0 --ntasks-per-node=1 "$@" \\',
+        f"        {run} \\",
+        f'        --rdzv-endpoint "$endpoint" --rdzv-id "${V.JOB_ID[0]}" {shlex.join(target)}',
+        "}",
+    ]
+    start = [
+        "elastic --nodes=1 --relative=0 &",
+        "srun_pid=$!",
+        'others=""',
+        f'if [ "${{{V.JOB_NUM_NODES[0]}:-1}}" -gt 1 ]; then',
+        f'    elastic --nodes="$(({V.JOB_NUM_NODES[0]} - 1))" --relative=1 &',
+        "    others=$!",
+        "fi",
+    ]
+    rest = [
+        "# The other nodes end with the first node's run: they have 30 s more, then the job's",
+        "# end stops them.",
+        'if [ -n "$others" ]; then',
+        '    for _ in $(seq 30); do kill -0 "$others" 2>/dev/null || break; '
+        "{ sleep 1; } 2>/dev/null; done",
+        "fi",
+    ]
+    return [*lines, *_waited(spec, start, "$srun_pid $others"), *rest]
+
+
+def _waited(spec: JobSpec, start: list[str], pids: str = '"$!"') -> list[str]:
+    """``start`` (srun in the background, its pid in ``srun_pid``), waited for by a batch
+    shell that traps Slurm's SIGTERM (and forwards a ``B:`` warning signal to ``pids``: srun,
+    which passes it to the ranks)."""
     forwarded = signal_for_batch_shell(spec.warning_signal() or "")
     lines = [
         "# Slurm ends a run (scancel, a requeue, preemption, the time limit) with SIGTERM to",
@@ -134,12 +207,12 @@ def _waited(spec: JobSpec, srun: str) -> list[str]:
     if forwarded is not None:
         lines += [f"# --signal B:{forwarded} comes to this shell alone: pass it to srun, which "
                   "passes it to the ranks.",
-                  "# ($! is srun as soon as it starts; $srun_pid may not be set yet)",
-                  f"trap 'kill -{forwarded} \"$!\" 2>/dev/null' {forwarded}"]
+                  *(["# ($! is srun as soon as it starts; $srun_pid may not be set yet)"]
+                    if pids == '"$!"' else []),
+                  f"trap 'kill -{forwarded} {pids} 2>/dev/null' {forwarded}"]
     return [
         *lines,
-        f"{srun} &",
-        "srun_pid=$!",
+        *start,
         "# Traps run between polls (a trap that ends a wait early can lose srun's status);",
         "# Slurm's SIGTERM ends a poll's sleep too: no job message for it.",
         'while kill -0 "$srun_pid" 2>/dev/null; do { sleep 1; } 2>/dev/null; done',
@@ -149,9 +222,11 @@ def _waited(spec: JobSpec, srun: str) -> list[str]:
 
 
 def _launch(spec: JobSpec) -> list[str]:
+    if spec.elastic:
+        return [_block("Launch"), *_elastic(spec)]
     why, srun = _command(spec)
     if spec.requeue or signal_for_batch_shell(spec.warning_signal() or "") is not None:
-        return [_block("Launch"), why, *_waited(spec, srun)]
+        return [_block("Launch"), why, *_waited(spec, [f"{srun} &", "srun_pid=$!"])]
     return [_block("Launch"), why, srun, "status=$?"]
 
 

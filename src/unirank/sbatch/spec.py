@@ -21,11 +21,13 @@ __all__ = [
     "BACKENDS",
     "DEFAULT_REQUEUE_SIGNAL",
     "DEFAULT_SIGNAL_LEAD_S",
+    "ELASTIC_MAX_RESTARTS",
     "LAUNCH_MODES",
     "EnvItem",
     "JobSpec",
     "check_spec",
     "parse_env",
+    "parse_nodes",
     "parse_time",
     "parse_warning_signal",
     "signal_for_batch_shell",
@@ -39,6 +41,8 @@ DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_REQUEUE_SIGNAL = f"USR2@{DEFAULT_SIGNAL_LEAD_S}"
 #: sbatch's own lead time when ``--signal`` names no ``@TIME``
 SBATCH_SIGNAL_LEAD_S = 60
+#: ``--max-restarts`` of an elastic job (``--nnodes MIN:MAX``) when none is given
+ELASTIC_MAX_RESTARTS = 3
 
 _TIME_HINT = "use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch's formats)"
 _TIME_FORMS = (
@@ -66,12 +70,17 @@ class JobSpec:
     ``launch="tasks"`` each rank is a Slurm task; with ``launch="node"`` one Slurm task per node
     runs ``unirank run --nproc-per-node tasks_per_node``. ``cpus_per_task`` is per rank.
     ``signal`` is sbatch's ``[{R|B}:]SIG[@TIME]`` text; ``env`` holds :data:`EnvItem`s.
+    ``nodes`` is the number of nodes, or the most of an elastic range whose least is
+    ``min_nodes`` (None: not a range).
     """
 
     program: str
     program_args: tuple[str, ...] = ()
     module: bool = False
     nodes: int = 1
+    min_nodes: Optional[int] = None
+    max_restarts: Optional[int] = None
+    rdzv_conf: Optional[str] = None
     tasks_per_node: int = 1
     gpus_per_node: int = 0
     cpus_per_task: Optional[int] = None
@@ -94,6 +103,21 @@ class JobSpec:
     backend: str = "auto"
     python: str = "python"
 
+    @property
+    def elastic(self) -> bool:
+        """Whether the job is elastic: ``--nnodes MIN:MAX`` with MIN below MAX."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
+
+    def nodes_text(self, sep: str = ":") -> str:
+        """The node count as given: ``2``, or the range ``1:2`` (``sep`` between)."""
+        return f"{self.min_nodes}{sep}{self.nodes}" if self.elastic else str(self.nodes)
+
+    def restarts(self) -> Optional[int]:
+        """unirank run's ``--max-restarts``: as given, else 3 for an elastic job, else None."""
+        if self.max_restarts is not None:
+            return self.max_restarts
+        return ELASTIC_MAX_RESTARTS if self.elastic else None
+
     def warning_signal(self) -> Optional[str]:
         """The ``--signal`` the script asks for: as given, else the default with --requeue."""
         if self.signal is not None:
@@ -107,6 +131,21 @@ class JobSpec:
     def set_values(self) -> tuple[tuple[str, str], ...]:
         """The ``--env NAME=VALUE`` items, written into the script."""
         return tuple((name, value) for name, value in self.env if value is not None)
+
+
+def parse_nodes(text: object) -> tuple[int, Optional[int]]:
+    """``--nnodes``: ``N``, or an elastic range ``MIN:MAX`` (sbatch's ``MIN-MAX`` too), as
+    ``(MAX, MIN)``; MIN is None for a plain count (and for ``N:N``)."""
+    from unirank.cli.counts import parse_nnodes_range
+
+    raw = str(text).strip()
+    try:
+        least, most = parse_nnodes_range(raw.replace("-", ":", 1))
+    except ConfigError as exc:
+        raise ConfigError(exc.message, variable="--nodes", value=raw,
+                          hint="give the number of nodes, N, or an elastic range MIN:MAX, "
+                          "e.g. 1:2") from None
+    return most, (least if least != most else None)
 
 
 def parse_time(text: str) -> int:
@@ -219,10 +258,35 @@ def _check_choices(spec: JobSpec) -> None:
     for option, number, least in (("--nodes", spec.nodes, 1),
                                   ("--ntasks-per-node", spec.tasks_per_node, 1),
                                   ("--gpus-per-node", spec.gpus_per_node, 0),
-                                  ("--cpus-per-task", spec.cpus_per_task, 1)):
+                                  ("--cpus-per-task", spec.cpus_per_task, 1),
+                                  ("--max-restarts", spec.max_restarts, 0)):
         if number is not None and number < least:
             raise ConfigError(f"must be at least {least}", variable=option, value=str(number),
                               hint=f"give a whole number, {least} or more")
+
+
+def _check_elastic(spec: JobSpec) -> None:
+    """An elastic range and ``--max-restarts`` need ``--launch node`` (unirank run on each
+    node: in ``tasks`` mode no launcher stays to restart the ranks); ``--rdzv-conf`` needs an
+    elastic range."""
+    if spec.rdzv_conf is not None and not spec.elastic:
+        raise ConfigError(
+            "needs an elastic range (--nnodes MIN:MAX), whose nodes meet in torch's c10d "
+            "rendezvous", variable="--rdzv-conf", value=spec.rdzv_conf,
+            hint="give --nnodes MIN:MAX, or drop --rdzv-conf")
+    if spec.launch == "node":
+        return
+    if spec.elastic:
+        raise ConfigError(
+            "is an elastic range, which needs --launch node (one unirank run per node, "
+            "restarting the ranks at the world left)", variable="--nodes",
+            value=spec.nodes_text(), hint=f"drop --launch tasks, or give one number of nodes, "
+            f"e.g. --nodes {spec.nodes}")
+    if spec.max_restarts is not None:
+        raise ConfigError(
+            "needs --launch node (with --launch tasks each rank is a Slurm task, which no "
+            "launcher restarts)", variable="--max-restarts", value=str(spec.max_restarts),
+            hint="add --launch node, or drop --max-restarts")
 
 
 def _check_signal_lead(spec: JobSpec) -> None:
@@ -253,5 +317,6 @@ def check_spec(spec: JobSpec) -> JobSpec:
     parse_env(tuple(name if value is None else f"{name}={value}" for name, value in spec.env))
     _check_secrets(spec)
     _check_gpus(spec)
+    _check_elastic(spec)
     _check_signal_lead(spec)
     return spec
