@@ -14,6 +14,7 @@ Real launchers, real processes, real gloo, Horovod and torch_xla.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -29,7 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from test_examples import EXAMPLES, run
 
-from _procs import Runner, free_port, launcher_free_environ
+from _procs import Runner, free_port, launcher_free_environ, process_tree, read_lines
 
 pytestmark = pytest.mark.integration
 
@@ -268,3 +269,62 @@ def test_a_lost_node_s_survivor_resumes_from_the_checkpoint_at_the_new_world(
     assert [step for step, _ in after] == list(range(batch, 16)), out
     for step, loss in after:
         assert math.isclose(loss, unbroken[step], rel_tol=1e-4), (step, loss, unbroken[step])
+
+
+def _workers_of(launcher: int) -> list[int]:
+    """The worker processes below ``launcher`` (those whose argv runs train.py directly)."""
+    found = []
+    for pid in process_tree(launcher):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1] == TRAIN.encode():
+            found.append(pid)
+    return found
+
+
+def test_a_joining_node_resumes_the_run_from_its_step_at_the_larger_world(
+        runner: Runner, tmp_path: Path) -> None:
+    """Node A trains alone at world 2 (``--save_every 1``), its workers held (SIGSTOP) so
+    that it cannot finish first; node B starts; once A's ``unirank run`` sees B waiting to
+    join, the workers go on: they stop, and both nodes resume from the checkpoint at world 4,
+    saying why, mid-epoch, each step with rank 0's loss of an unbroken run at world 4 (the
+    global batch kept: the same weights, and rank 0 the same quarter of each batch)."""
+    whole = run([sys.executable, TRAIN, "--nproc_per_node", "4", *ELASTIC_ARGS]).stdout
+    unbroken = {int(n) // 4: float(loss) for w, n, loss in RANK0_STEP.findall(whole)}
+    assert sorted(unbroken) == list(range(16)), whole
+    checkpoint = tmp_path / "ckpt.pt"
+    target = [TRAIN, *ELASTIC_ARGS, "--checkpoint", str(checkpoint), "--save_every", "1"]
+    port = free_port()
+    first = _node(runner, "127.0.1.2", "nodeA", port, target, stdout=subprocess.PIPE)
+    _read_until(first, "Process 0/2 Train Epoch: 0 [16/256]", 120)  # step 2 at world 2
+    held = _workers_of(first.pid)
+    assert len(held) == 2, held
+    for pid in held:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        second = _node(runner, "127.0.1.1", "nodeB", port, target, stdout=subprocess.PIPE)
+        assert first.stderr is not None
+        seen = read_lines(first.stderr, 1, contains="node(s) wait to join", timeout=120)
+    finally:
+        for pid in held:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+    (out_a, err_a), (out_b, err_b) = first.communicate(timeout=180), second.communicate(
+        timeout=180)
+    out, err = out_a.decode(), "\n".join(seen) + err_a.decode()
+    assert (first.returncode, second.returncode) == (0, 0), err + err_b.decode()
+    assert "(joined: nodeB)" in err, err
+    assert re.search(r"new world size 2 -> 4 \(restart 1 of 2, node joined: nodeB\): global "
+                     r"batch 16 kept, 4 per rank", out), out
+    resumed = re.findall(r"resumed from .* at epoch 0, batch (\d+) \(step (\d+)\)", out)
+    assert resumed, out
+    batch = int(resumed[-1][0])
+    assert 2 < batch < 16, out  # from the step A's workers were at, not from the start
+    after = [(int(n) // 4, float(loss)) for w, n, loss in RANK0_STEP.findall(out.split(
+        "new world size 2 -> 4")[-1]) if w == "4"]
+    assert [step for step, _ in after] == list(range(batch, 16)), out
+    for step, loss in after:
+        assert math.isclose(loss, unbroken[step], rel_tol=1e-4), (step, loss, unbroken[step])
+    assert "Process 2/4" in out_b.decode(), out_b.decode()

@@ -77,3 +77,6 @@ def test_a_new_round_names_the_nodes_that_left_or_joined() -> None:
         "rendezvous round 2: node rank 0 of 2, 4 workers in all (left: b; joined: c)"
     assert elastic.describe_round(place("a"), place("a", round_=1)) == \
         "rendezvous round 1: node rank 0 of 1, 2 workers in all"
+    assert elastic.describe_round(place("a", "b"), place("a", round_=1), 3.04) == \
+        "rendezvous round 1: node rank 0 of 1, 2 workers in all (left: b), after 3.0 s of " \
+        "rendezvous"

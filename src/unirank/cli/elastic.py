@@ -146,9 +146,10 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
         raise
 
 
-def describe_round(before: Assignment, after: Assignment) -> str:
-    """One line on a new round: this node's place, and the nodes that left or joined since
-    ``before`` (by name; a name twice counts twice)."""
+def describe_round(before: Assignment, after: Assignment, took: float | None = None) -> str:
+    """One line on a new round: this node's place, the nodes that left or joined since
+    ``before`` (by name; a name twice counts twice), and how long the round took to close
+    (``took`` seconds, where given)."""
     from unirank.elasticstate import nodes_changed
 
     left, joined = nodes_changed(before.hosts, after.hosts)
@@ -156,4 +157,5 @@ def describe_round(before: Assignment, after: Assignment) -> str:
                for what, names in (("left", left), ("joined", joined)) if names]
     return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "
             f"{sum(after.ranks_per_node)} workers in all"
-            + (f" ({'; '.join(changes)})" if changes else ""))
+            + (f" ({'; '.join(changes)})" if changes else "")
+            + (f", after {took:.1f} s of rendezvous" if took is not None else ""))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -503,9 +504,10 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
     places = [assignment]
 
     def replan(attempt: int) -> Plan:  # a restart: the next round (the world may change)
+        began = time.monotonic()
         places.append(helper.next(first=False))
-        print(f"unirank run: {elastic.describe_round(places[-2], places[-1])}",
-              file=sys.stderr, flush=True)
+        line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began)
+        print(f"unirank run: {line}", file=sys.stderr, flush=True)
         return plan_at(places[-1])
 
     try:
