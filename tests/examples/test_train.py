@@ -235,6 +235,21 @@ def _node(runner: Runner, addr: str, name: str, port: int, target: list[str],
         stdout=stdout, env={"UNIRANK_NODE_NAME": name}, drop=("OMP_NUM_THREADS",))
 
 
+def _unbroken(world: int) -> dict[int, float]:
+    """Rank 0's loss at each global step of epoch 0 in an unbroken run at ``world``."""
+    whole = run([sys.executable, TRAIN, "--nproc_per_node", str(world), *ELASTIC_ARGS]).stdout
+    per_rank = 16 // world
+    unbroken = {int(n) // per_rank: float(loss) for _w, n, loss in RANK0_STEP.findall(whole)}
+    assert sorted(unbroken) == list(range(16)), whole
+    return unbroken
+
+
+def _saving_every_step(tmp_path: Path) -> list[str]:
+    """train.py's command line for the elastic tests, a checkpoint saved after every step."""
+    return [TRAIN, *ELASTIC_ARGS, "--checkpoint", str(tmp_path / "ckpt.pt"), "--save_every",
+            "1"]
+
+
 def test_a_lost_node_s_survivor_resumes_from_the_checkpoint_at_the_new_world(
         runner: Runner, tmp_path: Path) -> None:
     """Two nodes of 2 ranks train (``--save_every 1``); node B's ``unirank run`` is SIGKILLed
@@ -242,11 +257,7 @@ def test_a_lost_node_s_survivor_resumes_from_the_checkpoint_at_the_new_world(
     last checkpoint at world 2, saying why, mid-epoch (it did not start over), and each step
     from there has the loss of an unbroken run at world 2 (the global batch kept: no sample
     skipped or seen twice), to the same last loss."""
-    whole = run([sys.executable, TRAIN, "--nproc_per_node", "2", *ELASTIC_ARGS]).stdout
-    unbroken = {int(n) // 8: float(loss) for w, n, loss in RANK0_STEP.findall(whole)}
-    assert sorted(unbroken) == list(range(16)), whole
-    checkpoint = tmp_path / "ckpt.pt"
-    target = [TRAIN, *ELASTIC_ARGS, "--checkpoint", str(checkpoint), "--save_every", "1"]
+    unbroken, target = _unbroken(2), _saving_every_step(tmp_path)
     port = free_port()
     lost = _node(runner, "127.0.1.1", "nodeB", port, target, stdout=subprocess.PIPE)
     survivor = _node(runner, "127.0.1.2", "nodeA", port, target, stdout=subprocess.PIPE)
@@ -291,11 +302,7 @@ def test_a_joining_node_resumes_the_run_from_its_step_at_the_larger_world(
     join, the workers go on: they stop, and both nodes resume from the checkpoint at world 4,
     saying why, mid-epoch, each step with rank 0's loss of an unbroken run at world 4 (the
     global batch kept: the same weights, and rank 0 the same quarter of each batch)."""
-    whole = run([sys.executable, TRAIN, "--nproc_per_node", "4", *ELASTIC_ARGS]).stdout
-    unbroken = {int(n) // 4: float(loss) for w, n, loss in RANK0_STEP.findall(whole)}
-    assert sorted(unbroken) == list(range(16)), whole
-    checkpoint = tmp_path / "ckpt.pt"
-    target = [TRAIN, *ELASTIC_ARGS, "--checkpoint", str(checkpoint), "--save_every", "1"]
+    unbroken, target = _unbroken(4), _saving_every_step(tmp_path)
     port = free_port()
     first = _node(runner, "127.0.1.2", "nodeA", port, target, stdout=subprocess.PIPE)
     _read_until(first, "Process 0/2 Train Epoch: 0 [16/256]", 120)  # step 2 at world 2

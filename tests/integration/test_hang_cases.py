@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_hang_keywords import BLOCKED
 
 from _procs import Runner, free_port, launcher_free_environ, read_lines
 
@@ -103,24 +104,10 @@ def test_a_frozen_rank_is_named_as_not_answering(runner: Runner, tmp_path: Path)
     assert proc.returncode == 86, err
 
 
-MPI = """import threading
-
-import torch
-import torch.distributed as dist
-import unirank as ur
-
-
-def load_next_batch():
-    threading.Event().wait()  # blocks forever
-
-
-ur.init("gloo", hang_report_after=2, hang_timeout=4)
-t = torch.ones(8)
-dist.all_reduce(t)
-if dist.get_rank() == 1:
-    load_next_batch()
-dist.all_reduce(t)  # the all_reduce rank 1 never enters
-"""
+#: rank 1 never enters the second all_reduce (the keywords' script, with longer settings)
+MPI = BLOCKED.replace("hang_report_after=1, hang_timeout=2",
+                      "hang_report_after=2, hang_timeout=4")
+assert MPI != BLOCKED
 
 
 def test_a_hang_under_mpirun_is_reported(mpirun: list[str], tmp_path: Path) -> None:
