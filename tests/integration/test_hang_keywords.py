@@ -15,28 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from _hang_scripts import blocked
 from _procs import Runner, free_port, launcher_free_environ
 from unirank.errors import ConfigError
 from unirank.runtime.parallel import Parallel
 
-BLOCKED = """import threading
-
-import torch
-import torch.distributed as dist
-import unirank as ur
-
-
-def load_next_batch():
-    threading.Event().wait()  # blocks forever
-
-
-ur.init("gloo", hang_report_after=1, hang_timeout=2)
-t = torch.ones(8)
-dist.all_reduce(t)
-if dist.get_rank() == 1:
-    load_next_batch()
-dist.all_reduce(t)  # the all_reduce rank 1 never enters
-"""
+BLOCKED = blocked(1, 2)
 
 PARALLEL = """import threading
 
