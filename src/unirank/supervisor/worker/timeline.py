@@ -97,7 +97,6 @@ class Recorder:
         return wrapper
 
 
-
 def publish(store: Any, rank: int, node: str, parts: Mapping[str, Any]) -> None:
     """Set this rank's end-of-run record in the store (one key): ``parts`` are ``times`` (the
     :class:`Recorder`'s), ``collectives`` and ``watcher`` (the hang watcher's
