@@ -30,11 +30,11 @@ from typing import IO, Any, NoReturn, Optional
 import pytest
 
 #: prefixes of the variables of a launcher (Slurm, the MPIs, LSF, PBS and PALS, JSM, Horovod,
-#: torchrun's agent, unirank's own) that a command a test starts must not inherit from the
+#: torchrun's agent, unirank's own, SkyPilot) that a command a test starts must not inherit from the
 #: shell running pytest
 LAUNCHER_PREFIXES = ("SLURM", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMI", "MPI_", "HYDRA_",
                      "I_MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "PALS_", "HOROVOD_",
-                     "TORCHELASTIC_", "UNIRANK_", "GROUP_", "ROLE_", "MASTER_")
+                     "TORCHELASTIC_", "UNIRANK_", "GROUP_", "ROLE_", "MASTER_", "SKYPILOT_")
 #: torchrun's variables that no prefix above covers
 LAUNCHER_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
 #: the one ``UNIRANK_`` variable that commands a test starts do inherit: UNIRANK_NO_PRELOAD, so

@@ -15,7 +15,7 @@ class DistEnv:
 
     ``launcher`` is the name of the launcher that was detected (``"torchrun"``, ``"slurm"``,
     ``"slurm-allocation"``, ``"openmpi"``, ``"mpich"``, ``"intelmpi"``, ``"mvapich"``, ``"pmix"``,
-    ``"lsf"``, ``"pbs"``, ``"kubeflow"`` or ``"local"``).
+    ``"lsf"``, ``"pbs"``, ``"kubeflow"``, ``"skypilot"`` or ``"local"``).
 
     ``master_addr`` and ``master_port`` are ``None`` only where neither the user nor the launcher
     gave enough to derive them (an MPI world spanning several nodes without ``MASTER_ADDR``);

@@ -22,8 +22,11 @@ Precedence, and why:
 5. ``slurm`` - a task of an srun step.
 6. ``pbs`` - a pbsdsh task.
 7. ``kubeflow`` - RANK/WORLD_SIZE/MASTER_ADDR without LOCAL_RANK.
-8. ``slurm-allocation`` - an sbatch or salloc shell with no step (``launch_required``).
-9. ``local`` - none of the above: rank 0 of 1.
+8. ``skypilot`` - SKYPILOT_NODE_RANK/SKYPILOT_NUM_NODES: one process per node (its variables
+   describe the node, so every per-process launcher above, torchrun or mpirun started inside
+   the ``run:`` command, wins).
+9. ``slurm-allocation`` - an sbatch or salloc shell with no step (``launch_required``).
+10. ``local`` - none of the above: rank 0 of 1.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from unirank.launchers import (
     openmpi,
     pbs,
     pmix,
+    skypilot,
     slurm,
     slurm_allocation,
     torchrun,
@@ -68,6 +72,7 @@ PRECEDENCE: tuple[Launcher, ...] = (
     slurm.LAUNCHER,
     pbs.LAUNCHER,
     kubeflow.LAUNCHER,
+    skypilot.LAUNCHER,
     slurm_allocation.LAUNCHER,
     local.LAUNCHER,
 )
