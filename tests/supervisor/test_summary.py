@@ -87,7 +87,10 @@ def test_stop_signal_gives_128_plus_signal() -> None:
     assert result.exit_code == 130
     assert format_summary(result).startswith("unirank run: stopped by SIGINT (exit code 130)")
     handled = RunResult(exits=(WorkerExit(0, 0, "n", 0),), stop_signal=15)
-    assert handled.exit_code == 0
+    assert handled.exit_code == 143  # saved and ended 0, but stopped: not done
+    assert format_summary(handled).startswith("unirank run: stopped by SIGTERM (exit code 143)")
+    requeued = RunResult(exits=(WorkerExit(0, 0, "n", 79),), stop_signal=15)
+    assert requeued.exit_code == 79
 
 
 def test_signal_death_is_the_first_failure_s_code() -> None:

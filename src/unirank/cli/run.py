@@ -530,7 +530,9 @@ def main(args: argparse.Namespace) -> int:
         )
     from unirank.cli.sshrun import check_ssh_only
     from unirank.cli.target import check_target
+    from unirank.supervisor.pidone import stand_in_for_init
 
+    stand_in_for_init()  # PID 1 of a container: an init forwards signals and reaps orphans
     check_ssh_only(args)
     environ = dict(os.environ)
     if args.from_ssh:  # a host of unirank run --hosts: its environment, then the watch

@@ -207,15 +207,16 @@ class RunResult:
     @property
     def exit_code(self) -> int:
         """The root cause's exit code; 79 when the workers stopped to be requeued
-        (:attr:`requeued`); 128 + signal when a forwarded SIGINT/SIGTERM stopped a worker;
-        else 0."""
+        (:attr:`requeued`); 128 + signal when a forwarded SIGINT/SIGTERM stopped the run, also
+        when the workers saved and ended 0 (the run was stopped, not finished: a Kubernetes Job
+        must not count the pod as done, and torchrun exits non-zero too); else 0."""
         if self.first_failure is not None:
             return self.first_failure.own_exit_code
         if self.unreaped or (self.world_changed and any(w.failed for w in self.exits)):
             return 1
         if self.requeued:
             return REQUEUE_EXIT_CODE
-        if self.stop_signal is not None and any(w.failed for w in self.exits):
+        if self.stop_signal is not None:
             return 128 + self.stop_signal
         return 0
 
