@@ -1,0 +1,152 @@
+"""Kubernetes pods simulated on loopback (no cluster can run here; see the Kubernetes tests).
+
+:func:`injected` is what the operators add to a pod's environment, from the manifests of
+examples/kubernetes, as their source gives it (Kubeflow training operator v1.7+
+``pkg/controller.v1/pytorch/envvar.go`` and ``elastic.go``; Trainer v2's torch plugin
+``pkg/runtime/framework/plugins/torch/torch.go``). :func:`run_pods` starts the pods at once in a
+private network and mount namespace (``unshare -m -n``, root only): loopback up, a copy of
+/etc/hosts bind-mounted over it that names each pod (pod ``i`` is ``127.0.0.(i+1)``), and each
+pod in a UTS namespace of its own whose host name is the pod's name, as in Kubernetes.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from _procs import launcher_free_environ
+
+MANIFESTS = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
+#: the training operator's default port (its defaulting webhook adds it to the pytorch container)
+V1_PORT = 23456
+#: Trainer v2's container port (constants.ContainerTrainerPort)
+V2_PORT = 29500
+
+
+def manifest(name: str) -> list[dict[str, Any]]:
+    """The documents of ``examples/kubernetes/<name>``."""
+    return list(yaml.safe_load_all((MANIFESTS / name).read_text()))
+
+
+def containers(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every container of a PyTorchJob's replica specs or a TrainingRuntime's replicated jobs."""
+    spec = doc["spec"]
+    if doc["kind"] == "PyTorchJob":
+        templates = [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
+    else:
+        templates = [j["template"]["spec"]["template"] for j in
+                     spec["template"]["spec"]["replicatedJobs"]]
+    return [c for t in templates for c in t["spec"]["containers"]]
+
+
+@dataclass(frozen=True)
+class Pod:
+    """One pod: its name (and host name), its environment from the operator, its command."""
+
+    name: str
+    environ: Mapping[str, str]
+    command: Sequence[str]
+
+
+def _pytorchjob_pods(job: Mapping[str, Any]) -> list[Pod]:
+    name, spec = job["metadata"]["name"], job["spec"]
+    replicas = spec["pytorchReplicaSpecs"]
+    total = sum(int(r["replicas"]) for r in replicas.values())
+    elastic = spec.get("elasticPolicy")
+    pods: list[Pod] = []
+    for rtype in ("Master", "Worker"):
+        if rtype not in replicas:
+            continue
+        command = replicas[rtype]["template"]["spec"]["containers"][0]["command"]
+        for index in range(int(replicas[rtype]["replicas"])):
+            env = {"PYTHONUNBUFFERED": "0"}
+            if "Master" in replicas:
+                rank = index + (1 if rtype == "Worker" else 0)
+                env.update(MASTER_ADDR=f"{name}-master-0", MASTER_PORT=str(V1_PORT),
+                           WORLD_SIZE=str(total), RANK=str(rank))
+            if elastic is not None:
+                env.update(PET_RDZV_ENDPOINT=f"{name}-worker-0:{V1_PORT}",
+                           PET_RDZV_BACKEND=elastic.get("rdzvBackend", "c10d"),
+                           PET_NNODES=f"{elastic['minReplicas']}:{elastic['maxReplicas']}")
+                if "maxRestarts" in elastic:
+                    env["PET_MAX_RESTARTS"] = str(elastic["maxRestarts"])
+            if "nprocPerNode" in spec:
+                env["PET_NPROC_PER_NODE"] = str(spec["nprocPerNode"])
+            pods.append(Pod(f"{name}-{rtype.lower()}-{index}", env, command))
+    return pods
+
+
+def _trainjob_pods(docs: Sequence[Mapping[str, Any]]) -> list[Pod]:
+    runtime = next(d for d in docs if d["kind"] == "TrainingRuntime")
+    job = next(d for d in docs if d["kind"] == "TrainJob")
+    name, trainer = job["metadata"]["name"], job["spec"]["trainer"]
+    policy = runtime["spec"]["mlPolicy"]
+    nodes = int(trainer.get("numNodes", policy["numNodes"]))
+    nproc = str(trainer.get("numProcPerNode", policy["torch"]["numProcPerNode"]))
+    command = trainer.get("command") or containers(runtime)[0]["command"]
+    return [Pod(f"{name}-node-0-{index}",
+                {"PET_NNODES": str(nodes), "PET_NPROC_PER_NODE": nproc,
+                 "PET_NODE_RANK": str(index), "PET_MASTER_ADDR": f"{name}-node-0-0.{name}",
+                 "PET_MASTER_PORT": str(V2_PORT)}, command)
+            for index in range(nodes)]
+
+
+def injected(docs: Sequence[Mapping[str, Any]]) -> list[Pod]:
+    """The pods the operator makes of a manifest's documents, with what it injects."""
+    kinds = {d["kind"] for d in docs}
+    if "PyTorchJob" in kinds:
+        return _pytorchjob_pods(next(d for d in docs if d["kind"] == "PyTorchJob"))
+    return _trainjob_pods(docs)
+
+
+def hosts_file(pods: Sequence[Pod]) -> str:
+    """/etc/hosts of the simulated cluster: pod ``i`` at 127.0.0.(i+1), also under its
+    headless service's name (``<pod>.<subdomain>``, as JobSet gives it)."""
+    lines = ["127.0.0.1 localhost"]
+    for index, pod in enumerate(pods):
+        job = pod.name.split("-node-")[0] if "-node-" in pod.name else None
+        names = [pod.name] + ([f"{pod.name}.{job}"] if job else [])
+        lines.append(f"127.0.0.{index + 1} {' '.join(names)}")
+    return "\n".join(lines) + "\n"
+
+
+def run_pods(pods: Sequence[Pod], cwd: Path, *, timeout: float,
+             extra: Mapping[str, str] | None = None) -> tuple[list[int], list[str]]:
+    """Start every pod at once in a private network (see the module docstring); each pod's
+    exit code and output. Fails, after killing them all, when they run past ``timeout``."""
+    hosts = cwd / "hosts"
+    hosts.write_text(hosts_file(pods))
+    lines = ["mount --bind " + shlex.quote(str(hosts)) + " /etc/hosts", "ip link set lo up"]
+    for index, pod in enumerate(pods):
+        env = launcher_free_environ({**pod.environ, **(extra or {})})
+        assign = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+        inner = f"hostname {shlex.quote(pod.name)} && exec \"$@\""
+        lines.append(
+            f"env -i {assign} unshare -u sh -c {shlex.quote(inner)} sh "
+            f"{' '.join(shlex.quote(a) for a in pod.command)} > pod{index}.log 2>&1 & "
+            f"p{index}=$!")
+    for index in range(len(pods)):
+        lines.append(f"wait $p{index}; echo \"POD {index} $?\"")
+    proc = subprocess.Popen(["unshare", "-m", "-n", "bash", "-c", "\n".join(lines)], cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out = proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        logs = [(cwd / f"pod{i}.log").read_text() for i in range(len(pods))]
+        raise AssertionError(f"the pods did not end in {timeout:g} s; killed\n{logs}") from None
+    codes = {int(w.split()[1]): int(w.split()[2]) for w in out.splitlines()
+             if w.startswith("POD ")}
+    assert sorted(codes) == list(range(len(pods))), out
+    return [codes[i] for i in range(len(pods))], \
+        [(cwd / f"pod{i}.log").read_text() for i in range(len(pods))]
