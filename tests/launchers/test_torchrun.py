@@ -146,3 +146,21 @@ def test_elastic_run_id_without_rank_is_an_error() -> None:
 def test_local_rank_alone_is_not_torchrun() -> None:
     """Job scripts export LOCAL_RANK=$SLURM_LOCALID; that alone is no torchrun launch."""
     assert detect({"LOCAL_RANK": "0"}, argv=[]).launcher == "local"
+
+
+RAY_WORKER = {"RANK": "3", "LOCAL_RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "1",
+              "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "34469"}
+
+
+def test_ray_train_worker_takes_its_node_rank_from_node_rank() -> None:
+    """Ray Train put 3 workers on node 0 and 1 on node 1: rank 3 is alone on node 1 (by slot
+    it would be node 3). Variables as Ray Train 2.60's TorchTrainer sets them."""
+    env = detect(RAY_WORKER, argv=[])
+    assert (env.launcher, env.rank, env.world_size, env.local_world_size) == ("torchrun", 3, 4, 1)
+    assert (env.node_rank, env.sources["node_rank"]) == (1, "NODE_RANK")
+    assert env.num_nodes == 4  # the slot rule's count; NODE_RANK fits in it
+    uneven = detect({**RAY_WORKER, "RANK": "1", "LOCAL_WORLD_SIZE": "3", "LOCAL_RANK": "1",
+                     "NODE_RANK": "0"}, argv=[])
+    assert (uneven.node_rank, uneven.num_nodes) == (0, 2)
+    torchrun = detect({**RAY_WORKER, "GROUP_RANK": "3", "GROUP_WORLD_SIZE": "4"}, argv=[])
+    assert torchrun.node_rank == 3  # torchrun's own GROUP_RANK wins

@@ -1,6 +1,8 @@
 """Workers of ``torchrun`` / ``python -m torch.distributed.run`` / ``torch.distributed.launch``.
 
-Also every worker that ``unirank run`` starts, since those get torchrun's variables. The legacy
+Also every worker that ``unirank run`` starts, since those get torchrun's variables, and a Ray
+Train worker (``TorchTrainer`` sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and NODE_RANK,
+its node's rank, which is used where GROUP_RANK is unset). The legacy
 ``torch.distributed.launch`` without ``--use-env`` passes the local rank as ``--local-rank=N``
 (or ``--local_rank N``) on the command line instead of ``LOCAL_RANK``.
 
@@ -87,7 +89,7 @@ def _layout(environ: Mapping[str, str], ctx: Context) -> Layout:
     """Ranks, local ranks and nodes from torchrun's variables, checked against each other.
 
     Reads: RANK, LOCAL_RANK (or ``--local-rank``), WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK,
-    GROUP_WORLD_SIZE.
+    GROUP_WORLD_SIZE, NODE_RANK (Ray Train's, where GROUP_RANK is unset).
     """
     rank = read_int(environ, "RANK", hint="torchrun sets RANK for every worker")
     world = read_int(environ, "WORLD_SIZE", minimum=1, hint="torchrun sets WORLD_SIZE")
@@ -117,10 +119,16 @@ def _layout(environ: Mapping[str, str], ctx: Context) -> Layout:
     if groups is not None:
         num_nodes, sources["num_nodes"] = groups, "GROUP_WORLD_SIZE"
     node_rank = read_optional_int(environ, "GROUP_RANK")
-    if node_rank is None:
-        node_rank, sources["node_rank"] = slot_node, "derived: RANK // LOCAL_WORLD_SIZE"
-    else:
+    if node_rank is not None:
         sources["node_rank"] = "GROUP_RANK"
+    elif (ray_node := read_optional_int(environ, "NODE_RANK")) is not None:
+        # Ray Train gives each worker its node's rank; it may place different numbers of
+        # workers on its nodes, so the slot rule below can be wrong there
+        node_rank, sources["node_rank"] = ray_node, "NODE_RANK"
+        if groups is None and node_rank >= num_nodes:
+            num_nodes, sources["num_nodes"] = node_rank + 1, "derived: at least NODE_RANK + 1"
+    else:
+        node_rank, sources["node_rank"] = slot_node, "derived: RANK // LOCAL_WORLD_SIZE"
     check_rank(node_rank, num_nodes, rank_var="GROUP_RANK", size_var=sources["num_nodes"])
     return Layout(rank, local_rank, world, local_world, node_rank, num_nodes, sources)
 
@@ -129,8 +137,8 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     """A torchrun worker, or None when torchrun's variables are absent.
 
     Reads: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE,
-    MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, SLURMD_NODENAME, UNIRANK_NODE_NAME, and the
-    Slurm step variables for the consistency check.
+    NODE_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID, SLURMD_NODENAME,
+    UNIRANK_NODE_NAME, and the Slurm step variables for the consistency check.
     """
     if not present(environ, ctx.argv):
         return None

@@ -186,6 +186,23 @@ def _join(base: Any, prefix: str, env: DistEnv, timeout: float) -> None:
         interrupted(env.rank, "waiting for the other ranks to join")
 
 
+def _adopt(timeout: float | None, hang_report_after: str | float | None,
+           hang_timeout: str | float | None) -> None:
+    """A group unirank did not start: watch it for hangs as one unirank starts (a client of
+    the store at the master address and port, which the group's ``env://`` rendezvous serves),
+    where a world of several ranks names its master; else leave it alone.
+
+    Reads: what :func:`init` reads for the hang detector and the launcher.
+    """
+    if state.STATE.owns_group:
+        return
+    environ = os.environ
+    env = state.dist_env()
+    if env.world_size > 1 and env.master_addr is not None and env.master_port is not None:
+        _watch_hangs(env, resolve_init_timeout(timeout, environ), environ,
+                     hang_settings(hang_report_after, hang_timeout, environ))
+
+
 def init(
     backend: str | None = None, timeout: float | None = None, init_method: str | None = None,
     *, hang_report_after: str | float | None = None, hang_timeout: str | float | None = None,
@@ -204,7 +221,9 @@ def init(
     ``--hang-timeout`` (seconds, or ``"off"``), over UNIRANK_HANG_REPORT_AFTER and
     UNIRANK_HANG_TIMEOUT (see docs/troubleshooting.md).
 
-    A group that already exists (the user called ``init_process_group``) is adopted as it is.
+    A group that already exists (the user called ``init_process_group``, or Ray Train's
+    ``TorchTrainer`` did before the function) is adopted as it is, and the hang watcher is
+    started for it (:func:`_adopt`).
     At world size 1 no network is used (an in-memory store). Ranks that do not join in time are
     named in the :class:`~unirank.joincheck.InitTimeoutError` every waiting rank raises.
 
@@ -214,6 +233,7 @@ def init(
     SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
     """
     if state.is_initialized():
+        _adopt(timeout, hang_report_after, hang_timeout)
         return
     file_url = ignite_options.init_method(init_method)
     environ = os.environ
