@@ -6,7 +6,9 @@ examples/kubernetes, as their source gives it (Kubeflow training operator v1.7+
 ``pkg/runtime/framework/plugins/torch/torch.go``). :func:`run_pods` starts the pods at once in a
 private network and mount namespace (``unshare -m -n``, root only): loopback up, a copy of
 /etc/hosts bind-mounted over it that names each pod (pod ``i`` is ``127.0.0.(i+1)``), and each
-pod in a UTS namespace of its own whose host name is the pod's name, as in Kubernetes.
+pod in a UTS namespace of its own whose host name is the pod's name, as in Kubernetes;
+``$(NAME)`` in a pod's command is expanded from its environment (:func:`expand`), as Kubernetes
+does.
 """
 
 from __future__ import annotations
@@ -107,6 +109,14 @@ def injected(docs: Sequence[Mapping[str, Any]]) -> list[Pod]:
     return _trainjob_pods(docs)
 
 
+def expand(arg: str, environ: Mapping[str, str]) -> str:
+    """``arg`` with every ``$(NAME)`` of ``environ`` replaced by its value, as Kubernetes
+    expands a container's command and args (an unknown name stays as written)."""
+    for name, value in environ.items():
+        arg = arg.replace(f"$({name})", value)
+    return arg
+
+
 def hosts_file(pods: Sequence[Pod]) -> str:
     """/etc/hosts of the simulated cluster: pod ``i`` at 127.0.0.(i+1), also under its
     headless service's name (``<pod>.<subdomain>``, as JobSet gives it)."""
@@ -131,7 +141,8 @@ def run_pods(pods: Sequence[Pod], cwd: Path, *, timeout: float,
         inner = f"hostname {shlex.quote(pod.name)} && exec \"$@\""
         lines.append(
             f"env -i {assign} unshare -u sh -c {shlex.quote(inner)} sh "
-            f"{' '.join(shlex.quote(a) for a in pod.command)} > pod{index}.log 2>&1 & "
+            f"{' '.join(shlex.quote(expand(a, pod.environ)) for a in pod.command)} "
+            f"> pod{index}.log 2>&1 & "
             f"p{index}=$!")
     for index in range(len(pods)):
         lines.append(f"wait $p{index}; echo \"POD {index} $?\"")

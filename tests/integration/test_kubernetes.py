@@ -144,3 +144,25 @@ def test_trainjob_pods_under_torchrun_form_a_world_of_four(tmp_path: Path) -> No
     check_world(parse_reduce(out), 4, addr="train-node-0-0.train", port=29500,
                 nodes=["train-node-0-0"] * 2 + ["train-node-0-1"] * 2, reduced=True,
                 context=out)
+
+
+#: the TrainJob command that works before ``unirank run`` reads PET_* (docs/kubernetes.md):
+#: Kubernetes expands each $(PET_...) from the variables the torch plugin set
+SPELLED_OUT = ["unirank", "run", "--nnodes", "$(PET_NNODES)", "--node-rank", "$(PET_NODE_RANK)",
+               "--master-addr", "$(PET_MASTER_ADDR)", "--master-port", "$(PET_MASTER_PORT)",
+               "--nproc-per-node", "$(PET_NPROC_PER_NODE)", "train.py"]
+
+
+def test_docs_show_the_spelled_out_command() -> None:
+    shown = "command: [" + ", ".join(f'"{a}"' for a in SPELLED_OUT) + "]"
+    assert shown in DOC.read_text()
+
+
+@pytest.mark.integration
+def test_trainjob_pods_with_the_options_spelled_out_form_a_world_of_four(tmp_path: Path) -> None:
+    _need_namespaces()
+    pods = [Pod(p.name, p.environ, SPELLED_OUT) for p in injected(manifest("trainjob.yaml"))]
+    out = _run(pods, tmp_path)
+    check_world(parse_reduce(out), 4, addr="train-node-0-0.train", port=29500,
+                nodes=["train-node-0-0"] * 2 + ["train-node-0-1"] * 2, reduced=True,
+                context=out)
