@@ -7,11 +7,15 @@ SIGTERM), so a Kubernetes Job does not count the stopped pod as done."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import pty
 import shutil
 import signal
 import subprocess
 import sys
+import termios
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,3 +85,40 @@ def test_torchrun_as_pid1_under_the_same_stop_exits_non_zero(tmp_path: Path) -> 
                                str(tmp_path)], tmp_path)
     assert sorted(p.name for p in tmp_path.glob("ckpt.*")) == ["ckpt.0", "ckpt.1"], out
     assert code == 1 and "SignalException" in out, out
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_ranks_once(tmp_path: Path) -> None:
+    """``docker run -it``: PID 1 on a terminal whose Ctrl-C goes to the foreground process
+    group. ``unirank run`` takes the foreground for itself, so the SIGINT reaches it once
+    (twice, from the terminal and forwarded by PID 1, would kill the ranks at once): the ranks
+    save, and the exit code is 130."""
+    _need_unshare()
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    command = [*UNSHARE, sys.executable, "-m", "unirank", "run", "-n", "2", str(SCRIPT),
+               str(tmp_path), "--stop-on-int", "--slow-save"]
+    proc = subprocess.Popen(command, cwd=tmp_path, env=launcher_free_environ(), stdin=slave,
+                            stdout=slave, stderr=slave, preexec_fn=controlling_terminal)
+    os.close(slave)
+    try:
+        with os.fdopen(master, "rb", buffering=0) as terminal:
+            seen = read_lines(terminal, 2, contains="READY", timeout=TIMEOUT)
+            os.write(terminal.fileno(), b"\x03")  # Ctrl-C
+            rest = b""
+            with contextlib.suppress(OSError):  # EIO once every writer has gone
+                while chunk := os.read(terminal.fileno(), 65536):
+                    rest += chunk
+        code = proc.wait(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out = "\n".join(seen) + "\n" + rest.decode(errors="replace")
+    assert sorted(p.name for p in tmp_path.glob("ckpt.*")) == ["ckpt.0", "ckpt.1"], out
+    assert out.count("got SIGINT") == 1, out
+    assert "other workers: ranks 0-1: ok" in out, out  # not SIGKILLed by a second SIGINT
+    assert code == 130, out

@@ -7,12 +7,17 @@ once, so the grandchild (which exits at once too) is re-parented to PID 1. Rank 
 most 30 s) for the grandchild's /proc entry to go, i.e. for PID 1 to reap it, and prints
 ``ORPHAN reaped`` or ``ORPHAN zombie``.
 
-Usage: pid1_job.py OUT [--orphan]
+With ``--stop-on-int`` SIGINT (a terminal's Ctrl-C) asks to stop as SIGTERM does; with
+``--slow-save`` writing the checkpoint takes a second (within the grace period, but not a
+second stop signal's immediate SIGKILL).
+
+Usage: pid1_job.py OUT [--orphan] [--stop-on-int] [--slow-save]
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -56,12 +61,16 @@ def main() -> int:
     if "--orphan" in sys.argv and rank == 0:
         orphan = leave_orphan(out)
         print(f"ORPHAN {'reaped' if reaped(orphan) else 'zombie'}", flush=True)
+    if "--stop-on-int" in sys.argv:  # a terminal's Ctrl-C asks to stop too
+        ur.watch_stop_signals((signal.SIGINT, signal.SIGTERM))
     ur.barrier()
     print(f"READY {rank}", flush=True)
     step = 0
     while not ur.stop_requested():
         step += 1
         time.sleep(0.02)  # a training step
+    if "--slow-save" in sys.argv:
+        time.sleep(1.0)  # a checkpoint that takes a while to write (not a synchronisation)
     (out / f"ckpt.{rank}").write_text(str(step))
     print(f"SAVED {rank} {step}", flush=True)
     return 0
