@@ -61,8 +61,11 @@ def main() -> int:
     if "--orphan" in sys.argv and rank == 0:
         orphan = leave_orphan(out)
         print(f"ORPHAN {'reaped' if reaped(orphan) else 'zombie'}", flush=True)
+    # before READY: a stop signal may come right after it, before the first step
     if "--stop-on-int" in sys.argv:  # a terminal's Ctrl-C asks to stop too
         ur.watch_stop_signals((signal.SIGINT, signal.SIGTERM))
+    else:
+        ur.watch_stop_signals()
     ur.barrier()
     print(f"READY {rank}", flush=True)
     step = 0
