@@ -166,3 +166,17 @@ def test_trainjob_pods_with_the_options_spelled_out_form_a_world_of_four(tmp_pat
     check_world(parse_reduce(out), 4, addr="train-node-0-0.train", port=29500,
                 nodes=["train-node-0-0"] * 2 + ["train-node-0-1"] * 2, reduced=True,
                 context=out)
+
+
+@pytest.mark.integration
+def test_elastic_pytorchjob_pods_under_torchrun_meet_through_c10d(tmp_path: Path) -> None:
+    """The reference for the elastic test above: torchrun, reading the same ``PET_*``
+    variables, forms one world of 2 pods x 2 workers in the same simulated pods (after its
+    last call, about 30 s)."""
+    _need_namespaces()
+    pods = [Pod(p.name, p.environ, ["torchrun", "train.py"])
+            for p in injected(manifest("pytorchjob-elastic.yaml"))]
+    out = _run(pods, tmp_path)
+    lines = parse_reduce(out)
+    check_world(lines, 4, reduced=True, context=out)
+    assert {line.node for line in lines} == {"train-worker-0", "train-worker-1"}, out
