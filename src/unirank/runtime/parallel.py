@@ -383,9 +383,10 @@ def _fork_server(path: str, *, keep: bool) -> Any:
 def _raise_failure(result: Any) -> None:
     """After a spawn: nothing when every worker succeeded; the root cause's ConfigError again
     (one line, no summary: the mistake is the same on every rank); SystemExit(79) after one
-    line when the workers stopped to be requeued (``ur.exit_for_requeue``); else the failure
-    summary on stderr and :class:`WorkerFailedError` (KeyboardInterrupt after a forwarded
-    SIGINT)."""
+    line when the workers stopped to be requeued (``ur.exit_for_requeue``); SystemExit(128 +
+    signal) after one line when a forwarded SIGTERM stopped workers that did not fail; else the
+    failure summary on stderr and :class:`WorkerFailedError` (KeyboardInterrupt after a
+    forwarded SIGINT)."""
     from unirank.supervisor.summary import format_summary
 
     first = result.first_failure
@@ -398,6 +399,8 @@ def _raise_failure(result: Any) -> None:
     if result.stop_signal == signal.SIGINT:
         raise KeyboardInterrupt
     if result.requeued:  # the workers saved and stopped to go on later: no failure
+        raise SystemExit(result.exit_code)
+    if result.stop_signal is not None and first is None:  # stopped (SIGTERM): 128 + it
         raise SystemExit(result.exit_code)
     if result.exit_code != 0 and first is not None:
         code = (first.returncode if first.returncode < 0 and not first.stopped
