@@ -220,10 +220,27 @@ def test_tee_and_local_ranks_filter(runner: Runner, tmp_path: Path) -> None:
     result = runner.run(["-n", "2", "--rdzv-id", "t", "--log-dir", str(logs), "--tee", "1",
                          "--local-ranks-filter", "1", "talk.py"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "out of 1\n"  # rank 0 filtered off the console
-    assert "err of 1" in result.stderr and "err of 0" not in result.stderr
+    # rank 0 filtered off the console; a teed line there has torchrun's prefix, an untouched
+    # stream (stderr) and the log file none
+    assert result.stdout == "[default1]:out of 1\n"
+    assert "\nerr of 1" in "\n" + result.stderr and "err of 0" not in result.stderr
     assert (logs / "t" / "attempt_0" / "0" / "stdout.log").read_text() == "out of 0\n"
     assert not (logs / "t" / "attempt_0" / "0" / "stderr.log").exists()
+
+
+def test_tee_wins_over_redirects_with_the_prefix_template(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """torchrun 2.13 (checked by hand): ``--redirects 3 --tee 3`` shows both streams on the
+    console, each line after TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE's expansion."""
+    (tmp_path / "talk.py").write_text(TALK)
+    logs = tmp_path / "logs"
+    result = runner.run(["-n", "2", "--rdzv-id", "t", "--log-dir", str(logs), "--redirects",
+                         "3", "--tee", "3", "talk.py"], drop=NO_OMP,
+                        env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "<${role_name}|${rank}>"})
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["<default|0>out of 0", "<default|1>out of 1"]
+    assert "<default|1>err of 1" in result.stderr.splitlines()
+    assert (logs / "t" / "attempt_0" / "1" / "stderr.log").read_text() == "err of 1\n"
 
 
 FRUIT = """
