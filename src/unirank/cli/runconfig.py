@@ -84,7 +84,8 @@ def endpoint(args: argparse.Namespace) -> tuple[str | None, int | None]:
         if not sep or "]" in port_text or (host.count(":") and not host.endswith("]")):
             host, port_text = text, ""
         host = host.strip("[]")
-        end_port = _endpoint_port(text, port_text) if port_text else None
+        # port 0 (torchrun's localhost:0 for stacked one-node runs): a free one, as none
+        end_port = (_endpoint_port(text, port_text) or None) if port_text else None
         for name, given, from_end in (("--master-addr", addr, host),
                                       ("--master-port", port, end_port)):
             if given is not None and from_end is not None and given != from_end:
@@ -131,10 +132,12 @@ def _check_logs_specs(name: str | None) -> None:
     from importlib import metadata
 
     if not metadata.entry_points(group="torchrun.logs_specs", name=name):
-        raise ConfigError("is no installed torchrun.logs_specs entry point",
-                          variable="--logs-specs", value=name,
-                          hint="drop it (unirank writes torchrun's default log layout), or "
-                          "install the package that provides it")
+        error = ConfigError("is no installed torchrun.logs_specs entry point",
+                            variable="--logs-specs", value=name,
+                            hint="drop it (unirank writes torchrun's default log layout), or "
+                            "install the package that provides it")
+        error.exit_code = 1  # type: ignore[attr-defined]  # torchrun's (its ValueError)
+        raise error
 
 
 def build_request(args: argparse.Namespace, environ: Mapping[str, str],

@@ -34,8 +34,8 @@ from unirank.contract import (
 )
 from unirank.errors import ConfigError
 
-__all__ = ["NOTED", "OPTIONS", "RunOption", "add_run_options", "describe_sources", "pet_names",
-           "settle"]
+__all__ = ["NOTED", "OPTIONS", "RunOption", "add_run_options", "describe_sources",
+           "environ_defaults", "pet_names", "settle"]
 
 EPILOG = (
     "Examples: unirank run -n 4 train.py --lr 0.1 | unirank run --nproc_per_node gpu -m pkg.train"
@@ -276,6 +276,16 @@ def settle(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, st
         sources[option.dest] = variable
     args.option_sources = sources
     return sources
+
+
+def environ_defaults(environ: Mapping[str, str]) -> list[str]:
+    """``unirank run``'s options that ``environ``'s PET_* variables set, as
+    ``--option value (PET_NAME)``: what ``unirank info`` shows.
+
+    Reads (from ``environ``): PET_<OPTION> for every torchrun option.
+    """
+    return [f"{option.name} {environ[option.variable]} ({option.variable})"
+            for option in OPTIONS if option.variable is not None and option.variable in environ]
 
 
 def pet_names(args: argparse.Namespace) -> dict[str, str]:
