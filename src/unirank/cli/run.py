@@ -239,6 +239,7 @@ def main(args: argparse.Namespace) -> int:
         watch_stdin(stream)
     # torchrun's PET_* defaults are this node's; hosts over ssh get them only with -x
     settle(args, {} if args.hosts or args.hostfile else environ)
+    target = target_of(args)  # refuses --no-python with -m before the program is looked at
     problem = check_target(args.program, module=args.module, no_python=args.no_python,
                            cwd=os.getcwd(), environ=environ)
     if problem is not None:  # as python says it, before any worker starts
@@ -248,7 +249,6 @@ def main(args: argparse.Namespace) -> int:
         from unirank.cli.sshrun import main_hosts
 
         return main_hosts(args, environ)
-    target = target_of(args)
     from unirank.supervisor.fork.client import start_server
 
     # first: it imports torch while this process plans
