@@ -82,6 +82,8 @@ def test_one_node_gets_torchrun_s_run_id_master_addr_and_signals(runner: Runner)
     assert str(uuid.UUID(run_id)) == run_id
     assert {e["TORCHELASTIC_SIGNALS_TO_HANDLE"] for e in envs} == {
         "SIGTERM,SIGINT,SIGHUP,SIGQUIT"}
+    standalone = runner.run(["--standalone", "-n", "1", "env.py"])
+    assert [e["MASTER_ADDR"] for e in _envs(standalone.stdout)] == ["localhost"]
     static = runner.run(["-n", "2", "--master-port", str(free_port()), "env.py"])
     assert {(e["MASTER_ADDR"], e["TORCHELASTIC_RUN_ID"]) for e in _envs(static.stdout)} == {
         ("127.0.0.1", "none")}

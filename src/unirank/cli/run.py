@@ -146,18 +146,17 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
 
     if _dynamic(args, outer):
         return _rendezvous_and_run(args, request, outer, environ, options, target, server)
-    # torchrun's TORCHELASTIC_RUN_ID without --rdzv-id: its --rdzv-id default on several
-    # nodes, a fresh uuid4 for the rendezvous it starts on one node
-    # nodes (or a port) given: its static rendezvous, else a fresh uuid4 for the c10d
-    # rendezvous at localhost:0 it starts on one node (which also gives MASTER_ADDR=localhost)
+    # torchrun's TORCHELASTIC_RUN_ID without --rdzv-id: its default, none, for the static
+    # rendezvous (several nodes, or a port given); else a fresh uuid4 for the c10d rendezvous
+    # at localhost:0 it starts on one node, which also gives MASTER_ADDR=localhost
     static = (request.nnodes or 1) > 1 or args.master_port is not None or args.rdzv_endpoint
     try:
         plan = make_plan(request, outer, environ,
                          run_id_fallback=DEFAULT_RUN_ID if static else str(uuid4()))
     except ConfigError as exc:
         _refuse(exc.renamed(_OPTION_NAMES), request, outer)
-    if plan.nnodes == 1 and outer.world_size <= 1 and not static and not args.master_addr \
-            and plan.master_source.startswith("default"):
+    if plan.nnodes == 1 and not static and not args.master_addr and (args.standalone or (
+            outer.world_size <= 1 and plan.master_source.startswith("default"))):
         plan = replace(plan, master_addr="localhost")
     plan = replace(plan, master_source=_master_source(args, plan.master_source))
     if plan.world_size > 1:  # at once, not after the workers' init timeout
