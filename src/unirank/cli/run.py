@@ -76,6 +76,23 @@ def _detect(environ: Mapping[str, str]) -> DistEnv:
     return detect(environ, sys.argv)
 
 
+def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str]) -> str | None:
+    from unirank.cli import elastic
+
+    if not args.rdzv_conf:
+        return None
+    timeout = None
+    used = elastic.CONF_KEYS if elastic.wanted(args) else ()
+    for item in args.rdzv_conf.split(","):
+        key, _sep, value = item.partition("=")
+        if key.strip() == "join_timeout":
+            timeout = value.strip()
+        elif key.strip() and key.strip() not in used:
+            notes.append(f"--rdzv-conf {key.strip()} is ignored: unirank's rendezvous "
+                         "is static")
+    return timeout
+
+
 def inner_command(args: argparse.Namespace, nproc: int, nnodes: int) -> list[str]:
     """This ``unirank run`` as a command line for each node of an srun step: the node count and
     the number of workers where the user gave none, then the user's own options, each once."""

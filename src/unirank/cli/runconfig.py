@@ -107,23 +107,6 @@ def _check_rdzv_backend(value: str) -> None:
         )
 
 
-def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str]) -> str | None:
-    from unirank.cli import elastic
-
-    if not args.rdzv_conf:
-        return None
-    timeout = None
-    used = elastic.CONF_KEYS if elastic.wanted(args) else ()
-    for item in args.rdzv_conf.split(","):
-        key, _sep, value = item.partition("=")
-        if key.strip() == "join_timeout":
-            timeout = value.strip()
-        elif key.strip() and key.strip() not in used:
-            notes.append(f"--rdzv-conf {key.strip()} is ignored: unirank's rendezvous "
-                         "is static")
-    return timeout
-
-
 def _check_logs_specs(name: str | None) -> None:
     """``--logs-specs NAME``: accepted when a ``torchrun.logs_specs`` entry point NAME is
     installed (unirank keeps its own log layout), else refused as torchrun refuses it."""
@@ -181,6 +164,8 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
     _check_rdzv_backend(str(args.rdzv_backend))
     _check_logs_specs(args.logs_specs)
     addr, port = endpoint(args)
+    from unirank.cli.run import _rdzv_conf_timeout  # its --rdzv-conf reading stays there
+
     join_timeout = _rdzv_conf_timeout(args, notes)
     init_timeout = (resolve_init_timeout(args.init_timeout, environ)
                     if args.init_timeout is not None or join_timeout is None
