@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_MAX_REQUEUES",
     "DEFAULT_RUN_SIGNALS",
     "DONE_FD_VAR",
+    "ENABLE_FILE_TIMER_VAR",
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
     "FAULT_FILE_VAR",
@@ -69,6 +70,7 @@ __all__ = [
     "SUPERVISOR_PID_VAR",
     "TIMELINE_FILE_VAR",
     "TIMELINE_VAR",
+    "TIMER_FILE_VAR",
     "USE_AGENT_STORE_VAR",
     "HangSettings",
     "format_seconds",
@@ -92,6 +94,10 @@ PET_PREFIX = "PET_"
 SHUTDOWN_TIMEOUT_VAR = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 #: the template of a teed line's prefix (``[${role_name}${local_rank}]:``), as torchrun's
 LOG_LINE_PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+#: ``1``: serve torchelastic's file-based watchdog (:mod:`unirank.supervisor.filetimer`)
+ENABLE_FILE_TIMER_VAR = "TORCHELASTIC_ENABLE_FILE_TIMER"
+#: the watchdog's named pipe, given to the workers (torch's ``FileTimerClient`` writes to it)
+TIMER_FILE_VAR = "TORCHELASTIC_TIMER_FILE"
 #: the signals ``unirank run`` forwards to its workers without ``--signals-to-handle`` (torchrun's)
 DEFAULT_RUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 

@@ -41,6 +41,7 @@ from unirank.errors import ConfigError
 if TYPE_CHECKING:
     from unirank.distenv import DistEnv
     from unirank.supervisor.attempts import EngineOptions
+    from unirank.supervisor.filetimer import TimerServer
     from unirank.supervisor.fork.client import ForkServer
     from unirank.supervisor.plan import LaunchRequest, Plan
     from unirank.supervisor.rdzv.spec import Assignment
@@ -267,14 +268,34 @@ def main(args: argparse.Namespace) -> int:
         return main_hosts(args, environ)
     from unirank.supervisor.fork.client import start_server
 
-    # first: it imports torch while this process plans
-    server = start_server(target, environ, preload(args.preload, no_preload=args.no_preload),
-                          prog="unirank run")
+    timer = _file_timer(environ)  # first: the workers' environment names its pipe
     try:
-        return _run(args, environ, target, server)
+        # first: it imports torch while this process plans
+        server = start_server(target, environ,
+                              preload(args.preload, no_preload=args.no_preload),
+                              prog="unirank run")
+        try:
+            return _run(args, environ, target, server)
+        finally:
+            if server is not None:
+                server.close()
     finally:
-        if server is not None:
-            server.close()
+        if timer is not None:
+            timer.close()
+
+
+def _file_timer(environ: dict[str, str]) -> TimerServer | None:
+    """torchelastic's file-based watchdog where TORCHELASTIC_ENABLE_FILE_TIMER=1 asks for it
+    (:mod:`unirank.supervisor.filetimer`); its pipe goes to the workers in
+    TORCHELASTIC_TIMER_FILE."""
+    from unirank.contract import TIMER_FILE_VAR
+    from unirank.supervisor.filetimer import TimerServer, timer_file
+
+    path = timer_file(environ)
+    if path is None:
+        return None
+    environ[TIMER_FILE_VAR] = path
+    return TimerServer(path)
 
 
 def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
