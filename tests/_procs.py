@@ -34,7 +34,8 @@ import pytest
 #: shell running pytest
 LAUNCHER_PREFIXES = ("SLURM", "SRUN_", "SBATCH_", "SALLOC_", "OMPI_", "PMI", "MPI_", "HYDRA_",
                      "I_MPI_", "MV2_", "JSM_", "LSB_", "PBS_", "PALS_", "HOROVOD_",
-                     "TORCHELASTIC_", "UNIRANK_", "GROUP_", "ROLE_", "MASTER_", "SKYPILOT_")
+                     "TORCHELASTIC_", "UNIRANK_", "GROUP_", "ROLE_", "MASTER_", "SKYPILOT_",
+                     "PET_")
 #: torchrun's variables that no prefix above covers
 LAUNCHER_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"})
 #: the one ``UNIRANK_`` variable that commands a test starts do inherit: UNIRANK_NO_PRELOAD, so

@@ -41,7 +41,7 @@ from _procs import Runner, free_port, launcher_free_environ, unavailable  # noqa
 
 TESTBED = REPO_ROOT / "scripts" / "testbed"
 # ignite's own tests, run by tests/runtime/test_ignite_suite.py in their own pytest processes
-collect_ignore = ["ignite_suite"]
+collect_ignore = ["ignite_suite", "torchrun_suite"]
 # Every job this session starts carries the session's own tag, so that the end-of-session check
 # for jobs left behind never sees (or cancels) another session's jobs on a shared testbed.
 JOB_NAME_PREFIX = f"unirank-test-{uuid.uuid4().hex[:6]}-"

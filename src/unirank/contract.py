@@ -35,7 +35,9 @@ __all__ = [
     "DEFAULT_HANG_REPORT_AFTER",
     "DEFAULT_INIT_TIMEOUT",
     "DEFAULT_MAX_REQUEUES",
+    "DEFAULT_RUN_SIGNALS",
     "DONE_FD_VAR",
+    "ENABLE_FILE_TIMER_VAR",
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
     "FAULT_FILE_VAR",
@@ -45,6 +47,7 @@ __all__ = [
     "INIT_TIMEOUT_VAR",
     "LAUNCHER_VAR",
     "LINGER_FD_VAR",
+    "LOG_LINE_PREFIX_VAR",
     "MASTER_FORWARDED_VAR",
     "MAX_REQUEUES_VAR",
     "MAX_RESTARTS_VAR",
@@ -53,11 +56,13 @@ __all__ = [
     "NO_PRELOAD_VAR",
     "NO_SRUN_VAR",
     "NUMA_BINDING_VAR",
+    "PET_PREFIX",
     "PRIVATE_VARIABLES",
     "RANKS_PER_NODE_VAR",
     "RESTART_COUNT_VAR",
     "RESTART_REASON_VAR",
     "RUN_ID_VAR",
+    "SHUTDOWN_TIMEOUT_VAR",
     "SIGNALS_TO_HANDLE_VAR",
     "SRUN_REEXEC_VAR",
     "STOP_SIGNALS_VAR",
@@ -65,6 +70,7 @@ __all__ = [
     "SUPERVISOR_PID_VAR",
     "TIMELINE_FILE_VAR",
     "TIMELINE_VAR",
+    "TIMER_FILE_VAR",
     "USE_AGENT_STORE_VAR",
     "HangSettings",
     "format_seconds",
@@ -81,6 +87,19 @@ RUN_ID_VAR = "TORCHELASTIC_RUN_ID"
 USE_AGENT_STORE_VAR = "TORCHELASTIC_USE_AGENT_STORE"
 #: the signals the launcher forwards to its workers, by name (torchrun exports its option)
 SIGNALS_TO_HANDLE_VAR = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+#: torchrun's launcher options: one not on the command line takes ``PET_<DEST>``
+#: (``torch.distributed.argparse_util``; :mod:`unirank.cli.runoptions`)
+PET_PREFIX = "PET_"
+#: seconds between SIGTERM and SIGKILL when no ``--shutdown-timeout`` is given (torchrun's)
+SHUTDOWN_TIMEOUT_VAR = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+#: the template of a teed line's prefix (``[${role_name}${local_rank}]:``), as torchrun's
+LOG_LINE_PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
+#: ``1``: serve torchelastic's file-based watchdog (:mod:`unirank.supervisor.filetimer`)
+ENABLE_FILE_TIMER_VAR = "TORCHELASTIC_ENABLE_FILE_TIMER"
+#: the watchdog's named pipe, given to the workers (torch's ``FileTimerClient`` writes to it)
+TIMER_FILE_VAR = "TORCHELASTIC_TIMER_FILE"
+#: the signals ``unirank run`` forwards to its workers without ``--signals-to-handle`` (torchrun's)
+DEFAULT_RUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 # -- unirank's user-facing variables ----------------------------------------------------------
 INIT_TIMEOUT_VAR = "UNIRANK_INIT_TIMEOUT"
@@ -120,8 +139,9 @@ DEFAULT_HANG_REPORT_AFTER = 60.0
 DEFAULT_MAX_REQUEUES = 10
 #: seconds every rank waits for the others to join when nothing else says how long
 DEFAULT_INIT_TIMEOUT = 300.0
-#: seconds between SIGTERM and SIGKILL when workers are stopped (``--grace-period``)
-DEFAULT_GRACE_PERIOD = 5.0
+#: seconds between SIGTERM and SIGKILL when workers are stopped (``--grace-period``, else
+#: TORCH_ELASTIC_SHUTDOWN_TIMEOUT): torchrun's 30
+DEFAULT_GRACE_PERIOD = 30.0
 
 # -- the bootstrap's private variables (set by the supervisor, removed before the program) ----
 SUPERVISOR_PID_VAR = "UNIRANK_SUPERVISOR_PID"

@@ -94,3 +94,11 @@ def test_info_under_mpirun(tmp_path: Path, mpirun: list[str]) -> None:
     assert [(d["rank"], d["local_rank"], d["world_size"]) for d in seen] == [(0, 0, 2), (1, 1, 2)]
     assert {(d["master_addr"], d["num_nodes"]) for d in seen} == {("127.0.0.1", 1)}
     assert len({d["master_port"] for d in seen}) == 1
+
+
+def test_info_says_which_run_options_the_pet_variables_set() -> None:
+    env = launcher_free_environ({"PET_NNODES": "2", "PET_NODE_RANK": "1"})
+    out = subprocess.run([*UNIRANK, "info"], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert ("unirank run (and torchrun) take from the environment: --nnodes 2 (PET_NNODES), "
+            "--node-rank 1 (PET_NODE_RANK)") in out.splitlines()

@@ -220,10 +220,27 @@ def test_tee_and_local_ranks_filter(runner: Runner, tmp_path: Path) -> None:
     result = runner.run(["-n", "2", "--rdzv-id", "t", "--log-dir", str(logs), "--tee", "1",
                          "--local-ranks-filter", "1", "talk.py"], drop=NO_OMP)
     assert result.returncode == 0, result.stderr
-    assert result.stdout == "out of 1\n"  # rank 0 filtered off the console
-    assert "err of 1" in result.stderr and "err of 0" not in result.stderr
+    # rank 0 filtered off the console; a teed line there has torchrun's prefix, an untouched
+    # stream (stderr) and the log file none
+    assert result.stdout == "[default1]:out of 1\n"
+    assert "\nerr of 1" in "\n" + result.stderr and "err of 0" not in result.stderr
     assert (logs / "t" / "attempt_0" / "0" / "stdout.log").read_text() == "out of 0\n"
     assert not (logs / "t" / "attempt_0" / "0" / "stderr.log").exists()
+
+
+def test_tee_wins_over_redirects_with_the_prefix_template(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """torchrun 2.13 (checked by hand): ``--redirects 3 --tee 3`` shows both streams on the
+    console, each line after TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE's expansion."""
+    (tmp_path / "talk.py").write_text(TALK)
+    logs = tmp_path / "logs"
+    result = runner.run(["-n", "2", "--rdzv-id", "t", "--log-dir", str(logs), "--redirects",
+                         "3", "--tee", "3", "talk.py"], drop=NO_OMP,
+                        env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "<${role_name}|${rank}>"})
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.splitlines()) == ["<default|0>out of 0", "<default|1>out of 1"]
+    assert "<default|1>err of 1" in result.stderr.splitlines()
+    assert (logs / "t" / "attempt_0" / "1" / "stderr.log").read_text().startswith("err of 1\n")
 
 
 FRUIT = """
@@ -324,10 +341,18 @@ if os.environ.get("FAIL_RANK") == os.environ["RANK"]:
 """
 
 
-def _comparable(envs: list[dict[str, str]], tmp: Path) -> list[dict[str, Any]]:
+#: what ``unirank run`` gives as torchrun does, where ``Parallel`` keeps its own: torchrun's
+#: MASTER_ADDR of a one-node rendezvous
+RUN_ONLY = {"MASTER_ADDR": ("127.0.0.1", "localhost")}
+
+
+def _comparable(envs: list[dict[str, str]], tmp: Path, which: int) -> list[dict[str, Any]]:
+    """The environments without what differs by nature (``which``: 0 Parallel, 1 run)."""
     out = []
     for env in sorted(envs, key=lambda e: e["RANK"]):
         env = dict(env)
+        for name, values in RUN_ONLY.items():
+            assert env.pop(name) == values[which]
         assert env.pop("MASTER_PORT").isdigit()
         assert env.pop("TORCHELASTIC_RUN_ID")
         error_file = env.pop("TORCHELASTIC_ERROR_FILE")
@@ -349,7 +374,7 @@ def test_parallel_workers_see_exactly_what_unirank_run_workers_see(runner: Runne
     assert spawned.returncode == 0 and launched.returncode == 0, spawned.stderr
     a, b = _envs(spawned.stdout), _envs(launched.stdout)
     assert len(a) == len(b) == 2
-    assert _comparable(a, tmp_path) == _comparable(b, tmp_path)
+    assert _comparable(a, tmp_path, 0) == _comparable(b, tmp_path, 1)
     # a failing rank is reported the same way
     spawned = subprocess.run([sys.executable, "par.py"], cwd=tmp_path,
                              env=_env({"FAIL_RANK": "1"}), capture_output=True, text=True,

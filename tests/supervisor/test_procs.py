@@ -111,10 +111,14 @@ sys.exit(0 if got == sig else 6)
 """
 
 
-@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT,
+                                 signal.SIGHUP])
 def test_signals_are_forwarded_to_every_worker(runner: Runner, sig: signal.Signals) -> None:
+    """By default torchrun's SIGTERM,SIGINT,SIGHUP,SIGQUIT and the ranks' stop signals (SIGUSR2
+    and SIGTERM); SIGUSR1 when --signals-to-handle names it."""
     runner.script("waiter.py", _WAIT_FOR_SIGNAL)
-    proc = runner.start(["-n", "2", "waiter.py", sig.name])
+    given = ["--signals-to-handle", "SIGUSR1"] if sig == signal.SIGUSR1 else []
+    proc = runner.start([*given, "-n", "2", "waiter.py", sig.name])
     assert proc.stdout is not None
     lines = runner.read_lines(proc.stdout, 2, contains="ready")
     proc.send_signal(sig)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 _FIELDS = (
     "launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank",
@@ -31,7 +32,8 @@ def _cpus() -> tuple[str, list[int]]:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Print the report. Reads: the whole environment (through launcher detection)."""
+    """Print the report. Reads: the whole environment (through launcher detection), and the
+    PET_* variables that set ``unirank run``'s options."""
     from unirank.launchers import detect, explain
 
     env = detect()
@@ -67,6 +69,11 @@ def main(args: argparse.Namespace) -> int:
     elif env.launch_required:
         print("note: this is a Slurm allocation shell holding one task and no srun step; "
               "a program started here runs as that task, at world size 1.")
+    from unirank.cli.runoptions import environ_defaults
+
+    pet = environ_defaults(os.environ)
+    if pet:
+        print("unirank run (and torchrun) take from the environment: " + ", ".join(pet))
     print("launchers (in precedence order):")
     for cand in candidates:
         print(f"  {cand.name:<16} {cand.status:<9} {cand.reason}")

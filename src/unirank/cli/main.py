@@ -70,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(_load(args.command).main(args))
     except ConfigError as exc:
         print(f"unirank {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        return int(getattr(exc, "exit_code", 2))  # 1 where torchrun's own refusal ends so
     except KeyboardInterrupt:
         return 130
 

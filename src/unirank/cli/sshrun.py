@@ -10,7 +10,8 @@ OpenSSH's client and supervises them (:mod:`unirank.supervisor.ssh.fanout`).
 Reads (from the mapping it is given): the carried variables of
 :mod:`unirank.supervisor.ssh.remote` (``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``CUDA_*``,
 ``PYTHONPATH``, ``OMP_NUM_THREADS``, ``UNIRANK_INIT_TIMEOUT``, ``UNIRANK_NO_PRELOAD``,
-``UNIRANK_STOP_SIGNALS``) and the ``-x`` names.
+``UNIRANK_STOP_SIGNALS``), the ``-x`` names, and TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the grace
+period, :func:`unirank.cli.runconfig.grace_period`).
 """
 
 from __future__ import annotations
@@ -128,12 +129,16 @@ def main_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
         return 2
     first = results[0]
     assert isinstance(first, HostFacts)
-    return _run(args, names, options, carried, nproc, first.port, cwd)
+    from unirank.cli.runconfig import grace_period
+
+    grace = grace_period(args.grace_period, environ)
+    return _run(args, names, options, carried, nproc, first.port, cwd, grace)
 
 
 def _run(args: argparse.Namespace, names: Sequence[str], options: Sequence[str],
-         carried: Mapping[str, str], nproc: int | None, port: int | None, cwd: str) -> int:
-    from unirank.contract import DEFAULT_GRACE_PERIOD, NODE_NAME_VAR, parse_seconds
+         carried: Mapping[str, str], nproc: int | None, port: int | None, cwd: str,
+         grace: float) -> int:
+    from unirank.contract import NODE_NAME_VAR
     from unirank.supervisor.ssh.fanout import HostRun, run_hosts
     from unirank.supervisor.ssh.preflight import ssh_hostname
     from unirank.supervisor.ssh.remote import encode_environ, remote_line, ssh_command
@@ -154,8 +159,6 @@ def _run(args: argparse.Namespace, names: Sequence[str], options: Sequence[str],
         runs.append(HostRun(host, rank, tuple(ssh_command(host, options,
                                                           remote_line(cwd, argv, carried))),
                             first_line))
-    grace = (parse_seconds(str(args.grace_period), "--grace-period", allow_zero=True)
-             if args.grace_period is not None else DEFAULT_GRACE_PERIOD)
     return run_hosts(runs, grace)
 
 

@@ -78,6 +78,8 @@ class EngineOptions:
     grace_period: float = DEFAULT_GRACE_PERIOD
     output: OutputOptions = field(default_factory=OutputOptions)
     signals: tuple[int, ...] = tuple(int(s) for s in DEFAULT_SIGNALS)
+    #: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE (None: ``signals`` by name)
+    signals_to_handle: str | None = None
     prog: str = "unirank run"
     #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
     timeline: bool = False
@@ -165,7 +167,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             error_file=os.path.join(folder, "error.json"),
             fault_file=os.path.join(folder, FAULT_FILE_NAME),
             numa_binding=options.numa_binding,
-            signals_to_handle=format_signals(options.signals),
+            signals_to_handle=_handled(options),
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=(os.path.join(attempt_dir, TIMELINE_FILE_NAME)
                            if worker.rank == 0 else None),
@@ -180,12 +182,20 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             stderr_console=shown and not out.redirected(worker.local_rank, 2),
             stdout_file=files[0], stderr_file=files[1],
             prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
+            console_prefixes=tuple(  # type: ignore[arg-type]
+                out.tee_prefix(worker.rank, worker.local_rank, plan.role)
+                if out.teed(worker.local_rank, bit) else None for bit in (1, 2)),
             stdout_copy=(out.line_copy(worker.local_rank, 1, attempt_dir, plan.role)
                          if keep_logs else None),
             stderr_copy=(out.line_copy(worker.local_rank, 2, attempt_dir, plan.role)
                          if keep_logs else None),
         ))
     return launches
+
+
+def _handled(options: EngineOptions) -> str:
+    """The workers' TORCHELASTIC_SIGNALS_TO_HANDLE."""
+    return options.signals_to_handle or format_signals(options.signals)
 
 
 def _stop_report(plan: Plan, options: EngineOptions, environ: Mapping[str, str],
@@ -203,7 +213,7 @@ def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
                options: EngineOptions) -> None:
     """Give the fork server the environment this node's workers have in common."""
     wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered,
-                          signals_to_handle=format_signals(options.signals))
+                          signals_to_handle=_handled(options))
     server.configure(server_environ([worker_environ(plan, w, environ, wiring)
                                      for w in plan.workers]))
 

@@ -139,6 +139,8 @@ class WorkerLaunch:
     stdout_file: str | None = None
     stderr_file: str | None = None
     prefix: bytes | None = None
+    #: the prefix of stdout's / stderr's console lines when teed (torchrun's ``[default0]:``)
+    console_prefixes: tuple[bytes | None, bytes | None] = (None, None)
     #: ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``: where lines are copied
     stdout_copy: LineCopy | None = None
     stderr_copy: LineCopy | None = None
@@ -348,9 +350,10 @@ class Supervisor:
             self._selector.register(done_read, selectors.EVENT_READ, worker)
         # stderr's bytes are kept too: its tail goes into the failure summary
         self._output.add(err_read, 2 * launch.local_rank + 1, err_targets, launch.prefix,
-                         worker.tail, launch.stderr_copy)
+                         worker.tail, launch.stderr_copy,
+                         console=(self._err_fd, launch.console_prefixes[1]))
         self._output.add(out_read, 2 * launch.local_rank, out_targets, launch.prefix, None,
-                         launch.stdout_copy)
+                         launch.stdout_copy, console=(self._out_fd, launch.console_prefixes[0]))
 
     def _spawn(self, launch: WorkerLaunch, env: dict[str, str], stdio: tuple[int, int],
                fds: tuple[int, ...]) -> tuple[int, subprocess.Popen[bytes] | None]:

@@ -44,6 +44,8 @@ __all__ = ["FILTERED_FILES", "PARTIAL_LINE_DELAY", "LineBuffer", "LineCopy", "Ou
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
 
 TAG_TEMPLATE = "[rank${rank}]:"
+#: the prefix of a teed line on the console, as torchrun's default
+TEE_TEMPLATE = "[${role_name}${local_rank}]:"
 #: seconds a partial line (one without its newline yet) is held before it is passed on as it is
 PARTIAL_LINE_DELAY = 0.1
 #: bytes of a partial line that are passed on at once, however young
@@ -106,6 +108,9 @@ class OutputOptions:
     """Where each local rank's stdout (bit 1) and stderr (bit 2) go."""
 
     prefix_template: str | None = None
+    #: the prefix of a teed stream's console lines (TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE; None:
+    #: torchrun's ``[${role_name}${local_rank}]:``)
+    tee_prefix_template: str | None = None
     redirects: int | dict[int, int] = 0
     tee: int | dict[int, int] = 0
     log_dir: str | None = None
@@ -121,8 +126,14 @@ class OutputOptions:
         return spec.get(local_rank, 0) if isinstance(spec, dict) else spec
 
     def redirected(self, local_rank: int, bit: int) -> bool:
-        """True when the stream (1 stdout, 2 stderr) goes to its log file only."""
-        return bool(self._bits(self.redirects, local_rank) & bit)
+        """True when the stream (1 stdout, 2 stderr) goes to its log file only (a teed one
+        stays on the console too: tee wins, as torchrun)."""
+        return bool(self._bits(self.redirects, local_rank) & bit
+                    and not self._bits(self.tee, local_rank) & bit)
+
+    def teed(self, local_rank: int, bit: int) -> bool:
+        """True when the stream (1 stdout, 2 stderr) is teed: its file and the console."""
+        return bool(self._bits(self.tee, local_rank) & bit)
 
     def shown(self, local_rank: int) -> bool:
         """True when this local rank's output may reach the console."""
@@ -162,6 +173,17 @@ class OutputOptions:
             return None
         text = Template(self.prefix_template).safe_substitute(
             rank=rank, local_rank=local_rank, role_name=role)
+        return text.encode()
+
+    def tee_prefix(self, rank: int, local_rank: int, role: str) -> bytes | None:
+        """The prefix of a teed stream's console lines, as torchrun's: ``[default0]:``, or
+        TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE's expansion; None without a teed stream or with
+        ``--tag-output`` (its prefix is on every line already)."""
+        if self.prefix_template is not None or not self._bits(self.tee, local_rank):
+            return None
+        template = self.tee_prefix_template or TEE_TEMPLATE
+        text = Template(template).safe_substitute(rank=rank, local_rank=local_rank,
+                                                  role_name=role)
         return text.encode()
 
 

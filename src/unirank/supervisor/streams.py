@@ -43,8 +43,12 @@ class _Stream:
     """One worker output pipe: where its lines go, how they are tagged, what is kept."""
 
     def __init__(self, fd: int, key: int, targets: list[int], prefix: bytes | None,
-                 tail: OutputTail | None, copy: tuple[int, LineCopy] | None = None) -> None:
+                 tail: OutputTail | None, copy: tuple[int, LineCopy] | None = None,
+                 console: tuple[int, bytes | None] | None = None) -> None:
         self.fd = fd
+        #: the console's fd and the prefix of the lines shown there (a teed stream's)
+        self.console = (console[0], console[1].decode("utf-8", "surrogateescape")) \
+            if console is not None and console[1] is not None else None
         #: its place among the node's streams (a terminal shows live rows in this order)
         self.key = key
         self.targets = targets
@@ -88,10 +92,12 @@ class WorkerStreams:
         return targets
 
     def add(self, fd: int, key: int, targets: list[int], prefix: bytes | None,
-            tail: OutputTail | None, copy: LineCopy | None = None) -> None:
+            tail: OutputTail | None, copy: LineCopy | None = None,
+            console: tuple[int, bytes | None] | None = None) -> None:
         """Read the pipe ``fd`` from now on: its lines go to ``targets`` with ``prefix``, its
         bytes to ``tail`` too (stderr), the lines ``copy`` picks to its file; ``key`` orders
-        its live rows on a terminal."""
+        its live rows on a terminal; ``console``: the console's fd and the prefix of its lines
+        there, when other than ``prefix`` (a teed stream's)."""
         os.set_blocking(fd, False)
         for target in targets:
             self._view(target)
@@ -100,7 +106,7 @@ class WorkerStreams:
             if copy.path not in self._copies:
                 self._copies[copy.path] = self.targets(None, copy.path)[0]
             copy_to = (self._copies[copy.path], copy)
-        stream = _Stream(fd, key, targets, prefix, tail, copy_to)
+        stream = _Stream(fd, key, targets, prefix, tail, copy_to, console)
         self._streams[fd] = stream
         self._selector.register(fd, selectors.EVENT_READ, stream)
 
@@ -187,8 +193,10 @@ class WorkerStreams:
                 self._write(fd, picked.encode("utf-8", "surrogateescape"))
         now = time.monotonic()
         for target in stream.targets:
-            self._write(target, self._view(target).update(stream.key, stream.prefix, lines,
-                                                          live, now))
+            prefix = stream.console[1] if stream.console is not None and \
+                target == stream.console[0] else stream.prefix
+            self._write(target, self._view(target).update(stream.key, prefix, lines, live,
+                                                          now))
 
     def _close_stream(self, stream: _Stream) -> None:
         self._show(stream, stream.lines.flush_partial(), end=True)
