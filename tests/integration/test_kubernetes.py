@@ -3,8 +3,8 @@ simulated on loopback with exactly the variables the operators inject (tests/int
 _pods.py; no Kubernetes cluster can run here): pod names resolve inside a private network
 namespace, each pod has its own host name, and the container command is the manifest's.
 
-The Trainer v2 and elastic cases need ``unirank run`` to read torchrun's ``PET_*`` variables
-(issue 36); until that is merged they are strict xfails, to be turned on by the integrator."""
+The Trainer v2 and elastic cases rely on ``unirank run`` reading torchrun's ``PET_*``
+variables (cli/runoptions.settle)."""
 
 from __future__ import annotations
 
@@ -24,8 +24,6 @@ from _pods import MANIFESTS, Pod, containers, injected, manifest, run_pods
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "kubernetes.md"
 TIMEOUT = 120.0
-NEEDS_PET = pytest.mark.xfail(
-    strict=True, reason="needs issue 36: unirank run reads torchrun's PET_* variables")
 
 
 def _need_namespaces() -> None:
@@ -107,10 +105,9 @@ def test_pytorchjob_manifest_command_starts_workers_per_pod(tmp_path: Path) -> N
                 context=out)
 
 
-# --- PET_* (Trainer v2, elastic PyTorchJob): issue 36 ----------------------------------------
+# --- PET_* (Trainer v2, elastic PyTorchJob) ----------------------------------------------------
 
 @pytest.mark.integration
-@NEEDS_PET
 def test_trainjob_pods_form_a_world_of_four(tmp_path: Path) -> None:
     """Trainer v2's exact variables and the bare command ``unirank run train.py``."""
     _need_namespaces()
@@ -121,7 +118,6 @@ def test_trainjob_pods_form_a_world_of_four(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-@NEEDS_PET
 def test_elastic_pytorchjob_pods_meet_through_c10d(tmp_path: Path) -> None:
     """``PET_NNODES=1:2`` with the c10d rendezvous at ``train-worker-0:23456``: both pods
     meet in one world of 2 pods x 2 workers."""
