@@ -72,8 +72,8 @@ class JobSpec:
     MASTER_ADDR, MASTER_PORT...), so that any torchrun script runs; with ``launch="tasks"`` each
     rank is a Slurm task running ``python SCRIPT``, which must find its rank from Slurm's
     variables (``ur.init`` does; ``dist.init_process_group()`` alone does not).
-    ``cpus_per_task`` is per rank. ``signal`` is sbatch's ``[{R|B}:]SIG[@TIME]`` text; ``env`` holds :data:`EnvItem`s.
-    ``nodes`` is the number of nodes, or the most of an elastic range whose least is
+    ``cpus_per_task`` is per rank. ``signal`` is sbatch's ``[{R|B}:]SIG[@TIME]`` text; ``env``
+    holds :data:`EnvItem`s. ``nodes`` is the number of nodes, or the most of an elastic range whose least is
     ``min_nodes`` (None: not a range).
     """
 
