@@ -73,8 +73,8 @@ class JobSpec:
     rank is a Slurm task running ``python SCRIPT``, which must find its rank from Slurm's
     variables (``ur.init`` does; ``dist.init_process_group()`` alone does not).
     ``cpus_per_task`` is per rank. ``signal`` is sbatch's ``[{R|B}:]SIG[@TIME]`` text; ``env``
-    holds :data:`EnvItem`s. ``nodes`` is the number of nodes, or the most of an elastic range whose least is
-    ``min_nodes`` (None: not a range).
+    holds :data:`EnvItem`s. ``nodes`` is the number of nodes, or the most of an elastic range
+    whose least is ``min_nodes`` (None: not a range).
     """
 
     program: str
