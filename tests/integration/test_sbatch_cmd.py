@@ -117,7 +117,8 @@ print(f"rank {env.rank} done", flush=True)
 
 def test_follow_exits_non_zero_naming_the_rank_that_raised(slurm_testbed: SlurmTestbed) -> None:
     script = _script(slurm_testbed, "fails_on_rank1.py", FAILING)
-    done = submit(slurm_testbed, ["-N", "2", "--ntasks-per-node", "2", "--follow", script])
+    done = submit(slurm_testbed, ["-N", "2", "--ntasks-per-node", "2", "--launch", "tasks",
+                                  "--follow", script])
     assert done.returncode == 1, _described(done)
     job = job_id_of(done)
     assert "RuntimeError: rank 1 fails on purpose" in done.stdout, _described(done)
@@ -138,6 +139,38 @@ def test_node_launch_with_explicit_env_runs_unirank_run_per_node(
     assert f"unirank sbatch: MASTER_ADDR=node1 MASTER_PORT={port}\n" in done.stdout
     check_world(parse_hello(done.stdout), 4, addr="node1", port=port,
                 nodes=["node1", "node1", "node2", "node2"], context=_described(done))
+
+
+PLAIN_TORCHRUN = """\
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+print(f"plain rank {dist.get_rank()} local {os.environ['LOCAL_RANK']} of "
+      f"{dist.get_world_size()} on {socket.gethostname()} {os.environ.get('SLURMD_NODENAME')} "
+      f"sum {int(total.item())}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_plain_torchrun_script_runs_with_every_default(slurm_testbed: SlurmTestbed) -> None:
+    """Issue 34: a script written for torchrun (no unirank import, ``init_process_group`` from
+    RANK, WORLD_SIZE, MASTER_ADDR...) submitted with ``unirank sbatch``'s defaults: every rank
+    of the 2 x 2 world joins and the all_reduce sums 4."""
+    script = _script(slurm_testbed, "plain_torchrun.py", PLAIN_TORCHRUN)
+    done = submit(slurm_testbed, ["-N", "2", "--ntasks-per-node", "2", "--follow", script])
+    assert done.returncode == 0, _described(done)
+    lines = sorted(re.findall(r"^plain rank (\d) local (\d) of (\d) on \S+ (\S+) sum (\d)$",
+                              done.stdout, re.MULTILINE))
+    assert lines == [("0", "0", "4", "node1", "4"), ("1", "1", "4", "node1", "4"),
+                     ("2", "0", "4", "node2", "4"), ("3", "1", "4", "node2", "4")], \
+        _described(done)
+    assert "RANK expected" not in done.stdout + done.stderr
 
 
 REQUEUE_ONCE = f"""\
@@ -235,7 +268,7 @@ def test_requeue_exit_code_requeues_from_the_batch_shell_and_follow_spans_both_r
     appended log and ends 0. (The test releases the requeued job from Slurm's hold.)"""
     script = _script(slurm_testbed, "requeue_once.py", REQUEUE_ONCE)
     following, job = start(slurm_testbed, ["-N", "2", "--requeue", "--signal", "USR2@30",
-                                           "--follow", script], minutes=6)
+                                           "--launch", "tasks", "--follow", script], minutes=6)
     try:
         slurm_testbed.release_requeued(job)
     finally:

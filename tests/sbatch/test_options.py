@@ -17,7 +17,7 @@ from unirank.sbatch.spec import JobSpec
 COMMAND_ONLY = {"--help", "--config", "--dry-run", "--submit", "--parsable", "--follow",
                 "--module"}
 #: a value each option takes, where a kind's plain sample would be refused
-VALUES: dict[str, Any] = {"time": "10", "signal": "USR2@60", "launch": "node",
+VALUES: dict[str, Any] = {"time": "10", "signal": "USR2@60", "launch": "tasks",
                           "backend": "gloo", "env": ["NCCL_DEBUG=INFO"],
                           "setup": ["module load cuda"], "sbatch-arg": ["--exclusive"],
                           "nodes": "1:2"}

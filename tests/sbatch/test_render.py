@@ -41,7 +41,9 @@ PYTHON = "/home/me/venv/bin/python"
 
 LAYOUTS = {
     "tasks_2x2_gloo.sh": ["-N", "2", "--ntasks-per-node", "2", "--backend", "gloo",
-                          "examples/helloworld.py", "--backend", "gloo"],
+                          "--launch", "tasks", "examples/helloworld.py", "--backend", "gloo"],
+    # every default: a plain torchrun script runs (one unirank run per node)
+    "default_2x2.sh": ["-N", "2", "--ntasks-per-node", "2", "examples/train.py"],
     "node_2x4_nccl_requeue.sh": [
         "--nodes", "2", "--ntasks-per-node", "4", "--gpus-per-node", "4", "-c", "8",
         "--mem", "200G", "-t", "12:00:00", "-p", "gpu", "-A", "proj42", "-q", "high",
@@ -51,14 +53,16 @@ LAYOUTS = {
         "--env", "WANDB_API_KEY", "--sbatch-arg=--exclusive", "--",
         "examples/train.py", "--epochs", "10", "--checkpoint", "ckpt/model.pt",
     ],
-    "explicit_env.sh": ["-N", "2", "--ntasks-per-node", "2", "--explicit-env",
-                        "--python", "/opt/venv/bin/python", "-m", "pkg.train", "--lr", "0.1"],
+    "explicit_env.sh": ["-N", "2", "--ntasks-per-node", "2", "--explicit-env", "--launch",
+                        "tasks", "--python", "/opt/venv/bin/python", "-m", "pkg.train", "--lr",
+                        "0.1"],
     "config_merge.sh": ["--config", "tests/fixtures/jobscripts/job.toml", "--nodes", "2",
                         "-t", "2:00:00", "--env", "NCCL_DEBUG=INFO", "--setup",
                         "source ~/venv/bin/activate", "--signal", "USR1@300",
-                        "examples/train.py"],
+                        "--launch", "tasks", "examples/train.py"],
     "batch_signal_requeue.sh": ["-N", "2", "--requeue", "--signal", "B:USR2@120",
-                                "examples/train.py", "--checkpoint", "ckpt/model.pt"],
+                                "--launch", "tasks", "examples/train.py", "--checkpoint",
+                                "ckpt/model.pt"],
     "elastic_1to2.sh": ["--nnodes", "1:2", "--ntasks-per-node", "2", "--rdzv-conf",
                         "last_call_timeout=5", "examples/train.py", "--epochs", "3"],
     "elastic_requeue_signal.sh": ["-N", "2-4", "--ntasks-per-node", "4", "--gpus-per-node", "4",
@@ -104,6 +108,18 @@ def test_tasks_layout_is_one_srun_task_per_rank(
     assert "--requeue" not in script and "--signal" not in script
 
 
+def test_the_default_launch_gives_every_rank_torchrun_s_environment(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 34: with every default, a plain torchrun script (``dist.init_process_group()``,
+    no unirank import) needs RANK, WORLD_SIZE, MASTER_ADDR... in its environment: the default
+    is one ``unirank run`` per node, whose workers get them, not ``srun python SCRIPT``."""
+    script = dry_run(LAYOUTS["default_2x2.sh"], capsys, monkeypatch)
+    assert "#SBATCH --ntasks-per-node=1\n" in script
+    assert f"\nsrun --quiet {PYTHON} -m unirank run --nproc-per-node 2 examples/train.py\n" \
+        in script
+
+
 def test_node_layout_runs_unirank_run_per_node_with_the_cpus_of_its_ranks(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,13 +141,15 @@ def test_the_job_runs_the_interpreter_that_ran_unirank_sbatch(
     monkeypatch.chdir(REPO)
     assert main(["sbatch", "examples/helloworld.py"]) == 0
     script = capsys.readouterr().out
-    assert f"\nsrun --quiet {shlex.quote(sys.executable)} examples/helloworld.py\n" in script
+    run = "-m unirank run --nproc-per-node 1 examples/helloworld.py"
+    assert f"\nsrun --quiet {shlex.quote(sys.executable)} {run}\n" in script
     assert os.path.isabs(sys.executable)
     script = dry_run(["--python", "python3.12", "examples/helloworld.py"], capsys, monkeypatch)
-    assert "\nsrun --quiet python3.12 examples/helloworld.py\n" in script
+    assert f"\nsrun --quiet python3.12 {run}\n" in script
     config = tmp_path / "job.toml"
     config.write_text('python = "/opt/env/bin/python"\n')
-    script = dry_run(["--config", str(config), "examples/helloworld.py"], capsys, monkeypatch)
+    script = dry_run(["--config", str(config), "--launch", "tasks", "examples/helloworld.py"],
+                     capsys, monkeypatch)
     assert "\nsrun --quiet /opt/env/bin/python examples/helloworld.py\n" in script
 
 

@@ -119,8 +119,6 @@ def build_spec(args: argparse.Namespace) -> JobSpec:
     merged = merge(defaults, flags)
     merged["env"] = parse_env(tuple(merged.get("env", ())))
     merged["nodes"], merged["min_nodes"] = parse_nodes(merged.get("nodes", 1))
-    if merged["min_nodes"] is not None or merged.get("max_restarts") is not None:
-        merged.setdefault("launch", "node")  # a range, restarts: one unirank run per node
     merged.setdefault("python", default_python())
     program_args = list(args.program_args)
     if program_args and program_args[0] == "--":

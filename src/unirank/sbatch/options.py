@@ -92,8 +92,10 @@ OPTIONS: tuple[JobOption, ...] = (
     JobOption(("--setup",), "setup", list, "LINE",
               "a shell line run before the launch, e.g. 'module load cuda' (repeatable)"),
     JobOption(("--launch",), "launch", str, "|".join(LAUNCH_MODES),
-              "tasks: one Slurm task per rank running python SCRIPT (default); node: one task "
-              "per node running unirank run --nproc-per-node N SCRIPT"),
+              "node (default): one Slurm task per node running unirank run --nproc-per-node N "
+              "SCRIPT, which gives each rank torchrun's environment; tasks: one Slurm task per "
+              "rank running python SCRIPT, for scripts that find their rank from Slurm "
+              "(ur.init)"),
     JobOption(("--max-restarts",), "max_restarts", int, "N",
               "with --launch node: unirank run's --max-restarts (default 0; 3 with a range "
               "MIN:MAX)"),

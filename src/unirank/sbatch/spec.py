@@ -67,11 +67,14 @@ class JobSpec:
     """One batch job: the layout, the ``#SBATCH`` options, and what each rank runs.
 
     ``tasks_per_node`` is the number of ranks on each node whatever ``launch`` is: with
-    ``launch="tasks"`` each rank is a Slurm task; with ``launch="node"`` one Slurm task per node
-    runs ``unirank run --nproc-per-node tasks_per_node``. ``cpus_per_task`` is per rank.
-    ``signal`` is sbatch's ``[{R|B}:]SIG[@TIME]`` text; ``env`` holds :data:`EnvItem`s.
-    ``nodes`` is the number of nodes, or the most of an elastic range whose least is
-    ``min_nodes`` (None: not a range).
+    ``launch="node"`` (the default) one Slurm task per node runs ``unirank run --nproc-per-node
+    tasks_per_node``, whose workers get torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT...), so that any torchrun script runs; with ``launch="tasks"`` each
+    rank is a Slurm task running ``python SCRIPT``, which must find its rank from Slurm's
+    variables (``ur.init`` does; ``dist.init_process_group()`` alone does not).
+    ``cpus_per_task`` is per rank. ``signal`` is sbatch's ``[{R|B}:]SIG[@TIME]`` text; ``env``
+    holds :data:`EnvItem`s. ``nodes`` is the number of nodes, or the most of an elastic range
+    whose least is ``min_nodes`` (None: not a range).
     """
 
     program: str
@@ -97,7 +100,7 @@ class JobSpec:
     signal: Optional[str] = None
     env: tuple[EnvItem, ...] = ()
     setup: tuple[str, ...] = ()
-    launch: str = "tasks"
+    launch: str = "node"
     sbatch_args: tuple[str, ...] = ()
     explicit_env: bool = False
     backend: str = "auto"

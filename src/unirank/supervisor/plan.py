@@ -56,6 +56,12 @@ Two more questions have their one answer here:
   master of the world of several nodes it was to join, where the request or the launcher
   names it; nowhere when no one does (the ``127.0.0.1`` a node picks for a world of its own is
   not where other nodes wait), nor for a world of one node.
+
+Size: about 500 lines, over the ~400 of a module, on purpose. It is one pure decision,
+:func:`make_plan`, whose rules (the 90 lines above) and the small functions that apply them
+read together; a fifth is this docstring. Its records (:class:`LaunchRequest`, :class:`Plan`)
+and its master rules would split off only with the request type in a module of its own, to
+keep the master rules from importing the planner that imports them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,72 @@
+"""Whether ``--max-restarts`` starts the workers again after an attempt, and the restart's line,
+decided over plain results: milliseconds, where tests/cli/test_run.py checks the same with
+whole runs (``_is_last`` and ``_attempt_end`` of :mod:`unirank.supervisor.attempts`)."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.supervisor.attempts import _attempt_end, _is_last
+from unirank.supervisor.plan import Plan, Worker
+from unirank.supervisor.summary import RunResult, WorkerExit
+
+#: inside a Slurm job (its batch script requeues a job that stopped to be requeued)
+SLURM = {"SLURM_JOB_ID": "42"}
+
+
+def _plan(max_restarts: int) -> Plan:
+    return Plan(mode="spawn", workers=(Worker(0, 0), Worker(1, 1)), world_size=2,
+                local_world_size=2, nnodes=1, node_rank=0, master_addr="127.0.0.1",
+                master_port=29500, run_id="r", node_name="n1", max_restarts=max_restarts)
+
+
+def _exit(rank: int, code: int, *, stopped: bool = False) -> WorkerExit:
+    return WorkerExit(rank=rank, local_rank=rank, node="n1", returncode=code, stopped=stopped)
+
+
+OK = RunResult(exits=(_exit(0, 0), _exit(1, 0)))
+FAILED = RunResult(exits=(_exit(0, -int(signal.SIGTERM), stopped=True), _exit(1, 3)),
+                   first_failure=_exit(1, 3))
+REQUEUED = RunResult(exits=(_exit(0, REQUEUE_EXIT_CODE), _exit(1, REQUEUE_EXIT_CODE)))
+STOPPED = RunResult(exits=(_exit(0, -int(signal.SIGINT)), _exit(1, 0)),
+                    stop_signal=int(signal.SIGINT))
+WORLD = RunResult(exits=(_exit(0, -int(signal.SIGTERM), stopped=True),
+                         _exit(1, -int(signal.SIGTERM), stopped=True)),
+                  world_changed="node n2 was lost")
+
+
+@pytest.mark.parametrize(("result", "attempt", "restarts", "environ", "last"), [
+    (OK, 0, 3, {}, True),                 # success ends the run
+    (FAILED, 0, 3, {}, False),            # a failure with restarts left: again
+    (FAILED, 2, 3, {}, False),
+    (FAILED, 3, 3, {}, True),             # none left
+    (FAILED, 0, 0, {}, True),             # the default: no restart
+    (STOPPED, 0, 3, {}, True),            # a stop signal ends the run whatever is left
+    (REQUEUED, 0, 3, {}, False),          # stopped to be requeued, no Slurm: run again here
+    (REQUEUED, 0, 3, SLURM, True),        # under Slurm: 79 goes to the batch script
+    (WORLD, 0, 3, {}, False),             # the world changed: restart at the new world
+    (WORLD, 3, 3, {}, True),
+], ids=["ok", "failed", "failed-2-of-3", "failed-none-left", "no-restarts", "stop-signal",
+        "requeued", "requeued-slurm", "world", "world-none-left"])
+def test_whether_the_attempt_is_the_last(result: RunResult, attempt: int, restarts: int,
+                                         environ: dict[str, str], last: bool) -> None:
+    assert _is_last(result, attempt, _plan(restarts), environ) is last
+
+
+def test_the_exit_codes_the_decisions_see() -> None:
+    assert (OK.exit_code, FAILED.exit_code, REQUEUED.exit_code, WORLD.exit_code) == \
+        (0, 3, REQUEUE_EXIT_CODE, 1)
+    assert REQUEUED.requeued and not FAILED.requeued
+
+
+@pytest.mark.parametrize(("result", "line"), [
+    (FAILED, "failed (rank 1: exit code 3)"),
+    (REQUEUED, f"stopped to be requeued (exit code {REQUEUE_EXIT_CODE})"),
+    (WORLD, "stopped (node n2 was lost)"),
+    (RunResult(exits=(_exit(0, 1),), unreaped=(123,)), "failed (exit code 1)"),
+], ids=["failed", "requeued", "world", "unreaped"])
+def test_the_restart_line_says_how_the_attempt_ended(result: RunResult, line: str) -> None:
+    assert _attempt_end(result) == line

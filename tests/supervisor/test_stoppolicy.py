@@ -1,0 +1,237 @@
+"""The supervisor's stop policy (:mod:`unirank.supervisor.stoppolicy`), decision by decision:
+plain states and events in, actions out; no process, no signal, no clock (``now`` is given)."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+
+import pytest
+
+from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.supervisor.stoppolicy import (
+    Action,
+    StopRules,
+    StopState,
+    is_failure,
+    is_first_failure,
+    on_first_failure,
+    on_report_end,
+    on_signal,
+    on_tick,
+    on_world_change,
+)
+
+INT, TERM, USR1, USR2 = (int(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1,
+                                          signal.SIGUSR2))
+RULES = StopRules(grace_period=30.0, kill_wait=5.0, signals=(INT, TERM, USR1, USR2))
+SLURM = replace(RULES, slurm_kills=True)
+NOW = 1000.0
+WHO = "rank 1 (local rank 1) on node n1 ended with exit code 3"
+
+
+def waits() -> bool:
+    return True
+
+
+def _never() -> bool:
+    raise AssertionError("the hang report's mark was looked at where no report can be asked")
+
+
+# -- signals ------------------------------------------------------------------------------------
+
+
+def test_a_first_sigint_is_forwarded_to_the_groups_and_starts_the_grace_period() -> None:
+    action = on_signal(StopState(), INT, RULES, NOW)
+    assert action.stop == INT and not action.kill and action.forward is None
+    assert action.state.stop_signal == INT
+    assert action.state.deadline == NOW + 30.0 and not action.state.killing
+    assert action.say == ("got SIGINT: forwarded to the workers; SIGKILL in 30 s (SIGINT again "
+                          "to kill now)")
+
+
+def test_a_second_stop_signal_kills_at_once_and_waits_kill_wait() -> None:
+    first = on_signal(StopState(), INT, RULES, NOW).state
+    second = on_signal(first, TERM, RULES, NOW + 1)
+    assert second.kill and second.stop is None and not second.say
+    assert second.state.killing and second.state.deadline == NOW + 1 + 5.0
+    assert second.state.stop_signal == INT  # the first one is the run's
+
+
+def test_usr1_is_forwarded_to_each_worker_s_process_and_stops_nothing() -> None:
+    action = on_signal(StopState(), USR1, RULES, NOW)
+    assert action == Action(StopState(), forward=USR1)
+
+
+@pytest.mark.parametrize("signum", [int(signal.SIGCHLD), int(signal.SIGHUP)])
+def test_a_signal_not_handled_changes_nothing(signum: int) -> None:
+    assert on_signal(StopState(), signum, RULES, NOW) == Action(StopState())
+
+
+def test_a_stop_signal_not_among_the_handled_ones_is_not_forwarded() -> None:
+    rules = replace(RULES, signals=(USR2,))
+    assert on_signal(StopState(), TERM, rules, NOW) == Action(StopState())
+
+
+def test_slurm_s_sigterm_is_forwarded_without_a_deadline_and_again_without_a_kill() -> None:
+    first = on_signal(StopState(), TERM, SLURM, NOW, _never)
+    assert first.stop == TERM and not first.say
+    assert first.state.deadline is None and first.state.stop_signal == TERM
+    second = on_signal(first.state, TERM, SLURM, NOW + 1, _never)
+    assert second.stop == TERM and not second.kill and second.state.deadline is None
+
+
+def test_under_slurm_a_sigint_still_has_its_grace_period() -> None:
+    action = on_signal(StopState(), INT, SLURM, NOW)
+    assert action.state.deadline == NOW + 30.0 and action.say
+
+
+def test_a_stop_signal_after_a_failure_kills_at_once() -> None:
+    failed = on_first_failure(StopState(), others=1, config_error=False, who=WHO, rules=RULES,
+                              now=NOW).state
+    action = on_signal(failed, INT, RULES, NOW + 2)
+    assert action.kill and action.state.stop_signal is None
+
+
+# -- the hang report at a stop --------------------------------------------------------------------
+
+
+def test_the_first_stop_signal_waits_for_the_hang_report_when_a_rank_waits() -> None:
+    action = on_signal(StopState(), INT, RULES, NOW, waits)
+    assert action.ask_report and action.stop is None and not action.kill
+    assert action.state.reporting == INT and action.state.report_asked
+    assert action.state.stop_signal is None and action.state.deadline is None
+
+
+def test_no_report_when_no_rank_waits() -> None:
+    action = on_signal(StopState(), INT, RULES, NOW, lambda: False)
+    assert not action.ask_report and action.stop == INT
+
+
+def test_slurm_s_sigterm_never_waits_for_the_report() -> None:
+    action = on_signal(StopState(), TERM, SLURM, NOW, _never)
+    assert not action.ask_report and action.stop == TERM
+
+
+def test_the_signal_is_forwarded_when_the_report_ends() -> None:
+    asked = on_signal(StopState(), TERM, RULES, NOW, waits).state
+    action = on_report_end(asked, RULES, NOW + 3)
+    assert action.stop == TERM and not action.ask_report and not action.drop_report
+    assert action.state.reporting is None and action.state.stop_signal == TERM
+    assert action.state.deadline == NOW + 3 + 30.0
+
+
+def test_a_second_signal_during_the_report_drops_it_and_kills() -> None:
+    asked = on_signal(StopState(), INT, RULES, NOW, waits).state
+    action = on_signal(asked, INT, RULES, NOW + 1, _never)
+    assert action.drop_report and action.kill and action.stop is None
+    assert action.state.reporting is None and action.state.stop_signal == INT
+    assert action.state.killing
+
+
+def test_the_report_is_asked_for_once_per_run() -> None:
+    state = StopState(report_asked=True)
+    action = on_signal(state, INT, RULES, NOW, _never)
+    assert not action.ask_report and action.stop == INT
+
+
+def test_a_failure_during_the_report_then_its_end_kills() -> None:
+    """A worker failed while the report was made (the others got SIGTERM): the waiting stop
+    signal is then a second stop signal."""
+    asked = on_signal(StopState(), INT, RULES, NOW, waits).state
+    failed = on_first_failure(asked, others=1, config_error=False, who=WHO, rules=RULES,
+                              now=NOW + 1).state
+    action = on_report_end(failed, RULES, NOW + 2)
+    assert action.kill
+
+
+def test_a_report_end_without_a_report_changes_nothing() -> None:
+    assert on_report_end(StopState(), RULES, NOW) == Action(StopState())
+
+
+# -- failures ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "failed"), [(0, False), (REQUEUE_EXIT_CODE, False), (1, True),
+                                              (3, True), (-9, True), (-15, True)])
+def test_what_is_a_failure(code: int, failed: bool) -> None:
+    assert is_failure(code) is failed
+
+
+def test_only_the_first_failure_before_any_stop_is_the_first_failure() -> None:
+    assert is_first_failure(StopState(), 3)
+    assert not is_first_failure(StopState(), 0)
+    assert not is_first_failure(StopState(failed=True), 3)
+    assert not is_first_failure(StopState(stop_signal=INT), 3)
+    assert not is_first_failure(StopState(world_changed="node n2 lost"), 3)
+
+
+def test_the_first_failure_stops_the_others_with_sigterm_and_says_who() -> None:
+    action = on_first_failure(StopState(), others=3, config_error=False, who=WHO, rules=RULES,
+                              now=NOW)
+    assert action.stop == TERM and action.state.failed
+    assert action.state.deadline == NOW + 30.0
+    assert action.say == (f"{WHO}; stopping the other 3 worker(s): SIGTERM now, SIGKILL after "
+                          "30 s")
+
+
+def test_a_configuration_error_stops_the_others_without_a_line() -> None:
+    action = on_first_failure(StopState(), others=1, config_error=True, who=WHO, rules=RULES,
+                              now=NOW)
+    assert action.stop == TERM and not action.say and action.state.failed
+
+
+def test_the_last_worker_s_failure_is_noted_and_stops_no_one() -> None:
+    action = on_first_failure(StopState(), others=0, config_error=False, who=WHO, rules=RULES,
+                              now=NOW)
+    assert action == Action(StopState(failed=True))
+
+
+def test_a_failure_keeps_a_grace_period_that_runs_already() -> None:
+    state = StopState(deadline=NOW + 7)
+    action = on_first_failure(state, others=1, config_error=False, who=WHO, rules=RULES,
+                              now=NOW + 1)
+    assert action.state.deadline == NOW + 7
+
+
+# -- a change of the world ---------------------------------------------------------------------
+
+
+def test_a_change_of_the_world_stops_the_workers() -> None:
+    action = on_world_change(StopState(), "node n2 was lost", alive=True, rules=RULES, now=NOW)
+    assert action.stop == TERM and action.state.world_changed == "node n2 was lost"
+    assert action.state.deadline == NOW + 30.0
+    assert action.say == ("node n2 was lost; stopping the workers: SIGTERM now, SIGKILL after "
+                          "30 s")
+
+
+@pytest.mark.parametrize("state", [StopState(failed=True), StopState(stop_signal=INT)])
+def test_a_change_of_the_world_while_stopping_changes_nothing(state: StopState) -> None:
+    assert on_world_change(state, "x", alive=True, rules=RULES, now=NOW) == Action(state)
+
+
+def test_a_change_of_the_world_with_no_worker_left_changes_nothing() -> None:
+    assert on_world_change(StopState(), "x", alive=False, rules=RULES, now=NOW) == \
+        Action(StopState())
+
+
+def test_a_worker_that_fails_after_a_change_of_the_world_is_no_first_failure() -> None:
+    changed = on_world_change(StopState(), "x", alive=True, rules=RULES, now=NOW).state
+    assert not is_first_failure(changed, -15)
+
+
+# -- the clock ---------------------------------------------------------------------------------
+
+
+def test_nothing_happens_before_the_deadline() -> None:
+    state = on_signal(StopState(), INT, RULES, NOW).state
+    assert on_tick(state, RULES, NOW + 29.9) == Action(state)
+    assert on_tick(StopState(), RULES, NOW + 1e9) == Action(StopState())
+
+
+def test_the_end_of_the_grace_period_kills_then_the_end_of_kill_wait_gives_up() -> None:
+    state = on_signal(StopState(), INT, RULES, NOW).state
+    kill = on_tick(state, RULES, NOW + 30.0)
+    assert kill.kill and kill.state.killing and kill.state.deadline == NOW + 35.0
+    assert not on_tick(kill.state, RULES, NOW + 34.0).give_up
+    assert on_tick(kill.state, RULES, NOW + 35.0).give_up
