@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from unirank.contract import NO_PRELOAD_VAR
+from unirank.supervisor.fork.dispositions import ignored_here
 from unirank.supervisor.fork.importtime import SERVER_ONLY
 from unirank.supervisor.fork.protocol import (
     MAX_MESSAGE,
@@ -295,7 +296,7 @@ class ForkServer:
         """Fork one worker: its pid, or why the server refused (then it starts nothing)."""
         changed = {k: v for k, v in environ.items() if self._environ.get(k) != v}
         message = spawn_message(target, changed, [k for k in self._environ if k not in environ],
-                                [number for _fd, number in fds])
+                                [number for _fd, number in fds], ignored_here())
         try:
             socket.send_fds(self._control, [encode(message)], [fd for fd, _number in fds])
         except OSError as exc:
