@@ -51,11 +51,16 @@ from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
 from unirank.runtime.helpers import ignite_logger
 from unirank.runtime.relay import ConsoleRelay
-from unirank.runtime.worker import Call, read_results, run_call, write_call
+from unirank.runtime.worker import (
+    Call,
+    read_results,
+    refuse_launch_while_importing_main,
+    run_call,
+    write_call,
+)
 from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
-__all__ = ["LOGGER_NAME", "Parallel", "RankTraceback", "WorkerFailedError", "check_request",
-           "launch"]
+__all__ = ["LOGGER_NAME", "Parallel", "RankTraceback", "WorkerFailedError", "check_request"]
 
 #: how the summary of a failed spawn names its author
 PROG = "unirank Parallel"
@@ -203,6 +208,7 @@ class Parallel:
         hang_timeout: str | float | None = None,
         **spawn_kwargs: Any,
     ) -> None:
+        refuse_launch_while_importing_main("Parallel")
         request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                        master_addr=master_addr, master_port=master_port)
         check_request(backend, request, init_method)
@@ -215,9 +221,12 @@ class Parallel:
         ignite = dict(spawn_kwargs)
         ignite_options.take_spawn_options(ignite)
         timeout = ignite_options.take_init_timeout(ignite, "Parallel")
+        given, self._timeout_keyword = ignite_options.init_timeout_given(init_timeout, timeout)
+        if given is not None:  # refused now, naming the keyword given
+            given = resolve_init_timeout(given, {}, option=self._timeout_keyword)
         self.backend = backend
         self.init_method = init_method
-        self.init_timeout = init_timeout if init_timeout is not None else timeout
+        self.init_timeout: float | None = given
         request["master_port"] = None if master_port is None else int(master_port)
         self._request = request
         self._tag_output = tag_output
@@ -249,7 +258,7 @@ class Parallel:
             self._logger = ignite_logger(LOGGER_NAME)
             self._log_start(in_place=False)
             return self
-        timeout = resolve_init_timeout(self.init_timeout, os.environ, option="init_timeout")
+        timeout = resolve_init_timeout(self.init_timeout, os.environ, option=self._timeout_keyword)
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
                                 **self._request)  # type: ignore[arg-type]
         plan = make_plan(request, env, os.environ,
@@ -432,38 +441,3 @@ def _traceback_of(lines: list[str]) -> str:
     if all(_TORCH_PREFIX.match(line) for line in excerpt):
         excerpt = [_TORCH_PREFIX.sub("", line, count=1) for line in excerpt]
     return "\n".join(excerpt)
-
-
-def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int, backend: str = "auto",
-           init_timeout: float | None = None, **kwargs: Any) -> list[Any]:
-    """Run ``fn(local_rank, *args, **kwargs)`` on ``nproc_per_node`` new workers of this
-    machine, in a group of ``backend``, and return what it returned on each, by rank: the
-    notebook's way to train on several processes (docs/notebooks.md).
-
-    ``fn`` may be defined in a notebook cell or at the ``python`` prompt (it goes by value:
-    cloudpickle, the ``notebook`` extra). The workers are forked from unirank's fork server,
-    a fresh interpreter (never from this process, which may hold threads and CUDA); their
-    lines reach ``sys.stdout`` / ``sys.stderr`` whole, each prefixed ``[rank<N>]:``. An
-    exception in a worker stops the others and is raised here as :class:`WorkerFailedError`
-    caused by that rank's traceback; an interrupt (Ctrl-C, the kernel's interrupt) stops every
-    worker and raises ``KeyboardInterrupt``. Return values come back pickled (a CUDA tensor
-    comes back on its device: return ``.cpu()``); one that cannot be pickled is a one-line
-    :class:`~unirank.errors.ConfigError`. Under a launcher that already placed several
-    processes here, ``fn`` runs in place and the list holds this rank's value. ``Parallel``'s
-    start and end lines (its logger, :data:`LOGGER_NAME`) stay quiet unless its level was set.
-    The fork server stays between calls (idle: one process that imported torch, no thread, no
-    CUDA), so that the next call starts its workers at once; it ends with this process, and a
-    new one replaces it when it ended or when this process's interpreter variables changed.
-
-    Reads: what :class:`Parallel` reads.
-    """
-    logger = logging.getLogger(LOGGER_NAME)
-    level = logger.level
-    if level == logging.NOTSET:
-        logger.setLevel(logging.WARNING)
-    try:
-        with Parallel(backend, nproc_per_node=nproc_per_node, init_timeout=init_timeout,
-                      tag_output=True, keep_server=True) as parallel:
-            return parallel.run(fn, *args, **kwargs)
-    finally:
-        logger.setLevel(level)
