@@ -231,3 +231,20 @@ def test_launch_options_by_name_and_fn_s_arguments_by_args_and_kwargs() -> None:
     values = results(proc.stdout)["values"]["values"]
     assert [v[:4] for v in values] == [[0, 5, "mine", None], [1, 5, "mine", None]]
     assert values[0][4] == 30.0 and values[1][4] == 30.0
+
+
+def test_no_rank_leaves_init_before_every_rank_s_group_started() -> None:
+    """torch's ``init_process_group`` has no barrier: a rank returning at once could end its
+    group while a peer still connects (gloo's "Connection closed by peer" in about one of
+    twenty launches of such a function here). ``ur.init`` returns only once every rank said
+    its group started: each rank finds the other's mark in the store when its init returns."""
+    code = ("import json, torch.distributed as dist, unirank as ur\n"
+            "from unirank.runtime import state\n"
+            "def f(r):\n"
+            "    marks = dist.PrefixStore('started/join', state.STATE.stores[-1])\n"
+            "    return marks.check([f'unirank/join/{1 - ur.get_rank()}'])\n"
+            "print('RESULT ' + json.dumps({'kind': 'v', 'v': ur.launch(f, nproc_per_node=2,\n"
+            "                                                          backend='gloo')}))\n")
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert results(proc.stdout)["v"]["v"] == [True, True]
