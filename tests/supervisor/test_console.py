@@ -154,3 +154,11 @@ def _regenerate() -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     _regenerate()
+
+
+def test_a_terminal_of_no_size_is_80_columns() -> None:
+    from unirank.supervisor.console import DEFAULT_WIDTH, terminal_width
+
+    assert terminal_width(0) == DEFAULT_WIDTH == 80  # stty size: "0 0" (script -q -c, docker -t)
+    assert terminal_width(None) == 80  # the size cannot be read
+    assert terminal_width(132) == 132 and terminal_width(1) == 1

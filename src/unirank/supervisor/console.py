@@ -25,16 +25,25 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-__all__ = ["PROGRESS_EVERY", "LogView", "TerminalView", "fit"]
+__all__ = ["DEFAULT_WIDTH", "PROGRESS_EVERY", "LogView", "TerminalView", "fit", "terminal_width"]
 
 #: seconds between two lines showing a live row (a progress bar) in a pipe or log file
 PROGRESS_EVERY = 5.0
+#: the columns of a terminal whose size is unknown (as Python's ``shutil`` and tqdm take it)
+DEFAULT_WIDTH = 80
 _SGR = re.compile(r"\x1b\[[0-9;]*m")
 _RESET = "\x1b[0m"
 
 
 def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
+
+
+def terminal_width(columns: int | None) -> int:
+    """The width to draw on, from the columns a terminal reports: 0 (a pseudo-terminal nobody
+    sized: ``script -q -c``, CI runners, ``docker -t``, ``kubectl -t``; ``stty size`` says ``0
+    0``) or None (the size cannot be read) is unknown, so :data:`DEFAULT_WIDTH`."""
+    return columns if columns and columns > 0 else DEFAULT_WIDTH
 
 
 def fit(text: str, width: int) -> str:
@@ -65,7 +74,7 @@ class TerminalView:
     """One terminal shared by many streams (see the module docstring). ``width``: its columns,
     which the caller keeps up to date."""
 
-    def __init__(self, width: int = 80) -> None:
+    def __init__(self, width: int = DEFAULT_WIDTH) -> None:
         self.width = width
         self._live: dict[int, list[str]] = {}
         self._drawn = 0  # rows of the live block on screen; the cursor ends the last one
