@@ -116,3 +116,12 @@ def test_return_values_are_read_by_local_rank(tmp_path: Path) -> None:
     # local rank 2 wrote nothing (it ended through sys.exit(0)): None
     assert read_results(str(tmp_path), [0, 1, 2]) == [[1, 2], {"loss": 0.5}, None]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.pickle", "1.pickle"]
+
+
+def test_by_value_keeps_the_function_s_file_for_tracebacks() -> None:
+    pytest.importorskip("cloudpickle")
+    fn = _in_main(lambda r: r + 1)
+    loaded = pickle.loads(byvalue.dumps(fn, by_value=True, what="fn"))
+    assert loaded.__code__.co_filename == __file__  # cloudpickle alone: "<dynamic-code>"
+    assert loaded.__code__.co_firstlineno == fn.__code__.co_firstlineno
+    assert loaded(1) == 2

@@ -108,6 +108,9 @@ def test_a_function_of_a_script_read_from_stdin_runs_on_two_ranks_and_returns_by
     assert failure["traceback"].startswith("Traceback (most recent call last):")
     assert failure["traceback"].rstrip().endswith("ValueError: boom in rank 1")
     assert ", in fail" in failure["traceback"]
+    # torch's "[rank1]: " before each traceback line and the tag: one prefix, not two
+    assert "[rank1]: Traceback (most recent call last):" in proc.stderr
+    assert "[rank1]:[rank1]:" not in proc.stderr and "[rank0]:[rank0]:" not in proc.stderr
     # a launch after a failed one works (a lambda: by value too), its workers forked from the
     # fork server the first launch started and kept
     assert got["again"]["values"] == [0, 10]

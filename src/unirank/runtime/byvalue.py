@@ -19,6 +19,7 @@ Reads: no environment variable.
 
 from __future__ import annotations
 
+import collections
 import importlib
 import io
 import os
@@ -136,14 +137,42 @@ def _by_reference_failed(what: str, names: Sequence[str], exc: Exception) -> Con
         hint=EXTRA_HINT)
 
 
+#: what cloudpickle writes for every code object's file name (so that tracebacks lose it)
+_DYNAMIC_CODE = "<dynamic-code>"
+
+
+def _by_value_dumps(cloudpickle: Any, obj: Any) -> bytes:
+    """``obj`` through cloudpickle, keeping each function's file name: cloudpickle writes
+    ``<dynamic-code>`` instead, so that a worker's traceback would name neither the script nor
+    its line's text. A cloudpickle without that reduction pickles as it does."""
+    reduce_code = cloudpickle.Pickler.dispatch_table.get(types.CodeType)
+    if reduce_code is None:
+        data: bytes = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return data
+
+    def keep_filename(code: types.CodeType) -> Any:
+        rebuild, fields = reduce_code(code)
+        return rebuild, tuple(code.co_filename if field == _DYNAMIC_CODE else field
+                              for field in fields)
+
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc,name-defined]
+        dispatch_table = collections.ChainMap({types.CodeType: keep_filename},
+                                              cloudpickle.Pickler.dispatch_table)
+
+    buffer = io.BytesIO()
+    Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buffer.getvalue()
+
+
 def dumps(obj: Any, *, by_value: bool, what: str, names: Sequence[str] = ()) -> bytes:
     """``obj`` pickled, by value through cloudpickle when ``by_value`` (``names``: what of
     ``__main__`` it uses, :func:`main_objects`); what cannot be pickled is a one-line
     :class:`~unirank.errors.ConfigError` naming ``what`` (and cloudpickle, when what of a
     script's ``__main__`` it uses cannot go by name)."""
-    module: Any = _cloudpickle(what, names) if by_value else pickle
+    cloudpickle: Any = _cloudpickle(what, names) if by_value else None
     try:
-        data: bytes = module.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = (_by_value_dumps(cloudpickle, obj) if by_value
+                else pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except Exception as exc:  # pickling raises many kinds
         if names and not by_value:
             raise _by_reference_failed(what, names, exc) from None

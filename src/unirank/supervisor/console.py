@@ -14,7 +14,9 @@ a view turns them into what one sink (a terminal, a pipe, a log file) receives:
   live row as a line of its own when it first shows, then at most every
   :data:`PROGRESS_EVERY` seconds, and its final state once.
 
-Both put the stream's ``--tag-output`` prefix before every line and row.
+Both put the stream's ``--tag-output`` prefix before every line and row, but before one that
+already starts with it (:func:`tagged`: torch's ``[rank1]: `` before each line of a traceback
+once a group started, under the tag ``[rank1]:``).
 
 Runs in the ``unirank run`` parent, for :mod:`.streams`. Reads: no environment variable.
 """
@@ -25,7 +27,8 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-__all__ = ["DEFAULT_WIDTH", "PROGRESS_EVERY", "LogView", "TerminalView", "fit", "terminal_width"]
+__all__ = ["DEFAULT_WIDTH", "PROGRESS_EVERY", "LogView", "TerminalView", "fit", "tagged",
+           "terminal_width"]
 
 #: seconds between two lines showing a live row (a progress bar) in a pipe or log file
 PROGRESS_EVERY = 5.0
@@ -37,6 +40,12 @@ _RESET = "\x1b[0m"
 
 def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
+
+
+def tagged(prefix: str, line: str) -> str:
+    """``line`` with the stream's ``prefix``, unless it already starts with it (torch's
+    excepthook writes ``[rankN]: `` before each traceback line: one tag is enough)."""
+    return line if prefix and line.startswith(prefix) else prefix + line
 
 
 def terminal_width(columns: int | None) -> int:
@@ -82,14 +91,15 @@ class TerminalView:
     def update(self, key: int, prefix: str, lines: Sequence[str], live: Sequence[str],
                now: float = 0.0) -> bytes:
         """What to write after stream ``key`` finished ``lines`` and now shows ``live``."""
-        rows = [prefix + row for row in live]
+        rows = [tagged(prefix, row) for row in live]
         if not lines and self._live.get(key, []) == rows:
             return b""
         if rows:
             self._live[key] = rows
         else:
             self._live.pop(key, None)
-        text = self._clear() + "".join(f"{prefix}{line}\n" for line in lines) + self._draw()
+        text = self._clear() + "".join(f"{tagged(prefix, line)}\n" for line in lines) + \
+            self._draw()
         return _encode(text)
 
     def _clear(self) -> str:
@@ -132,5 +142,5 @@ class LogView:
                 shown = [*shown, *fresh]
                 self._due[key] = now + self._every
         self._shown[key] = [row for row in shown if row in live]
-        text = "".join(f"{prefix}{line}\n" for line in out)
+        text = "".join(f"{tagged(prefix, line)}\n" for line in out)
         return _encode(_SGR.sub("", text) if "\x1b" in text else text)
