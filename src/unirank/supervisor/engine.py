@@ -84,6 +84,7 @@ from unirank.supervisor.summary import (
     RunResult,
     WorkerExit,
     describe_end,
+    ended,
     signal_name,
 )
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
@@ -570,7 +571,7 @@ class Supervisor:
             return
         self._output.say(
             f"rank {worker.launch.rank} (local rank {worker.launch.local_rank}) on node "
-            f"{self._node} ended with {_describe(worker)}; stopping "
+            f"{self._node} {ended(_describe(worker))}; stopping "
             f"the other {len(others)} worker(s): SIGTERM now, SIGKILL after {self._grace:g} s"
         )
         self._signal_all(signal.SIGTERM)

@@ -16,6 +16,7 @@ __all__ = [
     "WorkerExit",
     "describe_end",
     "describe_returncode",
+    "ended",
     "exit_code_of",
     "format_bytes",
     "format_summary",
@@ -123,6 +124,12 @@ def describe_end(returncode: int, oom: OomVerdict | None = None,
     if peak_memory is not None and returncode == -int(signal.SIGKILL):
         text += f"; peak memory {format_bytes(peak_memory)}"
     return text
+
+
+def ended(how: str) -> str:
+    """``how`` a worker ended (:func:`describe_end`) after "rank 1 on node x ...": "ended with
+    exit code 1", "was killed by SIGSEGV (signal 11)"."""
+    return f"was {how}" if how.startswith("killed") else f"ended with {how}"
 
 
 @dataclass(frozen=True)
