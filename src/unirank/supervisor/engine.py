@@ -699,6 +699,7 @@ def _worker_exit(worker: _Worker, node: str, *, blamed: bool) -> WorkerExit:
         peak_memory=_peak_bytes(worker),
         oom=worker.oom,
         fault_stack=_fault_stack(worker) if blamed else (),
+        stderr_file=None if worker.launch.stderr_console else worker.launch.stderr_file,
     )
 
 

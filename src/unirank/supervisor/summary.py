@@ -155,6 +155,8 @@ class WorkerExit:
     oom: OomVerdict | None = None
     #: the Python stack faulthandler wrote at its fatal signal (SIGSEGV, SIGABRT, ...)
     fault_stack: tuple[str, ...] = ()
+    #: the file that holds its stderr where the console did not show it (``--redirects``)
+    stderr_file: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -275,10 +277,11 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
             f"(local rank {first.local_rank}) on node {first.node}: {first.describe()}"
         )
         excerpt = traceback_excerpt(_before_fault(first))
-        if first.error and not any(first.error in line for line in excerpt):
+        if first.error:  # even where the excerpt ends with it: the line to read first
             out.append(f"  error: {first.error}")
         if excerpt:
-            out.append(f"  last lines of rank {first.rank}'s stderr:")
+            where = f" ({first.stderr_file})" if first.stderr_file else ""
+            out.append(f"  last lines of rank {first.rank}'s stderr{where}:")
             out.extend(f"    | {line}" for line in excerpt)
         elif not first.fault_stack:
             out.append(f"  rank {first.rank} wrote nothing to stderr")
