@@ -70,3 +70,23 @@ def test_an_init_timeout_error_names_the_keyword_used(call: object, start: str) 
     with pytest.raises(ConfigError) as caught:
         call()  # type: ignore[operator]
     assert str(caught.value).startswith(start)
+
+
+def test_workers_stopped_by_a_forwarded_sigterm_are_named_with_their_ranks(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """``ur.launch`` after this process got SIGTERM: the stop named, with real ranks (not
+    ``local rank -1 (rank -1) exited with code 143``)."""
+    import signal
+
+    from unirank.runtime.parallel import WorkerFailedError, _raise_failure
+    from unirank.supervisor.summary import RunResult, WorkerExit
+
+    result = RunResult(exits=(WorkerExit(1, 1, "n", -15, stopped=True),
+                              WorkerExit(0, 0, "n", -15, stopped=True)),
+                       stop_signal=int(signal.SIGTERM))
+    with pytest.raises(WorkerFailedError) as caught:
+        _raise_failure(result)
+    assert str(caught.value) == ("local rank 0 (rank 0) was stopped by SIGTERM, as every worker "
+                                 "was: this process got SIGTERM and forwarded it (exit code 143)")
+    assert (caught.value.rank, caught.value.exitcode, caught.value.stopped_by) == (0, -15, 15)
+    assert "stopped by SIGTERM (exit code 143)" in capsys.readouterr().err
