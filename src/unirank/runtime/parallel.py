@@ -289,7 +289,8 @@ class Parallel:
         if self.backend is None:
             return
         if in_place:
-            self._logger.info(f"Initialized processing group with backend: '{self.backend}'")
+            started = state.backend() or self.backend  # "auto" names the one it chose
+            self._logger.info(f"Initialized processing group with backend: '{started}'")
             return
         self._logger.info(f"Initialized distributed launcher with backend: '{self.backend}'")
         params = {"init_method": self.init_method, **self._request}
@@ -304,7 +305,8 @@ class Parallel:
     ) -> None:
         if self._finalize:
             self._finalize = False
-            self._logger.info(f"Finalized processing group with backend: '{self.backend}'")
+            self._logger.info("Finalized processing group with backend: "
+                              f"'{state.backend() or self.backend}'")
             lifecycle.finalize()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
