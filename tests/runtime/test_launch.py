@@ -251,3 +251,20 @@ def test_no_rank_leaves_init_before_every_rank_s_group_started() -> None:
     proc = run_python(["-c", code])
     assert proc.returncode == 0, proc.stderr
     assert results(proc.stdout)["v"]["v"] == [True, True]
+
+
+def test_a_call_that_builds_ddp_gets_a_warm_fork_server(tmp_path: Path) -> None:
+    """A function that names ``auto_model`` (in its pickled call, or in its module's file when
+    it goes by name) has the fork server import DDP's first-step modules once, instead of each
+    worker of every call (``WARM_PRELOAD``); other calls do not wait for them."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from unirank.runtime.parallel import _builds_ddp
+
+    call = tmp_path / "call.pickle"
+    call.write_bytes(b"...\x8c\nauto_model\x94...")
+    assert _builds_ddp(str(call), len)
+    plain = tmp_path / "plain.pickle"
+    plain.write_bytes(b"...\x8c\nget_rank\x94...")
+    assert not _builds_ddp(str(plain), len)
+    assert _builds_ddp(str(plain), DistributedDataParallel.forward)  # by name: its file

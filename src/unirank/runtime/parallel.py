@@ -31,8 +31,10 @@ with the same rules as ``unirank run``:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -349,10 +351,11 @@ class Parallel:
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None),
             hang=self._hang_settings)
-        server = _fork_server(path, keep=self._keep_server)
+        server = None
         ran = False
         try:
             write_call(replace(call, results=folder), path)
+            server = _fork_server(path, keep=self._keep_server, warm=_builds_ddp(path, call.fn))
             with ConsoleRelay(sys.stdout, sys.stderr) as (out_fd, err_fd):
                 result = run_plan(plan, ["--call", path], environ=os.environ, options=options,
                                   out_fd=out_fd, err_fd=err_fd, server=server,
@@ -383,19 +386,40 @@ def _preload() -> tuple[str, ...]:
     return (*CALL_PRELOAD, "cloudpickle") if found else CALL_PRELOAD
 
 
-def _fork_server(path: str, *, keep: bool) -> Any:
+def _builds_ddp(path: str, fn: Callable[..., Any]) -> bool:
+    """Whether the call in ``path`` (a function sent by value carries the names it uses) or the
+    source file of ``fn`` (one sent by name) names DDP, FSDP, ``torch.compile`` or
+    ``auto_model``: its workers then import part of ``torch._dynamo``, which the fork server
+    imports once instead (:data:`~unirank.supervisor.fork.client.WARM_PRELOAD`)."""
+    from unirank.supervisor.fork.client import warm_for
+
+    texts = [path]
+    with contextlib.suppress(TypeError, OSError):
+        source = inspect.getsourcefile(fn)
+        if source is not None:
+            texts.append(source)
+    for name in texts:
+        with contextlib.suppress(OSError), open(name, "rb") as fh:
+            if warm_for(fh.read(1 << 20)):
+                return True
+    return False
+
+
+def _fork_server(path: str, *, keep: bool, warm: bool = False) -> Any:
     """The fork server for a spawn: with ``keep``, the one an earlier call kept while it can
-    still serve this process's environment, else a new one (kept in turn)."""
-    from unirank.supervisor.fork.client import start_server
+    still serve this process's environment (and imported a DDP job's first-step modules when
+    ``warm`` asks for them), else a new one (kept in turn)."""
+    from unirank.supervisor.fork.client import WARM_PRELOAD, start_server
 
     if keep and _KEPT:
         server = _KEPT[0]
-        if not server.gone and server.why_not(os.environ) is None:
+        if not server.gone and server.why_not(os.environ) is None and (server.warm or not warm):
             server.told = False
             return server
         server.close()
         _KEPT.clear()
-    server = start_server(["--call", path], os.environ, _preload(), prog=PROG)
+    preload = (*_preload(), *WARM_PRELOAD) if warm else _preload()
+    server = start_server(["--call", path], os.environ, preload, prog=PROG)
     if keep and server is not None:
         _KEPT.append(server)
     return server

@@ -52,7 +52,7 @@ from unirank.supervisor.fork.protocol import (
 )
 
 __all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "WARM_PRELOAD", "ForkServer", "fallback_line",
-           "server_environ", "start_server", "warm_modules", "why_not_served"]
+           "server_environ", "start_server", "warm_for", "warm_modules", "why_not_served"]
 
 #: what the server always imports; ``--preload`` adds to it
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "unirank.supervisor.fork.child")
@@ -107,6 +107,12 @@ def warm_modules(target: Sequence[str]) -> tuple[str, ...]:
             text = script.read(_SCAN_BYTES)
     except OSError:
         return ()
+    return warm_for(text)
+
+
+def warm_for(text: bytes) -> tuple[str, ...]:
+    """:data:`WARM_PRELOAD` when ``text`` (a script, a pickled call, a module's source) names
+    DDP, FSDP, ``torch.compile`` or ``ur.auto_model``; otherwise nothing."""
     return WARM_PRELOAD if any(mark in text for mark in _WARM_MARKS) else ()
 
 
@@ -182,6 +188,11 @@ class ForkServer:
             theirs.close()
         warm = any(name in WARM_PRELOAD for name in modules)
         return cls(proc, ours, environ, _WARM_PREFIXES if warm else ())
+
+    @property
+    def warm(self) -> bool:
+        """Whether it imported :data:`WARM_PRELOAD` (a DDP job's first-step imports)."""
+        return bool(self._import_prefixes)
 
     # -- messages -----------------------------------------------------------------------------
 
