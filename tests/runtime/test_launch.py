@@ -268,3 +268,40 @@ def test_a_call_that_builds_ddp_gets_a_warm_fork_server(tmp_path: Path) -> None:
     plain.write_bytes(b"...\x8c\nget_rank\x94...")
     assert not _builds_ddp(str(plain), len)
     assert _builds_ddp(str(plain), DistributedDataParallel.forward)  # by name: its file
+
+
+def test_a_sigterm_to_the_caller_names_the_stop_and_the_ranks(tmp_path: Path) -> None:
+    """SIGTERM to the process that called ``ur.launch``: forwarded to the workers, and
+    ``WorkerFailedError`` says they were stopped by it, with real ranks (not ``local rank -1
+    (rank -1) exited with code 143``)."""
+    import os
+    import signal
+
+    from _procs import read_stdout_until
+
+    script = tmp_path / "term.py"
+    script.write_text(
+        "import time, unirank as ur\n"
+        "def f(r):\n"
+        "    print('READY', flush=True)\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        "        ur.launch(f, nproc_per_node=2, backend='gloo')\n"
+        "    except ur.WorkerFailedError as exc:\n"
+        "        print('RAISED', exc.rank, exc.exitcode, exc, flush=True)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=launcher_free_environ(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        read_stdout_until(proc, lambda seen: seen.count(b"READY\n") >= 2, 240, "2 READY lines")
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    raised = [line for line in out.decode().splitlines() if line.startswith("RAISED ")]
+    assert raised == ["RAISED 0 -15 local rank 0 (rank 0) was stopped by SIGTERM, as every "
+                      "worker was: this process got SIGTERM and forwarded it (exit code 143)"], \
+        (out, err)
