@@ -10,11 +10,12 @@
 import unirank as ur
 
 
-def main(local_rank: int) -> None:
+def main() -> None:
     x = ur.all_reduce(1.0)  # world size; works serial too
     ur.print0(f"world={ur.get_world_size()} sum={x} backend={ur.backend()} device={ur.device()}")
 
 
 if __name__ == "__main__":
-    with ur.Parallel(backend="auto") as p:  # detects torchrun, srun, mpirun, ... or runs serial
-        p.run(main)
+    ur.init()  # detects torchrun, srun, mpirun, ... or runs serial (a group of one)
+    main()
+    ur.finalize()

@@ -46,6 +46,8 @@ _RUNTIME_NAMES = frozenset(
         "auto_optim",
         "auto_dataloader",
         "DistributedProxySampler",
+        "AutoDataLoader",
+        "AutoDistributedSampler",
         "manual_seed",
         "save",
         "load",
@@ -94,8 +96,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'unirank' has no attribute {name!r}")
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_RUNTIME_NAMES, "detect", "DistEnv"})
-
-
 __all__ = ["ConfigError", "DistEnv", "__version__", "detect", *sorted(_RUNTIME_NAMES)]
+
+
+def __dir__() -> list[str]:
+    """The public names only (not this module's imports nor its submodules)."""
+    return sorted(__all__)

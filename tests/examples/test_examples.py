@@ -152,9 +152,11 @@ QUICKSTART = str(EXAMPLES / "quickstart.py")
 
 
 def test_readme_quickstart_serial_and_under_unirank_run() -> None:
-    """README's quick start, as README shows it: serial, then two workers under unirank run."""
-    assert run([sys.executable, QUICKSTART]).stdout.splitlines() == [
-        "world=1 sum=1.0 backend=gloo device=cpu"
-    ]
-    out = run(Runner.command(["-n", "2", QUICKSTART])).stdout
-    assert out.splitlines() == ["world=2 sum=2.0 backend=gloo device=cpu"]
+    """README's quick start, as README shows it: serial, then two workers under unirank run;
+    its one line is all it prints (no log line of ignite's on stderr)."""
+    serial = run([sys.executable, QUICKSTART])
+    assert serial.stdout.splitlines() == ["world=1 sum=1.0 backend=gloo device=cpu"]
+    assert serial.stderr == ""
+    launched = run(Runner.command(["-n", "2", QUICKSTART]))
+    assert launched.stdout.splitlines() == ["world=2 sum=2.0 backend=gloo device=cpu"]
+    assert launched.stderr == ""

@@ -48,8 +48,36 @@ def test_the_main_objects_a_call_uses_are_found_in_its_arguments_too() -> None:
     call = Call(len, ([1, {"model": Model()}],), {"fn": train})
     assert sorted(byvalue.main_objects(call)) == ["Model", "train"]
     assert byvalue.main_objects(Call(len, (1,))) == []
-    assert byvalue.needs_by_value(call, {}) != []
-    assert byvalue.needs_by_value(call, {"init_main_from_path": SCRIPT}) == []
+
+
+def test_what_main_defines_goes_by_value_and_the_worker_runs_main_only_by_reference() -> None:
+    # (by_value, import_main)
+    for interactive in (True, False):
+        for cloudpickle in (True, False):
+            assert byvalue.shipping([], interactive=interactive,
+                                    cloudpickle=cloudpickle) == (False, False)
+    assert byvalue.shipping(["train"], interactive=True, cloudpickle=True) == (True, False)
+    assert byvalue.shipping(["train"], interactive=True, cloudpickle=False) == (True, False)
+    # a script's top-level function: by value like a notebook's; by name without cloudpickle
+    assert byvalue.shipping(["train"], interactive=False, cloudpickle=True) == (True, False)
+    assert byvalue.shipping(["train"], interactive=False, cloudpickle=False) == (False, True)
+
+
+def test_the_worker_s_preparation_keeps_main_only_when_it_imports_it() -> None:
+    both = {"init_main_from_path": SCRIPT, "init_main_from_name": "pkg.tool", "dir": "/"}
+    assert byvalue.worker_preparation(both, import_main=False) == {"dir": "/"}
+    assert byvalue.worker_preparation(both, import_main=True) == both
+
+
+def test_a_script_s_lambda_without_cloudpickle_names_cloudpickle(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    fn = _in_main(lambda r: r)
+    fn.__qualname__ = "<lambda>"
+    with pytest.raises(ConfigError) as caught:
+        byvalue.dumps(fn, by_value=False, what="the function <lambda>", names=["<lambda>"])
+    text = str(caught.value)
+    assert "is defined in the script's __main__ and cannot be pickled by name" in text
+    assert "module level" not in text and text.endswith(f"HINT: {byvalue.EXTRA_HINT}")
 
 
 def test_by_value_pickles_with_cloudpickle_and_loads_with_pickle() -> None:
@@ -88,3 +116,12 @@ def test_return_values_are_read_by_local_rank(tmp_path: Path) -> None:
     # local rank 2 wrote nothing (it ended through sys.exit(0)): None
     assert read_results(str(tmp_path), [0, 1, 2]) == [[1, 2], {"loss": 0.5}, None]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0.pickle", "1.pickle"]
+
+
+def test_by_value_keeps_the_function_s_file_for_tracebacks() -> None:
+    pytest.importorskip("cloudpickle")
+    fn = _in_main(lambda r: r + 1)
+    loaded = pickle.loads(byvalue.dumps(fn, by_value=True, what="fn"))
+    assert loaded.__code__.co_filename == __file__  # cloudpickle alone: "<dynamic-code>"
+    assert loaded.__code__.co_firstlineno == fn.__code__.co_firstlineno
+    assert loaded(1) == 2

@@ -1,5 +1,6 @@
-"""``ur.launch`` with a function defined in an interactive ``__main__`` (a script read from
-stdin, ``python -c``): real processes, real gloo workers forked from the fork server.
+"""``ur.launch`` with a function defined in ``__main__`` (a script read from stdin, ``python
+-c``, a script file with or without ``if __name__ == "__main__":``): real processes, real gloo
+workers forked from the fork server.
 
 Each script prints ``RESULT {json}`` lines; every wait has a timeout; nothing sleeps.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -106,6 +108,9 @@ def test_a_function_of_a_script_read_from_stdin_runs_on_two_ranks_and_returns_by
     assert failure["traceback"].startswith("Traceback (most recent call last):")
     assert failure["traceback"].rstrip().endswith("ValueError: boom in rank 1")
     assert ", in fail" in failure["traceback"]
+    # torch's "[rank1]: " before each traceback line and the tag: one prefix, not two
+    assert "[rank1]: Traceback (most recent call last):" in proc.stderr
+    assert "[rank1]:[rank1]:" not in proc.stderr and "[rank0]:[rank0]:" not in proc.stderr
     # a launch after a failed one works (a lambda: by value too), its workers forked from the
     # fork server the first launch started and kept
     assert got["again"]["values"] == [0, 10]
@@ -149,3 +154,154 @@ def test_parallel_in_place_returns_this_processs_value(serial: object) -> None:
     import unirank as ur
 
     assert ur.Parallel().run(lambda local_rank, k: (local_rank, k), "x") == [(0, "x")]
+
+
+#: a script without the guard: a top-level function and a lambda, launched at the top level
+UNGUARDED = """
+import sys
+if "--no-cloudpickle" in sys.argv:
+    sys.modules["cloudpickle"] = None
+import json, unirank as ur
+
+OFFSET = 10
+
+def add(local_rank, x):
+    return local_rank + x + OFFSET
+
+print("top level", flush=True)
+values = ur.launch(add, 5, nproc_per_node=2, backend="gloo")
+doubled = ur.launch(lambda r: r * 2, nproc_per_node=2, backend="gloo")
+print("RESULT " + json.dumps({"kind": "values", "add": values, "lambda": doubled}), flush=True)
+"""
+
+
+def test_a_script_s_top_level_functions_go_by_value_and_the_script_runs_once(
+        tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    proc = run_python([str(script)])
+    assert proc.returncode == 0, proc.stderr
+    assert results(proc.stdout)["values"] == {"kind": "values", "add": [15, 16], "lambda": [0, 2]}
+    # the workers did not run the script again (no launch from a launch)
+    assert proc.stdout.splitlines().count("top level") == 1, proc.stdout
+    assert "[rank0]:top level" not in proc.stdout and "[rank1]:" not in proc.stdout
+
+
+def test_an_unguarded_launch_that_needs_main_by_name_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    """Without cloudpickle a script's function goes by name, so each worker imports the script
+    as multiprocessing does; its top-level launch is then refused in one line (as
+    multiprocessing refuses), not run again inside every worker."""
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED)
+    proc = run_python([str(script), "--no-cloudpickle"])
+    assert proc.returncode == 1, proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("unirank.errors.ConfigError: ur.launch was called while a worker was "
+                           "importing the script as __main__"), proc.stderr
+    assert 'HINT: put the code that launches under if __name__ == "__main__":' in last
+    assert "RESULT" not in proc.stdout and "[rank0]:[rank" not in proc.stdout
+    assert "connectFullMesh" not in proc.stderr and "Traceback" not in proc.stderr.split(
+        "ConfigError")[0].split("\n", 1)[1], proc.stderr
+
+
+def test_a_guarded_script_without_cloudpickle_sends_its_function_by_name(tmp_path: Path) -> None:
+    script = tmp_path / "guarded.py"
+    script.write_text(UNGUARDED.replace("values = ur.launch", "def main():\n    values = ur.launch")
+                      .replace("\ndoubled = ", "\n    doubled = ")
+                      .replace('\nprint("RESULT', '\n    print("RESULT')
+                      .replace("lambda r: r * 2,", "add, -10,")
+                      + 'if __name__ == "__main__":\n    main()\n')
+    proc = run_python([str(script), "--no-cloudpickle"])
+    assert proc.returncode == 0, proc.stderr
+    assert results(proc.stdout)["values"] == {"kind": "values", "add": [15, 16], "lambda": [0, 1]}
+    # by name: each worker imported the script (its top level, not its guarded launch)
+    assert "[rank0]:top level" in proc.stdout and "[rank1]:top level" in proc.stdout
+
+
+def test_launch_options_by_name_and_fn_s_arguments_by_args_and_kwargs() -> None:
+    """``hang_report_after=`` is launch's (the workers' detector gets it), not ``fn``'s; ``fn``
+    may itself take a ``backend`` keyword, given through ``kwargs=``."""
+    code = ("import json, unirank as ur\n"
+            "from unirank.hang.watcher import running\n"
+            "def f(r, x, backend=None, hang_report_after=None):\n"
+            "    return [r, x, backend, hang_report_after, running().settings.report_after]\n"
+            "values = ur.launch(f, args=(5,), kwargs={'backend': 'mine'}, nproc_per_node=2,\n"
+            "                   backend='gloo', hang_report_after=30)\n"
+            "print('RESULT ' + json.dumps({'kind': 'values', 'values': values}))\n")
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    values = results(proc.stdout)["values"]["values"]
+    assert [v[:4] for v in values] == [[0, 5, "mine", None], [1, 5, "mine", None]]
+    assert values[0][4] == 30.0 and values[1][4] == 30.0
+
+
+def test_no_rank_leaves_init_before_every_rank_s_group_started() -> None:
+    """torch's ``init_process_group`` has no barrier: a rank returning at once could end its
+    group while a peer still connects (gloo's "Connection closed by peer" in about one of
+    twenty launches of such a function here). ``ur.init`` returns only once every rank said
+    its group started: each rank finds the other's mark in the store when its init returns."""
+    code = ("import json, torch.distributed as dist, unirank as ur\n"
+            "from unirank.runtime import state\n"
+            "def f(r):\n"
+            "    marks = dist.PrefixStore('started/join', state.STATE.stores[-1])\n"
+            "    return marks.check([f'unirank/join/{1 - ur.get_rank()}'])\n"
+            "print('RESULT ' + json.dumps({'kind': 'v', 'v': ur.launch(f, nproc_per_node=2,\n"
+            "                                                          backend='gloo')}))\n")
+    proc = run_python(["-c", code])
+    assert proc.returncode == 0, proc.stderr
+    assert results(proc.stdout)["v"]["v"] == [True, True]
+
+
+def test_a_call_that_builds_ddp_gets_a_warm_fork_server(tmp_path: Path) -> None:
+    """A function that names ``auto_model`` (in its pickled call, or in its module's file when
+    it goes by name) has the fork server import DDP's first-step modules once, instead of each
+    worker of every call (``WARM_PRELOAD``); other calls do not wait for them."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from unirank.runtime.parallel import _builds_ddp
+
+    call = tmp_path / "call.pickle"
+    call.write_bytes(b"...\x8c\nauto_model\x94...")
+    assert _builds_ddp(str(call), len)
+    plain = tmp_path / "plain.pickle"
+    plain.write_bytes(b"...\x8c\nget_rank\x94...")
+    assert not _builds_ddp(str(plain), len)
+    assert _builds_ddp(str(plain), DistributedDataParallel.forward)  # by name: its file
+
+
+def test_a_sigterm_to_the_caller_names_the_stop_and_the_ranks(tmp_path: Path) -> None:
+    """SIGTERM to the process that called ``ur.launch``: forwarded to the workers, and
+    ``WorkerFailedError`` says they were stopped by it, with real ranks (not ``local rank -1
+    (rank -1) exited with code 143``)."""
+    import os
+    import signal
+
+    from _procs import read_stdout_until
+
+    script = tmp_path / "term.py"
+    script.write_text(
+        "import time, unirank as ur\n"
+        "def f(r):\n"
+        "    print('READY', flush=True)\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    try:\n"
+        "        ur.launch(f, nproc_per_node=2, backend='gloo')\n"
+        "    except ur.WorkerFailedError as exc:\n"
+        "        print('RAISED', exc.rank, exc.exitcode, exc, flush=True)\n")
+    proc = subprocess.Popen([sys.executable, str(script)], env=launcher_free_environ(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        read_stdout_until(proc, lambda seen: seen.count(b"READY\n") >= 2, 240, "2 READY lines")
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    raised = [line for line in out.decode().splitlines() if line.startswith("RAISED ")]
+    assert raised == ["RAISED 0 -15 local rank 0 (rank 0) was stopped by SIGTERM, as every "
+                      "worker was: this process got SIGTERM and forwarded it (exit code 143)"], \
+        (out, err)

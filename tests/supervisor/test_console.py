@@ -154,3 +154,24 @@ def _regenerate() -> None:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     _regenerate()
+
+
+def test_a_terminal_of_no_size_is_80_columns() -> None:
+    from unirank.supervisor.console import DEFAULT_WIDTH, terminal_width
+
+    assert terminal_width(0) == DEFAULT_WIDTH == 80  # stty size: "0 0" (script -q -c, docker -t)
+    assert terminal_width(None) == 80  # the size cannot be read
+    assert terminal_width(132) == 132 and terminal_width(1) == 1
+
+
+def test_a_line_that_carries_the_tag_already_gets_no_second_one() -> None:
+    from unirank.supervisor.console import LogView, TerminalView, tagged
+
+    # torch's excepthook writes "[rank1]: " before each traceback line once a group started
+    assert tagged("[rank1]:", "[rank1]: Traceback") == "[rank1]: Traceback"
+    assert tagged("[rank1]:", "[rank0]: x") == "[rank1]:[rank0]: x"
+    assert tagged("", "[rank1]: x") == "[rank1]: x"
+    lines = ["[rank1]: Traceback (most recent call last):", "epoch 1"]
+    expected = b"[rank1]: Traceback (most recent call last):\n[rank1]:epoch 1\n"
+    assert TerminalView().update(1, "[rank1]:", lines, []) == expected
+    assert LogView().update(1, "[rank1]:", lines, []) == expected

@@ -54,8 +54,16 @@ dist.destroy_process_group()
 def _on_a_terminal(runner: Runner, args: list[str]) -> list[str]:
     """Run ``unirank run ARGS`` with stdout and stderr on a pty ``WIDTH`` columns wide; the
     rows its screen then holds that the ranks printed (not gloo's or unirank's own notes)."""
+    return [row for row in screen(_received(runner, args), WIDTH)
+            if row.startswith(("rank", "[rank"))]
+
+
+def _received(runner: Runner, args: list[str], columns: int = WIDTH) -> bytes:
+    """What ``unirank run ARGS`` wrote to a pty ``columns`` wide (0: a pty of no size, as
+    ``script -q -c`` and ``docker -t`` make, 0 rows too)."""
     console, terminal = os.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, WIDTH, 0, 0))
+    rows = 40 if columns else 0
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
     try:
         proc = runner.start(args, stdout=terminal, stderr=terminal)
     finally:
@@ -84,7 +92,7 @@ def _on_a_terminal(runner: Runner, args: list[str]) -> list[str]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=timeout)
-    return [row for row in screen(bytes(received), WIDTH) if row.startswith(("rank", "[rank"))]
+    return bytes(received)
 
 
 def _final(rank: int, prefix: str = "") -> re.Pattern[str]:
@@ -100,6 +108,19 @@ def test_a_bar_on_every_rank_leaves_one_line_a_rank(runner: Runner, preload: str
     for rank in (0, 1):
         assert sum(bool(_final(rank).fullmatch(row)) for row in rows) == 1, rows
     assert all(len(row) < WIDTH for row in rows), rows
+
+
+def test_a_terminal_of_no_size_is_taken_as_80_columns(runner: Runner) -> None:
+    """``stty size`` says ``0 0`` on a pty nobody sized (``script -q -c``, CI runners, ``docker
+    -t``): unknown, so 80 columns (as Python and tqdm take it), not rows cut to one column."""
+    runner.script("bars.py", _BARS)
+    received = _received(runner, ["-n", "2", "bars.py", "every"], columns=0)
+    rows = [row for row in screen(received, WIDTH) if row.startswith("rank")]
+    for rank in (0, 1):
+        assert sum(bool(_final(rank).fullmatch(row)) for row in rows) == 1, rows
+    # the live bars were drawn whole (cut to one column they would show "r" alone)
+    live = [draw for draw in re.findall(rb"rank\d: +\d+%", received)]
+    assert len(live) > 2, received[:2000]
 
 
 def test_bars_at_position_rank_leave_what_tqdm_leaves(runner: Runner) -> None:

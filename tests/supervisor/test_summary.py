@@ -121,6 +121,15 @@ DEATHS = {
     "kill9_unknown": WorkerExit(1, 1, "node1", -9),
     "segv": WorkerExit(1, 1, "node1", -11, fault_stack=SEGV_STACK,
                        stderr_tail=("loading shard 3", *SEGV_STACK[:2])),
+    # an exception: its error line, as a SystemExit's, though the excerpt ends with it too
+    "raised": WorkerExit(1, 1, "node1", 1, stderr_tail=tuple(TRACE), error="ValueError: bad batch",
+                         recorded_exit_code=1),
+    "exited": WorkerExit(1, 1, "node1", 3, stderr_tail=("bad batch",),
+                         error="SystemExit: bad batch", recorded_exit_code=3),
+    # --redirects: the quoted stderr says which file holds it
+    "redirected": WorkerExit(1, 1, "node1", 1, stderr_tail=tuple(TRACE),
+                             error="ValueError: bad batch", recorded_exit_code=1,
+                             stderr_file="/runs/r1/attempt_0/1/stderr.log"),
 }
 
 
@@ -135,8 +144,8 @@ def death_summary(name: str) -> str:
 @pytest.mark.parametrize("name", sorted(DEATHS))
 def test_why_a_worker_died_reads_as_the_golden_file(name: str) -> None:
     """The OOM killer named with its cgroup, limit and peak memory; a plain SIGKILL not; a
-    fault's Python stack apart from the stderr before it. ``UNIRANK_REGEN_GOLDEN=1`` writes
-    the files."""
+    fault's Python stack apart from the stderr before it; an exception's error line; the file
+    of a redirected stderr. ``UNIRANK_REGEN_GOLDEN=1`` writes the files."""
     path = GOLDEN / f"{name}.txt"
     text = death_summary(name)
     if os.environ.get("UNIRANK_REGEN_GOLDEN") == "1":
@@ -160,3 +169,10 @@ def test_a_world_change_names_the_node_and_fails_only_if_workers_did() -> None:
     after = RunResult(exits=(WorkerExit(0, 0, "n1", 0),), attempts=(stopped,))
     assert format_summary(after).splitlines() == [
         "unirank run: succeeded after 1 restart(s)", f"  attempt 0: {lost}"]
+
+
+def test_a_worker_killed_by_a_signal_was_killed_not_ended_with_it() -> None:
+    from unirank.supervisor.summary import describe_end, ended
+
+    assert ended(describe_end(-11)) == "was killed by SIGSEGV (signal 11)"
+    assert ended(describe_end(3)) == "ended with exit code 3"

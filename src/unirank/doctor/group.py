@@ -53,7 +53,7 @@ def join_and_gather(facts: Facts, checks: Sequence[Check], environ: Mapping[str,
     assert env is not None
     start = time.monotonic()
     try:
-        ur.init(backend="gloo", timeout=timeout)
+        ur.init(backend="gloo", init_timeout=timeout)
         try:
             reports = gather_reports(rank_report(facts, checks, environ, env.local_rank))
         finally:

@@ -8,7 +8,8 @@ and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel`
 :mod:`.data` (auto_dataloader), :mod:`.groups` (new_group, the ``group=`` argument),
 :mod:`.idist` (the rest of pytorch-ignite's ``ignite.distributed`` names: initialize, spawn,
 model_name, show_config...), :mod:`.layout` (the per-node numbers of a group made by hand),
-:mod:`.objects` (objects and strings through byte tensors: no numpy).
+:mod:`.objects` (objects and strings through byte tensors: no numpy), :mod:`.launchcall`
+(``launch``: its options, and ``fn``'s arguments).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ from unirank.runtime.idist import (
     spawn,
     sync,
 )
+from unirank.runtime.launchcall import launch
 from unirank.runtime.lifecycle import InitError, finalize, init
-from unirank.runtime.parallel import Parallel, WorkerFailedError, launch
+from unirank.runtime.parallel import Parallel, WorkerFailedError
 from unirank.runtime.preemption import (
     exit_for_requeue,
     stop_requested,

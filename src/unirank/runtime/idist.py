@@ -123,7 +123,8 @@ def initialize(backend: str, **kwargs: Any) -> None:
                 value=str(given),
                 hint=f"leave {field} out: unirank takes it from the launcher",
             )
-    lifecycle.init(backend, ignite_options.take_init_timeout(options, "initialize"), method)
+    lifecycle.init(backend, init_method=method,
+                   timeout=ignite_options.take_init_timeout(options, "initialize"))
 
 
 def spawn(
@@ -151,9 +152,10 @@ def spawn(
     ignite_options.take_spawn_options(options)
     timeout = ignite_options.take_init_timeout(options, "spawn")
     backends.choose_backend(backend, backends.cuda_facts())  # an unusable backend fails here
+    ignite: dict[str, Any] = {} if timeout is None else {"timeout": timeout}  # errors say so
     runner = Parallel(backend, nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                       master_addr=master_addr, master_port=master_port, init_method=method,
-                      init_timeout=timeout)
+                      **ignite)
     runner.run(fn, *args, **dict(kwargs_dict or {}))
 
 

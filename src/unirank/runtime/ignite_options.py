@@ -14,7 +14,8 @@ from typing import Any
 
 from unirank.errors import ConfigError
 
-__all__ = ["init_method", "seconds", "take_init_timeout", "take_spawn_options"]
+__all__ = ["init_method", "init_timeout_given", "seconds", "take_init_timeout",
+           "take_spawn_options"]
 
 
 def seconds(timeout: Any) -> float | None:
@@ -24,6 +25,21 @@ def seconds(timeout: Any) -> float | None:
     if isinstance(timeout, timedelta):
         return timeout.total_seconds()
     raise TypeError(f"timeout takes a datetime.timedelta or seconds, not {type(timeout).__name__}")
+
+
+def init_timeout_given(init_timeout: Any, timeout: Any) -> tuple[Any, str]:
+    """The init timeout a caller gave, as ``init_timeout=`` (unirank's word, everywhere) or
+    ``timeout=`` (ignite's, accepted where ignite has it), and the keyword it came by, which an
+    error about its value names. A ``timedelta`` becomes seconds; other values are left for
+    :func:`unirank.contract.resolve_init_timeout` to check. Both given is a ConfigError."""
+    if init_timeout is not None and timeout is not None:
+        raise ConfigError("is given twice, also as timeout=", variable="init_timeout",
+                          value=str(init_timeout), hint="give the init timeout once")
+    if timeout is not None:
+        return (timeout.total_seconds() if isinstance(timeout, timedelta) else timeout), "timeout"
+    if isinstance(init_timeout, timedelta):
+        return init_timeout.total_seconds(), "init_timeout"
+    return init_timeout, "init_timeout"
 
 
 def init_method(value: str | None) -> str | None:

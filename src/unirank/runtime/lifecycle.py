@@ -53,11 +53,13 @@ class InitError(RuntimeError):
     """The process group could not be started (the rendezvous store is unreachable...)."""
 
 
-def resolve_init_timeout(timeout: float | None, environ: Mapping[str, str]) -> float:
-    """The init timeout in seconds: ``timeout`` if given, else ``UNIRANK_INIT_TIMEOUT``, else 300
+def resolve_init_timeout(timeout: float | None, environ: Mapping[str, str],
+                         keyword: str = "init_timeout") -> float:
+    """The init timeout in seconds: ``timeout`` if given (an error names ``keyword``, the one the
+    caller used), else ``UNIRANK_INIT_TIMEOUT``, else 300
     (:func:`unirank.contract.resolve_init_timeout`). Reads: UNIRANK_INIT_TIMEOUT.
     """
-    return contract.resolve_init_timeout(timeout, environ, option="init_timeout")
+    return contract.resolve_init_timeout(timeout, environ, option=keyword)
 
 
 def require_launched(env: DistEnv, argv: Sequence[str], executable: str) -> None:
@@ -186,7 +188,7 @@ def _join(base: Any, prefix: str, env: DistEnv, timeout: float) -> None:
         interrupted(env.rank, "waiting for the other ranks to join")
 
 
-def _adopt(timeout: float | None, hang_report_after: str | float | None,
+def _adopt(given: float | None, keyword: str, hang_report_after: str | float | None,
            hang_timeout: str | float | None) -> None:
     """A group unirank did not start: watch it for hangs as one unirank starts (a client of
     the store at the master address and port, which the group's ``env://`` rendezvous serves),
@@ -199,21 +201,33 @@ def _adopt(timeout: float | None, hang_report_after: str | float | None,
     environ = os.environ
     env = state.dist_env()
     if env.world_size > 1 and env.master_addr is not None and env.master_port is not None:
-        _watch_hangs(env, resolve_init_timeout(timeout, environ), environ,
+        _watch_hangs(env, resolve_init_timeout(given, environ, keyword), environ,
                      hang_settings(hang_report_after, hang_timeout, environ))
 
 
+def _all_started(base: Any, env: DistEnv, timeout: float) -> None:
+    """Wait until every rank's group has started: torch's ``init_process_group`` has no barrier
+    (``TORCH_DIST_INIT_BARRIER`` is 0), so a rank whose gloo mesh is connected could end the
+    group (``finalize``, its process's end) while a peer still waits for that rank's reply in its
+    own ``connectFullMesh``, which then fails with "Connection closed by peer" (seen once in about
+    twenty two-rank ``ur.launch`` calls of a function that returns at once)."""
+    _join(base, "started", env, timeout)
+
+
 def init(
-    backend: str | None = None, timeout: float | None = None, init_method: str | None = None,
-    *, hang_report_after: str | float | None = None, hang_timeout: str | float | None = None,
+    backend: str | None = None, init_timeout: float | None = None,
+    init_method: str | None = None, *, hang_report_after: str | float | None = None,
+    hang_timeout: str | float | None = None, timeout: float | None = None,
 ) -> None:
     """Start the default process group for this process's launcher context.
 
     ``backend``: ``None`` or ``"auto"`` (horovod under horovodrun, else nccl with a GPU per
     local rank, else gloo), or a name: ``"gloo"``, ``"nccl"``, ``"horovod"``, ``"xla-tpu"``
     (alias ``"xla"``), or another torch.distributed backend.
-    ``timeout``: seconds to wait for every rank to join (default ``UNIRANK_INIT_TIMEOUT``, else
-    300); when given, it is also the process group's collective timeout (else torch's default).
+    ``init_timeout``: seconds (or a ``timedelta``) to wait for every rank to join (default
+    ``UNIRANK_INIT_TIMEOUT``, else 300); when given, it is also the process group's collective
+    timeout (else torch's default). ``timeout=`` is accepted for it (ignite's word); an error
+    about the value names the keyword given.
     ``init_method``: ``None`` or ``"env://"`` (unirank's rendezvous store on the master address
     and port), or ``"file://PATH"`` (a store in that file, seen by every rank; no master address
     needed); see :func:`unirank.runtime.ignite_options.init_method`.
@@ -233,13 +247,15 @@ def init(
     SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
     """
     if state.is_initialized():
-        _adopt(timeout, hang_report_after, hang_timeout)
+        _adopt(*ignite_options.init_timeout_given(init_timeout, timeout), hang_report_after,
+               hang_timeout)
         return
     file_url = ignite_options.init_method(init_method)
     environ = os.environ
     env = state.dist_env()
     require_launched(env, sys.argv, sys.executable)
-    init_timeout = resolve_init_timeout(timeout, environ)
+    given, keyword = ignite_options.init_timeout_given(init_timeout, timeout)
+    seconds = resolve_init_timeout(given, environ, keyword)
     hang = hang_settings(hang_report_after, hang_timeout, environ)
     facts = backends.cuda_facts()
     entry = backends.get(
@@ -259,17 +275,19 @@ def init(
     elif not entry.uses_store(environ):
         base = None
     elif file_url is not None:
-        base = _file_store(env, file_url, init_timeout, generation)
+        base = _file_store(env, file_url, seconds, generation)
     else:
-        base = _joined_store(env, init_timeout, generation)
-        _watch_hangs(env, init_timeout, environ, hang)
+        base = _joined_store(env, seconds, generation)
+        _watch_hangs(env, seconds, environ, hang)
     entry.init(
         rank=env.rank,
         world_size=env.world_size,
         store=base,
-        timeout=None if timeout is None else init_timeout,
+        timeout=None if given is None else seconds,
         device=device_name,
     )
+    if base is not None and env.world_size > 1:
+        _all_started(base, env, seconds)
     from unirank.hang.watcher import recorder_started
 
     recorder_started()  # torch has read the flight recorder's size

@@ -31,8 +31,10 @@ with the same rules as ``unirank run``:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
+import inspect
 import logging
 import os
 import re
@@ -51,11 +53,16 @@ from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
 from unirank.runtime.helpers import ignite_logger
 from unirank.runtime.relay import ConsoleRelay
-from unirank.runtime.worker import Call, read_results, run_call, write_call
+from unirank.runtime.worker import (
+    Call,
+    read_results,
+    refuse_launch_while_importing_main,
+    run_call,
+    write_call,
+)
 from unirank.supervisor.plan import IN_PLACE, LaunchRequest, Plan, make_plan
 
-__all__ = ["LOGGER_NAME", "Parallel", "RankTraceback", "WorkerFailedError", "check_request",
-           "launch"]
+__all__ = ["LOGGER_NAME", "Parallel", "RankTraceback", "WorkerFailedError", "check_request"]
 
 #: how the summary of a failed spawn names its author
 PROG = "unirank Parallel"
@@ -77,17 +84,27 @@ class WorkerFailedError(RuntimeError):
     """A spawned worker failed; the root cause (see :mod:`unirank.supervisor.engine`) is named.
 
     ``exitcode`` is the worker's exit code, or minus the signal that killed it; ``traceback``
-    the last traceback it printed ("" when none).
+    the last traceback it printed ("" when none); ``stopped_by``: the signal this process got
+    and forwarded (SIGTERM...), which stopped every worker (then the lowest rank is named).
     """
 
     def __init__(self, local_rank: int, rank: int, exitcode: int, last_line: str = "",
-                 traceback: str = "") -> None:
+                 traceback: str = "", *, stopped_by: int | None = None) -> None:
         self.local_rank = local_rank
         self.rank = rank
         self.exitcode = exitcode
         self.traceback_tail = last_line
         self.traceback = traceback
-        if exitcode < 0:
+        #: the signal this process got and forwarded, which stopped the workers (None: a
+        #: worker failed on its own)
+        self.stopped_by = stopped_by
+        if stopped_by is not None:
+            from unirank.supervisor.summary import signal_name
+
+            name = signal_name(stopped_by)
+            how = (f"was stopped by {name}, as every worker was: this process got {name} and "
+                   f"forwarded it (exit code {128 + stopped_by})")
+        elif exitcode < 0:
             try:
                 how = f"was killed by signal {signal.Signals(-exitcode).name}"
             except ValueError:
@@ -203,6 +220,7 @@ class Parallel:
         hang_timeout: str | float | None = None,
         **spawn_kwargs: Any,
     ) -> None:
+        refuse_launch_while_importing_main("Parallel")
         request = dict(nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
                        master_addr=master_addr, master_port=master_port)
         check_request(backend, request, init_method)
@@ -215,9 +233,12 @@ class Parallel:
         ignite = dict(spawn_kwargs)
         ignite_options.take_spawn_options(ignite)
         timeout = ignite_options.take_init_timeout(ignite, "Parallel")
+        given, self._timeout_keyword = ignite_options.init_timeout_given(init_timeout, timeout)
+        if given is not None:  # refused now, naming the keyword given
+            given = resolve_init_timeout(given, {}, option=self._timeout_keyword)
         self.backend = backend
         self.init_method = init_method
-        self.init_timeout = init_timeout if init_timeout is not None else timeout
+        self.init_timeout: float | None = given
         request["master_port"] = None if master_port is None else int(master_port)
         self._request = request
         self._tag_output = tag_output
@@ -249,7 +270,7 @@ class Parallel:
             self._logger = ignite_logger(LOGGER_NAME)
             self._log_start(in_place=False)
             return self
-        timeout = resolve_init_timeout(self.init_timeout, os.environ, option="init_timeout")
+        timeout = resolve_init_timeout(self.init_timeout, os.environ, option=self._timeout_keyword)
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
                                 **self._request)  # type: ignore[arg-type]
         plan = make_plan(request, env, os.environ,
@@ -270,7 +291,8 @@ class Parallel:
         if self.backend is None:
             return
         if in_place:
-            self._logger.info(f"Initialized processing group with backend: '{self.backend}'")
+            started = state.backend() or self.backend  # "auto" names the one it chose
+            self._logger.info(f"Initialized processing group with backend: '{started}'")
             return
         self._logger.info(f"Initialized distributed launcher with backend: '{self.backend}'")
         params = {"init_method": self.init_method, **self._request}
@@ -285,7 +307,8 @@ class Parallel:
     ) -> None:
         if self._finalize:
             self._finalize = False
-            self._logger.info(f"Finalized processing group with backend: '{self.backend}'")
+            self._logger.info("Finalized processing group with backend: "
+                              f"'{state.backend() or self.backend}'")
             lifecycle.finalize()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
@@ -328,10 +351,11 @@ class Parallel:
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None),
             hang=self._hang_settings)
-        server = _fork_server(path, keep=self._keep_server)
+        server = None
         ran = False
         try:
             write_call(replace(call, results=folder), path)
+            server = _fork_server(path, keep=self._keep_server, warm=_builds_ddp(path, call.fn))
             with ConsoleRelay(sys.stdout, sys.stderr) as (out_fd, err_fd):
                 result = run_plan(plan, ["--call", path], environ=os.environ, options=options,
                                   out_fd=out_fd, err_fd=err_fd, server=server,
@@ -362,19 +386,40 @@ def _preload() -> tuple[str, ...]:
     return (*CALL_PRELOAD, "cloudpickle") if found else CALL_PRELOAD
 
 
-def _fork_server(path: str, *, keep: bool) -> Any:
+def _builds_ddp(path: str, fn: Callable[..., Any]) -> bool:
+    """Whether the call in ``path`` (a function sent by value carries the names it uses) or the
+    source file of ``fn`` (one sent by name) names DDP, FSDP, ``torch.compile`` or
+    ``auto_model``: its workers then import part of ``torch._dynamo``, which the fork server
+    imports once instead (:data:`~unirank.supervisor.fork.client.WARM_PRELOAD`)."""
+    from unirank.supervisor.fork.client import warm_for
+
+    texts = [path]
+    with contextlib.suppress(TypeError, OSError):
+        source = inspect.getsourcefile(fn)
+        if source is not None:
+            texts.append(source)
+    for name in texts:
+        with contextlib.suppress(OSError), open(name, "rb") as fh:
+            if warm_for(fh.read(1 << 20)):
+                return True
+    return False
+
+
+def _fork_server(path: str, *, keep: bool, warm: bool = False) -> Any:
     """The fork server for a spawn: with ``keep``, the one an earlier call kept while it can
-    still serve this process's environment, else a new one (kept in turn)."""
-    from unirank.supervisor.fork.client import start_server
+    still serve this process's environment (and imported a DDP job's first-step modules when
+    ``warm`` asks for them), else a new one (kept in turn)."""
+    from unirank.supervisor.fork.client import WARM_PRELOAD, start_server
 
     if keep and _KEPT:
         server = _KEPT[0]
-        if not server.gone and server.why_not(os.environ) is None:
+        if not server.gone and server.why_not(os.environ) is None and (server.warm or not warm):
             server.told = False
             return server
         server.close()
         _KEPT.clear()
-    server = start_server(["--call", path], os.environ, _preload(), prog=PROG)
+    preload = (*_preload(), *WARM_PRELOAD) if warm else _preload()
+    server = start_server(["--call", path], os.environ, preload, prog=PROG)
     if keep and server is not None:
         _KEPT.append(server)
     return server
@@ -412,6 +457,11 @@ def _raise_failure(result: Any) -> None:
         if text:
             raise error from RankTraceback(text)
         raise error
+    if result.exit_code != 0 and result.stop_signal is not None:
+        ended = sorted((w for w in result.exits if w.failed), key=lambda w: w.rank)
+        if ended:
+            raise WorkerFailedError(ended[0].local_rank, ended[0].rank, ended[0].returncode,
+                                    stopped_by=result.stop_signal)
     if result.exit_code != 0:
         raise WorkerFailedError(-1, -1, result.exit_code)
 
@@ -435,38 +485,3 @@ def _traceback_of(lines: list[str]) -> str:
     if all(_TORCH_PREFIX.match(line) for line in excerpt):
         excerpt = [_TORCH_PREFIX.sub("", line, count=1) for line in excerpt]
     return "\n".join(excerpt)
-
-
-def launch(fn: Callable[..., Any], *args: Any, nproc_per_node: int, backend: str = "auto",
-           init_timeout: float | None = None, **kwargs: Any) -> list[Any]:
-    """Run ``fn(local_rank, *args, **kwargs)`` on ``nproc_per_node`` new workers of this
-    machine, in a group of ``backend``, and return what it returned on each, by rank: the
-    notebook's way to train on several processes (docs/notebooks.md).
-
-    ``fn`` may be defined in a notebook cell or at the ``python`` prompt (it goes by value:
-    cloudpickle, the ``notebook`` extra). The workers are forked from unirank's fork server,
-    a fresh interpreter (never from this process, which may hold threads and CUDA); their
-    lines reach ``sys.stdout`` / ``sys.stderr`` whole, each prefixed ``[rank<N>]:``. An
-    exception in a worker stops the others and is raised here as :class:`WorkerFailedError`
-    caused by that rank's traceback; an interrupt (Ctrl-C, the kernel's interrupt) stops every
-    worker and raises ``KeyboardInterrupt``. Return values come back pickled (a CUDA tensor
-    comes back on its device: return ``.cpu()``); one that cannot be pickled is a one-line
-    :class:`~unirank.errors.ConfigError`. Under a launcher that already placed several
-    processes here, ``fn`` runs in place and the list holds this rank's value. ``Parallel``'s
-    start and end lines (its logger, :data:`LOGGER_NAME`) stay quiet unless its level was set.
-    The fork server stays between calls (idle: one process that imported torch, no thread, no
-    CUDA), so that the next call starts its workers at once; it ends with this process, and a
-    new one replaces it when it ended or when this process's interpreter variables changed.
-
-    Reads: what :class:`Parallel` reads.
-    """
-    logger = logging.getLogger(LOGGER_NAME)
-    level = logger.level
-    if level == logging.NOTSET:
-        logger.setLevel(logging.WARNING)
-    try:
-        with Parallel(backend, nproc_per_node=nproc_per_node, init_timeout=init_timeout,
-                      tag_output=True, keep_server=True) as parallel:
-            return parallel.run(fn, *args, **kwargs)
-    finally:
-        logger.setLevel(level)

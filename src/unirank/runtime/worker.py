@@ -4,10 +4,12 @@ end it), the one place that does so for ``Parallel`` in place, for its spawned w
 a backend's own launcher.
 
 A call goes to the workers in a file (:func:`write_call`): pickled by value with cloudpickle
-when it uses a function or class of an interactive ``__main__`` (a notebook, the ``python``
-prompt: :mod:`.byvalue`), else with the standard pickle. Each spawned worker writes ``fn``'s
-return value to the call's ``results`` folder (:func:`write_result`, pickled the same way),
-where the parent reads them by local rank (:func:`read_results`).
+when it uses a function or class of ``__main__`` (a script, a notebook, the ``python`` prompt:
+:mod:`.byvalue`), else with the standard pickle; a worker runs the parent's ``__main__`` again
+only when the call uses it by reference (no cloudpickle), and a launch made then (an unguarded
+script) is refused in one line (:func:`refuse_launch_while_importing_main`). Each spawned
+worker writes ``fn``'s return value to the call's ``results`` folder (:func:`write_result`,
+pickled the same way), where the parent reads them by local rank (:func:`read_results`).
 
 :func:`run_call_file` is the one seam from ``supervisor/`` into ``runtime/``: the worker
 bootstrap (:mod:`unirank.supervisor.worker.target`) calls it for ``--call FILE`` and imports nothing
@@ -28,7 +30,8 @@ from unirank.errorfile import record_exception
 from unirank.errors import ConfigError
 from unirank.runtime import byvalue
 
-__all__ = ["Call", "read_call", "read_results", "run_call", "run_call_file", "write_call",
+__all__ = ["Call", "importing_main", "read_call", "read_results",
+           "refuse_launch_while_importing_main", "run_call", "run_call_file", "write_call",
            "write_result"]
 
 
@@ -74,17 +77,20 @@ def run_call(call: Call, local_rank: int, *, start_group: bool = True) -> Any:
 
 
 def write_call(call: Call, path: str) -> None:
-    """Pickle ``call`` to ``path`` with this process's ``__main__`` and ``sys.path``
-    (multiprocessing's ``spawn`` preparation), for :func:`read_call` in a worker: by value
-    when it uses what an interactive ``__main__`` defines (:mod:`.byvalue`). A call that
-    cannot be pickled, or needs cloudpickle where it is missing, is a one-line
+    """Pickle ``call`` to ``path`` with this process's ``sys.path`` and, when the call needs it
+    by reference, ``__main__`` (multiprocessing's ``spawn`` preparation), for :func:`read_call`
+    in a worker: by value when it uses what ``__main__`` defines (:func:`.byvalue.shipping`).
+    A call that cannot be pickled, or needs cloudpickle where it is missing, is a one-line
     :class:`~unirank.errors.ConfigError`."""
-    preparation = byvalue.worker_preparation(
-        multiprocessing.spawn.get_preparation_data("unirank-worker"))
+    preparation = multiprocessing.spawn.get_preparation_data("unirank-worker")
     preparation.pop("authkey", None)  # not picklable, and the workers need none
-    names = byvalue.needs_by_value(call, preparation)
+    names = byvalue.main_objects(call)
+    by_value, import_main = byvalue.shipping(
+        names, interactive=byvalue.interactive_main(preparation),
+        cloudpickle=bool(names) and byvalue.have_cloudpickle())
+    preparation = byvalue.worker_preparation(preparation, import_main=import_main)
     # the call is pickled on its own, so that it is unpickled after the preparation
-    payload = byvalue.dumps(replace(call, by_value=bool(names)), by_value=bool(names),
+    payload = byvalue.dumps(replace(call, by_value=by_value), by_value=by_value,
                             what=f"the function {_name(call.fn)} or its arguments",
                             names=names)
     with open(path, "wb") as fh:
@@ -126,12 +132,43 @@ def read_results(folder: str, local_ranks: list[int]) -> list[Any]:
     return values
 
 
+#: True while this worker runs the parent's ``__main__`` again (see :func:`importing_main`)
+_importing_main = False
+
+
+def importing_main() -> bool:
+    """Whether this process is a worker running its parent's ``__main__`` again (a script's
+    functions going by reference): a launch then is the script's top level, unguarded, and is
+    refused (:func:`refuse_launch_while_importing_main`)."""
+    return _importing_main
+
+
+def refuse_launch_while_importing_main(what: str) -> None:
+    """Refuse ``what`` (``ur.launch``, ``Parallel``) in one line when this worker is running the
+    parent's ``__main__`` again, as multiprocessing refuses a new process then: the script's
+    launch has no ``if __name__ == "__main__":`` guard and would start workers from every
+    worker."""
+    if _importing_main:
+        raise ConfigError(
+            f"{what} was called while a worker was importing the script as __main__ (to find "
+            "the function by name): the script starts workers at its top level, without "
+            "if __name__ == \"__main__\":, so each worker would start its own",
+            hint="put the code that launches under if __name__ == \"__main__\": "
+                 "(docs/notebooks.md), or install cloudpickle so that the script's functions go "
+                 "by value and the workers do not run it")
+
+
 def read_call(path: str) -> Call:
-    """The call :func:`write_call` wrote, after setting up ``sys.path`` and ``__main__`` as
-    the parent had them."""
+    """The call :func:`write_call` wrote, after setting up ``sys.path`` and, when the call needs
+    it, ``__main__`` as the parent had them."""
+    global _importing_main
     with open(path, "rb") as fh:
         preparation, payload = pickle.load(fh)
-    multiprocessing.spawn.prepare(preparation)
+    _importing_main = any(key in preparation for key in byvalue.MAIN_KEYS)
+    try:
+        multiprocessing.spawn.prepare(preparation)
+    finally:
+        _importing_main = False
     call = pickle.loads(payload)
     if not isinstance(call, Call):
         raise SystemExit(f"unirank: {path} does not hold a unirank call")
@@ -148,7 +185,11 @@ def run_call_file(path: str) -> None:
     """
     from unirank.runtime import state
 
-    call = read_call(path)
+    try:
+        call = read_call(path)
+    except ConfigError as exc:  # the script's top level launched again (unguarded)
+        record_exception(exc)
+        raise SystemExit(1) from None
     local_rank = state.get_local_rank()
     try:
         value = run_call(call, local_rank)

@@ -14,7 +14,9 @@ a view turns them into what one sink (a terminal, a pipe, a log file) receives:
   live row as a line of its own when it first shows, then at most every
   :data:`PROGRESS_EVERY` seconds, and its final state once.
 
-Both put the stream's ``--tag-output`` prefix before every line and row.
+Both put the stream's ``--tag-output`` prefix before every line and row, but before one that
+already starts with it (:func:`tagged`: torch's ``[rank1]: `` before each line of a traceback
+once a group started, under the tag ``[rank1]:``).
 
 Runs in the ``unirank run`` parent, for :mod:`.streams`. Reads: no environment variable.
 """
@@ -25,16 +27,32 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-__all__ = ["PROGRESS_EVERY", "LogView", "TerminalView", "fit"]
+__all__ = ["DEFAULT_WIDTH", "PROGRESS_EVERY", "LogView", "TerminalView", "fit", "tagged",
+           "terminal_width"]
 
 #: seconds between two lines showing a live row (a progress bar) in a pipe or log file
 PROGRESS_EVERY = 5.0
+#: the columns of a terminal whose size is unknown (as Python's ``shutil`` and tqdm take it)
+DEFAULT_WIDTH = 80
 _SGR = re.compile(r"\x1b\[[0-9;]*m")
 _RESET = "\x1b[0m"
 
 
 def _encode(text: str) -> bytes:
     return text.encode("utf-8", "surrogateescape")
+
+
+def tagged(prefix: str, line: str) -> str:
+    """``line`` with the stream's ``prefix``, unless it already starts with it (torch's
+    excepthook writes ``[rankN]: `` before each traceback line: one tag is enough)."""
+    return line if prefix and line.startswith(prefix) else prefix + line
+
+
+def terminal_width(columns: int | None) -> int:
+    """The width to draw on, from the columns a terminal reports: 0 (a pseudo-terminal nobody
+    sized: ``script -q -c``, CI runners, ``docker -t``, ``kubectl -t``; ``stty size`` says ``0
+    0``) or None (the size cannot be read) is unknown, so :data:`DEFAULT_WIDTH`."""
+    return columns if columns and columns > 0 else DEFAULT_WIDTH
 
 
 def fit(text: str, width: int) -> str:
@@ -65,7 +83,7 @@ class TerminalView:
     """One terminal shared by many streams (see the module docstring). ``width``: its columns,
     which the caller keeps up to date."""
 
-    def __init__(self, width: int = 80) -> None:
+    def __init__(self, width: int = DEFAULT_WIDTH) -> None:
         self.width = width
         self._live: dict[int, list[str]] = {}
         self._drawn = 0  # rows of the live block on screen; the cursor ends the last one
@@ -73,14 +91,15 @@ class TerminalView:
     def update(self, key: int, prefix: str, lines: Sequence[str], live: Sequence[str],
                now: float = 0.0) -> bytes:
         """What to write after stream ``key`` finished ``lines`` and now shows ``live``."""
-        rows = [prefix + row for row in live]
+        rows = [tagged(prefix, row) for row in live]
         if not lines and self._live.get(key, []) == rows:
             return b""
         if rows:
             self._live[key] = rows
         else:
             self._live.pop(key, None)
-        text = self._clear() + "".join(f"{prefix}{line}\n" for line in lines) + self._draw()
+        text = self._clear() + "".join(f"{tagged(prefix, line)}\n" for line in lines) + \
+            self._draw()
         return _encode(text)
 
     def _clear(self) -> str:
@@ -123,5 +142,5 @@ class LogView:
                 shown = [*shown, *fresh]
                 self._due[key] = now + self._every
         self._shown[key] = [row for row in shown if row in live]
-        text = "".join(f"{prefix}{line}\n" for line in out)
+        text = "".join(f"{tagged(prefix, line)}\n" for line in out)
         return _encode(_SGR.sub("", text) if "\x1b" in text else text)

@@ -56,7 +56,7 @@ from unirank.supervisor.spawn import exit_code, send, start_worker
 from unirank.supervisor.stoppolicy import Action, StopRules, StopState
 from unirank.supervisor.stopreport import StopReport, StopReportSpec
 from unirank.supervisor.streams import WorkerStreams
-from unirank.supervisor.summary import RunResult, signal_name
+from unirank.supervisor.summary import RunResult, ended, signal_name
 from unirank.supervisor.workerlaunch import WorkerLaunch, WorldWatch, worker_command
 from unirank.supervisor.workers import StartedWorker, remove_if_empty, worker_exit
 
@@ -347,7 +347,7 @@ class Supervisor:
         record = worker.record() if others else None
         launch = worker.launch
         who = (f"rank {launch.rank} (local rank {launch.local_rank}) on node {self._node} "
-               f"ended with {worker.describe()}")
+               f"{ended(worker.describe())}")
         self._apply(stoppolicy.on_first_failure(
             self._state, others=others, config_error=record is not None and record.config_error,
             who=who, rules=self._rules, now=time.monotonic()))

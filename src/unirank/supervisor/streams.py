@@ -28,7 +28,7 @@ import select
 import selectors
 import time
 
-from unirank.supervisor.console import LogView, TerminalView
+from unirank.supervisor.console import LogView, TerminalView, terminal_width
 from unirank.supervisor.output import LineBuffer, LineCopy
 from unirank.supervisor.rows import RankRows
 from unirank.supervisor.summary import OutputTail
@@ -213,8 +213,10 @@ class WorkerStreams:
         if view is None:
             view = self._views[sink] = TerminalView() if os.isatty(fd) else LogView()
         if isinstance(view, TerminalView):
+            columns = None
             with contextlib.suppress(OSError):
-                view.width = os.get_terminal_size(fd).columns
+                columns = os.get_terminal_size(fd).columns
+            view.width = terminal_width(columns)
         return view
 
     def _write(self, fd: int, data: bytes) -> None:

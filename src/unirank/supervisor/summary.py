@@ -16,6 +16,7 @@ __all__ = [
     "WorkerExit",
     "describe_end",
     "describe_returncode",
+    "ended",
     "exit_code_of",
     "format_bytes",
     "format_summary",
@@ -125,6 +126,12 @@ def describe_end(returncode: int, oom: OomVerdict | None = None,
     return text
 
 
+def ended(how: str) -> str:
+    """``how`` a worker ended (:func:`describe_end`) after "rank 1 on node x ...": "ended with
+    exit code 1", "was killed by SIGSEGV (signal 11)"."""
+    return f"was {how}" if how.startswith("killed") else f"ended with {how}"
+
+
 @dataclass(frozen=True)
 class WorkerExit:
     """One worker's end."""
@@ -148,6 +155,8 @@ class WorkerExit:
     oom: OomVerdict | None = None
     #: the Python stack faulthandler wrote at its fatal signal (SIGSEGV, SIGABRT, ...)
     fault_stack: tuple[str, ...] = ()
+    #: the file that holds its stderr where the console did not show it (``--redirects``)
+    stderr_file: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -269,10 +278,11 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
             f"(local rank {first.local_rank}) on node {first.node}: {first.describe()}"
         )
         excerpt = traceback_excerpt(_before_fault(first))
-        if first.error and not any(first.error in line for line in excerpt):
+        if first.error:  # even where the excerpt ends with it: the line to read first
             out.append(f"  error: {first.error}")
         if excerpt:
-            out.append(f"  last lines of rank {first.rank}'s stderr:")
+            where = f" ({first.stderr_file})" if first.stderr_file else ""
+            out.append(f"  last lines of rank {first.rank}'s stderr{where}:")
             out.extend(f"    | {line}" for line in excerpt)
         elif not first.fault_stack:
             out.append(f"  rank {first.rank} wrote nothing to stderr")

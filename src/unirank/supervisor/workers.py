@@ -117,4 +117,5 @@ def worker_exit(worker: StartedWorker, node: str, *, blamed: bool) -> WorkerExit
         peak_memory=worker.peak_bytes,
         oom=worker.oom,
         fault_stack=_fault_stack(worker) if blamed else (),
+        stderr_file=None if worker.launch.stderr_console else worker.launch.stderr_file,
     )

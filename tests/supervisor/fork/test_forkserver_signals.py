@@ -76,3 +76,54 @@ def test_the_server_outlives_a_step_s_signals_and_workers_get_default_dispositio
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, err.decode()
+
+
+# each worker says how SIGINT and SIGQUIT are set, then sleeps; an interrupt runs its finally
+_SLEEPER = """
+import os, signal, sys, time
+interrupt = signal.getsignal(signal.SIGINT) is signal.default_int_handler
+quit_ignored = signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN
+try:  # entered before READY: the signal may come as soon as READY is out
+    print(f"READY {os.environ['RANK']} {interrupt} {quit_ignored}", flush=True)
+    time.sleep(120)
+except KeyboardInterrupt:
+    print(f"INTERRUPTED {os.environ['RANK']}", flush=True)
+    raise
+finally:
+    print(f"FINALLY {os.environ['RANK']}", flush=True)
+"""
+
+
+def _as_a_background_job() -> None:
+    """What a non-interactive shell does to a command started with ``&``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["forked", "no-preload"])
+def test_ctrl_c_reaches_workers_of_a_run_started_in_the_background(
+        runner: Runner, preload: bool) -> None:
+    """``setsid unirank run ... &`` from a script: SIGINT and SIGQUIT come ignored. The workers
+    get what a child the supervisor exec'ed gets (SIGINT, which the supervisor catches, raises
+    KeyboardInterrupt; SIGQUIT, which it ignores, stays ignored), so a SIGINT to the group ends
+    them with KeyboardInterrupt, their ``finally`` run, instead of SIGKILL after the grace."""
+    script = runner.script("sleep.py", _SLEEPER)
+    env = runner.environ(None if preload else {"UNIRANK_NO_PRELOAD": "1"})
+    proc = subprocess.Popen(runner.command(["-n", "2", str(script)]), cwd=runner.cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, preexec_fn=_as_a_background_job,
+                            start_new_session=True)
+    try:
+        lines = _ready_lines(proc, 2)
+        assert sorted(lines) == [["0", "True", "True"], ["1", "True", "True"]], lines
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    text = out.decode()
+    assert proc.returncode == 130, err.decode()
+    for rank in (0, 1):
+        assert f"INTERRUPTED {rank}" in text and f"FINALLY {rank}" in text, (text, err)
+    assert "killed by SIGKILL" not in err.decode(), err.decode()

@@ -23,11 +23,12 @@ def _roundtrip(message: protocol.Message) -> protocol.Message:
 
 def test_a_spawn_message_becomes_the_child_s_request() -> None:
     message = _roundtrip(protocol.spawn_message(
-        ("train.py", "--lr", "0.1"), {"RANK": "1"}, ["STALE"], [1, 2, 7]))
+        ("train.py", "--lr", "0.1"), {"RANK": "1"}, ["STALE"], [1, 2, 7], [2, 3]))
     request = protocol.request_of(message, [11, 12, 13], 5.5, (1.0, 2.0))
     assert request == protocol.Request(
         target=["train.py", "--lr", "0.1"], set_env={"RANK": "1"}, unset_env=["STALE"],
-        fds=[11, 12, 13], targets=[1, 2, 7], forked_at=5.5, preloaded=(1.0, 2.0))
+        fds=[11, 12, 13], targets=[1, 2, 7], forked_at=5.5, preloaded=(1.0, 2.0),
+        ignored=(2, 3))
 
 
 def test_the_server_s_answers_read_back() -> None:
@@ -53,6 +54,7 @@ def _fork_imports(module: str) -> set[str]:
 
 def test_the_sides_share_the_protocol_and_import_one_way() -> None:
     assert _fork_imports("child") == {"importtime", "protocol"}
-    assert _fork_imports("client") == {"importtime", "protocol"}
-    assert _fork_imports("server") == {"child", "protocol"}
+    assert _fork_imports("client") == {"dispositions", "importtime", "protocol"}
+    assert _fork_imports("server") == {"child", "dispositions", "protocol"}
     assert _fork_imports("protocol") == set()
+    assert _fork_imports("dispositions") == set()

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from unirank.contract import NO_PRELOAD_VAR
+from unirank.supervisor.fork.dispositions import ignored_here
 from unirank.supervisor.fork.importtime import SERVER_ONLY
 from unirank.supervisor.fork.protocol import (
     MAX_MESSAGE,
@@ -51,7 +52,7 @@ from unirank.supervisor.fork.protocol import (
 )
 
 __all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "WARM_PRELOAD", "ForkServer", "fallback_line",
-           "server_environ", "start_server", "warm_modules", "why_not_served"]
+           "server_environ", "start_server", "warm_for", "warm_modules", "why_not_served"]
 
 #: what the server always imports; ``--preload`` adds to it
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "unirank.supervisor.fork.child")
@@ -106,6 +107,12 @@ def warm_modules(target: Sequence[str]) -> tuple[str, ...]:
             text = script.read(_SCAN_BYTES)
     except OSError:
         return ()
+    return warm_for(text)
+
+
+def warm_for(text: bytes) -> tuple[str, ...]:
+    """:data:`WARM_PRELOAD` when ``text`` (a script, a pickled call, a module's source) names
+    DDP, FSDP, ``torch.compile`` or ``ur.auto_model``; otherwise nothing."""
     return WARM_PRELOAD if any(mark in text for mark in _WARM_MARKS) else ()
 
 
@@ -181,6 +188,11 @@ class ForkServer:
             theirs.close()
         warm = any(name in WARM_PRELOAD for name in modules)
         return cls(proc, ours, environ, _WARM_PREFIXES if warm else ())
+
+    @property
+    def warm(self) -> bool:
+        """Whether it imported :data:`WARM_PRELOAD` (a DDP job's first-step imports)."""
+        return bool(self._import_prefixes)
 
     # -- messages -----------------------------------------------------------------------------
 
@@ -295,7 +307,7 @@ class ForkServer:
         """Fork one worker: its pid, or why the server refused (then it starts nothing)."""
         changed = {k: v for k, v in environ.items() if self._environ.get(k) != v}
         message = spawn_message(target, changed, [k for k in self._environ if k not in environ],
-                                [number for _fd, number in fds])
+                                [number for _fd, number in fds], ignored_here())
         try:
             socket.send_fds(self._control, [encode(message)], [fd for fd, _number in fds])
         except OSError as exc:

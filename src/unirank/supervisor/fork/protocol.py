@@ -11,7 +11,8 @@ Every message is one JSON object in one packet of the ``SOCK_SEQPACKET`` socket,
 
 * supervisor to server: :func:`environ_message` once, first: the environment the workers of the
   node have in common, which the server takes before it imports; then a :func:`spawn_message`
-  per worker, its descriptors passed with ``SCM_RIGHTS`` (at most :data:`MAX_FDS`);
+  per worker (with the signals the supervisor ignores then), its descriptors passed with
+  ``SCM_RIGHTS`` (at most :data:`MAX_FDS`);
 * server to supervisor: :func:`ready_message` (with the import's start and end) or
   :func:`error_message`, once; a :func:`pid_message` or :func:`refused_message` per spawn; and
   an :func:`exit_message` per worker that ended, with its exit code as ``waitpid`` gives it
@@ -57,6 +58,8 @@ class Request(NamedTuple):
     #: when the fork happened, and when the server's imports started and ended
     forked_at: float
     preloaded: tuple[float, float]
+    #: the signals the supervisor ignored when it asked for the worker (see :mod:`.dispositions`)
+    ignored: tuple[int, ...] = ()
 
 
 def encode(message: Message) -> bytes:
@@ -83,11 +86,13 @@ def environ_of(message: Message) -> dict[str, str]:
 
 
 def spawn_message(target: Sequence[str], set_env: Mapping[str, str],
-                  unset_env: Sequence[str], numbers: Sequence[int]) -> Message:
-    """Fork one worker: its target, its environment as differences from the server's, and the
-    numbers its passed descriptors go to (in the order they are passed)."""
+                  unset_env: Sequence[str], numbers: Sequence[int],
+                  ignored: Sequence[int] = ()) -> Message:
+    """Fork one worker: its target, its environment as differences from the server's, the
+    numbers its passed descriptors go to (in the order they are passed), and the signals the
+    supervisor ignores (which the worker ignores too, as a child it exec'ed would)."""
     return {"target": list(target), "set": dict(set_env), "unset": list(unset_env),
-            "fds": list(numbers)}
+            "fds": list(numbers), "ignored": [int(s) for s in ignored]}
 
 
 def request_of(message: Message, fds: list[int], forked_at: float,
@@ -98,6 +103,7 @@ def request_of(message: Message, fds: list[int], forked_at: float,
         target=list(message["target"]), set_env=dict(message["set"]),
         unset_env=list(message["unset"]), fds=fds, targets=list(message["fds"]),
         forked_at=forked_at, preloaded=preloaded,
+        ignored=tuple(int(s) for s in message.get("ignored", ())),
     )
 
 

@@ -36,7 +36,8 @@ The server lives until its supervisor closes the socket, and dies with it (paren
 signal); its workers die with the server. It ignores the signals that a batch system sends to
 every process of a job step (``scancel --signal``, a time limit's SIGTERM: :data:`SHIELDED`):
 its death would kill the workers before they could act on them; the supervisor forwards them.
-A forked worker gets the dispositions the server started with back.
+A forked worker gets the dispositions a child the supervisor exec'ed would have, not the
+server's (:mod:`.dispositions`: the supervisor's ignored signals come with each spawn).
 
 Reads: nothing from the environment: its first message is the workers' common environment,
 which it takes (``os.environ``, so C's ``getenv`` too) before it imports.
@@ -54,8 +55,8 @@ import socket
 import sys
 import time
 from types import FrameType
-from typing import Any
 
+from unirank.supervisor.fork.dispositions import after_exec, apply
 from unirank.supervisor.fork.protocol import (
     MAX_FDS,
     MAX_MESSAGE,
@@ -78,7 +79,7 @@ USAGE = ("python -m unirank.supervisor.fork.server --control FD [--supervisor PI
          "[--preload MODULE,...]")
 #: how long the server waits for a forked child to take its own session
 CHILD_READY_TIMEOUT = 60.0
-#: the signals the server ignores (a forked worker gets their first dispositions back)
+#: the signals the server ignores (a forked worker gets an exec'ed child's: :mod:`.dispositions`)
 SHIELDED = tuple(getattr(signal, name) for name in (
     "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
     "SIGTTIN", "SIGTTOU"))
@@ -118,11 +119,9 @@ def _noop(signum: int, frame: FrameType | None) -> None:
 
 
 class _Server:
-    def __init__(self, control: socket.socket, preloaded: tuple[float, float],
-                 dispositions: dict[int, Any]) -> None:
+    def __init__(self, control: socket.socket, preloaded: tuple[float, float]) -> None:
         self.control = control
         self.preloaded = preloaded
-        self.dispositions = dispositions
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
         os.set_blocking(self.wake_w, False)
@@ -198,9 +197,8 @@ class _Server:
         the pipe to close once done, and the server's pid), the server's descriptors closed."""
         ready_w, server_pid = ready
         signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        for signum, disposition in self.dispositions.items():
-            signal.signal(signum, disposition)
+        request = request_of(message, fds, forked_at, self.preloaded)
+        apply(after_exec(request.ignored))  # a child the supervisor exec'ed would have these
         os.setsid()
         from unirank.supervisor.worker.pdeathsig import die_with_parent
 
@@ -208,7 +206,7 @@ class _Server:
         os.close(ready_w)
         for fd in (self.control.detach(), self.wake_r, self.wake_w):
             os.close(fd)
-        return request_of(message, fds, forked_at, self.preloaded)
+        return request
 
 
 def _arguments(argv: list[str]) -> dict[str, str]:
@@ -222,7 +220,8 @@ def _arguments(argv: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Preload, serve, and in a forked child become the worker (see the module docstring)."""
-    dispositions = {signum: signal.signal(signum, signal.SIG_IGN) for signum in SHIELDED}
+    for signum in SHIELDED:
+        signal.signal(signum, signal.SIG_IGN)
     args = _arguments(sys.argv[1:] if argv is None else argv)
     if args.get("--supervisor", "").isdigit():
         from unirank.supervisor.worker.pdeathsig import die_with_parent
@@ -249,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.freeze()
     gc.enable()  # in the workers, as in any interpreter
     _send(control, ready_message(preloaded))
-    request = _Server(control, preloaded, dispositions).serve()
+    request = _Server(control, preloaded).serve()
     if request is None:
         os._exit(0)  # the server ran no program: nothing to flush, no teardown to wait for
     from unirank.supervisor.fork.child import become_worker
