@@ -84,27 +84,18 @@ class WorkerFailedError(RuntimeError):
     """A spawned worker failed; the root cause (see :mod:`unirank.supervisor.engine`) is named.
 
     ``exitcode`` is the worker's exit code, or minus the signal that killed it; ``traceback``
-    the last traceback it printed ("" when none); ``stopped_by``: the signal this process got
-    and forwarded (SIGTERM...), which stopped every worker (then the lowest rank is named).
+    the last traceback it printed ("" when none). (Workers stopped by a SIGTERM this process
+    got and forwarded raise no such error: the script ends with 128 + the signal.)
     """
 
     def __init__(self, local_rank: int, rank: int, exitcode: int, last_line: str = "",
-                 traceback: str = "", *, stopped_by: int | None = None) -> None:
+                 traceback: str = "") -> None:
         self.local_rank = local_rank
         self.rank = rank
         self.exitcode = exitcode
         self.traceback_tail = last_line
         self.traceback = traceback
-        #: the signal this process got and forwarded, which stopped the workers (None: a
-        #: worker failed on its own)
-        self.stopped_by = stopped_by
-        if stopped_by is not None:
-            from unirank.supervisor.summary import signal_name
-
-            name = signal_name(stopped_by)
-            how = (f"was stopped by {name}, as every worker was: this process got {name} and "
-                   f"forwarded it (exit code {128 + stopped_by})")
-        elif exitcode < 0:
+        if exitcode < 0:
             try:
                 how = f"was killed by signal {signal.Signals(-exitcode).name}"
             except ValueError:
@@ -457,11 +448,6 @@ def _raise_failure(result: Any) -> None:
         if text:
             raise error from RankTraceback(text)
         raise error
-    if result.exit_code != 0 and result.stop_signal is not None:
-        ended = sorted((w for w in result.exits if w.failed), key=lambda w: w.rank)
-        if ended:
-            raise WorkerFailedError(ended[0].local_rank, ended[0].rank, ended[0].returncode,
-                                    stopped_by=result.stop_signal)
     if result.exit_code != 0:
         raise WorkerFailedError(-1, -1, result.exit_code)
 
