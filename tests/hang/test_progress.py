@@ -37,7 +37,8 @@ def test_group_progress_names_the_last_entered_collective() -> None:
     [group] = group_progress(dump, default_world=2)
     assert group == {"pg": "0", "entered": 2, "done": 1, "op": "broadcast",
                      "what": "float32[4]", "since": 1795654767.909491, "thread": "1234",
-                     "ranks": None}
+                     "ranks": None, "calls": [[1, "all_reduce", "float32[4]", ""],
+                                              [2, "broadcast", "float32[4]", ""]]}
 
 
 def test_a_subgroup_lists_its_ranks_and_an_unused_group_is_left_out() -> None:

@@ -185,7 +185,10 @@ def test_broadcast_against_all_reduce_ends_the_job_with_the_hang_timeout(
     runner.script("mismatch.py", MISMATCH)
     ended = runner.run([*FAST, "--hang-timeout", "3", "-n", "3", "mismatch.py"])
     err = ended.stderr
-    assert "  mismatch: rank 1 called broadcast #2, ranks 0, 2 all_reduce #2\n" in err, err
+    assert re.search(rf"^  mismatch: rank 1 \((\S+)\) called broadcast #2 \(float32\[4\], "
+                     rf"mismatch.py:{line_of(MISMATCH, 'mismatched')}\), ranks 0, 2 \(\1\) "
+                     rf"all_reduce #2 \(float32\[4\], mismatch.py:{line_of(MISMATCH, 'the others')}"
+                     r"\)$", err, re.M), err
     assert ended.returncode == 86, err
     assert "  ending the job (--hang-timeout 3 s, exit code 86)" in err, err
     assert re.search(r"^unirank run: FAILED \(exit code 86\): rank 0 ", err, re.M), err

@@ -10,10 +10,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from unirank.hang.detect import Call, Hang, Laggard
+from unirank.hang.detect import Ahead, Call, Hang, Laggard
 from unirank.joincheck import format_ranks
 
-__all__ = ["progress_line", "render_report", "render_snapshot", "stack_groups",
+__all__ = ["mismatch_line", "progress_line", "render_report", "render_snapshot", "stack_groups",
            "wavefront_line"]
 
 INDENT = "  "
@@ -46,28 +46,47 @@ def _laggard(lag: Laggard, nodes: Mapping[int, str], several: bool) -> str:
     return f"{own} main thread is outside the program's code"
 
 
+def _ahead(ahead: Ahead, several: bool) -> str:
+    own = f"rank {ahead.rank}" if several else "it"
+    if ahead.now is not None:
+        return f"{own} waits in {_call(ahead.now)} since {_seconds(ahead.now.waited or 0.0)}"
+    if ahead.finished:
+        return f"{own} ended its program after collective #{ahead.last}"
+    if ahead.where:
+        return f"{own} is in {ahead.where} (its last collective: #{ahead.last})"
+    return f"{own} computes (its last collective: #{ahead.last})"
+
+
 def wavefront_line(hang: Hang) -> str:
     """"ranks 0-6 wait in all_reduce #1025 (float32[1024], train.py:57) since 61 s; rank 7
-    (node2) has not entered it: its main thread is in save_checkpoint (train.py:80)"."""
+    (node2) has not entered it: its main thread is in save_checkpoint (train.py:80)"; ranks
+    that left the collective: "rank 1 has left it: it waits in barrier #5 since 6 s"."""
     waits = "; ".join(f"{_who(c.ranks, hang.nodes)} wait{'s' if len(c.ranks) == 1 else ''} "
                       f"in {_call(c)} since {_seconds(c.waited or 0.0)}" for c in hang.waiting)
-    if not hang.laggards:
-        return waits
-    lagging = [lag.rank for lag in hang.laggards]
-    several = len(lagging) > 1
-    verb = "have" if several else "has"
-    where = ", ".join(_laggard(lag, hang.nodes, several) for lag in hang.laggards)
-    return f"{waits}; {_who(lagging, hang.nodes)} {verb} not entered it: {where}"
+    parts = [waits]
+    if hang.laggards:
+        lagging = [lag.rank for lag in hang.laggards]
+        several = len(lagging) > 1
+        verb = "have" if several else "has"
+        where = ", ".join(_laggard(lag, hang.nodes, several) for lag in hang.laggards)
+        parts.append(f"{_who(lagging, hang.nodes)} {verb} not entered it: {where}")
+    if hang.ahead:
+        went = [a.rank for a in hang.ahead]
+        several = len(went) > 1
+        where = ", ".join(_ahead(a, several) for a in hang.ahead)
+        parts.append(f"{_who(went, hang.nodes)} {'have' if several else 'has'} left it: {where}")
+    return "; ".join(parts)
 
 
-def _mismatch_line(hang: Hang) -> str:
-    """"rank 3 called broadcast #12, ranks 0-2 all_reduce #12"."""
-    first = hang.waiting[0] if hang.waiting else None
-    same_op = all(c.op == (first.op if first else "") for c in hang.mismatched)
+def mismatch_line(hang: Hang) -> str:
+    """"rank 3 (node1) called broadcast #12 (train.py:60), ranks 0-2 (node1) all_reduce #12
+    (float32[1024], train.py:57)": the odd calls first, then the others'; "" for none."""
+    if not hang.mismatched:
+        return ""
     parts = []
-    for index, call in enumerate((*hang.mismatched, *hang.waiting)):
-        text = f"{call.op} #{call.seq}" + (f" ({call.what})" if same_op and call.what else "")
-        parts.append(f"{format_ranks(call.ranks)} {'called ' if index == 0 else ''}{text}")
+    for index, call in enumerate((*hang.mismatched, *hang.matched)):
+        verb = "called " if index == 0 else ""
+        parts.append(f"{_who(call.ranks, hang.nodes)} {_call(call, verb=verb)}")
     return ", ".join(parts)
 
 
@@ -124,10 +143,10 @@ def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[s
            f"{_seconds(longest)}{tail}"]
     for hang in hangs:
         prefix = "" if hang.pg == "0" else f"process group {hang.pg}: "
-        if hang.laggards or not hang.mismatched:
+        if hang.laggards or hang.ahead or not hang.mismatched:
             out.append(f"{INDENT}{prefix}{wavefront_line(hang)}")
         if hang.mismatched:
-            out.append(f"{INDENT}{prefix}mismatch: {_mismatch_line(hang)}")
+            out.append(f"{INDENT}{prefix}mismatch: {mismatch_line(hang)}")
     out += _stack_section(stacks, nodes, unanswered, answer_timeout)
     if dump_files:
         out.append(f"{INDENT}every rank's stack: {', '.join(dump_files)}")

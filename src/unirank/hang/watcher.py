@@ -1,6 +1,6 @@
 """The thread each rank runs for the hang detector (``unirank-hang-watch``, a daemon).
 
-Every interval it reads torch's flight recorder (:func:`_read_recorder`; a torch without
+Every interval it reads torch's flight recorder (:class:`_Recorder`; a torch without
 the private ``_dump_fr_trace_json`` gives "no progress information", never an error), sets
 this rank's progress record in the job's store (one ``set`` of one key), and checks one
 counter (``add(key, 0)``) that asks every rank for its Python stacks: then it sets them
@@ -38,6 +38,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import sys
 import threading
@@ -52,6 +53,7 @@ from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
 from unirank.hang.detect import Hang, find_hangs
 from unirank.hang.jobs import announce, withdraw
 from unirank.hang.progress import (
+    HISTORY,
     base_prefixes,
     frames_of,
     group_progress,
@@ -64,7 +66,7 @@ from unirank.hang.progress import (
 )
 from unirank.hang.render import render_report, wavefront_line
 from unirank.hang.standby import Duty, silent_after
-from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_dump, recorder_status
+from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status, recorder_trace
 from unirank.signals import keep_off_this_thread
 
 __all__ = [
@@ -91,6 +93,8 @@ RECORDER_VAR = "TORCH_FR_BUFFER_SIZE"
 #: non-empty while :func:`enable_recorder` has put the recorder's size in the C environment
 _RECORDER_PUT: list[bool] = []
 RECORDER_ENTRIES = 64
+#: seconds between two reads of the recorder's entries while no collective waits
+ENTRIES_EVERY = 2.0
 
 
 #: added to the stack request counter by rank 0 when it ends the job (``--hang-timeout``): each
@@ -146,48 +150,71 @@ def recorder_started() -> None:
         _RECORDER_PUT.clear()
 
 
-def _read_recorder() -> dict[str, Any] | None:
-    """The flight recorder's dump; {} before torch is loaded; None where torch cannot give it.
-    Its entries only while a collective waits: the groups' status alone costs microseconds,
-    the entries about a millisecond per hundred.
+class _Recorder:
+    """Reads the flight recorder for this rank's records: the groups' status every time (a C
+    call of microseconds), the entries (:func:`recorder_trace`, about 2 ms) while a collective
+    waits, for the last record, and when the status changed at least :data:`ENTRIES_EVERY`
+    seconds after they were last read.
 
     Imports nothing: the program's first ``import torch`` is its own (see
     :mod:`unirank.supervisor.worker.lateenv`), and torch's C module is loaded with it."""
-    if "torch.distributed" not in sys.modules:
-        return {}
-    dump = recorder_dump()
-    if dump is None:
-        return None
-    try:
-        status = dict(json.loads(dump(False, True)))
-        waiting = any(int(g.get("last_enqueued_collective", -1))
-                      > int(g.get("last_completed_collective", -1))
-                      for g in (status.get("pg_status") or {}).values())
-        return dict(json.loads(dump(True, True))) if waiting else status
-    except Exception:  # private API: any failure is "no information"
-        return None
+
+    def __init__(self) -> None:
+        self._key: tuple[tuple[str, int, int], ...] | None = None
+        self._trace: Mapping[str, Any] = {}
+        self._read_at = -math.inf
+
+    def read(self, *, last: bool = False) -> dict[str, Any] | None:
+        """The dump; {} before torch.distributed is loaded; None where torch cannot give it."""
+        if "torch.distributed" not in sys.modules:
+            return {}
+        status = recorder_status()
+        if status is None:
+            return None
+        try:
+            key = tuple(sorted((str(pg), int(g.get("last_enqueued_collective", -1)),
+                                int(g.get("last_completed_collective", -1)))
+                               for pg, g in status.items()))
+        except (TypeError, ValueError, AttributeError):
+            return None
+        now = time.monotonic()
+        waiting = any(entered > done for _, entered, done in key)
+        if waiting or (key != self._key and (last or now - self._read_at >= ENTRIES_EVERY)):
+            trace = recorder_trace()
+            if trace is not None:
+                self._key, self._trace, self._read_at = key, trace, now
+        # entries read before the status changed are still true of the collectives they name
+        entries = list(self._trace.get("entries", ()) or ())
+        return {"pg_status": status, "entries": entries,
+                "pg_config": self._trace.get("pg_config", {}) or {}}
 
 
 @dataclass
 class _Sites:
-    """The user's line behind each group's waiting collective, seen once per collective."""
+    """The user's line behind each group's waiting collective, seen once per collective (the
+    last :data:`~unirank.hang.progress.HISTORY` of each group kept for the records' calls)."""
 
     skip: tuple[str, ...] = ()
-    seen: dict[str, tuple[int, str]] = field(default_factory=dict)
+    seen: dict[str, dict[int, str]] = field(default_factory=dict)
 
     def fill(self, groups: list[dict[str, Any]], frames: Mapping[int, Any]) -> None:
         for group in groups:
-            key, seq = group["pg"], group["entered"]
-            known = self.seen.get(key)
-            if known is None or known[0] != seq:
+            known = self.seen.setdefault(group["pg"], {})
+            seq = group["entered"]
+            if seq not in known:
                 site = ""
                 if group["entered"] > group["done"] and group.get("thread"):
                     with contextlib.suppress(ValueError):
                         frame = frames.get(int(group["thread"]))
                         site = site_of(user_frame(frames_of(frame), self.skip))
-                known = (seq, site)
-                self.seen[key] = known
-            group["site"] = known[1]
+                known[seq] = site
+                for old in sorted(known)[:-HISTORY]:
+                    del known[old]
+            if not group.get("site"):
+                group["site"] = known[seq]
+            for call in group.get("calls", ()):
+                if not call[3]:
+                    call[3] = known.get(call[0], "")
 
 
 class Watcher:
@@ -207,6 +234,7 @@ class Watcher:
         self._finished = False
         self._answered = 0
         self._sites = _Sites()
+        self._recorder = _Recorder()
         self._torch_seen = False
         self._base_prefixes = base_prefixes()  # here: the thread must import nothing
         self._thread = threading.Thread(target=self._run_timed, name=THREAD_NAME, daemon=True)
@@ -359,7 +387,7 @@ class Watcher:
         if not self._sites.skip or ("torch" in sys.modules) != self._torch_seen:
             self._torch_seen = "torch" in sys.modules
             self._sites.skip = library_prefixes(self._base_prefixes)
-        dump = _read_recorder()
+        dump = self._recorder.read(last=self._stop.is_set())
         groups = group_progress(dump, self.world_size) if dump else []
         frames = sys._current_frames()
         self._sites.fill(groups, frames)
