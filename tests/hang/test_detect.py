@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from unirank.hang.detect import blamed, find_hangs
-from unirank.hang.render import mismatch_line, render_report, stack_groups, wavefront_line
+from unirank.hang.detect import blamed, find_hangs, find_uneven
+from unirank.hang.render import (
+    mismatch_line,
+    render_report,
+    stack_groups,
+    timeout_message,
+    uneven_line,
+    wavefront_line,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hang"
 NOW = 1000.0
@@ -244,3 +251,28 @@ def test_snapshot_golden() -> None:
                            job="demo", unanswered=[4], nodes={3: "node2", 4: "node2"},
                            now=NOW, answer_timeout=4)
     _check_golden("snapshot.txt", text)
+
+
+def test_a_peer_that_ended_before_this_ranks_collective_is_uneven() -> None:
+    records: dict[int, dict[str, Any] | None] = {
+        0: record(0, group(3, 3, what="float32[4]", site="skip1.py:9")),
+        1: record(1, group(2, 2), finished=True), 2: record(2, group(3, 3))}
+    uneven = find_uneven(records, 0)
+    assert uneven is not None and uneven.ended == ((1, 2),)
+    assert uneven_line(uneven) == (
+        "the ranks ran different numbers of collectives: rank 1 ended its program after "
+        "collective #2, rank 0 called all_reduce #3 (float32[4], skip1.py:9)")
+    records[1] = record(1, group(3, 3), finished=True)
+    assert find_uneven(records, 0) is None  # the same count: not this
+
+
+def test_the_timeout_message_keeps_the_mismatch_and_blames_its_rank() -> None:
+    records: dict[int, dict[str, Any] | None] = {r: record(r, group(12, 11)) for r in range(3)}
+    records[2] = record(2, group(12, 11, op="broadcast", site="train.py:60"), node="node2")
+    hangs = find_hangs(records, 3, 60.0, NOW)
+    assert blamed(hangs[0]) == (2,)
+    assert timeout_message(hangs, 600) == (
+        "no progress for 600 s (--hang-timeout): mismatch: rank 2 (node2) called broadcast #12 "
+        "(float32[1024], train.py:60), ranks 0-1 (node1) all_reduce #12 (float32[1024], "
+        "train.py:57); ranks 0-1 (node1) wait in all_reduce #12 (float32[1024], train.py:57) "
+        "since 100 s")

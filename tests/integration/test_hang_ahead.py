@@ -51,6 +51,11 @@ def test_a_rank_ahead_after_another_shape_is_reported_and_timed_out(runner: Runn
                      rf"shape2.py:{call}\)$", err, re.M), err
     assert "  ending the job (--hang-timeout 4 s, exit code 86)" in err, err
     assert ended.returncode == 86, err
+    # blamed: the rank that called the other shape, and the error line keeps the mismatch
+    assert re.search(r"^unirank run: FAILED \(exit code 86\): rank 1 ", err, re.M), err
+    assert re.search(r"^  error: HangTimeoutError: no progress for 4 s \(--hang-timeout\): "
+                     r"mismatch: rank 1 \(\S+\) called all_reduce #4 \(float32\[2\]", err,
+                     re.M), err
 
 
 def test_ctrl_c_reports_a_rank_ahead(runner: Runner) -> None:
@@ -72,3 +77,29 @@ def test_ctrl_c_reports_a_rank_ahead(runner: Runner) -> None:
                      r"it waits in barrier #5", after, re.M), err
     assert "  mismatch: rank 1 (" in after, err
     assert proc.returncode == 130, err
+
+
+SKIP1 = """import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+for step in range(3):
+    if rank == 1 and step == 1:
+        continue  # rank 1 skips one all_reduce
+    dist.all_reduce(torch.ones(4))
+print("done", rank)
+"""
+
+
+def test_a_rank_that_skipped_a_collective_and_ended_is_named(runner: Runner) -> None:
+    """Rank 1 ends normally after two all_reduces; rank 0's third fails at once with gloo's
+    "Connection closed by peer ... a remote worker crashing": nothing crashed, the summary
+    says the ranks ran different numbers of collectives."""
+    runner.script("skip1.py", SKIP1)
+    ended = runner.run(["-n", "2", "skip1.py"])
+    err = ended.stderr
+    assert ended.returncode == 1, err
+    summary = err[err.index("unirank run: FAILED"):]
+    assert ("unirank: the ranks ran different numbers of collectives: rank 1 ended its "
+            "program after collective #2, rank 0 called all_reduce #3 (float32[4]") in summary, err

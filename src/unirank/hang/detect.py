@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Ahead", "Call", "Hang", "Laggard", "blamed", "find_hangs"]
+__all__ = ["Ahead", "Call", "Hang", "Laggard", "Uneven", "blamed", "find_hangs", "find_uneven"]
 
 
 @dataclass(frozen=True)
@@ -238,3 +238,38 @@ def blamed(hang: Hang) -> tuple[int, ...]:
     if running or hang.laggards:
         return running or tuple(lag.rank for lag in hang.laggards)
     return tuple(a.rank for a in hang.ahead)
+
+
+@dataclass(frozen=True)
+class Uneven:
+    """Ranks that ended their program after fewer collectives than ``call``'s number: the
+    ranks ran different numbers of collectives (a rank skipped one)."""
+
+    pg: str
+    #: (rank, its last collective number) of each rank whose program ended before
+    ended: tuple[tuple[int, int], ...]
+    call: Call
+    #: the earliest collective whose ops or shapes differ, where the records show one
+    mismatch: tuple[Call, ...] = ()
+
+
+def find_uneven(records: Mapping[int, Mapping[str, Any] | None], rank: int) -> Uneven | None:
+    """Whether ``rank``'s last collective (its record now, after it failed in it) is one
+    that ranks whose program ended never called; None otherwise."""
+    own = records.get(rank) or {}
+    for group in own.get("groups", ()):
+        ended = []
+        histories = {rank: _history(group)}
+        for other, record in sorted(records.items()):
+            if other == rank or not record or not record.get("finished"):
+                continue
+            for theirs in record.get("groups", ()):
+                if theirs["pg"] == group["pg"] and theirs["entered"] < group["entered"]:
+                    ended.append((other, int(theirs["entered"])))
+                    histories[other] = _history(theirs)
+        if ended:
+            call = Call((rank,), group.get("op") or "collective", group["entered"],
+                        group.get("what", ""), group.get("site", ""))
+            return Uneven(group["pg"], tuple(ended), call,
+                          _first_mismatch(histories, {}, -1) or ())
+    return None

@@ -10,13 +10,24 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from unirank.hang.detect import Ahead, Call, Hang, Laggard
+from unirank.hang.detect import Ahead, Call, Hang, Laggard, Uneven
 from unirank.joincheck import format_ranks
 
-__all__ = ["mismatch_line", "progress_line", "render_report", "render_snapshot", "stack_groups",
-           "wavefront_line"]
+__all__ = [
+    "UNEVEN_HEAD",
+    "mismatch_line",
+    "progress_line",
+    "render_report",
+    "render_snapshot",
+    "stack_groups",
+    "timeout_message",
+    "uneven_line",
+    "wavefront_line",
+]
 
 INDENT = "  "
+#: how :func:`uneven_line` begins
+UNEVEN_HEAD = "the ranks ran different numbers of collectives"
 
 
 def _seconds(value: float) -> str:
@@ -88,6 +99,29 @@ def mismatch_line(hang: Hang) -> str:
         verb = "called " if index == 0 else ""
         parts.append(f"{_who(call.ranks, hang.nodes)} {_call(call, verb=verb)}")
     return ", ".join(parts)
+
+
+def timeout_message(hangs: Sequence[Hang], limit: float) -> str:
+    """The one line every rank records when ``--hang-timeout`` ends the job (the failure
+    summary's ``error:`` line): the first hang's mismatch, then its wavefront."""
+    hang = hangs[0]
+    mismatch = mismatch_line(hang)
+    return (f"no progress for {limit:g} s (--hang-timeout): "
+            + (f"mismatch: {mismatch}; " if mismatch else "") + wavefront_line(hang))
+
+
+def uneven_line(uneven: Uneven) -> str:
+    """"the ranks ran different numbers of collectives: rank 1 ended its program after
+    collective #2, rank 0 called all_reduce #3 (train.py:9)"."""
+    ended = ", ".join(f"rank {r} ended its program after collective #{n}"
+                      for r, n in uneven.ended)
+    text = (f"{UNEVEN_HEAD}: {ended}, rank "
+            f"{uneven.call.ranks[0]} called {_call(uneven.call)}")
+    if len(uneven.mismatch) > 1:
+        first, *others = uneven.mismatch
+        text += "; they first differ at " + ", ".join(
+            f"{format_ranks(c.ranks)} {_call(c)}" for c in (*others, first))
+    return text
 
 
 def stack_groups(stacks: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[

@@ -50,7 +50,17 @@ from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
 from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
-from unirank.hang.detect import Hang, find_hangs
+from unirank.hang.detect import Hang, blamed, find_hangs, find_uneven
+from unirank.hang.ending import (
+    ENDED_KEY,
+    ENDING,
+    FIRST_KEY,
+    REASON_KEY,
+    Ending,
+    first_within,
+    records_first,
+    wait_for_count,
+)
 from unirank.hang.jobs import announce, withdraw
 from unirank.hang.progress import (
     HISTORY,
@@ -64,7 +74,7 @@ from unirank.hang.progress import (
     user_frame,
     waits_for,
 )
-from unirank.hang.render import render_report, wavefront_line
+from unirank.hang.render import UNEVEN_HEAD, render_report, timeout_message, uneven_line
 from unirank.hang.standby import Duty, silent_after
 from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status, recorder_trace
 from unirank.signals import keep_off_this_thread
@@ -97,13 +107,6 @@ RECORDER_ENTRIES = 64
 ENTRIES_EVERY = 2.0
 
 
-#: added to the stack request counter by rank 0 when it ends the job (``--hang-timeout``): each
-#: rank's thread then counts itself in ENDED_KEY and stops using the store, which ends with
-#: rank 0's process
-ENDING = 1 << 40
-ENDED_KEY = "unirank/hang/ended"
-#: why rank 0 ends the job (the hang's wavefront), for the other ranks' records
-REASON_KEY = "unirank/hang/reason"
 #: counted by each rank whose program failed in a collective: the first one prints the report
 FAILED_KEY = "unirank/hang/failed"
 #: set by that first rank once its report is printed (the others wait for it)
@@ -313,7 +316,7 @@ class Watcher:
             try:
                 self._tick(store)
             except _JobEnding as ending:
-                self._end(str(ending))  # rank 0 ends the job (--hang-timeout): so does this rank
+                self._end(store, Ending.decode(str(ending)))  # --hang-timeout: this rank ends
             except Exception:
                 return  # the store went away (the job is ending): no more records
             if self._look_until_next_tick():
@@ -382,12 +385,12 @@ class Watcher:
         self._on_duty = on_duty
         return on_duty
 
-    def record(self) -> dict[str, Any]:
-        """This rank's progress record now."""
+    def record(self, *, fresh: bool = False) -> dict[str, Any]:
+        """This rank's progress record now (``fresh``: with the recorder's entries read now)."""
         if not self._sites.skip or ("torch" in sys.modules) != self._torch_seen:
             self._torch_seen = "torch" in sys.modules
             self._sites.skip = library_prefixes(self._base_prefixes)
-        dump = self._recorder.read(last=self._stop.is_set())
+        dump = self._recorder.read(last=fresh or self._stop.is_set())
         groups = group_progress(dump, self.world_size) if dump else []
         frames = sys._current_frames()
         self._sites.fill(groups, frames)
@@ -433,9 +436,7 @@ class Watcher:
     def _answer(self, store: Any) -> None:
         number = int(store.add(ASK_KEY, 0))
         if number >= ENDING:
-            reason = bytes(store.get(REASON_KEY)).decode(errors="replace")
-            store.add(ENDED_KEY, 1)
-            raise _JobEnding(reason)
+            raise _JobEnding(bytes(store.get(REASON_KEY)).decode(errors="replace"))
         for pending in range(max(self._answered + 1, number - 3), number + 1):
             self.answer(store, pending)
 
@@ -444,15 +445,18 @@ class Watcher:
         inside torch.distributed and this rank's last record, at most two intervals old,
         showed it waiting in a collective, hold that record, print the hang's report if this
         rank is the first to fail so (the others wait for it, a bounded time), and return the
-        hang's wavefront (None: no hang)."""
+        hang's wavefront (None: no hang). Raised inside torch.distributed with no such record
+        (a peer's program ended, and gloo says "Connection closed by peer" at once): whether
+        ranks whose program ended ran fewer collectives (:func:`find_uneven`)."""
         waiting = self._last_waiting
         interval = self.settings.interval
-        if (isinstance(exc, SystemExit) or waiting is None or self._held
-                or time.time() - float(waiting["time"]) > 2 * interval + 1):
+        if isinstance(exc, SystemExit) or self._held:
             return None
         frames = _traceback_frames(exc)
         if not any("/torch/distributed/" in f[0].replace(os.sep, "/") for f in frames):
             return None  # not raised inside a collective
+        if waiting is None or time.time() - float(waiting["time"]) > 2 * interval + 1:
+            return self._uneven_note()
         self._held = True
         self._failed_frames = [list(f) for f in frames]
         from unirank.hang.onstop import answer_within, report_now
@@ -479,6 +483,16 @@ class Watcher:
             os.write(self.err_fd, made[0].encode(errors="replace"))
         return wavefront_line(made[1][0])
 
+    def _uneven_note(self) -> str | None:
+        """:func:`uneven_line` of this rank's record now and the others' in the store."""
+        try:
+            records = read_records(self._store, self.world_size)
+            records[self.rank] = self.record(fresh=True)
+        except Exception:  # the store is gone: nothing to compare
+            return None
+        uneven = find_uneven(records, self.rank)
+        return None if uneven is None else uneven_line(uneven)
+
     def _await_report(self, store: Any, deadline: float) -> None:
         """Until the first failing rank has printed its report (or ``deadline``), answering
         its stack request at once (never holding the connection for long: the thread shares
@@ -488,35 +502,48 @@ class Watcher:
                 self._answer(store)
                 time.sleep(0.05)
 
-    def exit_for_timeout(self, store: Any, message: str) -> None:
-        """Record the hang as this rank's failure, have every other rank end (each on its
-        next interval: its thread stops using the store, records why and exits, so that ranks
-        under other supervisors end too), and end this process (``--hang-timeout``) once they
-        have, at most two intervals and a second later (a frozen rank does not answer)."""
-        self._record(message)
+    def exit_for_timeout(self, store: Any, ending: Ending) -> None:
+        """End the job (``--hang-timeout``, :mod:`unirank.hang.ending`): tell every rank why
+        and whom to blame, then end as they do (:meth:`_end`)."""
         with contextlib.suppress(Exception):
-            store.set(REASON_KEY, f"rank {self.rank} ended the job: {message}")
+            store.set(REASON_KEY, ending.encode())
             store.add(ASK_KEY, ENDING)
-            deadline = time.monotonic() + 2 * self.settings.interval + 1
-            while (int(store.add(ENDED_KEY, 0)) < self.world_size - 1
-                   and time.monotonic() < deadline):
-                self._stop.wait(0.05)
-        withdraw(self._job_file)
-        os._exit(HANG_EXIT_CODE)
+        self._end(store, ending)
+
+    def _record_in_turn(self, store: Any, ending: Ending) -> None:
+        """Record ``ending`` as this rank's failure: at once when blamed, else after a blamed
+        rank has (or :func:`~unirank.hang.ending.first_within` seconds); count it."""
+        if records_first(self.rank, ending):
+            self._record(ending.message)
+            store.add(FIRST_KEY, 1)
+        else:
+            wait_for_count(store, FIRST_KEY, 1, first_within(self.settings.interval),
+                           pause=self._stop.wait)
+            self._record(ending.message)
+        store.add(ENDED_KEY, 1)
 
     def _record(self, message: str) -> None:
         from unirank.errorfile import record_exception
 
-        if self.error_file:
+        if self.error_file:  # the first record wins: a second call changes nothing
             record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self.error_file},
                              exit_code=HANG_EXIT_CODE)
 
-    def _end(self, message: str) -> None:
-        """Another rank's part of :meth:`exit_for_timeout`: record why, give rank 0 (the
-        root cause) the time to end first, then end (ranks under another supervisor)."""
-        self._record(message)
+    def _end(self, store: Any, ending: Ending) -> None:
+        """Every rank's part of :meth:`exit_for_timeout`: record why in turn; a blamed rank
+        ends once all have recorded (the first to end: its supervisor stops the others), the
+        others after two intervals and 3 s (ranks under another supervisor, or a blamed rank
+        that is frozen)."""
+        first = self.rank in ending.blamed
+        with contextlib.suppress(Exception):
+            self._record_in_turn(store, ending)
+            if first:  # the root cause: ends once every rank recorded (they come after it)
+                wait_for_count(store, ENDED_KEY, self.world_size,
+                               first_within(self.settings.interval), pause=self._stop.wait)
+        self._record(ending.message)
         withdraw(self._job_file)
-        self._stop.wait(2 * self.settings.interval + 3)
+        if not first:
+            self._stop.wait(2 * self.settings.interval + 3)
         os._exit(HANG_EXIT_CODE)
 
 
@@ -583,8 +610,8 @@ class _Detector:
         with contextlib.suppress(OSError):
             os.write(self.watcher.err_fd, text.encode(errors="replace"))
         if ending:
-            self.watcher.exit_for_timeout(self.store, f"no progress for {limit:g} s "
-                                          f"(--hang-timeout): {wavefront_line(hangs[0])}")
+            self.watcher.exit_for_timeout(self.store, Ending(
+                timeout_message(hangs, limit or 0.0), blamed(hangs[0])))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has
@@ -671,7 +698,8 @@ def add_hang_note(exc: BaseException, wavefront: str | None) -> None:
     it)."""
     if not wavefront:
         return
-    note = f"unirank: the ranks hung: {wavefront}"
+    uneven = wavefront.startswith(UNEVEN_HEAD)  # not a hang: a peer ended before this call
+    note = f"unirank: {wavefront}" if uneven else f"unirank: the ranks hung: {wavefront}"
     notes = getattr(exc, "__notes__", None)
     with contextlib.suppress(AttributeError, TypeError):
         if isinstance(notes, list):

@@ -1,0 +1,80 @@
+"""How ``--hang-timeout`` ends the job: every rank records why and exits with
+:data:`unirank.hang.HANG_EXIT_CODE`, the blamed rank first.
+
+The supervisor blames the rank whose error record is the earliest (torchrun's root cause), so
+the order of the records is the blame. The rank that runs the detector (rank 0, or a standby)
+sets :data:`REASON_KEY` (an :class:`Ending`: the message and the blamed ranks,
+:func:`unirank.hang.detect.blamed`) and adds :data:`ENDING` to the stack request counter; each
+rank's watcher sees it on its next interval. A blamed rank records at once and counts itself
+in :data:`FIRST_KEY`; every other rank (the detector's too) records once a blamed rank has, or
+after :func:`first_within` seconds (a frozen rank records nothing: then the detector's rank
+is the earliest, and the message still names the rank it blames). Each then counts itself in
+:data:`ENDED_KEY`; the detector's rank exits when all have (at most :func:`first_within` more
+seconds), the others a moment later (ranks under another supervisor end too).
+
+The store protocol's keys live here; the waits take the clock and the sleep as arguments.
+Reads no environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ENDED_KEY", "ENDING", "FIRST_KEY", "REASON_KEY", "Ending", "first_within",
+           "records_first", "wait_for_count"]
+
+#: added to the stack request counter when the job ends (``--hang-timeout``)
+ENDING = 1 << 40
+#: counted by each rank once it recorded why the job ends
+ENDED_KEY = "unirank/hang/ended"
+#: counted by each blamed rank once it recorded
+FIRST_KEY = "unirank/hang/blamed-recorded"
+#: why the job ends: an :class:`Ending` as JSON
+REASON_KEY = "unirank/hang/reason"
+
+
+@dataclass(frozen=True)
+class Ending:
+    """Why the job ends: the message every rank records, the ranks blamed."""
+
+    message: str
+    blamed: tuple[int, ...] = ()
+
+    def encode(self) -> str:
+        return json.dumps({"message": self.message, "blamed": list(self.blamed)})
+
+    @classmethod
+    def decode(cls, text: str) -> Ending:
+        """The ending set in the store (a plain text: no rank blamed)."""
+        try:
+            data = json.loads(text)
+            return cls(str(data["message"]), tuple(int(r) for r in data.get("blamed", ())))
+        except (ValueError, KeyError, TypeError):
+            return cls(text)
+
+
+def records_first(rank: int, ending: Ending) -> bool:
+    """Whether ``rank`` records at once (it is blamed) or waits for a blamed rank first."""
+    return rank in ending.blamed or not ending.blamed
+
+
+def first_within(interval: float) -> float:
+    """How long the others wait for a blamed rank's record (it sees the ending on its next
+    interval, which may be one late): two intervals and a second."""
+    return 2 * interval + 1.0
+
+
+def wait_for_count(store: Any, key: str, count: int, timeout: float,
+                   pause: Callable[[float], Any] = time.sleep,
+                   clock: Callable[[], float] = time.monotonic) -> bool:
+    """Until the counter ``key`` reaches ``count`` (True) or ``timeout`` seconds passed."""
+    deadline = clock() + timeout
+    while int(store.add(key, 0)) < count:
+        if clock() >= deadline:
+            return False
+        pause(0.05)
+    return True
