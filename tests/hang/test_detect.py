@@ -276,3 +276,14 @@ def test_the_timeout_message_keeps_the_mismatch_and_blames_its_rank() -> None:
         "(float32[1024], train.py:60), ranks 0-1 (node1) all_reduce #12 (float32[1024], "
         "train.py:57); ranks 0-1 (node1) wait in all_reduce #12 (float32[1024], train.py:57) "
         "since 100 s")
+
+
+def test_a_later_report_is_short() -> None:
+    """The same hang's later reports say which stacks changed, not the stacks (golden)."""
+    laggard = record(7, group(1024, 1024), node="node2", where="save_checkpoint (train.py:80)")
+    hangs = find_hangs(waiting_world(laggard), 8, 60.0, NOW + 1)
+    text = render_report(hangs, {}, unanswered=[6], number=3, report_after=60,
+                         nodes={r: "node1" if r < 4 else "node2" for r in range(8)},
+                         answer_timeout=13, since=(1, [7]),
+                         dump_files=["/logs/run/attempt_0/hang/report-3.txt"])
+    _check_golden("report_short.txt", text)

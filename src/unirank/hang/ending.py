@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ENDED_KEY", "ENDING", "FIRST_KEY", "REASON_KEY", "Ending", "first_within",
-           "records_first", "wait_for_count"]
+__all__ = ["ENDED_KEY", "ENDING", "FIRST_KEY", "REASON_KEY", "Ending", "announce_ending",
+           "end_in_turn", "first_within", "records_first", "wait_for_count"]
 
 #: added to the stack request counter when the job ends (``--hang-timeout``)
 ENDING = 1 << 40
@@ -78,3 +78,33 @@ def wait_for_count(store: Any, key: str, count: int, timeout: float,
             return False
         pause(0.05)
     return True
+
+
+def announce_ending(store: Any, ending: Ending) -> None:
+    """The detector's rank tells every rank's watcher that the job ends, why, whom to blame
+    (each sees it on its next look at the stack request counter)."""
+    from unirank.hang.exchange import ASK_KEY
+
+    store.set(REASON_KEY, ending.encode())
+    store.add(ASK_KEY, ENDING)
+
+
+def end_in_turn(store: Any, rank: int, world_size: int, interval: float, ending: Ending,
+                record: Callable[[str], Any], pause: Callable[[float], Any]) -> float:
+    """This rank's part of the ending: record ``ending`` (``record``) at once when blamed,
+    else after a blamed rank has (or :func:`first_within` seconds), and count it; a blamed
+    rank then waits until every rank recorded (it ends first: its supervisor stops the
+    others). The seconds this rank lingers before it ends: none when blamed, two intervals
+    and 3 s for the others (ranks under another supervisor, or a blamed rank frozen)."""
+    within = first_within(interval)
+    first = records_first(rank, ending)
+    if not first:
+        wait_for_count(store, FIRST_KEY, 1, within, pause=pause)
+    record(ending.message)
+    if first:
+        store.add(FIRST_KEY, 1)
+    store.add(ENDED_KEY, 1)
+    if rank in ending.blamed:
+        wait_for_count(store, ENDED_KEY, world_size, within, pause=pause)
+        return 0.0
+    return 2 * interval + 3

@@ -15,6 +15,7 @@ from unirank.joincheck import format_ranks
 
 __all__ = [
     "UNEVEN_HEAD",
+    "changed_ranks",
     "mismatch_line",
     "progress_line",
     "render_report",
@@ -161,15 +162,29 @@ def _stack_section(stacks: Mapping[int, Sequence[Mapping[str, Any]]], nodes: Map
     return out
 
 
+def changed_ranks(before: Mapping[int, Sequence[Mapping[str, Any]]],
+                  now: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[int]:
+    """The ranks whose stacks (any thread's) differ between two reports, or that answered in
+    one only."""
+    def key(threads: Sequence[Mapping[str, Any]] | None) -> Any:
+        return None if threads is None else tuple(
+            (t["name"], tuple(tuple(f) for f in t["frames"])) for t in threads)
+
+    return sorted(r for r in set(before) | set(now) if key(before.get(r)) != key(now.get(r)))
+
+
 def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[str, Any]]],
                   *, unanswered: Sequence[int], number: int, report_after: float,
                   nodes: Mapping[int, str], answer_timeout: float,
-                  dump_files: Sequence[str] = (), ending: str = "", cause: str = "") -> str:
+                  dump_files: Sequence[str] = (), ending: str = "", cause: str = "",
+                  since: tuple[int, Sequence[int]] | None = None) -> str:
     """The whole report (see the module docstring); ``number``: the how-manieth for this hang,
     ``unanswered``: ranks whose stacks did not come within ``answer_timeout`` seconds,
     ``dump_files``: where the full dump went, ``ending``: a last line (``--hang-timeout``);
     ``cause``: the report is made at the job's stop (``on SIGINT``, ``at the collective's
-    timeout``), not after ``report_after`` seconds."""
+    timeout``), not after ``report_after`` seconds; ``since``: a short report (the same
+    hang as report ``since[0]``, whose stacks it showed): which ranks' stacks changed since,
+    not the stacks."""
     longest = max((h.waited for h in hangs), default=0.0)
     head = (f"({cause})" if cause else f"(report {number})")
     tail = "" if cause else f" (--hang-report-after {report_after:g} s)"
@@ -181,7 +196,16 @@ def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[s
             out.append(f"{INDENT}{prefix}{wavefront_line(hang)}")
         if hang.mismatched:
             out.append(f"{INDENT}{prefix}mismatch: {mismatch_line(hang)}")
-    out += _stack_section(stacks, nodes, unanswered, answer_timeout)
+    if since is None:
+        out += _stack_section(stacks, nodes, unanswered, answer_timeout)
+    else:
+        first, changed = since
+        out.append(f"{INDENT}Python stacks: " + (
+            f"{_who(changed, nodes)}'s changed since report {first}" if changed
+            else f"as in report {first}"))
+        if unanswered:
+            out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
+                       f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
     if dump_files:
         out.append(f"{INDENT}every rank's stack: {', '.join(dump_files)}")
     if ending:

@@ -1,19 +1,16 @@
-"""The thread each rank runs for the hang detector (``unirank-hang-watch``, a daemon).
+"""The thread each rank runs for the hang detector (``unirank-hang-watch``, a daemon): thin.
 
-Every interval it reads torch's flight recorder (:class:`_Recorder`; a torch without
-the private ``_dump_fr_trace_json`` gives "no progress information", never an error), sets
-this rank's progress record in the job's store (one ``set`` of one key), and checks one
-counter (``add(key, 0)``) that asks every rank for its Python stacks: then it sets them
-(every thread's, from :func:`sys._current_frames`, read by this thread: no signal is taken,
-no code runs in a signal handler). On rank 0 (or a standby while rank 0 is silent:
-:mod:`unirank.hang.standby`) it also runs the detector
-(:func:`unirank.hang.detect.find_hangs` over every rank's record): when a hang is seen it
-asks for the stacks, waits for them a bounded time (a frozen rank does not answer: the report
-says so), prints one report (:func:`unirank.hang.render.render_report`) on rank 0's stderr,
-writes the full dump as text and JSON next to the attempt's folders (``hang/``), and repeats
-it with a doubling interval while the hang lasts. With a hang timeout it then records the
-report as rank 0's failure (the error file) and ends rank 0 with
-:data:`unirank.hang.HANG_EXIT_CODE`, so that the supervisor ends the job.
+Every interval it makes this rank's progress record (the flight recorder read by
+:class:`~unirank.hang.recorder.Recorder`; a torch without the private
+``_dump_fr_trace_json`` gives "no progress information", never an error), sets it in the
+job's store (:mod:`unirank.hang.exchange`: one ``set`` of one key), and checks one counter
+(``add(key, 0)``) that asks every rank for its Python stacks: then it sets them (every
+thread's, from :func:`sys._current_frames`, read by this thread: no signal is taken, no code
+runs in a signal handler). On rank 0 (or a standby while rank 0 is silent:
+:mod:`unirank.hang.standby`) it also runs :class:`unirank.hang.detector.Detector`. When the
+detector's rank ends the job (``--hang-timeout``), every rank's thread records why, in the
+order :mod:`unirank.hang.ending` says, and ends its process with
+:data:`unirank.hang.HANG_EXIT_CODE`.
 
 Where asked (``measure_waits``: a worker of ``unirank run``, whose rank 0 gathers it), it
 looks at the groups' status every 50 ms between two records, to measure the rank's time in
@@ -21,16 +18,13 @@ collectives (:mod:`unirank.hang.waits`); :meth:`Watcher.end_record` gives that, 
 thread's own CPU time, to the rank's end-of-run record.
 
 The thread uses a store connection of its own, so it never waits behind the program's or
-torch's use of the store.
+torch's use of the store. When an exception leaves the program,
+:func:`unirank.hang.failure.failure_report` has its say (:meth:`Watcher.failure_report`);
+:func:`excepthook_with_report` calls it where no worker bootstrap does (:func:`unirank.init`
+under srun, mpirun, torchrun).
 
-When an exception leaves a rank's program while its last record showed it waiting in a
-collective (torch's collective timeout), :meth:`Watcher.failure_report` makes the report once
-more (:mod:`unirank.hang.onstop`); :func:`excepthook_with_report` calls it where no worker
-bootstrap does (:func:`unirank.init` under srun, mpirun, torchrun).
-
-Reads: TORCHELASTIC_ERROR_FILE (where rank 0 writes a hang timeout's record; its attempt
-folder holds the dumps), TORCH_FR_BUFFER_SIZE (set to :data:`RECORDER_ENTRIES` when unset,
-before the program starts its group).
+Reads: TORCHELASTIC_ERROR_FILE (where this rank records a hang timeout; its attempt folder
+holds the dumps).
 """
 
 from __future__ import annotations
@@ -38,32 +32,29 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import math
 import os
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
-from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
-from unirank.hang.detect import Hang, blamed, find_hangs, find_uneven
-from unirank.hang.ending import (
-    ENDED_KEY,
-    ENDING,
-    FIRST_KEY,
-    REASON_KEY,
-    Ending,
-    first_within,
-    records_first,
-    wait_for_count,
+from unirank.hang import HANG_EXIT_CODE
+from unirank.hang.detector import Detector
+from unirank.hang.ending import ENDING, REASON_KEY, Ending, announce_ending, end_in_turn
+from unirank.hang.exchange import (
+    ASK_KEY,
+    PROGRESS_PREFIX,
+    STACKS_PREFIX,
+    progress_key,
+    read_records,
+    request_stacks,
+    stacks_key,
 )
+from unirank.hang.failure import add_hang_note, failure_report
 from unirank.hang.jobs import announce, withdraw
 from unirank.hang.progress import (
-    HISTORY,
     base_prefixes,
     frames_of,
     group_progress,
@@ -74,9 +65,16 @@ from unirank.hang.progress import (
     user_frame,
     waits_for,
 )
-from unirank.hang.render import UNEVEN_HEAD, render_report, timeout_message, uneven_line
-from unirank.hang.standby import Duty, silent_after
-from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status, recorder_trace
+from unirank.hang.recorder import (
+    RECORDER_ENTRIES,
+    RECORDER_VAR,
+    Recorder,
+    Sites,
+    enable_recorder,
+    recorder_started,
+)
+from unirank.hang.standby import Duty, takeover_line
+from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status
 from unirank.signals import keep_off_this_thread
 
 __all__ = [
@@ -88,29 +86,17 @@ __all__ = [
     "THREAD_NAME",
     "HangTimeoutError",
     "Watcher",
+    "add_hang_note",
     "enable_recorder",
     "excepthook_with_report",
     "progress_key",
+    "read_records",
+    "recorder_started",
+    "request_stacks",
     "running",
 ]
 
 THREAD_NAME = "unirank-hang-watch"
-PROGRESS_PREFIX = "unirank/hang/progress/"
-ASK_KEY = "unirank/hang/ask"
-STACKS_PREFIX = "unirank/hang/stacks/"
-#: torch's flight recorder: how many collectives it keeps (its ring buffer)
-RECORDER_VAR = "TORCH_FR_BUFFER_SIZE"
-#: non-empty while :func:`enable_recorder` has put the recorder's size in the C environment
-_RECORDER_PUT: list[bool] = []
-RECORDER_ENTRIES = 64
-#: seconds between two reads of the recorder's entries while no collective waits
-ENTRIES_EVERY = 2.0
-
-
-#: counted by each rank whose program failed in a collective: the first one prints the report
-FAILED_KEY = "unirank/hang/failed"
-#: set by that first rank once its report is printed (the others wait for it)
-REPORTED_KEY = "unirank/hang/failed-reported"
 
 
 class _JobEnding(Exception):
@@ -130,96 +116,6 @@ def running() -> Watcher | None:
     return _RUNNING[-1] if _RUNNING else None
 
 
-def progress_key(rank: int) -> str:
-    """The store key of rank ``rank``'s progress record."""
-    return f"{PROGRESS_PREFIX}{rank}"
-
-
-def enable_recorder(environ: Mapping[str, str]) -> None:
-    """Turn torch's flight recorder on (before the first group starts), unless the program's
-    environment sets its size already: in the C environment only (``os.putenv``), which torch
-    reads when the first group starts, so that the program's ``os.environ`` stays torchrun's;
-    :func:`recorder_started` takes it out again."""
-    if RECORDER_VAR not in environ and not _RECORDER_PUT:
-        os.putenv(RECORDER_VAR, str(RECORDER_ENTRIES))
-        _RECORDER_PUT.append(True)
-
-
-def recorder_started() -> None:
-    """A group started (torch has read the recorder's size): take the size out of the C
-    environment again, so that no process the program starts inherits it."""
-    if _RECORDER_PUT:
-        os.unsetenv(RECORDER_VAR)
-        _RECORDER_PUT.clear()
-
-
-class _Recorder:
-    """Reads the flight recorder for this rank's records: the groups' status every time (a C
-    call of microseconds), the entries (:func:`recorder_trace`, about 2 ms) while a collective
-    waits, for the last record, and when the status changed at least :data:`ENTRIES_EVERY`
-    seconds after they were last read.
-
-    Imports nothing: the program's first ``import torch`` is its own (see
-    :mod:`unirank.supervisor.worker.lateenv`), and torch's C module is loaded with it."""
-
-    def __init__(self) -> None:
-        self._key: tuple[tuple[str, int, int], ...] | None = None
-        self._trace: Mapping[str, Any] = {}
-        self._read_at = -math.inf
-
-    def read(self, *, last: bool = False) -> dict[str, Any] | None:
-        """The dump; {} before torch.distributed is loaded; None where torch cannot give it."""
-        if "torch.distributed" not in sys.modules:
-            return {}
-        status = recorder_status()
-        if status is None:
-            return None
-        try:
-            key = tuple(sorted((str(pg), int(g.get("last_enqueued_collective", -1)),
-                                int(g.get("last_completed_collective", -1)))
-                               for pg, g in status.items()))
-        except (TypeError, ValueError, AttributeError):
-            return None
-        now = time.monotonic()
-        waiting = any(entered > done for _, entered, done in key)
-        if waiting or (key != self._key and (last or now - self._read_at >= ENTRIES_EVERY)):
-            trace = recorder_trace()
-            if trace is not None:
-                self._key, self._trace, self._read_at = key, trace, now
-        # entries read before the status changed are still true of the collectives they name
-        entries = list(self._trace.get("entries", ()) or ())
-        return {"pg_status": status, "entries": entries,
-                "pg_config": self._trace.get("pg_config", {}) or {}}
-
-
-@dataclass
-class _Sites:
-    """The user's line behind each group's waiting collective, seen once per collective (the
-    last :data:`~unirank.hang.progress.HISTORY` of each group kept for the records' calls)."""
-
-    skip: tuple[str, ...] = ()
-    seen: dict[str, dict[int, str]] = field(default_factory=dict)
-
-    def fill(self, groups: list[dict[str, Any]], frames: Mapping[int, Any]) -> None:
-        for group in groups:
-            known = self.seen.setdefault(group["pg"], {})
-            seq = group["entered"]
-            if seq not in known:
-                site = ""
-                if group["entered"] > group["done"] and group.get("thread"):
-                    with contextlib.suppress(ValueError):
-                        frame = frames.get(int(group["thread"]))
-                        site = site_of(user_frame(frames_of(frame), self.skip))
-                known[seq] = site
-                for old in sorted(known)[:-HISTORY]:
-                    del known[old]
-            if not group.get("site"):
-                group["site"] = known[seq]
-            for call in group.get("calls", ()):
-                if not call[3]:
-                    call[3] = known.get(call[0], "")
-
-
 class Watcher:
     """The thread (see the module docstring); :meth:`start` it, :meth:`stop` it at the end."""
 
@@ -236,8 +132,8 @@ class Watcher:
         self._stop = threading.Event()
         self._finished = False
         self._answered = 0
-        self._sites = _Sites()
-        self._recorder = _Recorder()
+        self._sites = Sites()
+        self._recorder = Recorder()
         self._torch_seen = False
         self._base_prefixes = base_prefixes()  # here: the thread must import nothing
         self._thread = threading.Thread(target=self._run_timed, name=THREAD_NAME, daemon=True)
@@ -246,7 +142,7 @@ class Watcher:
         self.waits = WaitMeter() if measure_waits else None
         self.cpu_s = self.life_s = 0.0
         self.ticks = 0
-        self.detector: _Detector | None = None
+        self.detector: Detector | None = None
         #: whether this rank runs the detector now (rank 0, or a standby: hang/standby.py)
         self._duty = Duty(rank)
         self._on_duty = rank == 0
@@ -311,7 +207,7 @@ class Watcher:
         keep_off_this_thread()  # the program's signals go to its main thread
         store = self._store
         if self._duty.stands_by:
-            self.detector = _Detector(self, store)
+            self.detector = Detector(self, store)
         while True:
             try:
                 self._tick(store)
@@ -363,7 +259,7 @@ class Watcher:
 
     def _tick(self, store: Any) -> None:
         self._publish(store)
-        self._answer(store)
+        self.answer_pending(store)
         if self.detector is not None and self._check_duty(store):
             self.detector.tick(time.time())
 
@@ -375,13 +271,9 @@ class Watcher:
         records = {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
                    for r, k in keys.items()}
         on_duty = self._duty.on_duty(records, time.monotonic(), self.settings.interval)
-        if on_duty and not self._on_duty:
-            silent = silent_after(self.settings.interval)
-            lower = "rank 0 has" if self.rank == 1 else f"ranks 0-{self.rank - 1} have"
-            with contextlib.suppress(OSError):
-                os.write(self.err_fd, (f"unirank: {lower} sent no progress record for "
-                                       f"{silent:g} s (frozen, or its interpreter is held): "
-                                       f"rank {self.rank} looks for hangs instead\n").encode())
+        if on_duty != self._on_duty and self.detector is not None:
+            self.detector.standby_note = takeover_line(self.rank, self.settings.interval) \
+                if on_duty else ""
         self._on_duty = on_duty
         return on_duty
 
@@ -430,10 +322,11 @@ class Watcher:
     def answer(self, store: Any, number: int) -> None:
         """Set this rank's stacks for stack request ``number``."""
         payload = {"rank": self.rank, "node": self.node, "threads": self.stacks()}
-        store.set(f"{STACKS_PREFIX}{number}/{self.rank}", json.dumps(payload))
+        store.set(stacks_key(number, self.rank), json.dumps(payload))
         self._answered = max(self._answered, number)
 
-    def _answer(self, store: Any) -> None:
+    def answer_pending(self, store: Any) -> None:
+        """Answer the stack requests not answered yet; raises when the job ends."""
         number = int(store.add(ASK_KEY, 0))
         if number >= ENDING:
             raise _JobEnding(bytes(store.get(REASON_KEY)).decode(errors="replace"))
@@ -441,86 +334,35 @@ class Watcher:
             self.answer(store, pending)
 
     def failure_report(self, exc: BaseException) -> str | None:
-        """An exception left the program (see :mod:`unirank.hang.onstop`): when it was raised
-        inside torch.distributed and this rank's last record, at most two intervals old,
-        showed it waiting in a collective, hold that record, print the hang's report if this
-        rank is the first to fail so (the others wait for it, a bounded time), and return the
-        hang's wavefront (None: no hang). Raised inside torch.distributed with no such record
-        (a peer's program ended, and gloo says "Connection closed by peer" at once): whether
-        ranks whose program ended ran fewer collectives (:func:`find_uneven`)."""
-        waiting = self._last_waiting
-        interval = self.settings.interval
-        if isinstance(exc, SystemExit) or self._held:
-            return None
-        frames = _traceback_frames(exc)
-        if not any("/torch/distributed/" in f[0].replace(os.sep, "/") for f in frames):
-            return None  # not raised inside a collective
-        if waiting is None or time.time() - float(waiting["time"]) > 2 * interval + 1:
-            return self._uneven_note()
+        """:func:`unirank.hang.failure.failure_report` for this rank."""
+        return failure_report(self, exc)
+
+    def hold(self, frames: list[list[Any]]) -> None:
+        """The program failed in a collective: publish no more records (the waiting one
+        stays), and show ``frames`` (the failure's traceback) as the main thread's stack."""
         self._held = True
-        self._failed_frames = [list(f) for f in frames]
-        from unirank.hang.onstop import answer_within, report_now
-        from unirank.hang.render import wavefront_line
+        self._failed_frames = frames
 
-        store = self._store  # its ops are serialised with the thread's; a gone store fails fast
-        try:
-            store.set(progress_key(self.rank), json.dumps(waiting))
-            records = read_records(store, self.world_size)
-            if int(store.add(FAILED_KEY, 1)) > 1:
-                hangs = find_hangs(records, self.world_size, interval, time.time())
-                self._await_report(store, time.monotonic() + answer_within(interval) + 2)
-                return wavefront_line(hangs[0]) if hangs else None
-            try:
-                made = report_now(store, self.world_size, interval, records=records, own=self,
-                                  cause=f"a collective failed: {type(exc).__name__}")
-            finally:
-                store.set(REPORTED_KEY, "1")
-        except Exception:  # the store is gone: the job ends anyway
-            return None
-        if made is None:
-            return None
-        with contextlib.suppress(OSError):
-            os.write(self.err_fd, made[0].encode(errors="replace"))
-        return wavefront_line(made[1][0])
+    @property
+    def held(self) -> bool:
+        return self._held
 
-    def _uneven_note(self) -> str | None:
-        """:func:`uneven_line` of this rank's record now and the others' in the store."""
-        try:
-            records = read_records(self._store, self.world_size)
-            records[self.rank] = self.record(fresh=True)
-        except Exception:  # the store is gone: nothing to compare
-            return None
-        uneven = find_uneven(records, self.rank)
-        return None if uneven is None else uneven_line(uneven)
+    @property
+    def last_waiting(self) -> dict[str, Any] | None:
+        """The last record published that showed this rank waiting in a collective."""
+        return self._last_waiting
 
-    def _await_report(self, store: Any, deadline: float) -> None:
-        """Until the first failing rank has printed its report (or ``deadline``), answering
-        its stack request at once (never holding the connection for long: the thread shares
-        it)."""
-        with contextlib.suppress(Exception):
-            while not store.check([REPORTED_KEY]) and time.monotonic() < deadline:
-                self._answer(store)
-                time.sleep(0.05)
+    @property
+    def store(self) -> Any:
+        """The watcher's own store connection (its ops are serialised with the thread's)."""
+        return self._store
 
     def exit_for_timeout(self, store: Any, ending: Ending) -> None:
-        """End the job (``--hang-timeout``, :mod:`unirank.hang.ending`): tell every rank why
-        and whom to blame, then end as they do (:meth:`_end`)."""
+        """End the job (``--hang-timeout``): tell every rank why and whom to blame, then end
+        as they do (:meth:`_end`)."""
         with contextlib.suppress(Exception):
-            store.set(REASON_KEY, ending.encode())
-            store.add(ASK_KEY, ENDING)
+            announce_ending(store, ending)
         self._end(store, ending)
-
-    def _record_in_turn(self, store: Any, ending: Ending) -> None:
-        """Record ``ending`` as this rank's failure: at once when blamed, else after a blamed
-        rank has (or :func:`~unirank.hang.ending.first_within` seconds); count it."""
-        if records_first(self.rank, ending):
-            self._record(ending.message)
-            store.add(FIRST_KEY, 1)
-        else:
-            wait_for_count(store, FIRST_KEY, 1, first_within(self.settings.interval),
-                           pause=self._stop.wait)
-            self._record(ending.message)
-        store.add(ENDED_KEY, 1)
 
     def _record(self, message: str) -> None:
         from unirank.errorfile import record_exception
@@ -530,187 +372,22 @@ class Watcher:
                              exit_code=HANG_EXIT_CODE)
 
     def _end(self, store: Any, ending: Ending) -> None:
-        """Every rank's part of :meth:`exit_for_timeout`: record why in turn; a blamed rank
-        ends once all have recorded (the first to end: its supervisor stops the others), the
-        others after two intervals and 3 s (ranks under another supervisor, or a blamed rank
-        that is frozen)."""
-        first = self.rank in ending.blamed
+        """Every rank's part of the ending (:func:`~unirank.hang.ending.end_in_turn`), then
+        this process ends with :data:`~unirank.hang.HANG_EXIT_CODE`."""
+        linger = 2 * self.settings.interval + 3
         with contextlib.suppress(Exception):
-            self._record_in_turn(store, ending)
-            if first:  # the root cause: ends once every rank recorded (they come after it)
-                wait_for_count(store, ENDED_KEY, self.world_size,
-                               first_within(self.settings.interval), pause=self._stop.wait)
+            linger = end_in_turn(store, self.rank, self.world_size, self.settings.interval,
+                                 ending, self._record, self._stop.wait)
         self._record(ending.message)
         withdraw(self._job_file)
-        if not first:
-            self._stop.wait(2 * self.settings.interval + 3)
+        if linger:
+            self._stop.wait(linger)
         os._exit(HANG_EXIT_CODE)
-
-
-class _Detector:
-    """Rank 0's part: gather every record, find hangs, report with a doubling interval."""
-
-    def __init__(self, watcher: Watcher, store: Any) -> None:
-        self.watcher = watcher
-        self.store = store
-        self.current: tuple[tuple[str, int], ...] = ()
-        self.number = 0
-        self.next_at = 0.0
-        settings = watcher.settings
-        assert settings.report_after is not None
-        self.report_after = settings.report_after
-        self.answer_timeout = 2 * settings.interval + 3.0
-
-    def records(self) -> dict[int, dict[str, Any] | None]:
-        """Every rank's last record (None: it set none yet)."""
-        return read_records(self.store, self.watcher.world_size)
-
-    def tick(self, now: float) -> None:
-        settings = self.watcher.settings  # :meth:`Watcher.reconfigure` may change them
-        if settings.report_after is not None:
-            self.report_after = settings.report_after
-            self.answer_timeout = 2 * settings.interval + 3.0
-        records = self.records()
-        self._mark_waiting(bool(find_hangs(records, self.watcher.world_size, settings.interval,
-                                           now)))
-        hangs = find_hangs(records, self.watcher.world_size, self.report_after, now)
-        key = tuple((h.pg, h.seq) for h in hangs)
-        if key != self.current:
-            self.current, self.number, self.next_at = key, 0, self.report_after
-        if not hangs:
-            return
-        waited = max(h.waited for h in hangs)
-        limit = self.watcher.settings.timeout
-        ending = limit is not None and waited >= limit
-        if waited < self.next_at and not ending:
-            return
-        self.number += 1
-        self.next_at = max(self.next_at, waited) * 2
-        self.report(hangs, ending=ending)
-
-    def ask(self) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
-        """Every rank's stacks (rank 0's own at once), those that did not answer in time, and
-        the nodes the answers came from."""
-        return request_stacks(self.store, self.watcher.world_size, self.answer_timeout,
-                              own=self.watcher)
-
-    def report(self, hangs: list[Hang], *, ending: bool) -> None:
-        stacks, missing, nodes = self.ask()
-        for hang in hangs:
-            nodes.update({r: n for r, n in hang.nodes.items() if n})
-        files = self._dump_files()
-        limit = self.watcher.settings.timeout
-        last = (f"ending the job (--hang-timeout {limit:g} s, exit code {HANG_EXIT_CODE})"
-                if ending else "")
-        text = render_report(hangs, stacks, unanswered=missing, number=self.number,
-                             report_after=self.report_after, nodes=nodes,
-                             answer_timeout=self.answer_timeout, dump_files=files,
-                             ending=last)
-        self._write_dump(files, text, stacks, hangs)
-        with contextlib.suppress(OSError):
-            os.write(self.watcher.err_fd, text.encode(errors="replace"))
-        if ending:
-            self.watcher.exit_for_timeout(self.store, Ending(
-                timeout_message(hangs, limit or 0.0), blamed(hangs[0])))
-
-    def _mark_waiting(self, waiting: bool) -> None:
-        """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has
-        waited one interval (the supervisor's sign to ask for the report at a stop); at every
-        look, so that a standby's mark does not outlive its duty."""
-        folder = self.watcher.attempt_folder()
-        if not folder:
-            return
-        path = os.path.join(folder, WAITING_MARK)
-        with contextlib.suppress(OSError):
-            if not waiting:
-                os.unlink(path)
-            elif not os.path.exists(path):
-                with open(path, "w", encoding="utf-8"):
-                    pass
-
-    def _dump_files(self) -> list[str]:
-        folder = self.watcher.attempt_folder()
-        if not folder:
-            return []
-        folder = os.path.join(folder, HANG_FOLDER)
-        stem = os.path.join(folder, f"report-{self.number}")
-        return [f"{stem}.txt", f"{stem}.json"]
-
-    def _write_dump(self, files: list[str], text: str,
-                    stacks: Mapping[int, list[dict[str, Any]]], hangs: list[Hang]) -> None:
-        if not files:
-            return
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(files[0]), exist_ok=True)
-            per_rank = [f"rank {rank}:\n" + "".join(
-                f"  Thread {t['name']}:\n" + "".join(
-                    f'    File "{p}", line {n}, in {fn}\n' + (f"      {src}\n" if src else "")
-                    for p, n, fn, src in t["frames"]) for t in threads)
-                for rank, threads in sorted(stacks.items())]
-            with open(files[0], "w", encoding="utf-8") as fh:
-                fh.write(text + "\nevery rank's stack:\n" + "".join(per_rank))
-            with open(files[1], "w", encoding="utf-8") as fh:
-                json.dump({"report": text, "hangs": [_hang_json(h) for h in hangs],
-                           "stacks": {str(r): s for r, s in stacks.items()}}, fh, indent=1)
-
-
-def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any] | None]:
-    """Every rank's last progress record (None: it set none yet): one ``multi_get`` when all
-    are there."""
-    keys = [progress_key(r) for r in range(world_size)]
-    if store.check(keys):
-        return {r: json.loads(bytes(v)) for r, v in enumerate(store.multi_get(keys))}
-    return {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
-            for r, k in enumerate(keys)}
-
-
-def request_stacks(store: Any, world_size: int, timeout: float, *, own: Watcher | None = None
-                   ) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
-    """Ask every rank's watcher for its stacks (``own``: answer for this process at once) and
-    wait for them at most ``timeout`` seconds: the stacks by rank, the ranks that did not
-    answer, and the nodes of those that did."""
-    number = int(store.add(ASK_KEY, 1))
-    if own is not None:
-        own.answer(store, number)
-    keys = {r: f"{STACKS_PREFIX}{number}/{r}" for r in range(world_size)}
-    with contextlib.suppress(Exception):
-        store.wait(list(keys.values()), timedelta(seconds=timeout))
-    stacks: dict[int, list[dict[str, Any]]] = {}
-    nodes: dict[int, str] = {}
-    for rank, key in keys.items():
-        if store.check([key]):
-            answer = json.loads(bytes(store.get(key)))
-            stacks[rank] = answer["threads"]
-            nodes[rank] = answer.get("node", "")
-    return stacks, [r for r in keys if r not in stacks], nodes
-
-
-def _traceback_frames(exc: BaseException) -> list[tuple[str, int, str, str]]:
-    """The frames of ``exc``'s traceback, outermost first, as a stack's frames."""
-    import traceback
-
-    return [(f.filename, f.lineno or 0, f.name, (f.line or "").strip())
-            for f in traceback.extract_tb(exc.__traceback__)]
-
-
-def add_hang_note(exc: BaseException, wavefront: str | None) -> None:
-    """Add the hang's wavefront to ``exc`` as a note (its traceback and error record show
-    it)."""
-    if not wavefront:
-        return
-    uneven = wavefront.startswith(UNEVEN_HEAD)  # not a hang: a peer ended before this call
-    note = f"unirank: {wavefront}" if uneven else f"unirank: the ranks hung: {wavefront}"
-    notes = getattr(exc, "__notes__", None)
-    with contextlib.suppress(AttributeError, TypeError):
-        if isinstance(notes, list):
-            notes.append(note)
-        else:
-            exc.__notes__ = [note]
 
 
 def excepthook_with_report(hook: Callable[..., Any]) -> Callable[..., Any]:
     """``hook`` (an excepthook), after this process's watcher had its say about the exception
-    (:meth:`Watcher.failure_report`), which it gets as a note."""
+    (:func:`~unirank.hang.failure.failure_report`), which it gets as a note."""
 
     def excepthook(kind: type[BaseException], value: BaseException, tb: Any) -> Any:
         watcher = running()
@@ -719,11 +396,3 @@ def excepthook_with_report(hook: Callable[..., Any]) -> Callable[..., Any]:
         return hook(kind, value, tb)
 
     return excepthook
-
-
-def _hang_json(hang: Hang) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    data = asdict(hang)
-    data["nodes"] = {str(k): v for k, v in hang.nodes.items()}
-    return data
