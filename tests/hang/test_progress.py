@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -113,3 +114,18 @@ def test_waits_for_a_dataloader_worker_only_below_the_users_frame() -> None:
     getitem = ("/work/data.py", 9, "__getitem__", "lock.acquire()")
     assert waits_for([user, (loader, 733, "__next__", ""), getitem], getitem) == ""
     assert waits_for(waiting, None) == ""
+
+
+def test_installed_libraries_are_not_the_users_code(tmp_path: Path) -> None:
+    """Issue 34: a library on PYTHONPATH (tqdm's std.py) was named as the script's line."""
+    from unirank.hang.progress import installed_folders
+
+    libs, project = tmp_path / "libs", tmp_path / "project"
+    (libs / "tqdm-4.67.1.dist-info").mkdir(parents=True)
+    project.mkdir()
+    assert installed_folders([str(libs), str(project), ""], str(project)) == (str(libs),)
+    assert installed_folders([str(libs)], str(libs)) == ()  # the script's own folder
+    stack = [("/work/train.py", 53, "<module>", ""),
+             ("/venv/lib/python3.11/site-packages/tqdm/std.py", 1175, "__iter__", ""),
+             (f"{libs}/tqdm/std.py", 1175, "__iter__", "")]
+    assert user_frame(stack, (f"{libs}/",)) == stack[0]

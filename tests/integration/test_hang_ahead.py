@@ -103,3 +103,41 @@ def test_a_rank_that_skipped_a_collective_and_ended_is_named(runner: Runner) -> 
     summary = err[err.index("unirank run: FAILED"):]
     assert ("unirank: the ranks ran different numbers of collectives: rank 1 ended its "
             "program after collective #2, rank 0 called all_reduce #3 (float32[4]") in summary, err
+
+
+LIB = """import threading
+
+
+def fetch():
+    threading.Event().wait()  # the library blocks (as tqdm's monitor or a queue may)
+"""
+
+USES_LIB = """import torch
+import torch.distributed as dist
+
+import slowlib
+
+dist.init_process_group("gloo")
+t = torch.ones(4)
+dist.all_reduce(t)
+if dist.get_rank() == 1:
+    slowlib.fetch()  # the script's line
+dist.all_reduce(t)
+"""
+
+
+def test_a_library_on_pythonpath_is_not_the_scripts_line(runner: Runner, tmp_path) -> None:
+    """``pip install --target libs`` put on PYTHONPATH: the report names the script's line
+    that called into it, not the library's."""
+    libs = tmp_path / "libs"
+    (libs / "slowlib").mkdir(parents=True)
+    (libs / "slowlib-1.0.dist-info").mkdir()
+    (libs / "slowlib" / "__init__.py").write_text(LIB)
+    runner.script("uses_lib.py", USES_LIB)
+    pythonpath = os.pathsep.join([str(libs), os.environ.get("PYTHONPATH", "")])
+    ended = runner.run(["--hang-report-after", "2", "--hang-timeout", "4", "--grace-period",
+                        "1", "-n", "2", "uses_lib.py"],
+                       env={"UNIRANK_HANG_INTERVAL": "0.5", "PYTHONPATH": pythonpath})
+    err = ended.stderr
+    assert re.search(r"rank 1 \(\S+\) has not entered it: its main thread is in <module> "
+                     rf"\(uses_lib.py:{line_of(USES_LIB, 'the script')}\)$", err, re.M), err

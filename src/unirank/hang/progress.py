@@ -23,6 +23,7 @@ Reads no environment variable.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import sys
@@ -31,8 +32,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-__all__ = ["HISTORY", "Frame", "describe_tensors", "group_progress", "make_record", "site_of",
-           "thread_stacks", "user_frame", "waits_for"]
+__all__ = [
+    "HISTORY",
+    "Frame",
+    "describe_tensors",
+    "group_progress",
+    "installed_folders",
+    "make_record",
+    "site_of",
+    "thread_stacks",
+    "user_frame",
+    "waits_for",
+]
 
 #: a frame as (file, line, function, source line)
 Frame = tuple[str, int, str, str]
@@ -111,15 +122,43 @@ def _by_name(configs: Mapping[str, Any], entries: Iterable[Mapping[str, Any]],
     return None
 
 
+#: folders where installers put libraries, wherever they are (a virtual environment's too)
+_INSTALLED = ("site-packages", "dist-packages")
+
+
 def _is_library(path: str, skip: Sequence[str]) -> bool:
-    return (path.startswith("<") or any(path.startswith(prefix) for prefix in skip))
+    parts = path.replace(os.sep, "/").split("/")
+    return (path.startswith("<") or any(path.startswith(prefix) for prefix in skip)
+            or any(part in _INSTALLED for part in parts))
+
+
+def installed_folders(path: Sequence[str], script_dir: str) -> tuple[str, ...]:
+    """The folders of ``path`` (``sys.path``) that hold installed distributions (a
+    ``*.dist-info`` or ``*.egg-info`` folder: ``pip install --target DIR`` put on
+    PYTHONPATH), but the script's own folder ``script_dir`` and the working directory."""
+    found = []
+    own = {os.path.abspath(script_dir or "."), os.path.abspath(".")}
+    for folder in path:
+        folder = os.path.abspath(folder or ".")
+        if folder in own or not os.path.isdir(folder):
+            continue
+        with contextlib.suppress(OSError):
+            if any(name.endswith((".dist-info", ".egg-info")) for name in os.listdir(folder)):
+                found.append(folder)
+    return tuple(found)
 
 
 def base_prefixes() -> tuple[str, ...]:
-    """The standard library's folders and unirank's (``sysconfig`` may import its data module
-    on a first call: call this where imports are allowed, not in the watcher's thread)."""
+    """The standard library's folders, unirank's, and the folders of ``sys.path`` that hold
+    installed distributions (:func:`installed_folders`) (``sysconfig`` may import its data
+    module on a first call: call this where imports are allowed, not in the watcher's
+    thread)."""
+    main = sys.modules.get("__main__")
+    script = str(getattr(main, "__file__", "") or "")
     return (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            *installed_folders(sys.path, os.path.dirname(os.path.abspath(script))
+                               if script else ""))
 
 
 def library_prefixes(base: Sequence[str] | None = None) -> tuple[str, ...]:
