@@ -13,7 +13,7 @@ def test_the_blamed_rank_records_first() -> None:
 
 
 def test_an_ending_goes_through_the_store_as_text() -> None:
-    ending = Ending("no progress for 4 s", (1, 2))
+    ending = Ending("no progress for 4 s", (1, 2), 0)
     assert Ending.decode(ending.encode()) == ending
     assert Ending.decode("rank 0 ended the job") == Ending("rank 0 ended the job")
 
@@ -33,3 +33,31 @@ def test_wait_for_count_is_bounded_by_its_clock() -> None:
     clock = iter(float(t) for t in range(100))
     assert not wait_for_count(Counter([0]), "k", 1, first_within(1.0), pause=lambda _: None,
                               clock=lambda: next(clock))
+
+
+class Store:
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, key: str, amount: int) -> int:
+        self.counts[key] = self.counts.get(key, 0) + amount
+        return self.counts[key]
+
+
+def test_with_the_blamed_rank_frozen_the_detectors_rank_records_first() -> None:
+    from unirank.hang.ending import FIRST_KEY, end_in_turn
+
+    store, recorded, waited = Store(), [], []
+    now = [0.0]
+
+    def pause(seconds: float) -> None:
+        waited.append(seconds)
+        now[0] += seconds
+
+    ending = Ending("no progress", (3,), by=1)
+    linger = end_in_turn(store, 1, 4, 1.0, ending, recorded.append, pause, lambda: now[0])
+    assert recorded == ["no progress"] and store.counts[FIRST_KEY] == 1  # after its wait
+    assert linger == 5.0 and waited  # it waited first_within(1.0) for rank 3
+    recorded.clear()
+    assert end_in_turn(store, 2, 4, 1.0, ending, recorded.append, pause, lambda: now[0]) == 5.0
+    assert recorded == ["no progress"] and store.counts[FIRST_KEY] == 1  # no wait: rank 1 did

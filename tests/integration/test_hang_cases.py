@@ -79,6 +79,9 @@ def test_a_dataloader_worker_deadlock_is_named(runner: Runner) -> None:
                  rf"\(loader.py:{line_of(LOADER, 'waits here')}\), waiting for a DataLoader "
                  r"worker$")
     assert re.search(wavefront, err, re.M), err
+    # the blocked worker's own stack: the line of the dataset's code it is stuck in
+    assert re.search(r"^    Thread child process \d+:\n      File \"\S+loader.py\", line "
+                     rf"{line_of(LOADER, 'deadlocks in')}, in __getitem__$", err, re.M), err
     assert ended.returncode == 86, err
 
 

@@ -28,6 +28,7 @@ class Watcher(Protocol):
     """What the detector uses of its rank's watcher (:class:`unirank.hang.watcher.Watcher`)."""
 
     settings: HangSettings
+    rank: int
     world_size: int
     err_fd: int
 
@@ -105,7 +106,7 @@ class Detector:
             os.write(self.watcher.err_fd, text.encode(errors="replace"))
         if decision.ending:
             self.watcher.exit_for_timeout(self.store, Ending(
-                timeout_message(hangs, limit or 0.0), blamed(hangs[0])))
+                timeout_message(hangs, limit or 0.0), blamed(hangs[0]), self.watcher.rank))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has

@@ -3,14 +3,15 @@
 
 The supervisor blames the rank whose error record is the earliest (torchrun's root cause), so
 the order of the records is the blame. The rank that runs the detector (rank 0, or a standby)
-sets :data:`REASON_KEY` (an :class:`Ending`: the message and the blamed ranks,
-:func:`unirank.hang.detect.blamed`) and adds :data:`ENDING` to the stack request counter; each
-rank's watcher sees it on its next interval. A blamed rank records at once and counts itself
-in :data:`FIRST_KEY`; every other rank (the detector's too) records once a blamed rank has, or
-after :func:`first_within` seconds (a frozen rank records nothing: then the detector's rank
-is the earliest, and the message still names the rank it blames). Each then counts itself in
-:data:`ENDED_KEY`; the detector's rank exits when all have (at most :func:`first_within` more
-seconds), the others a moment later (ranks under another supervisor end too).
+sets :data:`REASON_KEY` (an :class:`Ending`: the message, the blamed ranks from
+:func:`unirank.hang.detect.blamed`, its own rank) and adds :data:`ENDING` to the stack request
+counter; each rank's watcher sees it on its next interval (:func:`end_in_turn`). A blamed rank
+records at once and counts itself in :data:`FIRST_KEY`; every other rank records once a
+blamed rank has. Where none has within :func:`first_within` seconds (a frozen rank records
+nothing), the detector's rank records and counts itself, the others after it (the message
+still names the rank it blames). Each counts itself in :data:`ENDED_KEY`; a blamed rank exits
+once all have (it ends first: its supervisor stops the others), the others two intervals and
+3 s later (ranks under another supervisor end too).
 
 The store protocol's keys live here; the waits take the clock and the sleep as arguments.
 Reads no environment variable.
@@ -43,16 +44,20 @@ class Ending:
 
     message: str
     blamed: tuple[int, ...] = ()
+    #: the detector's rank, which ends the job (-1: unknown)
+    by: int = -1
 
     def encode(self) -> str:
-        return json.dumps({"message": self.message, "blamed": list(self.blamed)})
+        return json.dumps({"message": self.message, "blamed": list(self.blamed),
+                           "by": self.by})
 
     @classmethod
     def decode(cls, text: str) -> Ending:
         """The ending set in the store (a plain text: no rank blamed)."""
         try:
             data = json.loads(text)
-            return cls(str(data["message"]), tuple(int(r) for r in data.get("blamed", ())))
+            return cls(str(data["message"]), tuple(int(r) for r in data.get("blamed", ())),
+                       int(data.get("by", -1)))
         except (ValueError, KeyError, TypeError):
             return cls(text)
 
@@ -90,7 +95,8 @@ def announce_ending(store: Any, ending: Ending) -> None:
 
 
 def end_in_turn(store: Any, rank: int, world_size: int, interval: float, ending: Ending,
-                record: Callable[[str], Any], pause: Callable[[float], Any]) -> float:
+                record: Callable[[str], Any], pause: Callable[[float], Any],
+                clock: Callable[[], float] = time.monotonic) -> float:
     """This rank's part of the ending: record ``ending`` (``record``) at once when blamed,
     else after a blamed rank has (or :func:`first_within` seconds), and count it; a blamed
     rank then waits until every rank recorded (it ends first: its supervisor stops the
@@ -98,13 +104,14 @@ def end_in_turn(store: Any, rank: int, world_size: int, interval: float, ending:
     and 3 s for the others (ranks under another supervisor, or a blamed rank frozen)."""
     within = first_within(interval)
     first = records_first(rank, ending)
-    if not first:
-        wait_for_count(store, FIRST_KEY, 1, within, pause=pause)
+    if not first:  # the detector's rank comes next (a blamed rank frozen), then the others
+        wait_for_count(store, FIRST_KEY, 1, within if rank == ending.by else 2 * within,
+                       pause=pause, clock=clock)
     record(ending.message)
-    if first:
+    if first or rank == ending.by:
         store.add(FIRST_KEY, 1)
     store.add(ENDED_KEY, 1)
     if rank in ending.blamed:
-        wait_for_count(store, ENDED_KEY, world_size, within, pause=pause)
+        wait_for_count(store, ENDED_KEY, world_size, within, pause=pause, clock=clock)
         return 0.0
     return 2 * interval + 3

@@ -34,14 +34,12 @@ class Watcher(Protocol):
     world_size: int
     err_fd: int
 
-    @property
-    def last_waiting(self) -> dict[str, Any] | None: ...
-
-    @property
-    def held(self) -> bool: ...
-
-    @property
-    def store(self) -> Any: ...
+    #: the last record published that showed this rank waiting in a collective
+    last_waiting: dict[str, Any] | None
+    #: the program failed in a collective: no more records
+    held: bool
+    #: the watcher's own store connection (its ops are serialised with the thread's)
+    store: Any
 
     def hold(self, frames: list[list[Any]]) -> None: ...
 

@@ -231,6 +231,19 @@ def thread_stacks(frames: Mapping[int, FrameType], names: Mapping[int, str],
     return threads
 
 
+def trim_to_user(threads: list[dict[str, Any]], skip: Sequence[str]) -> list[dict[str, Any]]:
+    """``threads`` with each stack cut before its outermost frame of the user's code (the
+    interpreter's and the launcher's frames above it say nothing); a child process's
+    (``child``) before its innermost one (above it: how the child was forked and started)."""
+    for thread in threads:
+        frames = thread["frames"]
+        mine = [i for i, f in enumerate(frames) if user_frame([tuple(f)], skip) is not None]
+        outer = (mine[-1] if thread.get("child") else mine[0]) if mine else None
+        if outer:
+            thread["frames"] = frames[outer:]
+    return threads
+
+
 def make_record(rank: int, node: str, now: float, groups: list[dict[str, Any]],
                 where: str, *, finished: bool = False,
                 recorder: bool = True) -> dict[str, Any]:

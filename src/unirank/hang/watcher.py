@@ -41,6 +41,8 @@ from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
 from unirank.hang import HANG_EXIT_CODE
+from unirank.hang.children import arm as arm_children
+from unirank.hang.children import child_stacks
 from unirank.hang.detector import Detector
 from unirank.hang.ending import ENDING, REASON_KEY, Ending, announce_ending, end_in_turn
 from unirank.hang.exchange import (
@@ -62,6 +64,7 @@ from unirank.hang.progress import (
     make_record,
     site_of,
     thread_stacks,
+    trim_to_user,
     user_frame,
     waits_for,
 )
@@ -146,15 +149,15 @@ class Watcher:
         #: whether this rank runs the detector now (rank 0, or a standby: hang/standby.py)
         self._duty = Duty(rank)
         self._on_duty = rank == 0
-        self._store: Any = None
+        self.store: Any = None
         #: this node's job file for ``unirank stacks`` (:mod:`unirank.hang.jobs`), if any
         self._job = job
         self._job_file: str | None = None
         #: the last record published that showed this rank waiting in a collective
-        self._last_waiting: dict[str, Any] | None = None
+        self.last_waiting: dict[str, Any] | None = None
         #: the program failed in a collective: no more records (the waiting one stays), and
         #: its main thread's stack is the failure's traceback
-        self._held = False
+        self.held = False
         self._failed_frames: list[list[Any]] | None = None
 
     def attempt_folder(self) -> str:
@@ -169,8 +172,9 @@ class Watcher:
         (once per process: see :func:`running`). Without a store there is no detector, and the
         program goes on."""
         enable_recorder(self._environ)
+        arm_children()  # before the program forks its DataLoader workers
         try:
-            self._store = self._connect()
+            self.store = self._connect()
         except Exception:
             return self
         _RUNNING.append(self)
@@ -205,7 +209,7 @@ class Watcher:
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
         keep_off_this_thread()  # the program's signals go to its main thread
-        store = self._store
+        store = self.store
         if self._duty.stands_by:
             self.detector = Detector(self, store)
         while True:
@@ -298,26 +302,25 @@ class Watcher:
                            recorder=dump is not None)
 
     def _publish(self, store: Any) -> None:
-        if self._held:
+        if self.held:
             return
         record = self.record()
         store.set(progress_key(self.rank), json.dumps(record))
         if any(g["entered"] > g["done"] for g in record["groups"]):
-            self._last_waiting = record
+            self.last_waiting = record
 
     def stacks(self) -> list[dict[str, Any]]:
-        """Every thread's stack but the watcher's, trimmed of the frames before the user's."""
+        """Every thread's stack but the watcher's, and the forked children's while the main
+        thread waits for a DataLoader worker, trimmed of the frames before the user's."""
         names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
         threads = thread_stacks(sys._current_frames(), names, self._thread.ident)
         for thread in threads:
             if thread["name"] == "MainThread" and self._failed_frames is not None:
                 thread["frames"] = self._failed_frames
-            frames = thread["frames"]
-            outer = next((i for i, f in enumerate(frames)
-                          if user_frame([tuple(f)], self._sites.skip) is not None), None)
-            if outer:
-                thread["frames"] = frames[outer:]
-        return threads
+            main = [tuple(f) for f in thread["frames"]] if thread["name"] == "MainThread" else []
+            if main and waits_for(main, user_frame(main, self._sites.skip)):
+                threads += child_stacks()
+        return trim_to_user(threads, self._sites.skip)
 
     def answer(self, store: Any, number: int) -> None:
         """Set this rank's stacks for stack request ``number``."""
@@ -340,22 +343,8 @@ class Watcher:
     def hold(self, frames: list[list[Any]]) -> None:
         """The program failed in a collective: publish no more records (the waiting one
         stays), and show ``frames`` (the failure's traceback) as the main thread's stack."""
-        self._held = True
+        self.held = True
         self._failed_frames = frames
-
-    @property
-    def held(self) -> bool:
-        return self._held
-
-    @property
-    def last_waiting(self) -> dict[str, Any] | None:
-        """The last record published that showed this rank waiting in a collective."""
-        return self._last_waiting
-
-    @property
-    def store(self) -> Any:
-        """The watcher's own store connection (its ops are serialised with the thread's)."""
-        return self._store
 
     def exit_for_timeout(self, store: Any, ending: Ending) -> None:
         """End the job (``--hang-timeout``): tell every rank why and whom to blame, then end
