@@ -176,14 +176,20 @@ def _hang_in(pg: str, members: list[int], records: Mapping[int, Mapping[str, Any
     if not long_waits:
         return None
     seq = min(long_waits)
-    there = {r: waits[r] for r, g in mine.items() if g["entered"] == seq and waits[r] is not None}
     histories = {r: _history(g) for r, g in mine.items()}
+    # waiting at ``seq``: its last entered, or a later one queued behind it (NCCL enqueues
+    # ahead: a rank that has not finished ``seq`` has not left it)
+    there = {r: waits[r] for r, g in mine.items() if waits[r] is not None and (
+        g["entered"] == seq or (g["entered"] > seq and g["done"] < seq))}
+    queued = {r for r in there if mine[r]["entered"] > seq and seq not in histories[r]}
+    there = {r: w for r, w in there.items() if r not in queued}  # its call there is unknown
     waiting = _calls_at(seq, {r: histories[r].get(seq, ("", "", "")) for r in there}, there)
     mismatch = _first_mismatch(histories, there, seq)
     laggards = tuple(_laggard(r, records.get(r), mine.get(r), now)
                      for r in members if r not in mine or mine[r]["entered"] < seq)
     ahead = tuple(_ahead(r, records.get(r) or {}, mine[r], waits[r]) for r in members
-                  if r in mine and r not in there and mine[r]["entered"] >= seq)
+                  if r in mine and r not in there and r not in queued
+                  and mine[r]["entered"] >= seq)
     if not laggards and not ahead and mismatch is None:
         return None
     matched, mismatched = (mismatch[:1], mismatch[1:]) if mismatch else ((), ())
