@@ -52,7 +52,7 @@ ENVIRON_EDGES = {
     # libraries that read only the process environment are configured through it
     "runtime/backends/horovod.py": "Horovod's C library reads HOROVOD_* from the process",
     "runtime/backends/xla.py": "torch_xla reads PJRT_DEVICE from the process",
-    "hang/watcher.py": "torch reads the flight recorder's size from the C environment",
+    "hang/recorder.py": "torch reads the flight recorder's size from the C environment",
 }
 
 

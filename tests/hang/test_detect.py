@@ -10,8 +10,15 @@ from typing import Any
 
 import pytest
 
-from unirank.hang.detect import find_hangs
-from unirank.hang.render import render_report, stack_groups, wavefront_line
+from unirank.hang.detect import blamed, find_hangs, find_uneven
+from unirank.hang.render import (
+    mismatch_line,
+    render_report,
+    stack_groups,
+    timeout_message,
+    uneven_line,
+    wavefront_line,
+)
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "hang"
 NOW = 1000.0
@@ -75,7 +82,8 @@ def test_a_mismatch_at_the_same_number() -> None:
     assert [(c.ranks, c.op) for c in hang.mismatched] == [((3,), "broadcast")]
     text = render_report([hang], {}, unanswered=[], number=1, report_after=60,
                          nodes={}, answer_timeout=13)
-    assert "  mismatch: rank 3 called broadcast #12, ranks 0-2 all_reduce #12\n" in text
+    assert ("  mismatch: rank 3 (node1) called broadcast #12 (float32[1024], train.py:60), "
+            "ranks 0-2 (node1) all_reduce #12 (float32[1024], train.py:57)\n") in text
 
 
 def test_a_shape_mismatch_names_the_shapes() -> None:
@@ -85,8 +93,74 @@ def test_a_shape_mismatch_names_the_shapes() -> None:
     [hang] = find_hangs(records, 2, 60.0, NOW)
     text = render_report([hang], {}, unanswered=[], number=1, report_after=60,
                          nodes={}, answer_timeout=13)
-    assert ("mismatch: rank 1 called all_gather #3 (float32[5]), rank 0 all_gather #3 "
-            "(float32[4])") in text
+    assert ("mismatch: rank 1 (node1) called all_gather #3 (float32[5], train.py:57), rank 0 "
+            "(node1) all_gather #3 (float32[4], train.py:57)") in text
+
+
+def test_a_rank_gone_on_to_a_later_collective_is_a_hang_and_the_mismatch_is_named() -> None:
+    """Issue 34: gloo hands rank 1 a result for its all_reduce of another shape; it goes on to
+    barrier #5 while rank 0 waits in all_reduce #4 for ever."""
+    calls = [[n, "all_reduce", "float32[4]", "shape2.py:7"] for n in (1, 2, 3)]
+    records: dict[int, dict[str, Any] | None] = {
+        0: record(0, {**group(4, 3, what="float32[4]", site="shape2.py:8"),
+                      "calls": [*calls, [4, "all_reduce", "float32[4]", "shape2.py:8"]]}),
+        1: record(1, {**group(5, 4, op="barrier", what="", site="shape2.py:9"),
+                      "calls": [*calls, [4, "all_reduce", "float32[2]", "shape2.py:8"],
+                                [5, "barrier", "", "shape2.py:9"]]}, node="node2")}
+    [hang] = find_hangs(records, 2, 60.0, NOW)
+    assert (hang.seq, hang.laggards, [a.rank for a in hang.ahead]) == (4, (), [1])
+    assert blamed(hang) == (1,)
+    assert wavefront_line(hang) == (
+        "rank 0 (node1) waits in all_reduce #4 (float32[4], shape2.py:8) since 100 s; rank 1 "
+        "(node2) has left it: it waits in barrier #5 (shape2.py:9) since 100 s")
+    assert mismatch_line(hang) == (
+        "rank 1 (node2) called all_reduce #4 (float32[2], shape2.py:8), rank 0 (node1) "
+        "all_reduce #4 (float32[4], shape2.py:8)")
+    assert find_hangs(records, 2, 101.0, NOW) == []  # not yet
+
+
+def test_the_earliest_differing_collective_is_the_mismatch() -> None:
+    """A rank that skipped a barrier pairs its later calls with the others' next ones: the
+    first number whose ops differ is named, not the one they wait at."""
+    zero = [[3, "all_reduce", "float32[4]", "a.py:3"], [4, "barrier", "", "a.py:4"],
+            [5, "all_reduce", "float32[4]", "a.py:5"]]
+    one = [[3, "all_reduce", "float32[4]", "a.py:3"], [4, "all_reduce", "float32[4]", "a.py:5"]]
+    records: dict[int, dict[str, Any] | None] = {
+        0: record(0, {**group(5, 4, what="float32[4]"), "calls": zero}),
+        1: record(1, {**group(4, 4, what="float32[4]", since=990.0), "calls": one},
+                  finished=True)}
+    [hang] = find_hangs(records, 2, 60.0, NOW)
+    assert [(c.ranks, c.op, c.seq, c.site) for c in hang.mismatched] == [
+        ((1,), "all_reduce", 4, "a.py:5")]
+    assert [(c.ranks, c.op) for c in hang.matched] == [((0,), "barrier")]
+    assert wavefront_line(hang).endswith("rank 1 (node1) has not entered it: its program has "
+                                         "ended")
+    assert blamed(hang) == (1,)
+
+
+def test_a_rank_that_finished_the_collective_and_computes_is_a_hang() -> None:
+    records: dict[int, dict[str, Any] | None] = {
+        0: record(0, group(7, 6)),
+        1: record(1, group(7, 7), where="evaluate (train.py:90)")}
+    [hang] = find_hangs(records, 2, 60.0, NOW)
+    assert wavefront_line(hang).endswith(
+        "rank 1 (node1) has left it: it is in evaluate (train.py:90) (its last collective: #7)")
+    assert blamed(hang) == (1,)
+
+
+def test_scatter_shapes_may_differ_between_ranks() -> None:
+    records: dict[int, dict[str, Any] | None] = {
+        r: record(r, group(3, 2, op="scatter", what="float32[4]" if r else "float32[4], "
+                           "float32[4]")) for r in range(2)}
+    assert find_hangs(records, 2, 60.0, NOW) == []
+
+
+def test_blame_goes_to_the_ranks_still_running_before_ended_ones() -> None:
+    records: dict[int, dict[str, Any] | None] = {0: record(0, group(9, 8)),
+                                                 1: record(1, group(8, 8), finished=True),
+                                                 2: record(2, group(8, 8), where="f (a.py:1)")}
+    [hang] = find_hangs(records, 3, 60.0, NOW)
+    assert blamed(hang) == (2,)
 
 
 def test_silent_and_finished_ranks_are_laggards() -> None:
@@ -177,3 +251,50 @@ def test_snapshot_golden() -> None:
                            job="demo", unanswered=[4], nodes={3: "node2", 4: "node2"},
                            now=NOW, answer_timeout=4)
     _check_golden("snapshot.txt", text)
+
+
+def test_a_peer_that_ended_before_this_ranks_collective_is_uneven() -> None:
+    records: dict[int, dict[str, Any] | None] = {
+        0: record(0, group(3, 3, what="float32[4]", site="skip1.py:9")),
+        1: record(1, group(2, 2), finished=True), 2: record(2, group(3, 3))}
+    uneven = find_uneven(records, 0)
+    assert uneven is not None and uneven.ended == ((1, 2),)
+    assert uneven_line(uneven) == (
+        "the ranks ran different numbers of collectives: rank 1 ended its program after "
+        "collective #2, rank 0 called all_reduce #3 (float32[4], skip1.py:9)")
+    records[1] = record(1, group(3, 3), finished=True)
+    assert find_uneven(records, 0) is None  # the same count: not this
+
+
+def test_the_timeout_message_keeps_the_mismatch_and_blames_its_rank() -> None:
+    records: dict[int, dict[str, Any] | None] = {r: record(r, group(12, 11)) for r in range(3)}
+    records[2] = record(2, group(12, 11, op="broadcast", site="train.py:60"), node="node2")
+    hangs = find_hangs(records, 3, 60.0, NOW)
+    assert blamed(hangs[0]) == (2,)
+    assert timeout_message(hangs, 600) == (
+        "no progress for 600 s (--hang-timeout): mismatch: rank 2 (node2) called broadcast #12 "
+        "(float32[1024], train.py:60), ranks 0-1 (node1) all_reduce #12 (float32[1024], "
+        "train.py:57); ranks 0-1 (node1) wait in all_reduce #12 (float32[1024], train.py:57) "
+        "since 100 s")
+
+
+def test_a_later_report_is_short() -> None:
+    """The same hang's later reports say which stacks changed, not the stacks (golden)."""
+    laggard = record(7, group(1024, 1024), node="node2", where="save_checkpoint (train.py:80)")
+    hangs = find_hangs(waiting_world(laggard), 8, 60.0, NOW + 1)
+    text = render_report(hangs, {}, unanswered=[6], number=3, report_after=60,
+                         nodes={r: "node1" if r < 4 else "node2" for r in range(8)},
+                         answer_timeout=13, since=(1, [7]),
+                         dump_files=["/logs/run/attempt_0/hang/report-3.txt"])
+    _check_golden("report_short.txt", text)
+
+
+def test_ranks_with_collectives_queued_behind_the_same_one_are_no_hang() -> None:
+    """NCCL enqueues ahead: a rank that entered #12 but finished only #10 has not left #11."""
+    records: dict[int, dict[str, Any] | None] = {0: record(0, group(11, 10)),
+                                                 1: record(1, {**group(12, 10), "calls": [
+                                                     [11, "all_reduce", "float32[1024]", ""],
+                                                     [12, "all_reduce", "float32[1024]", ""]]})}
+    assert find_hangs(records, 2, 60.0, NOW) == []
+    records[1] = record(1, group(12, 10))  # #11 not in its record: not taken for a rank ahead
+    assert find_hangs(records, 2, 60.0, NOW) == []

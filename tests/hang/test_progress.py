@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -37,7 +38,8 @@ def test_group_progress_names_the_last_entered_collective() -> None:
     [group] = group_progress(dump, default_world=2)
     assert group == {"pg": "0", "entered": 2, "done": 1, "op": "broadcast",
                      "what": "float32[4]", "since": 1795654767.909491, "thread": "1234",
-                     "ranks": None}
+                     "ranks": None, "calls": [[1, "all_reduce", "float32[4]", ""],
+                                              [2, "broadcast", "float32[4]", ""]]}
 
 
 def test_a_subgroup_lists_its_ranks_and_an_unused_group_is_left_out() -> None:
@@ -112,3 +114,18 @@ def test_waits_for_a_dataloader_worker_only_below_the_users_frame() -> None:
     getitem = ("/work/data.py", 9, "__getitem__", "lock.acquire()")
     assert waits_for([user, (loader, 733, "__next__", ""), getitem], getitem) == ""
     assert waits_for(waiting, None) == ""
+
+
+def test_installed_libraries_are_not_the_users_code(tmp_path: Path) -> None:
+    """Issue 34: a library on PYTHONPATH (tqdm's std.py) was named as the script's line."""
+    from unirank.hang.progress import installed_folders
+
+    libs, project = tmp_path / "libs", tmp_path / "project"
+    (libs / "tqdm-4.67.1.dist-info").mkdir(parents=True)
+    project.mkdir()
+    assert installed_folders([str(libs), str(project), ""], str(project)) == (str(libs),)
+    assert installed_folders([str(libs)], str(libs)) == ()  # the script's own folder
+    stack = [("/work/train.py", 53, "<module>", ""),
+             ("/venv/lib/python3.11/site-packages/tqdm/std.py", 1175, "__iter__", ""),
+             (f"{libs}/tqdm/std.py", 1175, "__iter__", "")]
+    assert user_frame(stack, (f"{libs}/",)) == stack[0]

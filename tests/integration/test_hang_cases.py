@@ -79,6 +79,9 @@ def test_a_dataloader_worker_deadlock_is_named(runner: Runner) -> None:
                  rf"\(loader.py:{line_of(LOADER, 'waits here')}\), waiting for a DataLoader "
                  r"worker$")
     assert re.search(wavefront, err, re.M), err
+    # the blocked worker's own stack: the line of the dataset's code it is stuck in
+    assert re.search(r"^    Thread child process \d+:\n      File \"\S+loader.py\", line "
+                     rf"{line_of(LOADER, 'deadlocks in')}, in __getitem__$", err, re.M), err
     assert ended.returncode == 86, err
 
 
@@ -188,10 +191,38 @@ def test_rank_0_with_its_interpreter_held_under_unirank_run(runner: Runner) -> N
     runner.script("held.py", HELD)
     ended = runner.run([*FAST, "-n", "3", "held.py"], env={"UNIRANK_HANG_INTERVAL": "0.5"})
     err = ended.stderr
-    assert err.count("looks for hangs instead") == 1, err
+    reports = err.partition("unirank run: FAILED")[0]  # the summary may quote rank 1's stderr
+    assert reports.count("looks for hangs instead") == 1, err
     assert "rank 1 looks for hangs instead" in err, err
     assert re.search(r"^  ranks 1-2 \(\S+\) wait in all_reduce #2 \(float32\[8\], "
                      rf"held.py:{line_of(HELD, 'never enters')}\) since \d+ s; rank 0 ",
                      err, re.M), err
     assert ended.returncode == 86, err
     assert re.search(r"^unirank run: FAILED \(exit code 86\): rank 1 ", err, re.M), err
+
+
+NO_GROUP = """import ctypes
+import os
+
+import torch.distributed as dist
+
+store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                      is_master=False)
+if os.environ["RANK"] == "0":
+    ctypes.PyDLL(None).sleep(12)  # rank 0's interpreter held past silent_after(0.5) = 8 s
+    store.set("done", "1")
+else:
+    store.wait(["done"])
+print("ok", os.environ["RANK"])
+"""
+
+
+def test_a_held_rank_0_with_nothing_to_report_is_no_news(runner: Runner) -> None:
+    """Issue 34: a script with no process group got "rank 0 has sent no progress record for
+    26 s (frozen ...): rank 1 looks for hangs instead" under load; with no hang to report, the
+    standby says nothing."""
+    runner.script("nogroup.py", NO_GROUP)
+    ended = runner.run([*FAST, "-n", "2", "nogroup.py"], env={"UNIRANK_HANG_INTERVAL": "0.5"})
+    assert ended.returncode == 0, ended.stderr
+    assert sorted(ended.stdout.split("\n")[:-1]) == ["ok 0", "ok 1"], ended.stdout
+    assert "looks for hangs" not in ended.stderr, ended.stderr

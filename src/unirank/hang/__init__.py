@@ -2,11 +2,15 @@
 
 * :mod:`.progress` (pure): torch's flight recorder dump -> this rank's compact progress
   record; Python stacks from :func:`sys._current_frames` as data; the user's frame of a stack;
-* :mod:`.detect` (pure): every rank's record -> the hang (the wavefront, mismatches) or None;
+* :mod:`.detect` (pure): every rank's record -> the hang (the wavefront, ranks gone on past
+  it, the earliest mismatch) or None; who is blamed;
 * :mod:`.render` (pure): the report's text (golden files in tests/fixtures/hang);
-* :mod:`.watcher`: the thread each rank runs (``unirank-hang-watch``) that publishes its
-  record to the job's store, answers stack requests, and on rank 0 runs the detector and
-  prints the report; :data:`HANG_EXIT_CODE` is what ``--hang-timeout`` ends the job with.
+* :mod:`.schedule` (pure): when to report, full or short, and when ``--hang-timeout`` fires;
+* :mod:`.watcher`: the thin thread each rank runs (``unirank-hang-watch``) that publishes its
+  record (:mod:`.recorder`, :mod:`.exchange`), answers stack requests (its DataLoader
+  workers' too: :mod:`.children`), and on rank 0 runs :mod:`.detector`; :mod:`.ending` says
+  how ``--hang-timeout`` ends the job (with :data:`HANG_EXIT_CODE`, the blamed rank first);
+  :mod:`.failure` makes the report when a collective fails.
 
 Reads no environment variable (the settings come as :class:`unirank.contract.HangSettings`).
 """
@@ -24,5 +28,5 @@ HANG_FOLDER = "hang"
 #: report at a stop signal only then, so that a plain Ctrl-C is forwarded at once
 WAITING_MARK = "ranks-waiting"
 
-#: the exit code of a job ended by ``--hang-timeout`` (rank 0's, the root cause)
+#: the exit code of a job ended by ``--hang-timeout`` (every rank's; the blamed rank's first)
 HANG_EXIT_CODE = 86

@@ -22,7 +22,7 @@ answer is named as such (frozen, or its interpreter held).
   counts the collective as completed): when an exception raised inside torch.distributed
   leaves the program of a rank whose last record showed it waiting in a collective, that
   rank's watcher
-  (:meth:`unirank.hang.watcher.Watcher.failure_report`) stops publishing (its waiting record
+  (:func:`unirank.hang.failure.failure_report`) stops publishing (its waiting record
   stays), and the first such rank (one counter in the store) prints the report; the others
   wait for it a bounded time, so that their exit (which ends the job) does not cut it off.
   Each adds the wavefront to its exception as a note, which its traceback and its error file
@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from unirank.hang.detect import Hang, find_hangs
+from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.render import render_report
 
 __all__ = ["answer_within", "report_now"]
@@ -67,8 +68,6 @@ def report_now(store: Any, world_size: int, interval: float, *, cause: str,
     (``own``: this process's watcher, which answers at once); None when no rank waits so.
     ``records``: every rank's record where the caller read them already; ``cause``: why the
     report is made (its first line)."""
-    from unirank.hang.watcher import read_records, request_stacks
-
     now = time.time()
     if records is None:
         records = read_records(store, world_size)

@@ -7,17 +7,23 @@ store once per interval::
 
     {"rank": 3, "node": "node1", "time": 1764.2, "where": "save (train.py:80)",
      "groups": [{"pg": "0", "ranks": null, "entered": 12, "done": 11, "op": "all_reduce",
-                 "what": "float32[1024]", "since": 1760.1, "site": "train.py:57"}]}
+                 "what": "float32[1024]", "since": 1760.1, "site": "train.py:57",
+                 "calls": [[11, "all_reduce", "float32[1024]", "train.py:57"], ...]}]}
 
 ``entered``/``done`` are the group's last enqueued and last completed collective sequence
 numbers; ``op``/``what``/``since`` describe the last one entered (``since``: when it was
-entered, wall clock); ``site`` is the user's line that issued it, where known.
+entered, wall clock); ``site`` is the user's line that issued it, where known; ``calls``: the
+group's last :data:`HISTORY` collectives (number, op, tensors, the user's line where the
+watcher saw it waiting), oldest first, so that the detector can find the earliest
+collective whose ops or shapes differ between ranks (present where the recorder's entries
+were read).
 
 Reads no environment variable.
 """
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import sys
@@ -26,11 +32,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
 
-__all__ = ["Frame", "describe_tensors", "group_progress", "make_record", "site_of",
-           "thread_stacks", "user_frame", "waits_for"]
+__all__ = [
+    "HISTORY",
+    "Frame",
+    "describe_tensors",
+    "group_progress",
+    "installed_folders",
+    "make_record",
+    "site_of",
+    "thread_stacks",
+    "user_frame",
+    "waits_for",
+]
 
 #: a frame as (file, line, function, source line)
 Frame = tuple[str, int, str, str]
+
+#: how many of a group's last collectives a record lists (``calls``)
+HISTORY = 16
 
 _DTYPES = {"Float": "float32", "Double": "float64", "Half": "float16", "BFloat16": "bfloat16",
            "Long": "int64", "Int": "int32", "Short": "int16", "Char": "int8", "Byte": "uint8",
@@ -62,8 +81,10 @@ def _members(config: Any) -> list[int] | None:
 
 def group_progress(dump: Mapping[str, Any], default_world: int) -> list[dict[str, Any]]:
     """Each process group's progress from a flight recorder dump (``_dump_fr_trace_json``):
-    its last entered and finished collective, and what the last entered one is. A group whose
-    ranks are all ``default_world`` ranks gets ``ranks: None``."""
+    its last entered and finished collective, what the last entered one is, and its last
+    :data:`HISTORY` collectives (``calls``; their sites are the watcher's to fill: the dump
+    has no stacks). A group whose ranks are all ``default_world`` ranks gets
+    ``ranks: None``."""
     entries = [e for e in dump.get("entries", ()) if isinstance(e, Mapping)]
     configs = dump.get("pg_config", {}) or {}
     groups = []
@@ -74,15 +95,17 @@ def group_progress(dump: Mapping[str, Any], default_world: int) -> list[dict[str
             continue
         group: dict[str, Any] = {"pg": str(pg), "entered": entered, "done": done, "op": "",
                                  "what": "", "since": None, "thread": None}
-        for entry in reversed(entries):
-            if str(entry.get("pg_id")) == str(pg) and entry.get("collective_seq_id") == entered \
-                    and not entry.get("is_p2p"):
-                group["op"] = _op_name(str(entry.get("profiling_name", "")))
-                group["what"] = describe_tensors(entry.get("input_dtypes", ()),
-                                                 entry.get("input_sizes", ()))
-                group["since"] = int(entry.get("time_created_ns", 0)) / 1e9 or None
-                group["thread"] = entry.get("thread_id")
-                break
+        mine = [e for e in entries if str(e.get("pg_id")) == str(pg) and not e.get("is_p2p")]
+        calls = []
+        for entry in mine[-HISTORY:]:
+            op = _op_name(str(entry.get("profiling_name", "")))
+            what = describe_tensors(entry.get("input_dtypes", ()), entry.get("input_sizes", ()))
+            calls.append([int(entry.get("collective_seq_id", -1)), op, what, ""])
+            if entry.get("collective_seq_id") == entered:
+                group.update(op=op, what=what, thread=entry.get("thread_id"),
+                             since=int(entry.get("time_created_ns", 0)) / 1e9 or None)
+        if calls:
+            group["calls"] = calls
         members = _members(configs.get(str(pg)) or _by_name(configs, entries, pg))
         group["ranks"] = None if members is None or len(members) == default_world else members
         groups.append(group)
@@ -99,15 +122,43 @@ def _by_name(configs: Mapping[str, Any], entries: Iterable[Mapping[str, Any]],
     return None
 
 
+#: folders where installers put libraries, wherever they are (a virtual environment's too)
+_INSTALLED = ("site-packages", "dist-packages")
+
+
 def _is_library(path: str, skip: Sequence[str]) -> bool:
-    return (path.startswith("<") or any(path.startswith(prefix) for prefix in skip))
+    parts = path.replace(os.sep, "/").split("/")
+    return (path.startswith("<") or any(path.startswith(prefix) for prefix in skip)
+            or any(part in _INSTALLED for part in parts))
+
+
+def installed_folders(path: Sequence[str], script_dir: str) -> tuple[str, ...]:
+    """The folders of ``path`` (``sys.path``) that hold installed distributions (a
+    ``*.dist-info`` or ``*.egg-info`` folder: ``pip install --target DIR`` put on
+    PYTHONPATH), but the script's own folder ``script_dir`` and the working directory."""
+    found = []
+    own = {os.path.abspath(script_dir or "."), os.path.abspath(".")}
+    for folder in path:
+        folder = os.path.abspath(folder or ".")
+        if folder in own or not os.path.isdir(folder):
+            continue
+        with contextlib.suppress(OSError):
+            if any(name.endswith((".dist-info", ".egg-info")) for name in os.listdir(folder)):
+                found.append(folder)
+    return tuple(found)
 
 
 def base_prefixes() -> tuple[str, ...]:
-    """The standard library's folders and unirank's (``sysconfig`` may import its data module
-    on a first call: call this where imports are allowed, not in the watcher's thread)."""
+    """The standard library's folders, unirank's, and the folders of ``sys.path`` that hold
+    installed distributions (:func:`installed_folders`) (``sysconfig`` may import its data
+    module on a first call: call this where imports are allowed, not in the watcher's
+    thread)."""
+    main = sys.modules.get("__main__")
+    script = str(getattr(main, "__file__", "") or "")
     return (sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"],
-            os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+            *installed_folders(sys.path, os.path.dirname(os.path.abspath(script))
+                               if script else ""))
 
 
 def library_prefixes(base: Sequence[str] | None = None) -> tuple[str, ...]:
@@ -177,6 +228,19 @@ def thread_stacks(frames: Mapping[int, FrameType], names: Mapping[int, str],
         threads.append({"name": names.get(ident, f"thread {ident}"), "ident": ident,
                         "frames": [list(f) for f in frames_of(frame)]})
     threads.sort(key=lambda t: (t["name"] != "MainThread", t["name"], t["ident"]))
+    return threads
+
+
+def trim_to_user(threads: list[dict[str, Any]], skip: Sequence[str]) -> list[dict[str, Any]]:
+    """``threads`` with each stack cut before its outermost frame of the user's code (the
+    interpreter's and the launcher's frames above it say nothing); a child process's
+    (``child``) before its innermost one (above it: how the child was forked and started)."""
+    for thread in threads:
+        frames = thread["frames"]
+        mine = [i for i, f in enumerate(frames) if user_frame([tuple(f)], skip) is not None]
+        outer = (mine[-1] if thread.get("child") else mine[0]) if mine else None
+        if outer:
+            thread["frames"] = frames[outer:]
     return threads
 
 

@@ -10,13 +10,25 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from unirank.hang.detect import Call, Hang, Laggard
+from unirank.hang.detect import Ahead, Call, Hang, Laggard, Uneven
 from unirank.joincheck import format_ranks
 
-__all__ = ["progress_line", "render_report", "render_snapshot", "stack_groups",
-           "wavefront_line"]
+__all__ = [
+    "UNEVEN_HEAD",
+    "changed_ranks",
+    "mismatch_line",
+    "progress_line",
+    "render_report",
+    "render_snapshot",
+    "stack_groups",
+    "timeout_message",
+    "uneven_line",
+    "wavefront_line",
+]
 
 INDENT = "  "
+#: how :func:`uneven_line` begins
+UNEVEN_HEAD = "the ranks ran different numbers of collectives"
 
 
 def _seconds(value: float) -> str:
@@ -46,29 +58,71 @@ def _laggard(lag: Laggard, nodes: Mapping[int, str], several: bool) -> str:
     return f"{own} main thread is outside the program's code"
 
 
+def _ahead(ahead: Ahead, several: bool) -> str:
+    own = f"rank {ahead.rank}" if several else "it"
+    if ahead.now is not None:
+        return f"{own} waits in {_call(ahead.now)} since {_seconds(ahead.now.waited or 0.0)}"
+    if ahead.finished:
+        return f"{own} ended its program after collective #{ahead.last}"
+    if ahead.where:
+        return f"{own} is in {ahead.where} (its last collective: #{ahead.last})"
+    return f"{own} computes (its last collective: #{ahead.last})"
+
+
 def wavefront_line(hang: Hang) -> str:
     """"ranks 0-6 wait in all_reduce #1025 (float32[1024], train.py:57) since 61 s; rank 7
-    (node2) has not entered it: its main thread is in save_checkpoint (train.py:80)"."""
+    (node2) has not entered it: its main thread is in save_checkpoint (train.py:80)"; ranks
+    that left the collective: "rank 1 has left it: it waits in barrier #5 since 6 s"."""
     waits = "; ".join(f"{_who(c.ranks, hang.nodes)} wait{'s' if len(c.ranks) == 1 else ''} "
                       f"in {_call(c)} since {_seconds(c.waited or 0.0)}" for c in hang.waiting)
-    if not hang.laggards:
-        return waits
-    lagging = [lag.rank for lag in hang.laggards]
-    several = len(lagging) > 1
-    verb = "have" if several else "has"
-    where = ", ".join(_laggard(lag, hang.nodes, several) for lag in hang.laggards)
-    return f"{waits}; {_who(lagging, hang.nodes)} {verb} not entered it: {where}"
+    parts = [waits]
+    if hang.laggards:
+        lagging = [lag.rank for lag in hang.laggards]
+        several = len(lagging) > 1
+        verb = "have" if several else "has"
+        where = ", ".join(_laggard(lag, hang.nodes, several) for lag in hang.laggards)
+        parts.append(f"{_who(lagging, hang.nodes)} {verb} not entered it: {where}")
+    if hang.ahead:
+        went = [a.rank for a in hang.ahead]
+        several = len(went) > 1
+        where = ", ".join(_ahead(a, several) for a in hang.ahead)
+        parts.append(f"{_who(went, hang.nodes)} {'have' if several else 'has'} left it: {where}")
+    return "; ".join(parts)
 
 
-def _mismatch_line(hang: Hang) -> str:
-    """"rank 3 called broadcast #12, ranks 0-2 all_reduce #12"."""
-    first = hang.waiting[0] if hang.waiting else None
-    same_op = all(c.op == (first.op if first else "") for c in hang.mismatched)
+def mismatch_line(hang: Hang) -> str:
+    """"rank 3 (node1) called broadcast #12 (train.py:60), ranks 0-2 (node1) all_reduce #12
+    (float32[1024], train.py:57)": the odd calls first, then the others'; "" for none."""
+    if not hang.mismatched:
+        return ""
     parts = []
-    for index, call in enumerate((*hang.mismatched, *hang.waiting)):
-        text = f"{call.op} #{call.seq}" + (f" ({call.what})" if same_op and call.what else "")
-        parts.append(f"{format_ranks(call.ranks)} {'called ' if index == 0 else ''}{text}")
+    for index, call in enumerate((*hang.mismatched, *hang.matched)):
+        verb = "called " if index == 0 else ""
+        parts.append(f"{_who(call.ranks, hang.nodes)} {_call(call, verb=verb)}")
     return ", ".join(parts)
+
+
+def timeout_message(hangs: Sequence[Hang], limit: float) -> str:
+    """The one line every rank records when ``--hang-timeout`` ends the job (the failure
+    summary's ``error:`` line): the first hang's mismatch, then its wavefront."""
+    hang = hangs[0]
+    mismatch = mismatch_line(hang)
+    return (f"no progress for {limit:g} s (--hang-timeout): "
+            + (f"mismatch: {mismatch}; " if mismatch else "") + wavefront_line(hang))
+
+
+def uneven_line(uneven: Uneven) -> str:
+    """"the ranks ran different numbers of collectives: rank 1 ended its program after
+    collective #2, rank 0 called all_reduce #3 (train.py:9)"."""
+    ended = ", ".join(f"rank {r} ended its program after collective #{n}"
+                      for r, n in uneven.ended)
+    text = (f"{UNEVEN_HEAD}: {ended}, rank "
+            f"{uneven.call.ranks[0]} called {_call(uneven.call)}")
+    if len(uneven.mismatch) > 1:
+        first, *others = uneven.mismatch
+        text += "; they first differ at " + ", ".join(
+            f"{format_ranks(c.ranks)} {_call(c)}" for c in (*others, first))
+    return text
 
 
 def stack_groups(stacks: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[
@@ -108,15 +162,29 @@ def _stack_section(stacks: Mapping[int, Sequence[Mapping[str, Any]]], nodes: Map
     return out
 
 
+def changed_ranks(before: Mapping[int, Sequence[Mapping[str, Any]]],
+                  now: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[int]:
+    """The ranks whose stacks (any thread's) differ between two reports, or that answered in
+    one only."""
+    def key(threads: Sequence[Mapping[str, Any]] | None) -> Any:
+        return None if threads is None else tuple(
+            (t["name"], tuple(tuple(f) for f in t["frames"])) for t in threads)
+
+    return sorted(r for r in set(before) | set(now) if key(before.get(r)) != key(now.get(r)))
+
+
 def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[str, Any]]],
                   *, unanswered: Sequence[int], number: int, report_after: float,
                   nodes: Mapping[int, str], answer_timeout: float,
-                  dump_files: Sequence[str] = (), ending: str = "", cause: str = "") -> str:
+                  dump_files: Sequence[str] = (), ending: str = "", cause: str = "",
+                  since: tuple[int, Sequence[int]] | None = None) -> str:
     """The whole report (see the module docstring); ``number``: the how-manieth for this hang,
     ``unanswered``: ranks whose stacks did not come within ``answer_timeout`` seconds,
     ``dump_files``: where the full dump went, ``ending``: a last line (``--hang-timeout``);
     ``cause``: the report is made at the job's stop (``on SIGINT``, ``at the collective's
-    timeout``), not after ``report_after`` seconds."""
+    timeout``), not after ``report_after`` seconds; ``since``: a short report (the same
+    hang as report ``since[0]``, whose stacks it showed): which ranks' stacks changed since,
+    not the stacks."""
     longest = max((h.waited for h in hangs), default=0.0)
     head = (f"({cause})" if cause else f"(report {number})")
     tail = "" if cause else f" (--hang-report-after {report_after:g} s)"
@@ -124,11 +192,20 @@ def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[s
            f"{_seconds(longest)}{tail}"]
     for hang in hangs:
         prefix = "" if hang.pg == "0" else f"process group {hang.pg}: "
-        if hang.laggards or not hang.mismatched:
+        if hang.laggards or hang.ahead or not hang.mismatched:
             out.append(f"{INDENT}{prefix}{wavefront_line(hang)}")
         if hang.mismatched:
-            out.append(f"{INDENT}{prefix}mismatch: {_mismatch_line(hang)}")
-    out += _stack_section(stacks, nodes, unanswered, answer_timeout)
+            out.append(f"{INDENT}{prefix}mismatch: {mismatch_line(hang)}")
+    if since is None:
+        out += _stack_section(stacks, nodes, unanswered, answer_timeout)
+    else:
+        first, changed = since
+        out.append(f"{INDENT}Python stacks: " + (
+            f"{_who(changed, nodes)}'s changed since report {first}" if changed
+            else f"as in report {first}"))
+        if unanswered:
+            out.append(f"{INDENT}{_who(unanswered, nodes)}: no stack within "
+                       f"{_seconds(answer_timeout)} (frozen, or its interpreter is held)")
     if dump_files:
         out.append(f"{INDENT}every rank's stack: {', '.join(dump_files)}")
     if ending:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["STANDBY_RANKS", "Duty", "silent_after"]
+__all__ = ["STANDBY_RANKS", "Duty", "silent_after", "takeover_line"]
 
 #: rank 0 and this many ranks minus one can run the detector
 STANDBY_RANKS = 3
@@ -68,3 +68,11 @@ class Duty:
             self._seen[rank] = (stamp, now)
             return False
         return now - seen[1] >= silent_after(interval)
+
+
+def takeover_line(rank: int, interval: float) -> str:
+    """The line a standby prints before its first report (none while it has nothing to
+    report: a rank 0 held a while under load is no news)."""
+    lower = "rank 0 has" if rank == 1 else f"ranks 0-{rank - 1} have"
+    return (f"unirank: {lower} sent no progress record for {silent_after(interval):g} s "
+            f"(frozen, or its interpreter is held): rank {rank} looks for hangs instead\n")

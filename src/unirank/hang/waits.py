@@ -32,7 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SAMPLE_PERIOD", "WaitMeter", "in_flight", "recorder_dump", "recorder_status"]
+__all__ = ["SAMPLE_PERIOD", "WaitMeter", "in_flight", "recorder_dump", "recorder_status",
+           "recorder_trace"]
 
 #: seconds between two looks at the flight recorder's status (20 per second)
 SAMPLE_PERIOD = 0.05
@@ -45,6 +46,21 @@ def recorder_dump() -> Callable[..., bytes] | None:
         return None
     dump = getattr(sys.modules.get("torch._C._distributed_c10d"), "_dump_fr_trace_json", None)
     return dump if callable(dump) else None
+
+
+def recorder_trace() -> Mapping[str, Any] | None:
+    """The recorder's whole dump with its entries (every kept collective, finished or not;
+    64 entries: about 2 ms); None where it cannot be read. Not ``_dump_fr_trace`` with its
+    stacks: that imports ``torch._inductor`` (seconds, and an import in the watcher's
+    thread). Imports nothing."""
+    dump = recorder_dump()
+    if dump is None:
+        return None
+    try:
+        data = json.loads(dump(True, False))
+    except Exception:  # private API: any failure is "no information"
+        return None
+    return data if isinstance(data, Mapping) else None
 
 
 def recorder_status() -> Mapping[str, Any] | None:

@@ -1,0 +1,157 @@
+"""The detector's part of the watcher thread (rank 0, or a standby): every record read,
+the hangs found (:func:`unirank.hang.detect.find_hangs`), the reports made when
+:func:`unirank.hang.schedule.decide` says so (printed on rank 0's stderr, written with every
+rank's stacks as text and JSON in the attempt's ``hang/`` folder), the ranks-waiting mark kept
+for the supervisor, and the job ended at ``--hang-timeout``.
+
+Reads no environment variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from unirank.contract import HangSettings
+from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
+from unirank.hang.detect import Hang, blamed, find_hangs
+from unirank.hang.ending import Ending
+from unirank.hang.exchange import read_records, request_stacks
+from unirank.hang.render import changed_ranks, render_report, timeout_message
+from unirank.hang.schedule import Decision, Schedule, decide
+
+
+class Watcher(Protocol):
+    """What the detector uses of its rank's watcher (:class:`unirank.hang.watcher.Watcher`)."""
+
+    settings: HangSettings
+    rank: int
+    world_size: int
+    err_fd: int
+
+    def attempt_folder(self) -> str: ...
+
+    def answer(self, store: Any, number: int) -> None: ...
+
+    def exit_for_timeout(self, store: Any, ending: Ending) -> None: ...
+
+__all__ = ["Detector"]
+
+
+class Detector:
+    """Rank 0's part: gather every record, find hangs, report with a doubling interval."""
+
+    def __init__(self, watcher: Watcher, store: Any) -> None:
+        self.watcher = watcher
+        self.store = store
+        self.schedule = Schedule()
+        settings = watcher.settings
+        assert settings.report_after is not None
+        self.report_after = settings.report_after
+        self.answer_timeout = 2 * settings.interval + 3.0
+        #: the stacks of the hang's full report (the later, short ones say what changed)
+        self.first_stacks: dict[int, list[dict[str, Any]]] = {}
+        #: a standby's line (why it reports, not rank 0), printed with its first report only:
+        #: a rank 0 held a while under load, with nothing to report, is no news
+        self.standby_note = ""
+
+    def records(self) -> dict[int, dict[str, Any] | None]:
+        """Every rank's last record (None: it set none yet)."""
+        return read_records(self.store, self.watcher.world_size)
+
+    def tick(self, now: float) -> None:
+        settings = self.watcher.settings  # :meth:`Watcher.reconfigure` may change them
+        if settings.report_after is not None:
+            self.report_after = settings.report_after
+            self.answer_timeout = 2 * settings.interval + 3.0
+        records = self.records()
+        self._mark_waiting(bool(find_hangs(records, self.watcher.world_size, settings.interval,
+                                           now)))
+        hangs = find_hangs(records, self.watcher.world_size, self.report_after, now)
+        self.schedule, decision = decide(self.schedule, hangs, self.report_after,
+                                         settings.timeout)
+        if decision.report:
+            self.report(hangs, decision)
+
+    def ask(self) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
+        """Every rank's stacks (rank 0's own at once), those that did not answer in time, and
+        the nodes the answers came from."""
+        return request_stacks(self.store, self.watcher.world_size, self.answer_timeout,
+                              own=self.watcher)
+
+    def report(self, hangs: list[Hang], decision: Decision) -> None:
+        stacks, missing, nodes = self.ask()
+        for hang in hangs:
+            nodes.update({r: n for r, n in hang.nodes.items() if n})
+        files = self._dump_files(decision.number)
+        limit = self.watcher.settings.timeout
+        last = (f"ending the job (--hang-timeout {limit:g} s, exit code {HANG_EXIT_CODE})"
+                if decision.ending else "")
+        if decision.full:
+            self.first_stacks = stacks
+        full = render_report(hangs, stacks, unanswered=missing, number=decision.number,
+                             report_after=self.report_after, nodes=nodes,
+                             answer_timeout=self.answer_timeout, dump_files=files,
+                             ending=last)
+        text = full if decision.full else render_report(
+            hangs, stacks, unanswered=missing, number=decision.number,
+            report_after=self.report_after, nodes=nodes, answer_timeout=self.answer_timeout,
+            dump_files=files, ending=last, since=(1, changed_ranks(self.first_stacks, stacks)))
+        self._write_dump(files, full, stacks, hangs)
+        text, self.standby_note = self.standby_note + text, ""
+        with contextlib.suppress(OSError):
+            os.write(self.watcher.err_fd, text.encode(errors="replace"))
+        if decision.ending:
+            self.watcher.exit_for_timeout(self.store, Ending(
+                timeout_message(hangs, limit or 0.0), blamed(hangs[0]), self.watcher.rank))
+
+    def _mark_waiting(self, waiting: bool) -> None:
+        """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has
+        waited one interval (the supervisor's sign to ask for the report at a stop); at every
+        look, so that a standby's mark does not outlive its duty."""
+        folder = self.watcher.attempt_folder()
+        if not folder:
+            return
+        path = os.path.join(folder, WAITING_MARK)
+        with contextlib.suppress(OSError):
+            if not waiting:
+                os.unlink(path)
+            elif not os.path.exists(path):
+                with open(path, "w", encoding="utf-8"):
+                    pass
+
+    def _dump_files(self, number: int) -> list[str]:
+        folder = self.watcher.attempt_folder()
+        if not folder:
+            return []
+        folder = os.path.join(folder, HANG_FOLDER)
+        stem = os.path.join(folder, f"report-{number}")
+        return [f"{stem}.txt", f"{stem}.json"]
+
+    def _write_dump(self, files: list[str], text: str,
+                    stacks: Mapping[int, list[dict[str, Any]]], hangs: list[Hang]) -> None:
+        if not files:
+            return
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(files[0]), exist_ok=True)
+            per_rank = [f"rank {rank}:\n" + "".join(
+                f"  Thread {t['name']}:\n" + "".join(
+                    f'    File "{p}", line {n}, in {fn}\n' + (f"      {src}\n" if src else "")
+                    for p, n, fn, src in t["frames"]) for t in threads)
+                for rank, threads in sorted(stacks.items())]
+            with open(files[0], "w", encoding="utf-8") as fh:
+                fh.write(text + "\nevery rank's stack:\n" + "".join(per_rank))
+            with open(files[1], "w", encoding="utf-8") as fh:
+                json.dump({"report": text, "hangs": [_hang_json(h) for h in hangs],
+                           "stacks": {str(r): s for r, s in stacks.items()}}, fh, indent=1)
+
+
+def _hang_json(hang: Hang) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    data = asdict(hang)
+    data["nodes"] = {str(k): v for k, v in hang.nodes.items()}
+    return data

@@ -1,0 +1,72 @@
+"""The hang exchange through the job's store: each rank's progress record under
+:func:`progress_key`, the stack requests (a counter, :data:`ASK_KEY`) and their answers, and
+the keys of a failure's report (:data:`FAILED_KEY`, :data:`REPORTED_KEY`); the ending's keys
+are in :mod:`unirank.hang.ending`.
+
+Reads no environment variable.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import timedelta
+from typing import Any, Protocol
+
+__all__ = ["ASK_KEY", "FAILED_KEY", "PROGRESS_PREFIX", "REPORTED_KEY", "STACKS_PREFIX",
+           "Answers", "progress_key", "read_records", "request_stacks", "stacks_key"]
+
+PROGRESS_PREFIX = "unirank/hang/progress/"
+ASK_KEY = "unirank/hang/ask"
+STACKS_PREFIX = "unirank/hang/stacks/"
+#: counted by each rank whose program failed in a collective: the first one prints the report
+FAILED_KEY = "unirank/hang/failed"
+#: set by that first rank once its report is printed (the others wait for it)
+REPORTED_KEY = "unirank/hang/failed-reported"
+
+
+class Answers(Protocol):
+    """What answers a stack request for its own process (a watcher)."""
+
+    def answer(self, store: Any, number: int) -> None: ...
+
+
+def progress_key(rank: int) -> str:
+    """The store key of rank ``rank``'s progress record."""
+    return f"{PROGRESS_PREFIX}{rank}"
+
+
+def stacks_key(number: int, rank: int) -> str:
+    """The store key of rank ``rank``'s answer to stack request ``number``."""
+    return f"{STACKS_PREFIX}{number}/{rank}"
+
+
+def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any] | None]:
+    """Every rank's last progress record (None: it set none yet): one ``multi_get`` when all
+    are there."""
+    keys = [progress_key(r) for r in range(world_size)]
+    if store.check(keys):
+        return {r: json.loads(bytes(v)) for r, v in enumerate(store.multi_get(keys))}
+    return {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
+            for r, k in enumerate(keys)}
+
+
+def request_stacks(store: Any, world_size: int, timeout: float, *, own: Answers | None = None
+                   ) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
+    """Ask every rank's watcher for its stacks (``own``: answer for this process at once) and
+    wait for them at most ``timeout`` seconds: the stacks by rank, the ranks that did not
+    answer, and the nodes of those that did."""
+    number = int(store.add(ASK_KEY, 1))
+    if own is not None:
+        own.answer(store, number)
+    keys = {r: stacks_key(number, r) for r in range(world_size)}
+    with contextlib.suppress(Exception):
+        store.wait(list(keys.values()), timedelta(seconds=timeout))
+    stacks: dict[int, list[dict[str, Any]]] = {}
+    nodes: dict[int, str] = {}
+    for rank, key in keys.items():
+        if store.check([key]):
+            answer = json.loads(bytes(store.get(key)))
+            stacks[rank] = answer["threads"]
+            nodes[rank] = answer.get("node", "")
+    return stacks, [r for r in keys if r not in stacks], nodes
