@@ -13,8 +13,7 @@ import pytest
 from unirank.cli.main import build_parser, main
 from unirank.cli.run import engine_options
 from unirank.errors import ConfigError
-from unirank.sbatch.requeue import stop_signals
-from unirank.signals import format_signals, parse_signal, parse_signals
+from unirank.signals import format_signals, parse_signal, parse_signals, stop_signals
 
 REPO = Path(__file__).resolve().parents[1]
 HELLO = "examples/helloworld.py"

@@ -15,8 +15,8 @@ from unirank.sbatch.requeue import (
     requeue_refusal,
     requeue_target,
     slurm_run_state,
-    stop_signals,
 )
+from unirank.signals import stop_signals
 from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
 
 

@@ -314,8 +314,8 @@ def engine_options(args: argparse.Namespace,
     Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL.
     """
     from unirank.contract import DEFAULT_GRACE_PERIOD, parse_seconds, resolve_hang
+    from unirank.signals import FORWARDED
     from unirank.supervisor.attempts import EngineOptions
-    from unirank.supervisor.engine import DEFAULT_SIGNALS
     from unirank.supervisor.output import (
         TAG_TEMPLATE,
         OutputOptions,
@@ -336,7 +336,7 @@ def engine_options(args: argparse.Namespace,
         stdout_filters=parse_filters(args.duplicate_stdout_filters or ""),
         stderr_filters=parse_filters(args.duplicate_stderr_filters or ""),
     )
-    signals = _parse_signals(args.signals) or tuple(int(s) for s in DEFAULT_SIGNALS)
+    signals = _parse_signals(args.signals) or tuple(int(s) for s in FORWARDED)
     hang = resolve_hang(getattr(args, "hang_report_after", None),
                         getattr(args, "hang_timeout", None), environ or {})
     return EngineOptions(grace_period=grace, output=output, signals=signals,
@@ -424,7 +424,8 @@ def _master_source(args: argparse.Namespace, planned: str) -> str:
     return "--master-addr" if args.master_addr or not args.rdzv_endpoint else "--rdzv-endpoint"
 
 
-def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoReturn:
+def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv,
+            environ: Mapping[str, str]) -> NoReturn:
     """This node will not start its workers: say why, and where the plan names others to tell
     (:func:`unirank.supervisor.plan.giveup_address`) tell them through node 0's store
     (:mod:`unirank.supervisor.giveup`), so that their workers end at once naming this node
@@ -441,7 +442,8 @@ def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoRet
             require_resolvable(address[0], source="MASTER_ADDR")
         except ConfigError:
             raise SystemExit(2) from None
-        tell_others(*address, f"node {outer.node_name} refused to start its workers: {error}")
+        tell_others(*address, f"node {outer.node_name} refused to start its workers: {error}",
+                    environ)
     raise SystemExit(2)
 
 
@@ -460,7 +462,7 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
     try:
         plan = make_plan(request, outer, environ, run_id_fallback=uuid4().hex)
     except ConfigError as exc:
-        _refuse(exc.renamed(_OPTION_NAMES), request, outer)
+        _refuse(exc.renamed(_OPTION_NAMES), request, outer, environ)
     plan = replace(plan, master_source=_master_source(args, plan.master_source))
     if plan.world_size > 1:  # at once, not after the workers' init timeout
         from unirank.resolve import require_resolvable

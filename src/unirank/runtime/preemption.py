@@ -1,7 +1,7 @@
 """Stop, checkpoint, requeue, resume: what a training loop calls.
 
 * :func:`stop_requested` asked at step boundaries: True on every rank at the same call once any
-  rank got a stop signal (:func:`unirank.sbatch.requeue.stop_signals`: SIGUSR2 and SIGTERM) or, with
+  rank got a stop signal (:func:`unirank.signals.stop_signals`: SIGUSR2 and SIGTERM) or, with
   ``time_margin``, once the job has less than that many seconds left. The ranks
   agree through one all_reduce MAX of one int (unirank's own, so gloo, nccl, Horovod and XLA
   work), every ``every``-th call; at world size 1 there is no collective.
@@ -44,8 +44,8 @@ from unirank.sbatch.requeue import (
     requeue_refusal,
     requeue_target,
     slurm_run_state,
-    stop_signals,
 )
+from unirank.signals import stop_signals
 
 __all__ = ["exit_for_requeue", "stop_requested", "time_left", "unwatch_stop_signals",
            "watch_stop_signals"]

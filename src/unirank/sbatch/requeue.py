@@ -28,13 +28,11 @@ Slurm is already ending or requeueing the run);
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping
 
-from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR, STOP_SIGNALS_VAR
+from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR
 from unirank.errors import ConfigError
 from unirank.launchers import slurm_vars as V
-from unirank.signals import parse_signals
 
 __all__ = [
     "REQUEUE_EXIT_CODE",
@@ -43,29 +41,12 @@ __all__ = [
     "requeue_refusal",
     "requeue_target",
     "slurm_run_state",
-    "stop_signals",
 ]
 
 REQUEUE_EXIT_CODE = 79
 
 
 # -- the pure parts of stop -> checkpoint -> requeue (runtime.preemption does the rest) --------
-
-
-def stop_signals(environ: Mapping[str, str]) -> tuple[int, ...]:
-    """The signals that ask the ranks to stop: UNIRANK_STOP_SIGNALS (``USR2,TERM``), else
-    SIGUSR2 and SIGTERM. SIGUSR2 is the warning of ``unirank sbatch``'s ``--signal``. SIGTERM
-    is how torchrun, Kubernetes and ``unirank run`` stop their workers, and how Slurm ends a
-    run (scancel, ``scontrol requeue``, preemption, the time limit; SIGKILL follows KillWait
-    seconds later): the ranks save their checkpoint first, and :func:`slurm_run_state` tells
-    a requeue from a cancel.
-
-    Reads: UNIRANK_STOP_SIGNALS.
-    """
-    given = environ.get(STOP_SIGNALS_VAR, "").strip()
-    if not given:
-        return (signal.SIGUSR2, signal.SIGTERM)
-    return parse_signals(given, variable=STOP_SIGNALS_VAR, example="USR2,TERM")
 
 
 def parse_time_left(text: str) -> float | None:

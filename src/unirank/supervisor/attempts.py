@@ -46,9 +46,8 @@ from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
-from unirank.signals import format_signals
+from unirank.signals import FORWARDED, format_signals
 from unirank.supervisor.engine import (
-    DEFAULT_SIGNALS,
     Supervisor,
     WorkerLaunch,
     WorldWatch,
@@ -77,7 +76,7 @@ class EngineOptions:
 
     grace_period: float = DEFAULT_GRACE_PERIOD
     output: OutputOptions = field(default_factory=OutputOptions)
-    signals: tuple[int, ...] = tuple(int(s) for s in DEFAULT_SIGNALS)
+    signals: tuple[int, ...] = tuple(int(s) for s in FORWARDED)
     prog: str = "unirank run"
     #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
     timeline: bool = False
@@ -196,7 +195,8 @@ def _stop_report(plan: Plan, options: EngineOptions, environ: Mapping[str, str],
     if not plan.hosts_store or settings.report_after is None or slurm_vars.in_job(environ):
         return None
     return StopReportSpec(plan.master_addr, plan.master_port, plan.world_size,
-                          settings.interval, os.path.join(attempt_dir, WAITING_MARK))
+                          settings.interval, os.path.join(attempt_dir, WAITING_MARK),
+                          environ=environ)
 
 
 def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
 from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.signals import FORWARDED as DEFAULT_SIGNALS
 from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.deathcause import (
     FAULT_SIGNALS,
@@ -95,7 +96,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SIGNALS", "Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
 
-DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 #: the selector's mark for the fork server's socket
 _SERVER = object()
 #: the selector's mark for the world watch (:class:`WorldWatch`)

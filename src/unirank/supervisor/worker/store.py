@@ -31,6 +31,7 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from unirank.errors import ConfigError
+from unirank.signals import SHIELDED
 from unirank.store import StoreError, interrupted, open_store
 from unirank.supervisor.worker.info import WorkerInfo
 
@@ -71,8 +72,7 @@ def _serve_store(info: WorkerInfo, watched: int) -> NoReturn:
     """The store host (a forked child of rank 0): serve the store until ``watched`` (the
     supervisor) is gone. The supervisor kills it with rank 0's process group at its end."""
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
-                    signal.SIGUSR2):
+        for sig in SHIELDED:
             signal.signal(sig, signal.SIG_IGN)  # forwarded signals are for the program
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
