@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from unirank.contract import STOP_SIGNALS_VAR
 from unirank.errors import ConfigError
 
-__all__ = ["DEFAULT_WARNING", "FORWARDED", "HOSTS_STOP", "RANK_STOP", "REFUSED", "SHIELDED",
-           "STOP_SIGNALS", "WARNING", "format_signals", "keep_off_this_thread", "parse_signal",
-           "parse_signals", "signal_word", "stop_signals"]
+__all__ = ["DEFAULT_WARNING", "FAULT", "FORWARDED", "HOSTS_STOP", "RANK_STOP", "REFUSED",
+           "SHIELDED", "STOP_SIGNALS", "WARNING", "format_signals", "keep_off_this_thread",
+           "parse_signal", "parse_signals", "signal_word", "stop_signals"]
 
 # -- the named signal sets: every part of unirank takes its set from here ---------------------
 #
@@ -69,6 +69,10 @@ WARNING: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SI
 SHIELDED: tuple[signal.Signals, ...] = (
     signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
     signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+
+#: the signals a worker's death by which shows the Python stack its faulthandler wrote
+FAULT: frozenset[int] = frozenset(int(s) for s in (
+    signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL))
 
 #: the signals that stop ``unirank run --hosts`` (its ssh clients run in their own session, so
 #: the terminal's hang-up must be caught too)

@@ -27,17 +27,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+from unirank.signals import FAULT
 
 __all__ = ["FAULT_HEAD", "FAULT_SIGNALS", "MemoryCgroup", "OomVerdict", "fault_stack",
            "kernel_log_lines", "memory_cgroup", "oom_killed_pids", "oom_verdict",
            "read_fault_file"]
 
 #: the signals whose death shows faulthandler's stack
-FAULT_SIGNALS = frozenset(int(s) for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT,
-                                           signal.SIGFPE, signal.SIGILL))
+FAULT_SIGNALS = FAULT
 #: a memory limit this large is no limit (cgroup v1 writes "unlimited" as 2**63 - page)
 _NO_LIMIT = 1 << 60
 #: the most kernel-log records read (the ring buffer holds a few thousand)
