@@ -95,7 +95,7 @@ NODE_NAME_VAR = "UNIRANK_NODE_NAME"
 #: a restarted attempt's workers: why the attempt before ended, one JSON object
 #: (:mod:`unirank.elasticstate`)
 RESTART_REASON_VAR = "UNIRANK_RESTART_REASON"
-#: the signals that ask the ranks to stop (``USR2,TERM``; see :mod:`unirank.sbatch.requeue`)
+#: the signals that ask the ranks to stop (``USR2,TERM``; see :func:`unirank.signals.stop_signals`)
 STOP_SIGNALS_VAR = "UNIRANK_STOP_SIGNALS"
 #: how many times a Slurm job may be requeued (``SLURM_RESTART_COUNT``) before it stops failing
 MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"

@@ -131,7 +131,7 @@ def stop_signals(environ: Mapping[str, str]) -> tuple[int, ...]:
     (``unirank sbatch --signal``) is always among them. SIGTERM is how torchrun, Kubernetes and
     ``unirank run`` stop their workers, and how Slurm ends a run (scancel, ``scontrol
     requeue``, preemption, the time limit; SIGKILL follows KillWait seconds later): the ranks
-    save their checkpoint first, and :func:`unirank.sbatch.requeue.slurm_run_state` tells a
+    save their checkpoint first, and :func:`unirank.requeue.slurm_run_state` tells a
     requeue from a cancel.
 
     Reads: UNIRANK_STOP_SIGNALS.

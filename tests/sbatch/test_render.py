@@ -21,8 +21,8 @@ import pytest
 from _procs import read_stdout_until
 from unirank.cli.main import main
 from unirank.errors import ConfigError
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.sbatch.config import merge, validate_config
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.sbatch.script import render
 from unirank.sbatch.spec import (
     JobSpec,

@@ -1,4 +1,4 @@
-"""The pure parts of stop -> checkpoint -> requeue (unirank.sbatch.requeue) and how ``unirank run``
+"""The pure parts of stop -> checkpoint -> requeue (unirank.requeue) and how ``unirank run``
 reports workers that stopped to be requeued (supervisor.summary)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import signal
 import pytest
 
 from unirank.errors import ConfigError
-from unirank.sbatch.requeue import (
-    REQUEUE_EXIT_CODE,
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
+from unirank.requeue import (
     max_requeues,
     parse_time_left,
     requeue_refusal,

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.errors import ConfigError
+from unirank.exitcodes import USAGE
 
 if TYPE_CHECKING:
     from unirank.distenv import DistEnv
@@ -441,10 +442,10 @@ def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv,
         try:
             require_resolvable(address[0], source="MASTER_ADDR")
         except ConfigError:
-            raise SystemExit(2) from None
+            raise SystemExit(USAGE) from None
         tell_others(*address, f"node {outer.node_name} refused to start its workers: {error}",
                     environ)
-    raise SystemExit(2)
+    raise SystemExit(USAGE)
 
 
 def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,

@@ -13,6 +13,8 @@ Reads no environment variable (the settings come as :class:`unirank.contract.Han
 
 from __future__ import annotations
 
+from unirank.exitcodes import HANG_TIMEOUT
+
 __all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "WAITING_MARK"]
 
 #: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
@@ -25,4 +27,4 @@ HANG_FOLDER = "hang"
 WAITING_MARK = "ranks-waiting"
 
 #: the exit code of a job ended by ``--hang-timeout`` (rank 0's, the root cause)
-HANG_EXIT_CODE = 86
+HANG_EXIT_CODE = HANG_TIMEOUT

@@ -14,8 +14,8 @@ import shlex
 from pathlib import PurePath
 
 from unirank.contract import STOP_SIGNALS_VAR
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.launchers import slurm_vars as V
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.sbatch.spec import JobSpec, rank_stop_signals, signal_for_batch_shell
 
 __all__ = ["default_job_name", "render"]
@@ -243,7 +243,7 @@ def _requeue(spec: JobSpec) -> list[str]:
     return [
         _block("Requeue"),
         f"# Ranks that saved their checkpoint and stopped to run again exit with {code}",
-        "# (unirank.sbatch.requeue). The batch shell requeues the job itself, which works where",
+        "# (unirank.exitcodes). The batch shell requeues the job itself, which works where",
         "# the ranks run in a container without scontrol. An array task requeues only itself.",
         "# After Slurm's SIGTERM the requeue is Slurm's (a cancel must not be requeued).",
         f'if [ "$status" -eq {code} ] && [ -z "$ended" ]; then',

@@ -18,7 +18,7 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   up, and the workers of each restart learn why the attempt before ended
   (UNIRANK_RESTART_REASON: :func:`.restartreason.restart_reason`); every attempt's root cause
   goes into the summary. A group that stopped to be requeued
-  (exit code :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`) is restarted too, except under
+  (exit code :data:`~unirank.exitcodes.REQUEUE`) is restarted too, except under
   Slurm, where 79 is passed on for the batch script to requeue the job; a stop signal ends the
   run whatever is left of ``max_restarts``;
 * prints what rank 0 gathered at the end of the run (``timeline.json`` in the attempt's
@@ -42,10 +42,10 @@ from dataclasses import dataclass, field, replace
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, resolve_hang
 from unirank.errors import ConfigError
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.signals import FORWARDED, format_signals
 from unirank.supervisor.engine import (
     Supervisor,

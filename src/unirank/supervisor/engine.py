@@ -26,7 +26,7 @@ worker stops its children too.
   (:mod:`.stopreport`) prints it when some rank waits in a collective that another has not
   entered; the signal is forwarded when it has ended, or after its deadline; a second stop
   signal kills at once.
-* A worker that exits with :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) saved its
+* A worker that exits with :data:`~unirank.exitcodes.REQUEUE` (79) saved its
   checkpoint and stopped to run again: no failure, no teardown. When every worker ended with 0
   or 79 the run's exit code is 79 (one line, no failure summary).
 * Why a worker died (:mod:`.deathcause`): the engine notes each worker's memory cgroup and its
@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.errorfile import read_failure
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.signals import FORWARDED as DEFAULT_SIGNALS
 from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.deathcause import (

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from unirank.elasticstate import RestartReason, nodes_changed
 from unirank.errorfile import LOST_PEER
-from unirank.hang import HANG_EXIT_CODE
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import HANG_TIMEOUT as HANG_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.summary import RunResult
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
+from unirank.exitcodes import killed_by
 from unirank.joincheck import format_ranks
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.supervisor.deathcause import FAULT_HEAD, OomVerdict
 
 __all__ = [
@@ -76,7 +77,7 @@ def traceback_excerpt(lines: list[str], max_lines: int = EXCERPT_LINES) -> list[
 
 def exit_code_of(returncode: int) -> int:
     """A worker's status as a shell exit code: the code itself, or 128 + signal number."""
-    return 128 - returncode if returncode < 0 else returncode
+    return killed_by(-returncode) if returncode < 0 else returncode
 
 
 def signal_name(signum: int) -> str:
@@ -216,7 +217,7 @@ class RunResult:
         if self.requeued:
             return REQUEUE_EXIT_CODE
         if self.stop_signal is not None and any(w.failed for w in self.exits):
-            return 128 + self.stop_signal
+            return killed_by(self.stop_signal)
         return 0
 
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
+from unirank.exitcodes import killed_by
 from unirank.signals import HOSTS_STOP
 from unirank.supervisor.output import LineBuffer
 from unirank.supervisor.ssh.remote import VERDICT_MARK, parse_verdict
@@ -202,7 +203,7 @@ class _FanOut:
                 f"{what} with exit code {code}{last}")
             return code
         if self._signal is not None:
-            return 128 + self._signal
+            return killed_by(self._signal)
         return next((r.code for r in self._remotes if r.code), 0) or 0
 
     def close(self) -> None:
