@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from unirank.errors import ConfigError
 
 __all__ = [
+    "ATTEMPT_DIR_VAR",
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HANG_REPORT_AFTER",
     "DEFAULT_INIT_TIMEOUT",
@@ -142,6 +143,9 @@ TIMELINE_VAR = "UNIRANK_TIMELINE"
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
 #: where the worker's faulthandler writes the Python stack of a fatal signal (SIGSEGV, ...)
 FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
+#: the worker's attempt folder (:mod:`unirank.runfolder`): where rank 0's hang reports and the
+#: detector's mark go; kept in the program's environment (never derived from the error file)
+ATTEMPT_DIR_VAR = "UNIRANK_ATTEMPT_DIR"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
 #: the hang detector's settings are user-facing (``unirank run`` and :func:`unirank.init` read

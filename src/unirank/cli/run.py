@@ -120,7 +120,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--timeline-json", dest="timeline_json", default=None, metavar="FILE",
             help="also write every rank's raw phase times to FILE (implies --timeline)")
     _option(parser, "--log-dir", dest="log_dir", default=None, metavar="DIR",
-            help="log folder: DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log, error.json")
+            help="log folder: DIR/RUN_ID_XXXXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log, "
+            "error.json (a new folder each run)")
     _option(parser, "-r", "--redirects", dest="redirects", default="0", metavar="0-3|R:V,...",
             help="send streams to their log file only: 1 stdout, 2 stderr, 3 both (per local "
             "rank: 0:3,1:1)")

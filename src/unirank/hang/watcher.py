@@ -28,9 +28,9 @@ collective (torch's collective timeout), :meth:`Watcher.failure_report` makes th
 more (:mod:`unirank.hang.onstop`); :func:`excepthook_with_report` calls it where no worker
 bootstrap does (:func:`unirank.init` under srun, mpirun, torchrun).
 
-Reads: TORCHELASTIC_ERROR_FILE (where rank 0 writes a hang timeout's record; its attempt
-folder holds the dumps), TORCH_FR_BUFFER_SIZE (set to :data:`RECORDER_ENTRIES` when unset,
-before the program starts its group).
+Reads: TORCHELASTIC_ERROR_FILE (where rank 0 writes a hang timeout's record),
+UNIRANK_ATTEMPT_DIR (the attempt folder that holds the dumps), TORCH_FR_BUFFER_SIZE (set to
+:data:`RECORDER_ENTRIES` when unset, before the program starts its group).
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ from unirank.hang.progress import (
 from unirank.hang.render import render_report, wavefront_line
 from unirank.hang.standby import Duty, silent_after
 from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_dump, recorder_status
+from unirank.runfolder import attempt_folder_of
 from unirank.signals import keep_off_this_thread
 
 __all__ = [
@@ -231,10 +232,9 @@ class Watcher:
         self._failed_frames: list[list[Any]] | None = None
 
     def attempt_folder(self) -> str:
-        """The attempt's folder (the error file's ``<attempt>/<local rank>/error.json``), or ""
-        where no error file is named (not started by ``unirank run``)."""
-        error_file = self.error_file
-        return os.path.dirname(os.path.dirname(error_file)) if error_file else ""
+        """The attempt's folder as the worker was told it (:func:`unirank.runfolder.
+        attempt_folder_of`), or "" (plain python: no folder)."""
+        return attempt_folder_of(self._environ)
 
     def start(self) -> Watcher:
         """Turn the flight recorder on (:func:`enable_recorder`), connect to the store (here:
@@ -344,7 +344,8 @@ class Watcher:
         records = {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)
                    for r, k in keys.items()}
         on_duty = self._duty.on_duty(records, time.monotonic(), self.settings.interval)
-        if on_duty and not self._on_duty:
+        finished = all(r is not None and r.get("finished") for r in records.values())
+        if on_duty and not self._on_duty and not finished:  # a finished rank is not frozen
             silent = silent_after(self.settings.interval)
             lower = "rank 0 has" if self.rank == 1 else f"ranks 0-{self.rank - 1} have"
             with contextlib.suppress(OSError):
