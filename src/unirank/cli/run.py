@@ -605,6 +605,6 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
 
         failure = result.first_failure
         sys.stderr.write(verdict_line(failure is not None,
-                                      failure.error if failure is not None else ""))
+                                      failure is not None and failure.lost_peer))
         sys.stderr.flush()
     return result.exit_code

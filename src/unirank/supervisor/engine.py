@@ -695,6 +695,7 @@ def _worker_exit(worker: _Worker, node: str, *, blamed: bool) -> WorkerExit:
         stopped=worker.stopped_at is not None,
         recorded_exit_code=record.exit_code if record else None,
         config_error=record.config_error if record else False,
+        lost_peer=record.lost_peer if record else False,
         peak_memory=_peak_bytes(worker),
         oom=worker.oom,
         fault_stack=_fault_stack(worker) if blamed else (),

@@ -143,6 +143,9 @@ class WorkerExit:
     recorded_exit_code: int | None = None
     #: its recorded error is a ConfigError: a one-line launch or usage mistake
     config_error: bool = False
+    #: its recorded error says a peer went away (:attr:`unirank.errorfile.RecordedFailure.
+    #: lost_peer`, read once from the whole message): the failure of another rank, seen here
+    lost_peer: bool = False
     #: its peak resident memory in bytes (``ru_maxrss`` where it was reaped), if known
     peak_memory: int | None = None
     #: whether the kernel's OOM killer killed it (a SIGKILL the supervisor did not send)
