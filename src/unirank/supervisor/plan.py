@@ -60,7 +60,7 @@ Two more questions have their one answer here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from unirank.contract import (
@@ -70,6 +70,7 @@ from unirank.contract import (
 )
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
+from unirank.placement import node_of as node_index_of
 from unirank.rendezvous import DEFAULT_PORT
 from unirank.resolve import master_addr_source
 from unirank.store import uses_agent_store
@@ -181,20 +182,6 @@ class Plan:
             node_name=self.node_name,
             hosts=self.hosts,
         )
-
-
-def node_index_of(rank: int, ranks_per_node: Sequence[int]) -> int | None:
-    """The node rank of the node that runs global ``rank``, where consecutive ranks fill the
-    nodes in node-rank order, ``ranks_per_node[n]`` of them on node ``n``; None for a rank
-    outside that world, or when the placement is not known (``ranks_per_node`` empty)."""
-    if rank < 0:
-        return None
-    first = 0
-    for node, count in enumerate(ranks_per_node):
-        first += count
-        if rank < first:
-            return node
-    return None
 
 
 def _launcher_placement(outer: DistEnv) -> tuple[int, ...]:
