@@ -47,9 +47,10 @@ MAX_FAULT_LINES = 40
 #: the first line of a faulthandler dump
 FAULT_HEAD = "Fatal Python error"
 _KILLED = re.compile(r"Killed process (\d+) ")
-#: frames of the worker's bootstrap (not the user's)
+#: frames of the worker's bootstrap (not the user's): a forked worker's start in the fork
+#: server, which runs through the helper's start (:mod:`unirank.supervisor.helper`)
 _BOOTSTRAP_FRAMES = re.compile(r'File "(<frozen runpy>|[^"]*/runpy\.py|[^"]*/unirank/supervisor/'
-                               r'(worker|fork)/[^"]*)"')
+                               r'((worker|fork)/[^"]*|helper\.py))"')
 
 #: a frame of unirank's own threads in a worker (the hang watcher): not the program's
 _OWN_THREAD_FRAMES = re.compile(r'File "[^"]*/unirank/hang/[^"]*"')
