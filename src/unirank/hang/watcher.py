@@ -67,6 +67,17 @@ from unirank.hang.standby import Duty, silent_after
 from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_dump, recorder_status
 from unirank.runfolder import attempt_folder_of
 from unirank.signals import keep_off_this_thread
+from unirank.storekeys.hang import (  # the exchange's keys: one home (unirank.storekeys)
+    ASK_KEY,
+    ENDED_KEY,
+    FAILED_KEY,
+    PROGRESS_PREFIX,
+    REASON_KEY,
+    REPORTED_KEY,
+    STACKS_PREFIX,
+    progress_key,
+    stacks_key,
+)
 
 __all__ = [
     "ASK_KEY",
@@ -84,9 +95,6 @@ __all__ = [
 ]
 
 THREAD_NAME = "unirank-hang-watch"
-PROGRESS_PREFIX = "unirank/hang/progress/"
-ASK_KEY = "unirank/hang/ask"
-STACKS_PREFIX = "unirank/hang/stacks/"
 #: torch's flight recorder: how many collectives it keeps (its ring buffer)
 RECORDER_VAR = "TORCH_FR_BUFFER_SIZE"
 #: non-empty while :func:`enable_recorder` has put the recorder's size in the C environment
@@ -98,13 +106,6 @@ RECORDER_ENTRIES = 64
 #: rank's thread then counts itself in ENDED_KEY and stops using the store, which ends with
 #: rank 0's process
 ENDING = 1 << 40
-ENDED_KEY = "unirank/hang/ended"
-#: why rank 0 ends the job (the hang's wavefront), for the other ranks' records
-REASON_KEY = "unirank/hang/reason"
-#: counted by each rank whose program failed in a collective: the first one prints the report
-FAILED_KEY = "unirank/hang/failed"
-#: set by that first rank once its report is printed (the others wait for it)
-REPORTED_KEY = "unirank/hang/failed-reported"
 
 
 class _JobEnding(Exception):
@@ -122,11 +123,6 @@ def running() -> Watcher | None:
     """This process's watcher, if one was started (a worker's bootstrap starts it; then
     :func:`unirank.init` does not start another)."""
     return _RUNNING[-1] if _RUNNING else None
-
-
-def progress_key(rank: int) -> str:
-    """The store key of rank ``rank``'s progress record."""
-    return f"{PROGRESS_PREFIX}{rank}"
 
 
 def enable_recorder(environ: Mapping[str, str]) -> None:
@@ -400,7 +396,7 @@ class Watcher:
     def answer(self, store: Any, number: int) -> None:
         """Set this rank's stacks for stack request ``number``."""
         payload = {"rank": self.rank, "node": self.node, "threads": self.stacks()}
-        store.set(f"{STACKS_PREFIX}{number}/{self.rank}", json.dumps(payload))
+        store.set(stacks_key(number, self.rank), json.dumps(payload))
         self._answered = max(self._answered, number)
 
     def _answer(self, store: Any) -> None:
@@ -618,7 +614,7 @@ def request_stacks(store: Any, world_size: int, timeout: float, *, own: Watcher 
     number = int(store.add(ASK_KEY, 1))
     if own is not None:
         own.answer(store, number)
-    keys = {r: f"{STACKS_PREFIX}{number}/{r}" for r in range(world_size)}
+    keys = {r: stacks_key(number, r) for r in range(world_size)}
     with contextlib.suppress(Exception):
         store.wait(list(keys.values()), timedelta(seconds=timeout))
     stacks: dict[int, list[dict[str, Any]]] = {}

@@ -33,6 +33,12 @@ from typing import Any, NoReturn
 from unirank.errors import ConfigError
 from unirank.signals import SHIELDED
 from unirank.store import StoreError, interrupted, open_store
+from unirank.storekeys.init import (
+    EXIT_ALL_KEY,
+    EXIT_COUNT_KEY,
+    RANK_CLAIM_PREFIX,
+    rank_claim_key,
+)
 from unirank.supervisor.worker.info import WorkerInfo
 
 __all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "connect",
@@ -40,11 +46,8 @@ __all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FA
 
 #: exit code of a worker that could not rendezvous (store unreachable, init timeout)
 RENDEZVOUS_FAILED = 1
-#: store keys of the exit barrier (several nodes only)
-EXIT_COUNT_KEY = "unirank/exit/count"
-EXIT_ALL_KEY = "unirank/exit/all"
-#: store key prefix under which each rank is claimed by its supervisor (node name and pid)
-RANK_CLAIM_PREFIX = "unirank/rank/"
+#: the exit barrier's keys (several nodes only) and each rank's claim by its supervisor (node
+#: name and pid): unirank.storekeys.init
 
 
 def _fail(info: WorkerInfo, message: str) -> NoReturn:
@@ -123,7 +126,7 @@ def _claim_rank(store: Any, info: WorkerInfo) -> None:
     from unirank.joincheck import abort_join
 
     ours = f"{info.node_name} (pid {info.supervisor_pid or os.getpid()})"
-    theirs = bytes(store.compare_set(f"{RANK_CLAIM_PREFIX}{info.rank}", "", ours)).decode(
+    theirs = bytes(store.compare_set(rank_claim_key(info.rank), "", ours)).decode(
         errors="replace")
     if theirs == ours:
         return
