@@ -32,6 +32,7 @@ from unirank.joincheck import (
     format_ranks,
     join_key,
 )
+from unirank.storekeys.init import init_prefix
 
 torch_dist = pytest.importorskip("torch.distributed")
 
@@ -425,8 +426,8 @@ def test_a_second_init_on_the_same_store_starts_afresh(server: Any) -> None:
     """The bootstrap's check on the raw store, then two inits under their own prefixes (as
     lifecycle.py's PrefixStore), the second with a rank missing: counts never mix."""
     assert _run_ranks(server, [0, 1, 2, 3], 4, timeout=30) == dict.fromkeys(range(4))
-    for prefix, ranks in (("/unirank/init_0/join", [0, 1, 2, 3]),
-                          ("/unirank/init_1/join", [0, 1, 3])):
+    for prefix, ranks in ((f"{init_prefix(0)}/join", [0, 1, 2, 3]),
+                          (f"{init_prefix(1)}/join", [0, 1, 3])):
         clients = {rank: torch_dist.PrefixStore(prefix, _client(server)) for rank in ranks}
         results = _run_threads(clients.__getitem__, ranks, 4, 2, NODES.get)
         if len(ranks) == 4:
@@ -438,7 +439,7 @@ def test_a_second_init_on_the_same_store_starts_afresh(server: Any) -> None:
             assert exc.missing_ranks == [2]
             assert "1 of 4 ranks did not join within 2 s: rank 2 (on nodeC)." in str(exc)
     assert server.get(COUNT_KEY) == b"4"
-    assert server.get(f"/unirank/init_1/join/{COUNT_KEY}") == b"3"
+    assert server.get(f"{init_prefix(1)}/join/{COUNT_KEY}") == b"3"
 
 
 def test_a_node_giving_up_ends_every_waiting_rank_at_once(server: Any) -> None:

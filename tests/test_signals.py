@@ -4,17 +4,18 @@ on) and ``unirank sbatch --signal`` (the warning before the time limit)."""
 
 from __future__ import annotations
 
+import re
 import signal
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from unirank import signals as S
 from unirank.cli.main import build_parser, main
 from unirank.cli.run import engine_options
 from unirank.errors import ConfigError
-from unirank.sbatch.requeue import stop_signals
-from unirank.signals import format_signals, parse_signal, parse_signals
+from unirank.signals import format_signals, parse_signal, parse_signals, stop_signals
 
 REPO = Path(__file__).resolve().parents[1]
 HELLO = "examples/helloworld.py"
@@ -54,8 +55,14 @@ ENTRY_POINTS: dict[str, tuple[Callable[[str], tuple[int, ...]], str]] = {
 @pytest.mark.parametrize(("text", "number"), [("12", 12), ("usr2", 12), ("SIGUSR2", 12),
                                               ("40", 40)])
 def test_names_and_numbers_are_taken_by_every_use(entry: str, text: str, number: int) -> None:
-    """"12" was refused by ``unirank run`` alone; 40 is a real-time signal without a name."""
-    read, _variable = ENTRY_POINTS[entry]
+    """"12" was refused by ``unirank run`` alone; 40 is a real-time signal without a name,
+    which cannot be a job's warning (:data:`unirank.signals.WARNING`)."""
+    read, variable = ENTRY_POINTS[entry]
+    if entry == "sbatch" and number not in S.WARNING:
+        with pytest.raises(ConfigError, match=f"^{re.escape(variable.format(text))}: "
+                           f"{text} cannot be the job's warning"):
+            read(text)
+        return
     assert read(text) == (number,)
 
 
@@ -103,3 +110,37 @@ def test_format_signals_spells_them_as_torchrun_s_option() -> None:
     assert format_signals((signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)) == \
         "SIGTERM,SIGINT,SIGUSR1"
     assert format_signals(()) == ""
+
+
+# --- the named sets: one home, and what they must hold for each other -----------------------
+
+
+def test_the_job_s_warning_reaches_ranks_through_unirank_run_and_past_every_helper() -> None:
+    """A warning signal ``unirank sbatch`` accepts is forwarded by ``unirank run`` (--launch
+    node), ignored by every helper (Slurm sends it to every process of the step), and either
+    a default stop signal of the ranks or exported as one (tests/sbatch), which ``unirank run``
+    then forwards besides torchrun's set."""
+    from unirank.cli.runconfig import run_signals
+    from unirank.contract import STOP_SIGNALS_VAR
+
+    for warning in S.WARNING:
+        exported = {STOP_SIGNALS_VAR: f"{warning.name},TERM"}
+        assert int(warning) in run_signals(None, exported)[0]
+    assert set(S.RANK_STOP) <= set(S.FORWARDED)
+    assert set(S.HANDLED) <= set(S.FORWARDED)
+    assert set(S.WARNING) <= set(S.SHIELDED)
+    assert S.DEFAULT_WARNING in S.WARNING and S.DEFAULT_WARNING in S.RANK_STOP
+    assert signal.SIGINT not in S.WARNING  # unirank run gives SIGINT a grace period
+    assert set(S.RANK_STOP) <= set(S.SHIELDED) and set(S.FORWARDED) <= set(S.SHIELDED)
+    assert set(S.STOP_SIGNALS) <= set(S.FORWARDED) and set(S.STOP_SIGNALS) <= set(S.HOSTS_STOP)
+    assert not set(S.SHIELDED) & set(S.REFUSED)
+    assert stop_signals({}) == tuple(S.RANK_STOP)
+
+
+def test_no_module_but_signals_py_spells_out_a_set_of_signals() -> None:
+    """Every named signal set lives in unirank.signals (issue 33: they were in seven places,
+    and the job's warning was in none of the ranks')."""
+    literal = re.compile(r"[(\[{]\s*signal\.SIG[A-Z0-9]+\s*,\s*signal\.SIG[A-Z]")
+    found = [str(path.relative_to(REPO)) for path in (REPO / "src").rglob("*.py")
+             if path.name != "signals.py" and literal.search(path.read_text())]
+    assert found == []

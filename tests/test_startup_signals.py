@@ -28,11 +28,13 @@ from pathlib import Path
 import pytest
 
 from _procs import free_port, launcher_free_environ
+from unirank.storekeys.init import init_prefix
+from unirank.storekeys.join import join_key
 
 REPO = Path(__file__).resolve().parents[1]
 _NOISE = ("Traceback", "frame #", "Exception raised from", "Interrupted system call", "[c10d]")
 #: rank 0's join key under :func:`unirank.init`'s first prefix
-_JOIN_0 = "/unirank/init_0/join/unirank/join/0"
+_JOIN_0 = f"{init_prefix(0)}/join/{join_key(0)}"
 
 
 def _env(rank: int, port: int, timeout: str = "300") -> dict[str, str]:

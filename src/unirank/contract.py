@@ -31,11 +31,11 @@ from dataclasses import dataclass
 from unirank.errors import ConfigError
 
 __all__ = [
+    "ATTEMPT_DIR_VAR",
     "DEFAULT_GRACE_PERIOD",
     "DEFAULT_HANG_REPORT_AFTER",
     "DEFAULT_INIT_TIMEOUT",
     "DEFAULT_MAX_REQUEUES",
-    "DEFAULT_RUN_SIGNALS",
     "DONE_FD_VAR",
     "ENABLE_FILE_TIMER_VAR",
     "ERROR_FILE_VAR",
@@ -98,8 +98,6 @@ LOG_LINE_PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 ENABLE_FILE_TIMER_VAR = "TORCHELASTIC_ENABLE_FILE_TIMER"
 #: the watchdog's named pipe, given to the workers (torch's ``FileTimerClient`` writes to it)
 TIMER_FILE_VAR = "TORCHELASTIC_TIMER_FILE"
-#: the signals ``unirank run`` forwards to its workers without ``--signals-to-handle`` (torchrun's)
-DEFAULT_RUN_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
 # -- unirank's user-facing variables ----------------------------------------------------------
 INIT_TIMEOUT_VAR = "UNIRANK_INIT_TIMEOUT"
@@ -114,7 +112,7 @@ NODE_NAME_VAR = "UNIRANK_NODE_NAME"
 #: a restarted attempt's workers: why the attempt before ended, one JSON object
 #: (:mod:`unirank.elasticstate`)
 RESTART_REASON_VAR = "UNIRANK_RESTART_REASON"
-#: the signals that ask the ranks to stop (``USR2,TERM``; see :mod:`unirank.sbatch.requeue`)
+#: the signals that ask the ranks to stop (``USR2,TERM``; see :func:`unirank.signals.stop_signals`)
 STOP_SIGNALS_VAR = "UNIRANK_STOP_SIGNALS"
 #: how many times a Slurm job may be requeued (``SLURM_RESTART_COUNT``) before it stops failing
 MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"
@@ -162,6 +160,9 @@ TIMELINE_VAR = "UNIRANK_TIMELINE"
 TIMELINE_FILE_VAR = "UNIRANK_TIMELINE_FILE"
 #: where the worker's faulthandler writes the Python stack of a fatal signal (SIGSEGV, ...)
 FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
+#: the worker's attempt folder (:mod:`unirank.runfolder`): where rank 0's hang reports and the
+#: detector's mark go; kept in the program's environment (never derived from the error file)
+ATTEMPT_DIR_VAR = "UNIRANK_ATTEMPT_DIR"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
 #: the hang detector's settings are user-facing (``unirank run`` and :func:`unirank.init` read

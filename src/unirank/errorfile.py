@@ -28,7 +28,7 @@ from pathlib import Path
 
 from unirank.contract import ERROR_FILE_VAR
 from unirank.errors import ConfigError
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 
 __all__ = [
     "ERROR_FILE_VAR",
@@ -63,7 +63,7 @@ def exit_status(code: object) -> int:
 def record_exception(exc: BaseException, environ: Mapping[str, str] | None = None, *,
                      exit_code: int | None = None) -> None:
     """Write ``exc`` to this worker's error file, unless it is a clean exit (a ``SystemExit``
-    whose :func:`exit_status` is 0, or :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`:
+    whose :func:`exit_status` is 0, or :data:`~unirank.exitcodes.REQUEUE`:
     stopped to be requeued, not a failure) or already written; ``exit_code``: the status the
     process ends with (default: a SystemExit's, else 1).
 

@@ -56,6 +56,16 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from unirank.signals import keep_off_this_thread
+from unirank.storekeys.join import (
+    ABORT_PREFIX,
+    ALL_KEY,
+    COORDINATOR_KEY,
+    COUNT_KEY,
+    JOIN_PREFIX,
+    RESULT_KEY,
+    join_key,
+    seen_key,
+)
 
 __all__ = [
     "ALL_KEY",
@@ -72,17 +82,6 @@ __all__ = [
     "join_key",
 ]
 
-JOIN_PREFIX = "unirank/join/"
-#: rank 0's verdict after a timeout: "missing:" and the missing ranks, comma-separated
-RESULT_KEY = "unirank/join/result"
-#: the value of ``ALL_KEY`` that a node giving up sets: this prefix, then its one-line reason
-ABORT_PREFIX = "abort:"
-#: the number of ranks that have set their join key (each rank adds 1 once)
-COUNT_KEY = "unirank/join/count"
-#: set by the rank that brought ``COUNT_KEY`` to the world size: everyone has joined
-ALL_KEY = "unirank/join/all"
-#: after a timeout without rank 0's verdict, the rank that adds 1 here first scans instead
-COORDINATOR_KEY = "unirank/join/coordinator"
 #: after a timeout, rank 0 waits at most this long for the others to read its verdict, and the
 #: others at most this long (twice, when they elect a coordinator) for a verdict
 LINGER = 10.0
@@ -106,13 +105,6 @@ class StoreLike(Protocol):
     def add(self, key: str, value: int) -> int: ...
 
 
-def join_key(rank: int) -> str:
-    """The store key rank ``rank`` sets when it joins."""
-    return f"{JOIN_PREFIX}{rank}"
-
-
-def _seen_key(rank: int) -> str:
-    return f"{JOIN_PREFIX}seen/{rank}"
 
 
 def format_ranks(ranks: Sequence[int]) -> str:
@@ -224,13 +216,13 @@ def _aborted(store: StoreLike, rank: int, world_size: int) -> None:
         return
     if rank != 0:
         with contextlib.suppress(RuntimeError, OSError):
-            store.set(_seen_key(rank), "1")
+            store.set(seen_key(rank), "1")
     else:
         missing = _missing(store, world_size)
         joined = [r for r in range(1, world_size) if r not in set(missing or [])]
         if missing is not None and joined:
             with contextlib.suppress(RuntimeError, TimeoutError, OSError):
-                store.wait([_seen_key(r) for r in joined], timedelta(seconds=LINGER))
+                store.wait([seen_key(r) for r in joined], timedelta(seconds=LINGER))
     raise JoinAbortedError(value.removeprefix(ABORT_PREFIX), rank=rank)
 
 
@@ -380,7 +372,7 @@ def _coordinate(
     joined = [r for r in range(1, world_size) if r not in absent]
     if missing is not None and joined:
         with contextlib.suppress(RuntimeError, TimeoutError):
-            store.wait([_seen_key(r) for r in joined],
+            store.wait([seen_key(r) for r in joined],
                        timedelta(seconds=min(LINGER, max(timeout, 0.001))))
     raise _timeout_error(missing, rank=0, world_size=world_size, timeout=timeout,
                          rank_to_node=rank_to_node, group_start=group_start)
@@ -426,7 +418,7 @@ def _follow(
         return
     if missing is not None:
         with contextlib.suppress(RuntimeError, OSError):
-            store.set(_seen_key(rank), "1")
+            store.set(seen_key(rank), "1")
     raise _timeout_error(missing, rank=rank, world_size=world_size, timeout=timeout,
                          rank_to_node=rank_to_node, group_start=group_start)
 

@@ -11,7 +11,7 @@ The process that serves the rendezvous store (node rank 0's ``unirank run`` or `
 and rank 0 of :func:`unirank.init` where no agent serves it) also calls :func:`require_own`:
 a master address that is none of this host's addresses (a stale ``MASTER_ADDR`` from a shell
 profile) would leave every rank waiting for the whole init timeout, so it ends at once with one
-line instead. It decides from this host's interface addresses (:mod:`unirank.netroute`) and
+line instead. It decides from this host's interface addresses (:mod:`unirank.hostaddrs`) and
 sends nothing.
 
 ``getaddrinfo`` itself can block for a long time on a name server that does not answer, so it
@@ -159,13 +159,13 @@ def require_own(host: str, *, source: str, environ: Mapping[str, str],
     """Raise a one-line ConfigError naming ``host`` and ``source`` when ``host``, the master
     address of a store this process is about to serve, is none of this host's addresses
     (loopback, unspecified, any interface's; a name counts when it resolves to one of them).
-    ``ifaces``: this host's interfaces (default :func:`unirank.netroute.interfaces`). A name
+    ``ifaces``: this host's interfaces (default :func:`unirank.hostaddrs.interfaces`). A name
     that does not resolve within ``timeout`` is left to :func:`require_resolvable`.
 
     Reads: UNIRANK_MASTER_FORWARDED (from ``environ``; ``1`` skips the check, for an address
     forwarded to this host: NAT, a virtual or cloud public address).
     """
-    from unirank import netroute
+    from unirank import hostaddrs
     from unirank.contract import MASTER_FORWARDED_VAR
 
     if environ.get(MASTER_FORWARDED_VAR, "").strip() == "1":
@@ -174,11 +174,11 @@ def require_own(host: str, *, source: str, environ: Mapping[str, str],
     addresses = _addresses(host, timeout) if host else None
     if addresses is None:
         return
-    ifaces = netroute.interfaces() if ifaces is None else ifaces
-    if any(netroute.is_own(address, ifaces) for address in addresses):
+    ifaces = hostaddrs.interfaces() if ifaces is None else ifaces
+    if any(hostaddrs.is_own(address, ifaces) for address in addresses):
         return
     own = [a for names in ifaces.values() for a in names
-           if not netroute.is_own(a, {}) and not a.startswith("fe80:")]
+           if not hostaddrs.is_own(a, {}) and not a.startswith("fe80:")]
     resolved = "" if _is_literal(host) else f" ({', '.join(addresses)})"
     raise ConfigError(
         f"is not an address of this host{resolved}, but rank 0 serves the rendezvous store "

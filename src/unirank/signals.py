@@ -11,20 +11,84 @@ DataLoader worker, a shell), so that it cannot carry a request.
 A refusal is one :class:`~unirank.errors.ConfigError` line naming the option or variable and
 the whole text given: ``--signals-to-handle='KILL': SIGKILL cannot be caught HINT: ...``.
 
-Reads no environment variable: callers pass the text and say where it came from.
+Reads no environment variable itself: callers pass the text and say where it came from, or
+(:func:`stop_signals`) the mapping to read UNIRANK_STOP_SIGNALS from.
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 
+from unirank.contract import STOP_SIGNALS_VAR
 from unirank.errors import ConfigError
 
-__all__ = ["REFUSED", "STOP_SIGNALS", "format_signals", "keep_off_this_thread", "parse_signal",
-           "parse_signals"]
+__all__ = ["DEFAULT_WARNING", "FAULT", "FORWARDED", "HANDLED", "HOSTS_STOP", "PID1_PASSED",
+           "RANK_STOP", "REFUSED", "SHIELDED", "STOP_SIGNALS", "WARNING", "format_signals",
+           "keep_off_this_thread", "parse_signal", "parse_signals", "signal_word", "stop_signals"]
+
+# -- the named signal sets: every part of unirank takes its set from here ---------------------
+#
+# Which process gets which signal (docs/run.md, docs/slurm-jobs.md say the same):
+#
+# * ``unirank run`` (the supervisor) handles FORWARDED and passes each to its workers; of them
+#   STOP_SIGNALS also start the grace period (under Slurm, SIGTERM starts none).
+# * a rank (``ur.stop_requested()``) is asked to stop by RANK_STOP, or by the set in
+#   UNIRANK_STOP_SIGNALS; ``unirank sbatch --signal`` exports it when its warning is not in
+#   RANK_STOP, so that the job's warning is always one of the ranks' stop signals.
+# * every helper process (fork server, rendezvous helper, stop-report and give-up children,
+#   rank 0's store host) ignores SHIELDED: Slurm's ``scancel --signal`` and a time limit's
+#   SIGTERM reach every process of a step, and are meant for the program.
+# * ``unirank run --hosts`` (the ssh fan-out) stops its hosts on HOSTS_STOP.
 
 #: the signals that stop a launcher's workers (after they are forwarded), with a grace period
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
+
+#: torchrun's default ``--signals-to-handle`` (TORCHELASTIC_SIGNALS_TO_HANDLE), in its order
+HANDLED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                       signal.SIGQUIT)
+
+#: the signals ``unirank run`` forwards to its workers when ``--signals-to-handle`` is not given
+#: and UNIRANK_STOP_SIGNALS is not set: torchrun's, and the ranks' stop signals
+#: (``unirank.cli.runconfig.run_signals`` adds the set UNIRANK_STOP_SIGNALS names instead)
+FORWARDED: tuple[signal.Signals, ...] = (*HANDLED, signal.SIGUSR2)
+
+#: the signals ``unirank run`` as PID 1 of a container passes on to its child (what a container
+#: runtime or a terminal sends; :mod:`unirank.supervisor.pidone`)
+PID1_PASSED: tuple[signal.Signals, ...] = (
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGWINCH, signal.SIGCONT, signal.SIGALRM,
+)
+
+#: the signals that ask the ranks to stop (``ur.stop_requested()``) when UNIRANK_STOP_SIGNALS is
+#: not set: the default warning, and SIGTERM (how torchrun, Kubernetes, ``unirank run`` and
+#: Slurm's end of a run stop a program)
+RANK_STOP: tuple[signal.Signals, ...] = (signal.SIGUSR2, signal.SIGTERM)
+
+#: ``unirank sbatch``'s warning before the time limit when ``--signal`` names none (USR2: NCCL
+#: may catch USR1)
+DEFAULT_WARNING: signal.Signals = signal.SIGUSR2
+
+#: the signals ``unirank sbatch --signal`` may name: each reaches the ranks as a stop signal
+#: (exported in UNIRANK_STOP_SIGNALS when not in RANK_STOP), is forwarded by ``unirank run``,
+#: and is ignored by every helper. SIGINT is not one: ``unirank run`` gives a forwarded SIGINT a
+#: grace period, not Slurm's time to save a checkpoint.
+WARNING: tuple[signal.Signals, ...] = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+
+#: the signals every helper process ignores (:func:`unirank.supervisor.helper.start_helper`)
+#: and rank 0's store host too: the forwarded and stop signals, a terminal's hang-up, quit and
+#: job control, and a timer's alarm
+SHIELDED: tuple[signal.Signals, ...] = (
+    signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+    signal.SIGALRM, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+
+#: the signals a worker's death by which shows the Python stack its faulthandler wrote
+FAULT: frozenset[int] = frozenset(int(s) for s in (
+    signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL))
+
+#: the signals that stop ``unirank run --hosts`` (its ssh clients run in their own session, so
+#: the terminal's hang-up must be caught too)
+HOSTS_STOP: tuple[signal.Signals, ...] = (*STOP_SIGNALS, signal.SIGHUP)
 
 #: the signals no use takes, and why
 REFUSED: dict[int, str] = {
@@ -73,11 +137,35 @@ def parse_signals(text: str, *, variable: str, example: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(found))
 
 
+def stop_signals(environ: Mapping[str, str]) -> tuple[int, ...]:
+    """The signals that ask the ranks to stop: UNIRANK_STOP_SIGNALS of ``environ``
+    (``USR1,TERM``), else :data:`RANK_STOP` (SIGUSR2 and SIGTERM). The job's warning signal
+    (``unirank sbatch --signal``) is always among them. SIGTERM is how torchrun, Kubernetes and
+    ``unirank run`` stop their workers, and how Slurm ends a run (scancel, ``scontrol
+    requeue``, preemption, the time limit; SIGKILL follows KillWait seconds later): the ranks
+    save their checkpoint first, and :func:`unirank.requeue.slurm_run_state` tells a
+    requeue from a cancel.
+
+    Reads: UNIRANK_STOP_SIGNALS.
+    """
+    given = environ.get(STOP_SIGNALS_VAR, "").strip()
+    if not given:
+        return tuple(int(s) for s in RANK_STOP)
+    return parse_signals(given, variable=STOP_SIGNALS_VAR, example="USR2,TERM")
+
+
 def format_signals(numbers: tuple[int, ...]) -> str:
     """``numbers`` as torchrun's ``--signals-to-handle`` spells them: ``SIGINT,SIGTERM``."""
-    import signal
-
     return ",".join(signal.Signals(n).name for n in numbers)
+
+
+def signal_word(number: int) -> str:
+    """``number`` as ``kill``, sbatch and UNIRANK_STOP_SIGNALS spell it: ``USR2``, or the
+    number of a signal without a name (a real-time one)."""
+    try:
+        return signal.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)
 
 
 #: signals a thread raises itself (a fault in its own code): never blocked

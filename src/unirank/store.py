@@ -32,6 +32,7 @@ from typing import Any, NoReturn
 
 from unirank.contract import USE_AGENT_STORE_VAR
 from unirank.errors import ConfigError
+from unirank.exitcodes import INTERRUPTED
 
 __all__ = ["JoinedStore", "StoreError", "hand_over", "interrupted", "open_store", "take_joined",
            "uses_agent_store"]
@@ -109,7 +110,7 @@ def interrupted(rank: int, doing: str) -> NoReturn:
 
     print(f"unirank: rank {rank}: interrupted (SIGINT) while {doing}", file=sys.stderr,
           flush=True)
-    raise SystemExit(130) from None
+    raise SystemExit(INTERRUPTED) from None
 
 
 def open_store(

@@ -35,3 +35,37 @@ def test_an_ended_program_counts_as_silent_at_once_a_missing_record_later() -> N
     duty = Duty(1)
     assert not duty.on_duty({0: None}, 0.0, 1.0)
     assert duty.on_duty({0: None}, 10.0, 1.0)
+
+
+def test_a_standby_does_not_call_a_finished_rank_0_frozen() -> None:
+    """Rank 0's program ended (its last record says ``finished``): rank 1 runs the detector
+    from then on, but says nothing of a frozen rank 0 (it did, into the ranks' stderr logs)."""
+    import json
+    import os
+
+    from unirank.contract import HangSettings
+    from unirank.hang.watcher import Watcher, progress_key
+
+    class Store:
+        def __init__(self, values: dict[str, bytes]) -> None:
+            self.values = values
+
+        def check(self, keys: list[str]) -> bool:
+            return all(k in self.values for k in keys)
+
+        def get(self, key: str) -> bytes:
+            return self.values[key]
+
+    read_end, write_end = os.pipe()
+    try:
+        watcher = Watcher(rank=1, world_size=2, node="n", settings=HangSettings(60.0, None, 5.0),
+                          connect=lambda: None, environ={}, err_fd=write_end)
+        store = Store({progress_key(0): json.dumps({"time": 1.0, "finished": True}).encode()})
+        assert watcher._check_duty(store) is True
+        os.close(write_end)
+        write_end = -1
+        assert os.read(read_end, 1000) == b""
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
     from conftest import SlurmTestbed
@@ -351,6 +351,24 @@ def test_batch_signal_is_forwarded_to_the_ranks_which_save_and_requeue(
                              ["--signal", "B:USR2@60"])
     log = _check_resumed(done, job, unbroken)
     assert f"requeueing job {job}" in log, log
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("launch", ["tasks", "node"])
+def test_another_warning_signal_is_a_stop_signal_of_the_ranks_which_save_and_requeue(
+    slurm_testbed: SlurmTestbed, unbroken: str, launch: str,
+) -> None:
+    """``--signal USR1@60``: the script exports it to the ranks as a stop signal
+    (UNIRANK_STOP_SIGNALS=USR1,TERM), so ``scancel --signal=USR1`` (what Slurm sends at the
+    warning time, to every process of the steps: the ranks, and with ``--launch node`` each
+    node's ``unirank run`` and its helpers) makes them save and requeue; before, it killed
+    every rank (issue 33)."""
+    done, job = _resumed_run(slurm_testbed, launch, "usr1-warning",
+                             ["scancel", "--signal=USR1"], ["--signal", "USR1@60"])
+    log = _check_resumed(done, job, unbroken)
+    assert f"requeueing job {job}" in log, log
+    for failure in ("User defined signal", "FAILED", "Traceback", "rendezvous helper"):
+        assert failure not in log, log
 
 
 @pytest.mark.slurm

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import pytest
 
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 
 if TYPE_CHECKING:
     from conftest import SlurmTestbed

@@ -17,10 +17,10 @@ from typing import Optional
 import pytest
 
 import unirank as ur
+from unirank import slurmcmd
 from unirank.distenv import DistEnv
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.runtime import preemption
-from unirank.sbatch import commands
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 
 
 @pytest.fixture(autouse=True)
@@ -188,7 +188,7 @@ def test_a_scontrol_that_does_not_answer_is_given_up_after_the_one_slurm_timeout
 ) -> None:
     """``scontrol requeue`` runs through the one Slurm command runner, with its timeout (made
     short here): a controller that does not answer is reported, and the batch shell requeues."""
-    monkeypatch.setattr(commands, "COMMAND_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(slurmcmd, "COMMAND_TIMEOUT_S", 0.2)
     fifo = tmp_path / "never"
     os.mkfifo(fifo)
     held = os.open(fifo, os.O_RDWR)  # a writer that never writes: cat waits on it for ever

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from unirank.sbatch import commands
+from unirank import slurmcmd
 from unirank.sbatch.commands import run_slurm
 
 
@@ -21,7 +21,7 @@ def test_a_command_that_cannot_start_answers_127(tmp_path: Path) -> None:
 def test_a_command_that_does_not_answer_is_stopped_at_the_one_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(commands, "COMMAND_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(slurmcmd, "COMMAND_TIMEOUT_S", 0.2)
     fifo = tmp_path / "never"
     os.mkfifo(fifo)
     held = os.open(fifo, os.O_RDWR)  # a writer that never writes: cat waits on it for ever

@@ -85,6 +85,17 @@ REFUSALS = {
         ["--signal", "USR9@10", HELLO],
         "--signal='USR9@10': names no signal HINT: name signals a program can catch (not KILL, "
         "STOP or CHLD), by name or number, e.g. USR2@120"),
+    "warning_no_rank_stops_on": (
+        ["--signal", "HUP@300", HELLO],
+        "--signal='HUP@300': HUP cannot be the job's warning: it must reach every rank as a "
+        "stop signal that unirank run passes on and its helpers ignore HINT: name one of "
+        "USR1, USR2, TERM, e.g. USR2@120"),
+    "warning_left_out_of_stop_signals": (
+        ["--signal", "USR1@300", "--env", "UNIRANK_STOP_SIGNALS=USR2,TERM", HELLO],
+        "UNIRANK_STOP_SIGNALS='USR2,TERM': the ranks' stop signals leave out the job's warning "
+        "signal USR1@300, which would end a rank instead of asking it to stop HINT: add USR1 "
+        "to --env UNIRANK_STOP_SIGNALS=..., or drop that --env (unirank sbatch exports the "
+        "warning then)"),
     "signal_lead_not_below_time": (
         ["--requeue", "-t", "2", HELLO],
         "the warning signal USR2@120 comes 120 s before the time limit, but --time 2 is only "

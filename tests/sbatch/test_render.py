@@ -21,8 +21,8 @@ import pytest
 from _procs import read_stdout_until
 from unirank.cli.main import main
 from unirank.errors import ConfigError
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.sbatch.config import merge, validate_config
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.sbatch.script import render
 from unirank.sbatch.spec import (
     JobSpec,
@@ -254,6 +254,9 @@ def test_config_file_is_under_the_flags(
     assert "#SBATCH --time=2:00:00\n" in script
     assert "#SBATCH --partition=gpu\n#SBATCH --account=proj42\n" in script  # from the file
     assert "#SBATCH --signal=USR1@300\n" in script
+    # the warning is one of the ranks' stop signals (issue 33: it was USR2,TERM, and USR1
+    # killed every rank without a handler)
+    assert "\nexport UNIRANK_STOP_SIGNALS=USR1,TERM\n" in script
     assert "export NCCL_DEBUG=INFO\n" in script and "NCCL_DEBUG=WARN" not in script
     assert "#SBATCH --export=ALL,HF_TOKEN\n" in script
     assert script.index("module load cuda/12.4") < script.index("source ~/venv/bin/activate")
@@ -278,6 +281,27 @@ def test_bad_time_formats_are_refused(text: str) -> None:
 ])
 def test_sbatch_signal_syntax(text: str, lead: int) -> None:
     assert parse_warning_signal(text) == (text, lead)
+
+
+@pytest.mark.parametrize(("args", "exported"), [
+    (["--signal", "USR1@300"], "USR1,TERM"),
+    (["--signal", "B:SIGUSR1@300", "--requeue"], "USR1,TERM"),
+    (["--signal", "R:10@5"], "USR1,TERM"),
+    (["--requeue"], None),  # USR2@120: among the ranks' default stop signals
+    (["--signal", "USR2@60"], None),
+    (["--signal", "TERM@60"], None),
+    ([], None),  # no warning at all
+    (["--signal", "USR1@300", "--env", "UNIRANK_STOP_SIGNALS=USR1,HUP"], None),  # the user's
+    (["--signal", "USR1@300", "--env", "UNIRANK_STOP_SIGNALS"], None),  # passed by name
+])
+def test_the_warning_is_always_one_of_the_ranks_stop_signals(
+        args: list[str], exported: str | None, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNIRANK_STOP_SIGNALS", "USR1,TERM")  # for the name passed through
+    script = dry_run(["-N", "1", *args, "examples/train.py"], capsys, monkeypatch)
+    lines = [line for line in script.splitlines() if "UNIRANK_STOP_SIGNALS=" in line]
+    assert lines == ([f"export UNIRANK_STOP_SIGNALS={exported}"] if exported else
+                     [line for line in lines if "USR1,HUP" in line])
 
 
 def test_env_items_pass_names_and_later_items_win() -> None:

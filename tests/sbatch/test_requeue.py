@@ -1,4 +1,4 @@
-"""The pure parts of stop -> checkpoint -> requeue (unirank.sbatch.requeue) and how ``unirank run``
+"""The pure parts of stop -> checkpoint -> requeue (unirank.requeue) and how ``unirank run``
 reports workers that stopped to be requeued (supervisor.summary)."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import signal
 import pytest
 
 from unirank.errors import ConfigError
-from unirank.sbatch.requeue import (
-    REQUEUE_EXIT_CODE,
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
+from unirank.requeue import (
     max_requeues,
     parse_time_left,
     requeue_refusal,
     requeue_target,
     slurm_run_state,
-    stop_signals,
 )
+from unirank.signals import stop_signals
 from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
 
 

@@ -7,6 +7,7 @@ bound, with False."""
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any
 
@@ -82,13 +83,14 @@ def test_the_reason_reaches_the_store_as_the_join_checks_abort_value(
         served: tuple[Any, int]) -> None:
     store, port = served
     assert tell_others("127.0.0.1", port, "node2 gave up:\n  --nproc-per-node  disagrees",
-                       timeout=30)
+                       dict(os.environ), timeout=30)
     assert bytes(store.get(ALL_KEY)).decode() == \
         f"{ABORT_PREFIX}node2 gave up: --nproc-per-node disagrees"
 
 
 def test_a_store_nobody_serves_is_given_up_on_with_false() -> None:
-    assert tell_others("127.0.0.1", free_port(), "node2 gave up", timeout=0.5) is False
+    assert tell_others("127.0.0.1", free_port(), "node2 gave up", dict(os.environ),
+                       timeout=0.5) is False
 
 
 @pytest.mark.parametrize("argv", [["127.0.0.1", "not-a-port", "1", "why"],

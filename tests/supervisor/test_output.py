@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from unirank.runfolder import AttemptFolder
 from unirank.supervisor.output import (
     PARTIAL_LINE_DELAY,
     PARTIAL_LINE_LIMIT,
@@ -80,9 +81,9 @@ def test_lines_are_copied_from_teed_streams_only() -> None:
     """As torchrun: a stream that is not teed (redirected or on the console only) copies
     nothing; a teed one copies the lines holding any filter, after ``[<role><local_rank>]:``."""
     options = OutputOptions(tee={0: 1, 1: 2}, redirects={2: 3}, stdout_filters=("apple",))
-    copy = options.line_copy(0, 1, "/logs/attempt_0", "trainer")
+    copy = options.line_copy(0, 1, AttemptFolder("/logs/attempt_0"), "trainer")
     assert copy == LineCopy("/logs/attempt_0/filtered_stdout.log", ("apple",), "[trainer0]:")
     assert copy.picks("an apple pie") and not copy.picks("a banana")
-    assert options.line_copy(1, 1, "/l", "r") is None  # its stdout is not teed
-    assert options.line_copy(2, 1, "/l", "r") is None  # redirected, not teed
-    assert options.line_copy(0, 2, "/l", "r") is None  # no stderr filter
+    assert options.line_copy(1, 1, AttemptFolder("/l"), "r") is None  # its stdout is not teed
+    assert options.line_copy(2, 1, AttemptFolder("/l"), "r") is None  # redirected, not teed
+    assert options.line_copy(0, 2, AttemptFolder("/l"), "r") is None  # no stderr filter

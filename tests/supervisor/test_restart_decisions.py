@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.attempts import _attempt_end, _is_last
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.summary import RunResult, WorkerExit

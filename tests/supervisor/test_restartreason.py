@@ -4,6 +4,9 @@ worker's rank and exit code, the hang timeout, a requeue."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from unirank.hang import HANG_EXIT_CODE
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.restartreason import restart_reason
@@ -16,8 +19,9 @@ def _plan(*hosts: str) -> Plan:
                 master_port=1234, run_id="r", node_name=hosts[0], hosts=hosts)
 
 
-def _exit(rank: int, code: int, error: str = "") -> WorkerExit:
-    return WorkerExit(rank=rank, local_rank=rank, node="nodeA", returncode=code, error=error)
+def _exit(rank: int, code: int, error: str = "", lost_peer: bool = False) -> WorkerExit:
+    return WorkerExit(rank=rank, local_rank=rank, node="nodeA", returncode=code, error=error,
+                      lost_peer=lost_peer)
 
 
 def test_a_world_change_with_a_node_gone_is_a_lost_node_named() -> None:
@@ -58,7 +62,8 @@ def test_the_hang_timeout_s_exit_code_is_a_hang_timeout() -> None:
 def test_workers_that_lost_their_peers_on_a_node_now_gone_blame_that_node() -> None:
     """A SIGKILLed node's workers die with it: the survivors' gloo fails at once (before the
     beat stalls), and the next round shows the node gone: the reason is the lost node."""
-    peer = _exit(0, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.1.1]:1234")
+    peer = _exit(0, 1, "RuntimeError: [gloo] Connection closed by peer [127.0.1.1]:1234",
+                 lost_peer=True)
     reason = restart_reason(RunResult((peer,), first_failure=peer), _plan("nodeA", "nodeB"),
                             _plan("nodeA"))
     assert (reason.kind, reason.lost_nodes, reason.rank) == ("node lost", ("nodeB",), None)
@@ -89,3 +94,26 @@ def test_the_wiring_s_reason_reaches_the_worker_and_an_outer_run_s_does_not() ->
                            WorkerWiring(restart_count=1, restart_reason=value))
     assert again["UNIRANK_RESTART_REASON"] == value
     assert again["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+def test_lost_peer_is_read_once_from_the_whole_recorded_error(tmp_path: Path) -> None:
+    """The error file's message says a peer went away in a line before its last: the engine
+    (``RecordedFailure.lost_peer``), the restart reason and the ssh verdict all say lost peer
+    (issue 33: the last two searched the last line only, and disagreed with the engine)."""
+    from unirank.errorfile import read_failure
+    from unirank.supervisor.ssh.remote import parse_verdict, verdict_line
+
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({"message": {"message": (
+        "RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+        "[127.0.1.1]:40123\nThe above exception was the direct cause of:\n"
+        "DistBackendError: all_reduce failed"), "extraInfo": {"timestamp": "1"}}}))
+    record = read_failure(path)
+    assert record is not None and record.lost_peer
+    assert record.message == "DistBackendError: all_reduce failed"
+    peer = WorkerExit(rank=0, local_rank=0, node="nodeA", returncode=1, error=record.message,
+                      lost_peer=record.lost_peer)
+    reason = restart_reason(RunResult((peer,), first_failure=peer), _plan("nodeA", "nodeB"),
+                            _plan("nodeA"))
+    assert reason.kind == "node lost"
+    assert parse_verdict(verdict_line(True, peer.lost_peer).strip().encode()) == (True, True)

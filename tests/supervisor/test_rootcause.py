@@ -9,7 +9,7 @@ import math
 import signal
 
 from unirank.errorfile import RecordedFailure
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.rootcause import Ending, failure_key, root_cause
 
 TERM, KILL = int(signal.SIGTERM), int(signal.SIGKILL)

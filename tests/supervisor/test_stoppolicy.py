@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.stoppolicy import (
     Action,
     StopRules,

@@ -221,8 +221,8 @@ def test_the_program_s_own_faulthandler_is_kept(runner: Runner) -> None:
 
 
 def test_the_fault_file_is_next_to_the_error_file(runner: Runner, tmp_path: Path) -> None:
-    """torchrun's layout: ``<log_dir>/<run_id>/attempt_0/<local_rank>/fault.txt``, left only
-where a fault wrote to it."""
+    """torchrun's layout: ``<log_dir>/<run_id>_<random>/attempt_0/<local_rank>/fault.txt``,
+left only where a fault wrote to it."""
     runner.script("segv.py", SEGV)
     logs = tmp_path / "logs"
     result = runner.run(["-n", "2", "--log-dir", str(logs), "--redirects", "3", "segv.py"])

@@ -16,6 +16,7 @@ import sys
 from unirank.bench.config import BACKENDS, BenchConfig, choose, make_config
 from unirank.bench.ops import DTYPES, OP_NAMES
 from unirank.cli.hello import add_launch_arguments, launch
+from unirank.exitcodes import USAGE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +74,7 @@ def main(args: argparse.Namespace) -> int:
         problem = missing()
         if problem:
             print(problem, file=sys.stderr)
-            return 2
+            return USAGE
     from unirank.bench.worker import run_bench
 
     return launch("bench", args, functools.partial(run_bench, config=config))

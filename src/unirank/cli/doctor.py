@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import sys
 import tempfile
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 from unirank.doctor.checks import local_checks
 from unirank.doctor.facts import Facts, gather
 from unirank.doctor.quiet import without_cpp_frames
-from unirank.doctor.result import FAIL, SKIP, Check, failed, format_table, to_json
+from unirank.doctor.result import FAIL, SKIP, Check, emit, failed
 from unirank.errors import ConfigError
 from unirank.supervisor.plan import IN_PLACE
 
@@ -74,15 +73,6 @@ def _spawn_header(plan: Plan, node: str, timeout: float) -> list[str]:
         where = f"{len(ranks)} spawned rank(s), {span} of {plan.world_size},"
     return [f"unirank doctor: {where} on {node}; group check: "
             f"{_group(timeout, plan.world_size)}"]
-
-
-def emit(rows: Sequence[Check], header: Sequence[str], as_json: bool) -> int:
-    """Print the table (or JSON) on stdout; the exit code."""
-    if as_json:
-        print(json.dumps(to_json(rows, {"header": list(header)}), indent=2), flush=True)
-    else:
-        print(format_table(rows, header), flush=True)
-    return 1 if failed(rows) else 0
 
 
 def group_blocker(rows: Sequence[Check]) -> Check | None:

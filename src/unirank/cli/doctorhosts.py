@@ -18,7 +18,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from unirank.doctor.result import FAIL, OK, Check, failed
+from unirank.doctor.result import FAIL, OK, Check, emit, failed
 from unirank.supervisor.ssh.preflight import HostFacts, Refusal
 
 __all__ = ["add_host_arguments", "host_rows", "main_hosts"]
@@ -51,7 +51,6 @@ def host_rows(results: Sequence[HostFacts | Refusal]) -> list[Check]:
 
 def main_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     """The hosts' rows; then, when none failed, the group check across them."""
-    from unirank.cli.doctor import emit
     from unirank.cli.sshrun import hosts_of
     from unirank.supervisor.ssh.preflight import check_hosts, local_versions
     from unirank.supervisor.ssh.remote import ssh_options

@@ -15,6 +15,7 @@ from types import ModuleType
 
 from unirank import __version__
 from unirank.errors import ConfigError
+from unirank.exitcodes import INTERRUPTED, USAGE
 
 #: subcommand name -> module under ``unirank.cli``, in the order ``--help`` lists them.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -65,14 +66,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.raw_argv = args_list[args_list.index(command) + 1:]
     if args.command is None:
         parser.print_help()
-        return 2
+        return USAGE
     try:
         return int(_load(args.command).main(args))
     except ConfigError as exc:
         print(f"unirank {args.command}: error: {exc}", file=sys.stderr)
-        return int(getattr(exc, "exit_code", 2))  # 1 where torchrun's own refusal ends so
+        return int(getattr(exc, "exit_code", USAGE))  # 1 where torchrun's own refusal ends so
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
 
 
 def entry() -> None:  # pragma: no cover - thin wrapper

@@ -37,6 +37,7 @@ from unirank.cli.runconfig import (
 )
 from unirank.cli.runoptions import describe_sources, settle
 from unirank.errors import ConfigError
+from unirank.exitcodes import USAGE
 
 if TYPE_CHECKING:
     from unirank.distenv import DistEnv
@@ -130,7 +131,8 @@ def _master_source(args: argparse.Namespace, planned: str) -> str:
     return "--master-addr" if args.master_addr or not args.rdzv_endpoint else "--rdzv-endpoint"
 
 
-def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoReturn:
+def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv,
+            environ: Mapping[str, str]) -> NoReturn:
     """This node will not start its workers: say why, and where the plan names others to tell
     (:func:`unirank.supervisor.plan.giveup_address`) tell them through node 0's store
     (:mod:`unirank.supervisor.giveup`), so that their workers end at once naming this node
@@ -146,9 +148,10 @@ def _refuse(error: ConfigError, request: LaunchRequest, outer: DistEnv) -> NoRet
         try:
             require_resolvable(address[0], source="MASTER_ADDR")
         except ConfigError:
-            raise SystemExit(2) from None
-        tell_others(*address, f"node {outer.node_name} refused to start its workers: {error}")
-    raise SystemExit(2)
+            raise SystemExit(USAGE) from None
+        tell_others(*address, f"node {outer.node_name} refused to start its workers: {error}",
+                    environ)
+    raise SystemExit(USAGE)
 
 
 def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,
@@ -172,7 +175,7 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
         plan = make_plan(request, outer, environ,
                          run_id_fallback=DEFAULT_RUN_ID if static else str(uuid4()))
     except ConfigError as exc:
-        _refuse(exc.renamed(_OPTION_NAMES), request, outer)
+        _refuse(exc.renamed(_OPTION_NAMES), request, outer, environ)
     if plan.nnodes == 1 and not static and not args.master_addr and (args.standalone or (
             outer.world_size <= 1 and plan.master_source.startswith("default"))):
         plan = replace(plan, master_addr="localhost")
@@ -341,6 +344,6 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
 
         failure = result.first_failure
         sys.stderr.write(verdict_line(failure is not None,
-                                      failure.error if failure is not None else ""))
+                                      failure is not None and failure.lost_peer))
         sys.stderr.flush()
     return result.exit_code

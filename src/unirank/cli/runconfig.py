@@ -215,15 +215,15 @@ def run_signals(text: str | None, environ: Mapping[str, str]) -> tuple[tuple[int
 
     Reads: UNIRANK_STOP_SIGNALS.
     """
-    from unirank.contract import DEFAULT_RUN_SIGNALS
-    from unirank.sbatch.requeue import stop_signals
-    from unirank.signals import parse_signals
+    from unirank.signals import HANDLED, format_signals, parse_signals, stop_signals
 
-    given = parse_signals(text if text is not None else DEFAULT_RUN_SIGNALS,
+    default = format_signals(tuple(int(s) for s in HANDLED))
+
+    given = parse_signals(text if text is not None else default,
                           variable="--signals-to-handle", example="SIGTERM,SIGINT,SIGUSR1")
     stops = () if text is not None else (int(s) for s in stop_signals(environ))
     forwarded = tuple(dict.fromkeys([*given, *stops]))
-    return forwarded, text if text is not None else DEFAULT_RUN_SIGNALS
+    return forwarded, text if text is not None else default
 
 
 def engine_options(args: argparse.Namespace,

@@ -24,7 +24,6 @@ from unirank.contract import (
     DEFAULT_GRACE_PERIOD,
     DEFAULT_HANG_REPORT_AFTER,
     DEFAULT_INIT_TIMEOUT,
-    DEFAULT_RUN_SIGNALS,
     HANG_REPORT_AFTER_VAR,
     HANG_TIMEOUT_VAR,
     INIT_TIMEOUT_VAR,
@@ -189,7 +188,8 @@ OPTIONS: tuple[RunOption, ...] = (
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "
          f"{SHUTDOWN_TIMEOUT_VAR}, else {DEFAULT_GRACE_PERIOD:g})"),
     _opt("--signals-to-handle", dest="signals", metavar="SIG,...",
-         help=f"signals forwarded to the workers (default {DEFAULT_RUN_SIGNALS})"),
+         help="signals forwarded to the workers (default torchrun's SIGTERM,SIGINT,SIGHUP,SIGQUIT, "
+         "and the ranks' stop signals)"),
     _opt("--role", default="default", help="the workers' ROLE_NAME"),
     _opt("-m", "--module", flag=True, default=False,
          help="run PROGRAM as a module, like python -m"),
@@ -211,7 +211,8 @@ OPTIONS: tuple[RunOption, ...] = (
     _opt("--timeline-json", pet=False, metavar="FILE",
          help="also write every rank's raw phase times to FILE (implies --timeline)"),
     _opt("--log-dir", metavar="DIR",
-         help="log folder: DIR/RUN_ID/attempt_N/LOCAL_RANK/{stdout,stderr}.log, error.json"),
+         help="log folder: DIR/RUN_ID_XXXXXXXX/attempt_N/LOCAL_RANK/{stdout,stderr}.log, "
+         "error.json (a new folder each run)"),
     _opt("-r", "--redirects", default="0", metavar=_STD,
          help="send streams to their log file only: 1 stdout, 2 stderr, 3 both (per local "
          "rank: 0:3,1:1)"),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from unirank.errors import ConfigError
+from unirank.exitcodes import USAGE
 from unirank.sbatch.options import OPTIONS, add_job_options
 from unirank.sbatch.spec import JobSpec
 
@@ -77,7 +78,7 @@ def _one_line_error(parser: argparse.ArgumentParser) -> Any:
         elif "--sbatch-arg" in message:
             hint = "write the sbatch option after '=': --sbatch-arg=--exclusive"
         print(f"unirank sbatch: error: {message} HINT: {hint}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(USAGE)
 
     return error
 

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from unirank.errors import ConfigError
+from unirank.exitcodes import USAGE
 
 __all__ = ["SSH_OPTIONS", "add_ssh_arguments", "check_ssh_only", "hosts_of", "main_hosts",
            "relaunch_argv"]
@@ -126,7 +127,7 @@ def main_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     for refusal in refused:
         print(f"unirank run: error: {refusal.line()}", file=sys.stderr, flush=True)
     if refused:
-        return 2
+        return USAGE
     first = results[0]
     assert isinstance(first, HostFacts)
     from unirank.cli.runconfig import grace_period

@@ -5,11 +5,23 @@ No torch, no environment: pure functions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["FAIL", "OK", "SKIP", "WARN", "Check", "failed", "format_table", "merge", "to_json"]
+__all__ = [
+    "FAIL",
+    "OK",
+    "SKIP",
+    "WARN",
+    "Check",
+    "emit",
+    "failed",
+    "format_table",
+    "merge",
+    "to_json",
+]
 
 OK = "OK"
 WARN = "WARN"
@@ -85,3 +97,12 @@ def format_table(checks: Sequence[Check], header: Sequence[str] = ()) -> str:
 def to_json(checks: Sequence[Check], extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The JSON object ``--json`` prints: ``ok`` (nothing failed), ``checks`` and ``extra``."""
     return {**(extra or {}), "ok": not failed(checks), "checks": [asdict(c) for c in checks]}
+
+
+def emit(rows: Sequence[Check], header: Sequence[str], as_json: bool) -> int:
+    """Print the table (or JSON) on stdout; the exit code (1 when a row failed)."""
+    if as_json:
+        print(json.dumps(to_json(rows, {"header": list(header)}), indent=2), flush=True)
+    else:
+        print(format_table(rows, header), flush=True)
+    return 1 if failed(rows) else 0

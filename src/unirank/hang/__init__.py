@@ -17,6 +17,8 @@ Reads no environment variable (the settings come as :class:`unirank.contract.Han
 
 from __future__ import annotations
 
+from unirank.exitcodes import HANG_TIMEOUT
+
 __all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "WAITING_MARK"]
 
 #: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
@@ -29,4 +31,4 @@ HANG_FOLDER = "hang"
 WAITING_MARK = "ranks-waiting"
 
 #: the exit code of a job ended by ``--hang-timeout`` (every rank's; the blamed rank's first)
-HANG_EXIT_CODE = 86
+HANG_EXIT_CODE = HANG_TIMEOUT

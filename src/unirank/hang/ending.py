@@ -25,17 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from unirank.storekeys.hang import ENDED_KEY, FIRST_KEY, REASON_KEY
+
 __all__ = ["ENDED_KEY", "ENDING", "FIRST_KEY", "REASON_KEY", "Ending", "announce_ending",
            "end_in_turn", "first_within", "records_first", "wait_for_count"]
 
 #: added to the stack request counter when the job ends (``--hang-timeout``)
 ENDING = 1 << 40
-#: counted by each rank once it recorded why the job ends
-ENDED_KEY = "unirank/hang/ended"
-#: counted by each blamed rank once it recorded
-FIRST_KEY = "unirank/hang/blamed-recorded"
-#: why the job ends: an :class:`Ending` as JSON
-REASON_KEY = "unirank/hang/reason"
 
 
 @dataclass(frozen=True)

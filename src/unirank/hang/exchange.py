@@ -16,29 +16,21 @@ from typing import Any, Protocol
 __all__ = ["ASK_KEY", "FAILED_KEY", "PROGRESS_PREFIX", "REPORTED_KEY", "STACKS_PREFIX",
            "Answers", "progress_key", "read_records", "request_stacks", "stacks_key"]
 
-PROGRESS_PREFIX = "unirank/hang/progress/"
-ASK_KEY = "unirank/hang/ask"
-STACKS_PREFIX = "unirank/hang/stacks/"
-#: counted by each rank whose program failed in a collective: the first one prints the report
-FAILED_KEY = "unirank/hang/failed"
-#: set by that first rank once its report is printed (the others wait for it)
-REPORTED_KEY = "unirank/hang/failed-reported"
+from unirank.storekeys.hang import (  # the exchange's keys: one home (unirank.storekeys)
+    ASK_KEY,
+    FAILED_KEY,
+    PROGRESS_PREFIX,
+    REPORTED_KEY,
+    STACKS_PREFIX,
+    progress_key,
+    stacks_key,
+)
 
 
 class Answers(Protocol):
     """What answers a stack request for its own process (a watcher)."""
 
     def answer(self, store: Any, number: int) -> None: ...
-
-
-def progress_key(rank: int) -> str:
-    """The store key of rank ``rank``'s progress record."""
-    return f"{PROGRESS_PREFIX}{rank}"
-
-
-def stacks_key(number: int, rank: int) -> str:
-    """The store key of rank ``rank``'s answer to stack request ``number``."""
-    return f"{STACKS_PREFIX}{number}/{rank}"
 
 
 def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any] | None]:

@@ -23,8 +23,8 @@ torch's use of the store. When an exception leaves the program,
 :func:`excepthook_with_report` calls it where no worker bootstrap does (:func:`unirank.init`
 under srun, mpirun, torchrun).
 
-Reads: TORCHELASTIC_ERROR_FILE (where this rank records a hang timeout; its attempt folder
-holds the dumps).
+Reads: TORCHELASTIC_ERROR_FILE (where this rank records a hang timeout), UNIRANK_ATTEMPT_DIR
+(the attempt folder that holds the dumps).
 """
 
 from __future__ import annotations
@@ -161,10 +161,11 @@ class Watcher:
         self._failed_frames: list[list[Any]] | None = None
 
     def attempt_folder(self) -> str:
-        """The attempt's folder (the error file's ``<attempt>/<local rank>/error.json``), or ""
-        where no error file is named (not started by ``unirank run``)."""
-        error_file = self.error_file
-        return os.path.dirname(os.path.dirname(error_file)) if error_file else ""
+        """The attempt's folder as the worker was told it (:func:`unirank.runfolder.
+        attempt_folder_of`), or "" (plain python: no folder)."""
+        from unirank.runfolder import attempt_folder_of
+
+        return attempt_folder_of(self._environ)
 
     def start(self) -> Watcher:
         """Turn the flight recorder on (:func:`enable_recorder`), connect to the store (here:

@@ -10,6 +10,7 @@ from pathlib import Path
 from unirank.contract import NODE_NAME_VAR
 from unirank.distenv import DistEnv
 from unirank.launchers import slurm_vars
+from unirank.placement import by_slot
 from unirank.rendezvous import derive_port, explicit_master
 
 __all__ = [
@@ -139,13 +140,6 @@ def node_name(environ: Mapping[str, str], ctx: Context,
     if given:
         return given, NODE_NAME_VAR
     return ctx.hostname, "socket.gethostname()"
-
-
-def by_slot(rank: int, world: int, local_world: int) -> tuple[int, int]:
-    """``(node_rank, num_nodes)`` when ranks fill nodes of ``local_world`` slots in order
-    (mpirun's default ``--map-by slot``): the last node may be partly filled."""
-    num_nodes = -(-world // local_world)
-    return min(rank // local_world, num_nodes - 1), num_nodes
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,13 @@
 group made by hand with ``init_process_group(rank=r, world_size=n)``), as ignite derives them.
 
 * local rank: ``LOCAL_RANK`` (``SLURM_LOCALID`` under Slurm), else the ``set_local_rank`` hint,
-  else from the host names of every rank (gathered over the group: ranks on the same host are
-  numbered in rank order);
+  else from the node names of every rank (gathered over the group, each named by the one
+  node-name rule, :func:`own_node_name`: ranks on the same node are numbered in rank order);
 * processes per node: the largest local rank + 1 over the group (an all-reduce on a gloo
   group, so a badly configured NCCL is not involved);
-* nodes: world size // processes per node; node rank: rank // processes per node (from the
-  host names when those gave the local rank).
+* nodes and node rank: ranks fill nodes of that many slots in order, the last node may be
+  partly filled (:func:`unirank.placement.by_slot`; the node rank from the host names when
+  those gave the local rank).
 
 Finding them is a collective call: every rank of the group must make its first getter call for
 the group (ignite has the same rule). They are cached per group and local rank.
@@ -26,8 +27,11 @@ import torch
 import torch.distributed as dist
 
 from unirank.launchers import slurm_vars
+from unirank.launchers._base import Context, node_name
+from unirank.placement import by_slot
 
-__all__ = ["Layout", "group_layout", "local_rank_from", "node_and_local_rank"]
+__all__ = ["Layout", "group_layout", "local_rank_from", "node_and_local_rank", "own_node_name",
+           "place"]
 
 
 @dataclass(frozen=True)
@@ -67,11 +71,27 @@ def node_and_local_rank(rank: int, hostnames: list[str]) -> tuple[int, int]:
     raise ValueError(f"rank {rank} is outside the {len(hostnames)} ranks of {hostnames}")
 
 
-def _gathered_hostnames(world_size: int) -> list[str]:
-    """Every rank's ``socket.gethostname()``, in rank order (a collective call)."""
+def place(rank: int, world_size: int, local_rank: int, per_node: int,
+          node: int | None = None) -> Layout:
+    """This rank's layout from its local rank and the processes per node: the node from the
+    host names when they gave it (``node``), else :func:`unirank.placement.by_slot` (6 ranks at
+    4 per node: 2 nodes, the second partly filled). Pure."""
+    slot_node, nodes = by_slot(rank, world_size, per_node)
+    return Layout(local_rank, per_node, slot_node if node is None else node, nodes)
+
+
+def own_node_name(environ: Mapping[str, str], hostname: str) -> str:
+    """This rank's node name by the one rule (:func:`unirank.launchers._base.node_name`:
+    SLURMD_NODENAME, UNIRANK_NODE_NAME, else the host name): clusters whose nodes share a host
+    name still tell their nodes apart. Reads: SLURMD_NODENAME, UNIRANK_NODE_NAME."""
+    return node_name(environ, Context(hostname=hostname))[0]
+
+
+def _gathered_hostnames(world_size: int, environ: Mapping[str, str]) -> list[str]:
+    """Every rank's node name (:func:`own_node_name`), in rank order (a collective call)."""
     group = dist.new_group(backend="gloo")
     try:
-        name = list(socket.gethostname().encode("utf-8"))[:255]
+        name = list(own_node_name(environ, socket.gethostname()).encode("utf-8"))[:255]
         mine = torch.zeros(256, dtype=torch.long)
         mine[: len(name)] = torch.tensor(name, dtype=torch.long)
         mine[-1] = len(name)
@@ -95,7 +115,8 @@ def _largest_local_rank(local_rank: int) -> int:
 
 def group_layout(environ: Mapping[str, str], hint: int | None) -> Layout:
     """The layout of the live default group, found as this module's docstring says (cached for
-    the group and local rank). Reads: SLURM_JOB_ID, SLURM_LOCALID, LOCAL_RANK."""
+    the group and local rank). Reads: SLURM_JOB_ID, SLURM_LOCALID, LOCAL_RANK, SLURMD_NODENAME,
+    UNIRANK_NODE_NAME."""
     group = dist.group.WORLD
     rank, world_size = int(dist.get_rank()), int(dist.get_world_size())
     local_rank = local_rank_from(environ, hint)
@@ -106,13 +127,12 @@ def group_layout(environ: Mapping[str, str], hint: int | None) -> Layout:
             return cached[2]
         warnings.warn("the local rank is found from the host names of the ranks: set LOCAL_RANK "
                       "(or call set_local_rank) to give it", stacklevel=4)
-        node, local_rank = node_and_local_rank(rank, _gathered_hostnames(world_size))
+        node, local_rank = node_and_local_rank(rank, _gathered_hostnames(world_size, environ))
     key = local_rank if node is None else -1
     cached = next((c for c in _CACHE if c[0] is group and c[1] == key), None)
     if cached is not None:
         return cached[2]
     per_node = _largest_local_rank(local_rank) + 1 if world_size > 1 else 1
-    layout = Layout(local_rank, per_node, rank // per_node if node is None else node,
-                    max(world_size // per_node, 1))
+    layout = place(rank, world_size, local_rank, per_node, node)
     _CACHE[:] = [(group, key, layout)]
     return layout

@@ -37,6 +37,7 @@ from unirank.store import (
     take_joined,
     uses_agent_store,
 )
+from unirank.storekeys.init import init_prefix
 
 __all__ = [
     "DEFAULT_INIT_TIMEOUT",
@@ -105,7 +106,7 @@ def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
     """
     environ = os.environ
     addr, port = env.require_master()
-    prefix = f"/unirank/init_{generation}"
+    prefix = init_prefix(generation)
     base = take_joined(rank=env.rank, world_size=env.world_size, addr=addr, port=port)
     if base is not None:
         base.set_timeout(timedelta(seconds=timeout))
@@ -166,7 +167,7 @@ def _file_store(env: DistEnv, url: str, timeout: float, generation: int) -> Any:
     path = urllib.parse.urlparse(url).path
     base = dist.FileStore(path, env.world_size)  # type: ignore[attr-defined]
     base.set_timeout(timedelta(seconds=timeout))
-    prefix = f"/unirank/init_{generation}"
+    prefix = init_prefix(generation)
     _join(base, prefix, env, timeout)
     return dist.PrefixStore(f"{prefix}/pg", base)  # type: ignore[attr-defined]
 

@@ -85,7 +85,7 @@ class WorkerFailedError(RuntimeError):
 
     ``exitcode`` is the worker's exit code, or minus the signal that killed it; ``traceback``
     the last traceback it printed ("" when none). (Workers stopped by a SIGTERM this process
-    got and forwarded raise no such error: the script ends with 128 + the signal.)
+    got and forwarded raise no such error: the script ends with 128 + N for signal N.)
     """
 
     def __init__(self, local_rank: int, rank: int, exitcode: int, last_line: str = "",

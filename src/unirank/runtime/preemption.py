@@ -1,14 +1,14 @@
 """Stop, checkpoint, requeue, resume: what a training loop calls.
 
 * :func:`stop_requested` asked at step boundaries: True on every rank at the same call once any
-  rank got a stop signal (:func:`unirank.sbatch.requeue.stop_signals`: SIGUSR2 and SIGTERM) or, with
+  rank got a stop signal (:func:`unirank.signals.stop_signals`: SIGUSR2 and SIGTERM) or, with
   ``time_margin``, once the job has less than that many seconds left. The ranks
   agree through one all_reduce MAX of one int (unirank's own, so gloo, nccl, Horovod and XLA
   work), every ``every``-th call; at world size 1 there is no collective.
 * :func:`time_left`: seconds until the Slurm job's end, None outside Slurm or without a limit.
 * :func:`exit_for_requeue`: after the checkpoint is saved, requeue the Slurm job (rank 0,
   ``scontrol requeue``; not when Slurm's own SIGTERM is ending or requeueing it) and end every
-  rank with :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`; past the cap on requeues, fail with
+  rank with :data:`~unirank.exitcodes.REQUEUE`; past the cap on requeues, fail with
   one line.
 
 The signal handler only sets a flag; the checkpoint is saved by the loop, never in a handler.
@@ -16,7 +16,7 @@ The signal handler only sets a flag; the checkpoint is saved by the loop, never 
 The public functions are where the training program's environment comes in: each takes
 ``environ`` (default: ``os.environ``, read once per call) and hands it down; nothing below reads
 ``os.environ`` itself. ``squeue`` and ``scontrol`` are found on that environment's PATH and run
-through :func:`unirank.sbatch.commands.run_slurm`.
+through :func:`unirank.slurmcmd.run_slurm`.
 
 Reads (each function says which): UNIRANK_STOP_SIGNALS, UNIRANK_MAX_REQUEUES, SLURM_JOB_ID /
 SLURM_JOBID, SLURM_JOB_END_TIME, SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID, SLURM_RESTART_COUNT,
@@ -35,17 +35,18 @@ from collections.abc import Iterable, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
+from unirank.exitcodes import TERMINATED
 from unirank.launchers import slurm_vars as V
-from unirank.runtime import collectives, state
-from unirank.sbatch.commands import run_slurm
-from unirank.sbatch.requeue import (
-    REQUEUE_EXIT_CODE,
+from unirank.requeue import (
     parse_time_left,
     requeue_refusal,
     requeue_target,
     slurm_run_state,
-    stop_signals,
 )
+from unirank.runtime import collectives, state
+from unirank.signals import stop_signals
+from unirank.slurmcmd import run_slurm
 
 __all__ = ["exit_for_requeue", "stop_requested", "time_left", "unwatch_stop_signals",
            "watch_stop_signals"]
@@ -197,7 +198,7 @@ def _requeue_slurm_job(target: str, environ: Mapping[str, str]) -> int:
     if run_state == "ending":
         _say(f"unirank: stopped after the checkpoint; Slurm is ending job {target} without a "
              "requeue (cancelled, or at its time limit): submit it again to resume")
-        return 128 + int(signal.SIGTERM)
+        return TERMINATED
     _say(f"unirank: stopped to be requeued (exit code {code}); requeueing job {target}")
     answer = run_slurm([scontrol, "requeue", target], environ)
     if answer.returncode != 0:
@@ -215,7 +216,7 @@ def exit_for_requeue(*, environ: Mapping[str, str] | None = None) -> NoReturn:
     requeues already (``scontrol requeue``, preemption) is left to it; one that Slurm is ending
     (scancel, the time limit) is not requeued and every rank exits 143 (SIGTERM's code); else
     rank 0 requeues it (``scontrol requeue``, an array task only itself). Every rank then exits
-    with rank 0's code, :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) unless the job ends.
+    with rank 0's code, :data:`~unirank.exitcodes.REQUEUE` (79) unless the job ends.
     Outside Slurm it exits 79 as well (``unirank run --max-restarts`` and torchrun restart the
     workers), except a lone process that no launcher started, which exits 0 ("run it again to
     resume"). ``environ``: the environment to read (default ``os.environ``).

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 
 from unirank.envvars import first_set
 from unirank.errors import ConfigError
+from unirank.exitcodes import USAGE
 from unirank.hostlist import first_host
 from unirank.launchers import slurm_vars as V
 from unirank.launchers._base import Master, MasterHint, resolve_master
@@ -47,12 +48,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = list(sys.argv[1:] if argv is None else argv)
     if args not in (["MASTER_ADDR"], ["MASTER_PORT"]):
         print("usage: python -m unirank.sbatch.jobenv MASTER_ADDR|MASTER_PORT", file=sys.stderr)
-        return 2
+        return USAGE
     try:
         master = batch_master(os.environ if environ is None else environ)
     except ConfigError as exc:
         print(f"unirank.sbatch.jobenv: error: {exc}", file=sys.stderr)
-        return 2
+        return USAGE
     print(master.addr if args[0] == "MASTER_ADDR" else master.port)
     return 0
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePath
 
+from unirank.contract import STOP_SIGNALS_VAR
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.launchers import slurm_vars as V
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
-from unirank.sbatch.spec import JobSpec, signal_for_batch_shell
+from unirank.sbatch.spec import JobSpec, rank_stop_signals, signal_for_batch_shell
 
 __all__ = ["default_job_name", "render"]
 
@@ -90,6 +91,11 @@ def _environment(spec: JobSpec) -> list[str]:
            else "One OpenMP thread per rank (no --cpus-per-task given), as torchrun does")
     lines = [_block("Environment"), f"# {why}.", f"export OMP_NUM_THREADS={threads}"]
     lines += [f"export {name}={shlex.quote(value)}" for name, value in spec.set_values()]
+    stop = rank_stop_signals(spec)
+    if stop is not None:
+        lines += [f"# The warning signal (--signal {spec.warning_signal()}) asks the ranks to "
+                  "stop: ur.stop_requested()", "# sees it, and a rank does not die of it.",
+                  f"export {STOP_SIGNALS_VAR}={stop}"]
     if spec.elastic:
         lines += ["# No MASTER_ADDR/MASTER_PORT: each rendezvous round gives them (the job's "
                   "first node;", "# a port it opens)."]
@@ -237,7 +243,7 @@ def _requeue(spec: JobSpec) -> list[str]:
     return [
         _block("Requeue"),
         f"# Ranks that saved their checkpoint and stopped to run again exit with {code}",
-        "# (unirank.sbatch.requeue). The batch shell requeues the job itself, which works where",
+        "# (unirank.exitcodes). The batch shell requeues the job itself, which works where",
         "# the ranks run in a container without scontrol. An array task requeues only itself.",
         "# After Slurm's SIGTERM the requeue is Slurm's (a cancel must not be requeued).",
         f'if [ "$status" -eq {code} ] && [ -z "$ended" ]; then',

@@ -8,14 +8,21 @@ a JobSpec in :mod:`unirank.cli.sbatch`, and :mod:`unirank.sbatch.script` renders
 from __future__ import annotations
 
 import re
-import signal as _signal
 from dataclasses import dataclass
 from typing import Optional
 
+from unirank.contract import STOP_SIGNALS_VAR
 from unirank.envvars import looks_secret
 from unirank.errors import ConfigError
 from unirank.gpus import nccl_fits
-from unirank.signals import parse_signal
+from unirank.signals import (
+    DEFAULT_WARNING,
+    RANK_STOP,
+    WARNING,
+    parse_signal,
+    parse_signals,
+    signal_word,
+)
 
 __all__ = [
     "BACKENDS",
@@ -30,7 +37,9 @@ __all__ = [
     "parse_nodes",
     "parse_time",
     "parse_warning_signal",
+    "rank_stop_signals",
     "signal_for_batch_shell",
+    "warning_number",
 ]
 
 LAUNCH_MODES = ("tasks", "node")
@@ -38,7 +47,7 @@ BACKENDS = ("auto", "gloo", "nccl")
 #: the warning signal's lead time with --requeue: long enough to save a checkpoint
 DEFAULT_SIGNAL_LEAD_S = 120
 #: the warning --requeue asks for when --signal is not given (USR2: NCCL may catch USR1)
-DEFAULT_REQUEUE_SIGNAL = f"USR2@{DEFAULT_SIGNAL_LEAD_S}"
+DEFAULT_REQUEUE_SIGNAL = f"{signal_word(DEFAULT_WARNING)}@{DEFAULT_SIGNAL_LEAD_S}"
 #: sbatch's own lead time when ``--signal`` names no ``@TIME``
 SBATCH_SIGNAL_LEAD_S = 60
 #: ``--max-restarts`` of an elastic job (``--nnodes MIN:MAX``) when none is given
@@ -162,7 +171,23 @@ def parse_time(text: str) -> int:
 
 
 def _signal_number(name: str, text: str) -> int:
-    return parse_signal(name, variable="--signal", value=text, example="USR2@120")
+    number = parse_signal(name, variable="--signal", value=text, example="USR2@120")
+    if number not in WARNING:
+        words = ", ".join(signal_word(s) for s in WARNING)
+        raise ConfigError(
+            f"{signal_word(number)} cannot be the job's warning: it must reach every rank as a "
+            "stop signal that unirank run passes on and its helpers ignore",
+            variable="--signal", value=text, hint=f"name one of {words}, e.g. USR2@120")
+    return number
+
+
+def warning_number(text: str) -> int:
+    """The signal of sbatch's ``--signal`` text (already checked by
+    :func:`parse_warning_signal`): ``USR1@300`` -> 10."""
+    parse_warning_signal(text)
+    match = _SIGNAL.fullmatch(text.strip())
+    assert match is not None
+    return _signal_number(match["sig"], text)
 
 
 def parse_warning_signal(text: str) -> tuple[str, int]:
@@ -190,11 +215,24 @@ def signal_for_batch_shell(text: str) -> Optional[str]:
     match = _SIGNAL.fullmatch(text.strip())
     if match is None or "B" not in (match["where"] or ""):
         return None
-    number = _signal_number(match["sig"], text)
-    try:
-        return _signal.Signals(number).name.removeprefix("SIG")
-    except ValueError:
-        return str(number)
+    return signal_word(_signal_number(match["sig"], text))
+
+
+def rank_stop_signals(spec: JobSpec) -> Optional[str]:
+    """The UNIRANK_STOP_SIGNALS the script exports so that the job's warning signal is one of
+    the ranks' stop signals (``ur.stop_requested()`` sees it; a rank does not die of it):
+    ``USR1,TERM`` for ``--signal USR1@300``. None when the warning is among the ranks' default
+    stop signals (:data:`unirank.signals.RANK_STOP`), there is no warning, or ``--env`` gives
+    the variable (checked by :func:`check_spec`)."""
+    warning = spec.warning_signal()
+    if warning is None or any(name == STOP_SIGNALS_VAR for name, _value in spec.env):
+        return None
+    number = warning_number(warning)
+    if number in RANK_STOP:
+        return None
+    # the warning replaces the default one; SIGTERM (Slurm's end of the run) stays
+    kept = [int(s) for s in RANK_STOP if s != DEFAULT_WARNING]
+    return ",".join(signal_word(s) for s in dict.fromkeys([number, *kept]))
 
 
 def _secret_refusal(name: str, where: str) -> ConfigError:
@@ -306,6 +344,21 @@ def _check_signal_lead(spec: JobSpec) -> None:
         )
 
 
+def _check_stop_signals(spec: JobSpec) -> None:
+    """An ``--env UNIRANK_STOP_SIGNALS=...`` must hold the job's warning signal."""
+    warning = spec.warning_signal()
+    given = dict(spec.set_values()).get(STOP_SIGNALS_VAR)
+    if warning is None or given is None:
+        return
+    number = warning_number(warning)
+    if number not in parse_signals(given, variable=STOP_SIGNALS_VAR, example="USR2,TERM"):
+        raise ConfigError(
+            f"the ranks' stop signals leave out the job's warning signal {warning}, which "
+            "would end a rank instead of asking it to stop", variable=STOP_SIGNALS_VAR,
+            value=given, hint=f"add {signal_word(number)} to --env {STOP_SIGNALS_VAR}=..., or "
+            "drop that --env (unirank sbatch exports the warning then)")
+
+
 def check_spec(spec: JobSpec) -> JobSpec:
     """``spec`` when it can be submitted; else the ConfigError of its first problem.
 
@@ -322,4 +375,5 @@ def check_spec(spec: JobSpec) -> JobSpec:
     _check_gpus(spec)
     _check_elastic(spec)
     _check_signal_lead(spec)
+    _check_stop_signals(spec)
     return spec

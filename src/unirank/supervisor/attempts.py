@@ -7,8 +7,10 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   (:func:`unirank.resolve.require_own`), and keeps it open across attempts;
 * gives the node's fork server the environment its workers have in common, or starts every
   worker as its own interpreter when the server cannot serve (saying why once);
-* makes the run's folder, ``<log_dir>/<run_id>`` (a temporary one, removed at the end, unless
-  some stream goes to a log file), and in it torchrun's ``attempt_<n>/<local_rank>/`` with each
+* makes the run's folder, ``<log_dir>/<run_id>_<random>``, a new one each run, so that no run
+  deletes an earlier run's logs (a temporary one, removed at the end, unless some stream goes
+  to a log file; every path: :mod:`unirank.runfolder`), and in it torchrun's
+  ``attempt_<n>/<local_rank>/`` with each
   worker's ``error.json``, its ``fault.txt`` (the Python stack of a fatal signal, written by
   the worker's faulthandler: :mod:`.worker.faults`) and its ``--redirects`` / ``--tee`` log files
   (:func:`attempt_launches`), and the attempt's ``filtered_stdout.log`` / ``filtered_stderr.log``
@@ -18,7 +20,7 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   up, and the workers of each restart learn why the attempt before ended
   (UNIRANK_RESTART_REASON: :func:`.restartreason.restart_reason`); every attempt's root cause
   goes into the summary. A group that stopped to be requeued
-  (exit code :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE`) is restarted too, except under
+  (exit code :data:`~unirank.exitcodes.REQUEUE`) is restarted too, except under
   Slurm, where 79 is passed on for the batch script to requeue the job; a stop signal ends the
   run whatever is left of ``max_restarts``;
 * prints what rank 0 gathered at the end of the run (``timeline.json`` in the attempt's
@@ -31,7 +33,6 @@ Reads (from the ``environ`` it is given, never from ``os.environ``): SLURM_JOB_I
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -42,13 +43,12 @@ from dataclasses import dataclass, field, replace
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, resolve_hang
 from unirank.errors import ConfigError
-from unirank.hang import HANG_FOLDER, WAITING_MARK
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
-from unirank.signals import format_signals
+from unirank.runfolder import AttemptFolder, RunFolder, make_run_folder
+from unirank.signals import FORWARDED, format_signals
 from unirank.supervisor.engine import (
-    DEFAULT_SIGNALS,
     Supervisor,
     WorkerLaunch,
     WorldWatch,
@@ -63,12 +63,8 @@ from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
-__all__ = ["FAULT_FILE_NAME", "EngineOptions", "attempt_launches", "run_plan"]
+__all__ = ["EngineOptions", "attempt_launches", "run_plan"]
 
-#: the file in a worker's attempt folder where its faulthandler writes (next to error.json)
-FAULT_FILE_NAME = "fault.txt"
-#: the file in the attempt's folder where rank 0 writes every rank's end-of-run record
-TIMELINE_FILE_NAME = "timeline.json"
 
 
 @dataclass(frozen=True)
@@ -77,7 +73,7 @@ class EngineOptions:
 
     grace_period: float = DEFAULT_GRACE_PERIOD
     output: OutputOptions = field(default_factory=OutputOptions)
-    signals: tuple[int, ...] = tuple(int(s) for s in DEFAULT_SIGNALS)
+    signals: tuple[int, ...] = tuple(int(s) for s in FORWARDED)
     #: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE (None: ``signals`` by name)
     signals_to_handle: str | None = None
     prog: str = "unirank run"
@@ -156,24 +152,23 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
     ``store_fd`` for rank 0, the timeline, why the attempt before ended), and where its output
     goes."""
     out = options.output
+    folders = AttemptFolder(attempt_dir)
     launches = []
     for worker in plan.workers:
         # torchrun's layout: one folder per local rank, made before the worker starts, so that
         # torch's @record can write its error file there
-        folder = os.path.join(attempt_dir, str(worker.local_rank))
-        os.makedirs(folder, exist_ok=True)
+        os.makedirs(folders.worker(worker.local_rank), exist_ok=True)
         wiring = WorkerWiring(
             supervisor_pid=os.getpid(), restart_count=attempt, unbuffered=out.unbuffered,
-            error_file=os.path.join(folder, "error.json"),
-            fault_file=os.path.join(folder, FAULT_FILE_NAME),
+            error_file=folders.error_file(worker.local_rank), attempt_dir=attempt_dir,
+            fault_file=folders.fault_file(worker.local_rank),
             numa_binding=options.numa_binding,
             signals_to_handle=_handled(options),
             store_fd=store_fd if worker.rank == 0 else None,
-            timeline_file=(os.path.join(attempt_dir, TIMELINE_FILE_NAME)
-                           if worker.rank == 0 else None),
+            timeline_file=folders.timeline_file if worker.rank == 0 else None,
             hang=options.hang, restart_reason=restart_reason,
         )
-        files = out.log_files(worker.local_rank, folder) if keep_logs else (None, None)
+        files = out.log_files(worker.local_rank, folders) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)
         launches.append(WorkerLaunch(
             worker.rank, worker.local_rank, argv, plan, worker, environ, wiring,
@@ -185,9 +180,9 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             console_prefixes=tuple(  # type: ignore[arg-type]
                 out.tee_prefix(worker.rank, worker.local_rank, plan.role)
                 if out.teed(worker.local_rank, bit) else None for bit in (1, 2)),
-            stdout_copy=(out.line_copy(worker.local_rank, 1, attempt_dir, plan.role)
+            stdout_copy=(out.line_copy(worker.local_rank, 1, folders, plan.role)
                          if keep_logs else None),
-            stderr_copy=(out.line_copy(worker.local_rank, 2, attempt_dir, plan.role)
+            stderr_copy=(out.line_copy(worker.local_rank, 2, folders, plan.role)
                          if keep_logs else None),
         ))
     return launches
@@ -206,7 +201,8 @@ def _stop_report(plan: Plan, options: EngineOptions, environ: Mapping[str, str],
     if not plan.hosts_store or settings.report_after is None or slurm_vars.in_job(environ):
         return None
     return StopReportSpec(plan.master_addr, plan.master_port, plan.world_size,
-                          settings.interval, os.path.join(attempt_dir, WAITING_MARK))
+                          settings.interval, AttemptFolder(attempt_dir).waiting_mark,
+                          environ=environ)
 
 
 def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
@@ -241,8 +237,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     try:
         attempt = 0
         while True:
-            attempt_dir = os.path.join(root, f"attempt_{attempt}")
-            shutil.rmtree(attempt_dir, ignore_errors=True)
+            attempt_dir = root.attempt(attempt).path  # a new run's folder: nothing to delete
             launches = attempt_launches(plan, argv, environ, options, attempt, attempt_dir,
                                         sock.fileno() if sock else None, keep,
                                         restart_reason=reason)
@@ -253,7 +248,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
             if _is_last(result, attempt, plan, environ):
-                _report_end(os.path.join(attempt_dir, TIMELINE_FILE_NAME), options, err_fd)
+                _report_end(root.attempt(attempt).timeline_file, options, err_fd)
                 return replace(result, attempts=tuple(earlier))
             earlier.append(result)
             os.write(err_fd, (
@@ -265,17 +260,9 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 plan = _next_plan(replan, attempt, sock)
             reason = restart_reason(result, before, plan).to_value(attempt, before.world_size)
     finally:
-        if not keep and not _hang_reports(root):
-            shutil.rmtree(root, ignore_errors=True)
-
-
-def _hang_reports(root: str) -> bool:
-    """Whether rank 0's hang detector wrote reports in the run's folder (which a report named:
-    the folder is kept then)."""
-    with contextlib.suppress(OSError):
-        return any(os.path.isdir(os.path.join(root, name, HANG_FOLDER))
-                   for name in os.listdir(root))
-    return False
+        # a temporary folder in which a hang report was written (which a report named) is kept
+        if not keep and not root.has_hang_reports():
+            shutil.rmtree(root.path, ignore_errors=True)
 
 
 def _next_plan(replan: Callable[[int], Plan], attempt: int,
@@ -310,16 +297,22 @@ def _attempt_end(result: RunResult) -> str:
     return f"failed ({cause})"
 
 
-def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[str, bool]:
-    """The run's folder (``<log_dir>/<run_id>``) and whether to keep it afterwards."""
+def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[RunFolder, bool]:
+    """The run's folder (a new ``<log_dir>/<run_id>_<random>``, or a temporary one) and
+    whether to keep it afterwards; where some stream goes to a file, one line names it."""
     out = options.output
     if out.log_dir:
-        return os.path.join(out.log_dir, plan.run_id), True
-    base = tempfile.mkdtemp(prefix="unirank-run-")
+        try:
+            root = make_run_folder(out.log_dir, plan.run_id)
+        except OSError as exc:
+            raise ConfigError(f"cannot make the run's folder there: {exc.strerror}",
+                              variable="--log-dir", value=out.log_dir,
+                              hint="give a folder this user can write") from None
+    else:
+        root = RunFolder(tempfile.mkdtemp(prefix="unirank-run-"))
     if out.writes_files:
-        os.write(err_fd, f"{options.prog}: log files in {base}\n".encode())
-        return base, True
-    return base, False
+        os.write(err_fd, f"{options.prog}: log files in {root.path}\n".encode())
+    return root, bool(out.log_dir) or out.writes_files
 
 
 def _report_end(path: str, options: EngineOptions, err_fd: int) -> None:

@@ -27,17 +27,17 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import signal
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+
+from unirank.signals import FAULT
 
 __all__ = ["FAULT_HEAD", "FAULT_SIGNALS", "MemoryCgroup", "OomVerdict", "fault_stack",
            "kernel_log_lines", "memory_cgroup", "oom_killed_pids", "oom_verdict",
            "read_fault_file"]
 
 #: the signals whose death shows faulthandler's stack
-FAULT_SIGNALS = frozenset(int(s) for s in (signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT,
-                                           signal.SIGFPE, signal.SIGILL))
+FAULT_SIGNALS = FAULT
 #: a memory limit this large is no limit (cgroup v1 writes "unlimited" as 2**63 - page)
 _NO_LIMIT = 1 << 60
 #: the most kernel-log records read (the ring buffer holds a few thousand)
@@ -47,9 +47,10 @@ MAX_FAULT_LINES = 40
 #: the first line of a faulthandler dump
 FAULT_HEAD = "Fatal Python error"
 _KILLED = re.compile(r"Killed process (\d+) ")
-#: frames of the worker's bootstrap (not the user's)
+#: frames of the worker's bootstrap (not the user's): a forked worker's start in the fork
+#: server, which runs through the helper's start (:mod:`unirank.supervisor.helper`)
 _BOOTSTRAP_FRAMES = re.compile(r'File "(<frozen runpy>|[^"]*/runpy\.py|[^"]*/unirank/supervisor/'
-                               r'(worker|fork)/[^"]*)"')
+                               r'((worker|fork)/[^"]*|helper\.py))"')
 
 #: a frame of unirank's own threads in a worker (the hang watcher): not the program's
 _OWN_THREAD_FRAMES = re.compile(r'File "[^"]*/unirank/hang/[^"]*"')

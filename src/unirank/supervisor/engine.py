@@ -19,7 +19,7 @@ The decisions are pure functions elsewhere; this loop carries them out:
 * how to start a worker, reap it and signal it: :mod:`.spawn`; what is kept of each one and
   its end: :mod:`.workers`; how to start it: :class:`~.workerlaunch.WorkerLaunch`.
 
-A worker that exits with :data:`~unirank.sbatch.requeue.REQUEUE_EXIT_CODE` (79) saved its
+A worker that exits with :data:`~unirank.exitcodes.REQUEUE` (79) saved its
 checkpoint and stopped to run again: no failure, no teardown. Why a worker died: a SIGKILL
 that the supervisor did not send is checked against its memory cgroup's OOM-kill count, noted
 at its start (:mod:`.deathcause`); a fatal signal's Python stack comes from its fault file.
@@ -48,6 +48,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
+from unirank.signals import FORWARDED as DEFAULT_SIGNALS
 from unirank.supervisor import stoppolicy
 from unirank.supervisor.deathcause import oom_verdict
 from unirank.supervisor.fork.client import ForkServer
@@ -67,7 +68,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SIGNALS", "Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
 
-DEFAULT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 #: the selector's marks for the fork server's socket, the world watch (:class:`WorldWatch`)
 #: and the stop's hang report (:class:`~.stopreport.StopReport`)
 _SERVER, _WATCH, _REPORT = object(), object(), object()

@@ -7,16 +7,21 @@ init timeout. :func:`tell_others` instead sets the join check's abort value
 this node's name and reason. The store's address is the plan's answer
 (:func:`unirank.supervisor.plan.giveup_address`): where no one named the master of the nodes,
 there is no one to tell, and nothing is contacted. The parent never imports torch, so the store
-client runs in a short child process (``python -m unirank.supervisor.giveup ADDR PORT SECONDS
-REASON``) whose connect is bounded; when the store cannot be reached in that time, nothing more
-is done.
+client runs in a short helper process (``python -m unirank.supervisor.giveup ADDR PORT
+SECONDS REASON`` through :func:`~unirank.supervisor.helper.start_helper`) whose connect is
+bounded; when the store cannot be reached in that time, nothing more is done.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 import sys
+from collections.abc import Mapping
+
+from unirank.supervisor.helper import start_helper
 
 __all__ = ["GIVE_UP_TIMEOUT", "tell_others"]
 
@@ -25,17 +30,23 @@ __all__ = ["GIVE_UP_TIMEOUT", "tell_others"]
 GIVE_UP_TIMEOUT = 20.0
 
 
-def tell_others(addr: str, port: int, reason: str, *,
+def tell_others(addr: str, port: int, reason: str, environ: Mapping[str, str], *,
                 timeout: float = GIVE_UP_TIMEOUT) -> bool:
     """Set this node's ``reason`` (one line, naming the node) in the store at ``addr:port``,
-    waiting at most about ``timeout`` seconds for it: True when it was set."""
-    command = [sys.executable, "-m", "unirank.supervisor.giveup", addr, str(port),
-               f"{timeout:g}", reason]
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=2 * timeout + 10, check=False)
-        return done.returncode == 0
-    return False
+    waiting at most about ``timeout`` seconds for it: True when it was set. The child is a
+    helper (:func:`~unirank.supervisor.helper.start_helper`) with the run's ``environ``."""
+    args = [addr, str(port), f"{timeout:g}", reason]
+    try:
+        proc = start_helper("unirank.supervisor.giveup", args, environ)
+    except OSError:
+        return False
+    try:
+        return proc.wait(timeout=2 * timeout + 10) == 0
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return False
 
 
 def _main(argv: list[str]) -> int:

@@ -15,15 +15,15 @@ I/O).
   ``${role_name}`` are expanded in a template).
 * ``--redirects`` / ``--tee`` (torchrun's values: ``0`` none, ``1`` stdout, ``2`` stderr, ``3``
   both, or per local rank ``0:3,1:1``): the stream goes to
-  ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/stdout.log`` (``stderr.log``); redirected
+  ``<log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/stdout.log`` (``stderr.log``); redirected
   streams leave the console, teed ones stay on it too.
 * ``--local-ranks-filter 0,2``: only those local ranks' output reaches the console (log files and
   the failure summary still get everything).
 * ``--duplicate-stdout-filters 'apple,orange'`` (``--duplicate-stderr-filters``), as torchrun:
   the lines of teed streams that hold any of the strings (``,,`` is a comma in one) are copied,
   each after ``[<role><local_rank>]:``, into one file of the attempt for all local ranks,
-  ``<log_dir>/<run_id>/attempt_<n>/filtered_stdout.log`` (``filtered_stderr.log``)
-  (:meth:`OutputOptions.line_copy`, :class:`LineCopy`).
+  ``<run folder>/attempt_<n>/filtered_stdout.log`` (``filtered_stderr.log``)
+  (:meth:`OutputOptions.line_copy`, :class:`LineCopy`). Every path: :mod:`unirank.runfolder`.
 
 Runs in the ``unirank run`` parent: the options come from its command line, and
 :mod:`.streams` does the I/O. Reads: no environment variable.
@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from string import Template
 
 from unirank.errors import ConfigError
+from unirank.runfolder import FILTERED_FILES, AttemptFolder
 
 __all__ = ["FILTERED_FILES", "PARTIAL_LINE_DELAY", "LineBuffer", "LineCopy", "OutputOptions",
            "parse_filters", "parse_ranks_filter", "parse_std"]
 
 #: the attempt folder's files of ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``
-FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
 
 TAG_TEMPLATE = "[rank${rank}]:"
 #: the prefix of a teed line on the console, as torchrun's default
@@ -139,20 +139,21 @@ class OutputOptions:
         """True when this local rank's output may reach the console."""
         return self.ranks_filter is None or local_rank in self.ranks_filter
 
-    def log_files(self, local_rank: int, folder: str) -> tuple[str | None, str | None]:
+    def log_files(self, local_rank: int,
+                  attempt: AttemptFolder) -> tuple[str | None, str | None]:
         """The stdout and stderr log files of ``local_rank`` (None: no file)."""
         bits = self._bits(self.redirects, local_rank) | self._bits(self.tee, local_rank)
-        return (f"{folder}/stdout.log" if bits & 1 else None,
-                f"{folder}/stderr.log" if bits & 2 else None)
+        return (attempt.log_file(local_rank, 1) if bits & 1 else None,
+                attempt.log_file(local_rank, 2) if bits & 2 else None)
 
-    def line_copy(self, local_rank: int, bit: int, attempt_dir: str,
+    def line_copy(self, local_rank: int, bit: int, attempt: AttemptFolder,
                   role: str) -> LineCopy | None:
         """Where the filtered lines of ``local_rank``'s stream (1 stdout, 2 stderr) are copied,
         as torchrun: only a teed stream's, with filters given; else None."""
         needles = self.stdout_filters if bit == 1 else self.stderr_filters
         if not needles or not self._bits(self.tee, local_rank) & bit:
             return None
-        return LineCopy(f"{attempt_dir}/{FILTERED_FILES[bit]}", needles,
+        return LineCopy(attempt.filtered_file(bit), needles,
                         f"[{role}{local_rank}]:")
 
     @property

@@ -35,14 +35,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from types import FrameType
 
+from unirank.exitcodes import killed_by
+from unirank.signals import PID1_PASSED
+
 __all__ = ["FORWARDED", "classify", "exit_code", "forward", "is_init", "stand_in_for_init"]
 
-#: the signals the init passes on to ``unirank run`` (what a container runtime or a terminal
-#: sends; ``unirank run`` forwards SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 to the ranks)
-FORWARDED: tuple[signal.Signals, ...] = (
-    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2,
-    signal.SIGWINCH, signal.SIGCONT, signal.SIGALRM,
-)
+#: the signals the init passes on to ``unirank run`` (one home: :mod:`unirank.signals`)
+FORWARDED = PID1_PASSED
 
 
 def is_init(pid: int) -> bool:
@@ -54,7 +53,7 @@ def exit_code(status: int) -> int:
     """The exit code of a process that ended with wait status ``status``, as a shell gives it:
     its own code, or 128 + N after a death by signal N."""
     code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
+    return killed_by(-code) if code < 0 else code
 
 
 def forward(signals: Iterable[int]) -> list[int]:

@@ -66,7 +66,7 @@ keep the master rules from importing the planner that imports them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from unirank.contract import (
@@ -76,6 +76,7 @@ from unirank.contract import (
 )
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
+from unirank.placement import node_of as node_index_of
 from unirank.rendezvous import DEFAULT_PORT
 from unirank.resolve import master_addr_source
 from unirank.store import uses_agent_store
@@ -187,20 +188,6 @@ class Plan:
             node_name=self.node_name,
             hosts=self.hosts,
         )
-
-
-def node_index_of(rank: int, ranks_per_node: Sequence[int]) -> int | None:
-    """The node rank of the node that runs global ``rank``, where consecutive ranks fill the
-    nodes in node-rank order, ``ranks_per_node[n]`` of them on node ``n``; None for a rank
-    outside that world, or when the placement is not known (``ranks_per_node`` empty)."""
-    if rank < 0:
-        return None
-    first = 0
-    for node, count in enumerate(ranks_per_node):
-        first += count
-        if rank < first:
-            return node
-    return None
 
 
 def _launcher_placement(outer: DistEnv) -> tuple[int, ...]:

@@ -9,9 +9,8 @@ Runs in the ``unirank run`` parent; reads no environment variable.
 from __future__ import annotations
 
 from unirank.elasticstate import RestartReason, nodes_changed
-from unirank.errorfile import LOST_PEER
-from unirank.hang import HANG_EXIT_CODE
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import HANG_TIMEOUT as HANG_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.summary import RunResult
 
@@ -26,7 +25,7 @@ def restart_reason(result: RunResult, before: Plan, after: Plan) -> RestartReaso
     a worker failed (the root cause's rank, node and exit code)."""
     lost, joined = nodes_changed(before.hosts, after.hosts)
     first = result.first_failure
-    if lost and first is not None and LOST_PEER.search(first.error):
+    if lost and first is not None and first.lost_peer:
         # the workers here lost their peers on a node that is gone: that node is the cause
         return RestartReason("node lost", f"rank {first.rank} on {first.node} lost its peers "
                              f"({first.error}); gone at the next round: {', '.join(lost)}",

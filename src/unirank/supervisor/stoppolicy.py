@@ -34,7 +34,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.summary import signal_name
 

@@ -4,8 +4,9 @@ On its first SIGINT or SIGTERM while the workers run, the supervisor of the node
 rank 0 (with the hang detector on, and not under Slurm, whose SIGTERM reaches the workers
 directly), when rank 0's detector keeps the attempt's :data:`~unirank.hang.WAITING_MARK` (some
 rank waited an interval or more at its last look; else the signal is forwarded at once),
-starts :mod:`unirank.hang.onstop` as a short child process in a session of its own
-(a terminal's second Ctrl-C reaches only the supervisor), reads the report from its stdout,
+starts :mod:`unirank.hang.onstop` as a short helper process
+(:func:`~unirank.supervisor.helper.start_helper`: the run's environment, a session of its own,
+so that a terminal's second Ctrl-C reaches only the supervisor), reads the report from its stdout,
 and forwards the signal when the child has ended or :meth:`StopReport.deadline` has passed
 (:data:`START_ALLOWANCE` for the interpreter and torch's import, and the stacks' wait); a
 second stop signal gives the report up and stops at once.
@@ -19,9 +20,11 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from unirank.supervisor.helper import start_helper
 
 __all__ = ["START_ALLOWANCE", "StopReport", "StopReportSpec"]
 
@@ -31,14 +34,15 @@ START_ALLOWANCE = 8.0
 
 @dataclass(frozen=True)
 class StopReportSpec:
-    """Where the job's store is, its world size, the watchers' interval, and the detector's
-    :data:`~unirank.hang.WAITING_MARK` file."""
+    """Where the job's store is, its world size, the watchers' interval, the detector's
+    :data:`~unirank.hang.WAITING_MARK` file, and the run's environment (the child's)."""
 
     addr: str
     port: int
     world_size: int
     interval: float
     waiting_mark: str
+    environ: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def someone_waits(self) -> bool:
         """Whether the detector saw, at its last look, a rank that has waited in a collective
@@ -53,11 +57,9 @@ class StopReport:
     def __init__(self, spec: StopReportSpec, signame: str) -> None:
         from unirank.hang.onstop import answer_within
 
-        command = [sys.executable, "-m", "unirank.hang.onstop", spec.addr, str(spec.port),
-                   str(spec.world_size), f"{spec.interval:g}", signame]
-        self._proc = subprocess.Popen(command, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                      start_new_session=True)
+        args = [spec.addr, str(spec.port), str(spec.world_size), f"{spec.interval:g}", signame]
+        self._proc = start_helper("unirank.hang.onstop", args, spec.environ,
+                                  stdout=subprocess.PIPE)
         assert self._proc.stdout is not None
         self._fd = self._proc.stdout.fileno()
         os.set_blocking(self._fd, False)

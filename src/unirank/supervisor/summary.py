@@ -6,8 +6,9 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
+from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
+from unirank.exitcodes import killed_by
 from unirank.joincheck import format_ranks
-from unirank.sbatch.requeue import REQUEUE_EXIT_CODE
 from unirank.supervisor.deathcause import FAULT_HEAD, OomVerdict
 
 __all__ = [
@@ -77,7 +78,7 @@ def traceback_excerpt(lines: list[str], max_lines: int = EXCERPT_LINES) -> list[
 
 def exit_code_of(returncode: int) -> int:
     """A worker's status as a shell exit code: the code itself, or 128 + signal number."""
-    return 128 - returncode if returncode < 0 else returncode
+    return killed_by(-returncode) if returncode < 0 else returncode
 
 
 def signal_name(signum: int) -> str:
@@ -149,6 +150,9 @@ class WorkerExit:
     recorded_exit_code: int | None = None
     #: its recorded error is a ConfigError: a one-line launch or usage mistake
     config_error: bool = False
+    #: its recorded error says a peer went away (:attr:`unirank.errorfile.RecordedFailure.
+    #: lost_peer`, read once from the whole message): the failure of another rank, seen here
+    lost_peer: bool = False
     #: its peak resident memory in bytes (``ru_maxrss`` where it was reaped), if known
     peak_memory: int | None = None
     #: whether the kernel's OOM killer killed it (a SIGKILL the supervisor did not send)
@@ -226,7 +230,7 @@ class RunResult:
         if self.requeued:
             return REQUEUE_EXIT_CODE
         if self.stop_signal is not None:
-            return 128 + self.stop_signal
+            return killed_by(self.stop_signal)
         return 0
 
 

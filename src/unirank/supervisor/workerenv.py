@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from unirank.contract import (
+    ATTEMPT_DIR_VAR,
     DONE_FD_VAR,
     ERROR_FILE_VAR,
     EXIT_TIMEOUT_VAR,
@@ -56,6 +57,8 @@ class WorkerWiring:
     unbuffered: bool = False
     #: where the worker records its failure (TORCHELASTIC_ERROR_FILE)
     error_file: str | None = None
+    #: the attempt's folder (UNIRANK_ATTEMPT_DIR, :mod:`unirank.runfolder`)
+    attempt_dir: str | None = None
     #: rank 0: the listening socket its TCPStore server takes over (UNIRANK_STORE_FD)
     store_fd: int | None = None
     #: the store's host: the read end of the linger pipe (UNIRANK_LINGER_FD)
@@ -143,7 +146,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     CUDA_VISIBLE_DEVICES naming this worker's GPU. unirank adds UNIRANK_INIT_TIMEOUT, the hang
     detector's UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_INTERVAL and UNIRANK_HANG_TIMEOUT (the
     wiring's settings, else those ``base`` gives; read and removed by the bootstrap),
-    PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, and for the bootstrap only the private
+    PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, UNIRANK_ATTEMPT_DIR (the wiring's attempt
+    folder), and for the bootstrap only the private
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES (the nodes as a compressed host list),
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
     UNIRANK_EXIT_TIMEOUT (when ranks run under other supervisors too), and what the wiring
@@ -159,6 +163,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     env.update(_torchrun_environ(plan, worker, base, wiring.restart_count))
     if wiring.error_file is not None:
         env[ERROR_FILE_VAR] = wiring.error_file
+    if wiring.attempt_dir is not None:
+        env[ATTEMPT_DIR_VAR] = wiring.attempt_dir
     if wiring.signals_to_handle is not None:
         env[SIGNALS_TO_HANDLE_VAR] = wiring.signals_to_handle
     if wiring.restart_reason is not None:

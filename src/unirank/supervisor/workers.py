@@ -114,6 +114,7 @@ def worker_exit(worker: StartedWorker, node: str, *, blamed: bool) -> WorkerExit
         stopped=worker.stopped_at is not None,
         recorded_exit_code=record.exit_code if record else None,
         config_error=record.config_error if record else False,
+        lost_peer=record.lost_peer if record else False,
         peak_memory=worker.peak_bytes,
         oom=worker.oom,
         fault_stack=_fault_stack(worker) if blamed else (),

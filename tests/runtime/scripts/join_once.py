@@ -13,8 +13,13 @@ import os
 import torch.distributed as dist
 
 import unirank as ur
+from unirank.storekeys.init import init_prefix
+from unirank.storekeys.join import COUNT_KEY
 
-JOINED = "/unirank/init_{}/join/unirank/join/count"
+
+def joined(generation: int) -> str:
+    """The join count's key of ``ur.init``'s ``generation``-th init."""
+    return f"{init_prefix(generation)}/join/{COUNT_KEY}"
 
 
 def main() -> None:
@@ -22,13 +27,13 @@ def main() -> None:
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None,
                           False, datetime.timedelta(seconds=60))
     ur.barrier()
-    first = store.check([JOINED.format(0)])
-    bootstrap = int(store.get("unirank/join/count")) if store.check(["unirank/join/count"]) \
+    first = store.check([joined(0)])
+    bootstrap = int(store.get(COUNT_KEY)) if store.check([COUNT_KEY]) \
         else 0
     ur.finalize()
     ur.init("gloo")
     ur.barrier()
-    second = store.check([JOINED.format(1)])
+    second = store.check([joined(1)])
     row = {"rank": ur.get_rank(), "bootstrap": bootstrap, "first_init_joined": first,
            "second_init_joined": second}
     print("RESULT " + json.dumps(row), flush=True)

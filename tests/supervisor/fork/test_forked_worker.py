@@ -249,7 +249,8 @@ def test_system_exit_ends_the_worker_as_python_ends(runner: Runner, tmp_path: Pa
     result = _run(runner, ["-n", "1", "--log-dir", str(logs), "--rdzv-id", "leave",
                            "leave.py"])
     assert result.returncode == python.returncode, result.stderr
-    error_file = logs / "leave" / "attempt_0" / "0" / "error.json"
+    [folder] = logs.glob("leave_*/attempt_0/0")
+    error_file = folder / "error.json"
     if python.returncode == 0:
         assert not error_file.exists(), error_file.read_text()
     else:
@@ -276,7 +277,8 @@ def test_an_uncaught_exception_prints_the_program_s_traceback(runner: Runner,
         "crash.py", "crash.py"], trace
     for hidden in ("forked.py", "forkserver.py", "bootstrap.py", "runpy", "target.py"):
         assert hidden not in result.stderr, result.stderr
-    record = json.loads((logs / "crashrun" / "attempt_0" / "0" / "error.json").read_text())
+    [error_file] = logs.glob("crashrun_*/attempt_0/0/error.json")
+    record = json.loads(error_file.read_text())
     assert "boom in the worker" in json.dumps(record)
     assert "exit code 1" in result.stderr[result.stderr.index("unirank run: FAILED"):]
 

@@ -237,7 +237,7 @@ def test_every_worker_is_a_child_of_the_one_server(runner: Runner, tmp_path: Pat
     assert len({w["ppid"] for w in who}) == 1
     assert who[0]["ppid"] != pid
     assert all(w["grandparent"] == pid for w in who)  # the server is the supervisor's child
-    assert all("-m unirank.supervisor.fork.server" in w["parent_cmd"] for w in who)
+    assert all(" unirank.supervisor.fork.server " in w["parent_cmd"] for w in who)
 
 
 @pytest.mark.integration

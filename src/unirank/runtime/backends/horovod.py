@@ -40,11 +40,12 @@ from unirank.errors import ConfigError
 from unirank.launchers.horovodrun import RENDEZVOUS_ADDR, RENDEZVOUS_PORT
 from unirank.runtime.backends.base import Backend, set_cuda_device
 from unirank.runtime.backends.facts import CudaFacts
+from unirank.storekeys.init import HOROVOD_HOST_PREFIX, HOROVOD_SLOT_PREFIX
 
 __all__ = ["BACKEND", "Slot", "slot_environment", "slot_plan"]
 
 #: the store keys (under unirank's per-init prefix)
-HOST_KEY, SLOT_KEY = "horovod/host/", "horovod/slot/"
+HOST_KEY, SLOT_KEY = HOROVOD_HOST_PREFIX, HOROVOD_SLOT_PREFIX
 
 _server: Any = None  # rank 0's Horovod rendezvous server while the backend lives
 

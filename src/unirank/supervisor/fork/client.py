@@ -50,6 +50,7 @@ from unirank.supervisor.fork.protocol import (
     ready_of,
     spawn_message,
 )
+from unirank.supervisor.helper import start_helper
 
 __all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "WARM_PRELOAD", "ForkServer", "fallback_line",
            "server_environ", "start_server", "warm_for", "warm_modules", "why_not_served"]
@@ -177,13 +178,11 @@ class ForkServer:
         """Start the server's interpreter; it imports once :meth:`configure` gave it the
         workers' common environment."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        command = [sys.executable, "-m", "unirank.supervisor.fork.server",
-                   "--control", str(theirs.fileno()), "--supervisor", str(os.getpid()),
-                   "--preload", ",".join(dict.fromkeys([*DEFAULT_PRELOAD, *modules]))]
+        args = ["--control", str(theirs.fileno()), "--supervisor", str(os.getpid()),
+                "--preload", ",".join(dict.fromkeys([*DEFAULT_PRELOAD, *modules]))]
         try:
-            proc = subprocess.Popen(command, env=dict(environ), stdout=subprocess.DEVNULL,
-                                    stderr=err_fd, pass_fds=(theirs.fileno(),),
-                                    start_new_session=True)
+            proc = start_helper("unirank.supervisor.fork.server", args, environ,
+                                stderr=err_fd, pass_fds=(theirs.fileno(),))
         finally:
             theirs.close()
         warm = any(name in WARM_PRELOAD for name in modules)

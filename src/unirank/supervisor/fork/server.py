@@ -34,10 +34,12 @@ the module teardown.
 
 The server lives until its supervisor closes the socket, and dies with it (parent-death
 signal); its workers die with the server. It ignores the signals that a batch system sends to
-every process of a job step (``scancel --signal``, a time limit's SIGTERM: :data:`SHIELDED`):
-its death would kill the workers before they could act on them; the supervisor forwards them.
-A forked worker gets the dispositions a child the supervisor exec'ed would have, not the
-server's (:mod:`.dispositions`: the supervisor's ignored signals come with each spawn).
+every process of a job step (``scancel --signal``, a time limit's SIGTERM:
+:data:`unirank.signals.SHIELDED`; it is started by
+:func:`unirank.supervisor.helper.start_helper`): its death would kill the workers before
+they could act on them; the supervisor forwards them. A forked worker gets the dispositions a
+child the supervisor exec'ed would have, not the server's (:mod:`.dispositions`: the
+supervisor's ignored signals come with each spawn).
 
 Reads: nothing from the environment: its first message is the workers' common environment,
 which it takes (``os.environ``, so C's ``getenv`` too) before it imports.
@@ -56,6 +58,7 @@ import sys
 import time
 from types import FrameType
 
+from unirank.signals import SHIELDED
 from unirank.supervisor.fork.dispositions import after_exec, apply
 from unirank.supervisor.fork.protocol import (
     MAX_FDS,
@@ -72,6 +75,7 @@ from unirank.supervisor.fork.protocol import (
     refused_message,
     request_of,
 )
+from unirank.supervisor.helper import shield
 
 __all__ = ["SHIELDED", "fork_hazard", "main"]
 
@@ -79,10 +83,6 @@ USAGE = ("python -m unirank.supervisor.fork.server --control FD [--supervisor PI
          "[--preload MODULE,...]")
 #: how long the server waits for a forked child to take its own session
 CHILD_READY_TIMEOUT = 60.0
-#: the signals the server ignores (a forked worker gets an exec'ed child's: :mod:`.dispositions`)
-SHIELDED = tuple(getattr(signal, name) for name in (
-    "SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
-    "SIGTTIN", "SIGTTOU"))
 
 
 def fork_hazard() -> str | None:
@@ -220,8 +220,7 @@ def _arguments(argv: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     """Preload, serve, and in a forked child become the worker (see the module docstring)."""
-    for signum in SHIELDED:
-        signal.signal(signum, signal.SIG_IGN)
+    shield()  # started by start_helper: shielded already; unblock them
     args = _arguments(sys.argv[1:] if argv is None else argv)
     if args.get("--supervisor", "").isdigit():
         from unirank.supervisor.worker.pdeathsig import die_with_parent

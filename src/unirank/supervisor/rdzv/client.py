@@ -14,12 +14,12 @@ import json
 import os
 import selectors
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Mapping
 
 from unirank.errors import ConfigError
+from unirank.supervisor.helper import start_helper
 from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to_line
 
 __all__ = ["ANSWER_MARGIN", "RendezvousHelper"]
@@ -41,9 +41,8 @@ class RendezvousHelper:
         env = dict(environ)
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "unirank.supervisor.rdzv.agent"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env)
+            self._proc = start_helper("unirank.supervisor.rdzv.agent", [], env,
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd)
         finally:
             os.close(fd)
         self._keep_log = False

@@ -34,7 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from unirank.signals import STOP_SIGNALS
+from unirank.exitcodes import killed_by
+from unirank.signals import HOSTS_STOP
 from unirank.supervisor.output import LineBuffer
 from unirank.supervisor.ssh.remote import VERDICT_MARK, parse_verdict
 from unirank.supervisor.summary import signal_name
@@ -43,9 +44,6 @@ __all__ = ["STOP_SLACK_S", "HostRun", "run_hosts"]
 
 #: seconds after the grace period that stopped hosts get before their ssh clients are killed
 STOP_SLACK_S = 10.0
-#: the engine's stop signals, and the terminal's hang-up: the ssh clients run in their own
-#: session, so nothing else would stop them
-_STOP_SIGNALS = (*STOP_SIGNALS, signal.SIGHUP)
 
 
 @dataclass(frozen=True)
@@ -205,7 +203,7 @@ class _FanOut:
                 f"{what} with exit code {code}{last}")
             return code
         if self._signal is not None:
-            return 128 + self._signal
+            return killed_by(self._signal)
         return next((r.code for r in self._remotes if r.code), 0) or 0
 
     def close(self) -> None:
@@ -259,7 +257,7 @@ def run_hosts(runs: Sequence[HostRun], grace: float) -> int:
     for fd in (wake_r, wake_w):
         os.set_blocking(fd, False)
     old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    old = {sig: signal.signal(sig, _ignore) for sig in _STOP_SIGNALS}
+    old = {sig: signal.signal(sig, _ignore) for sig in HOSTS_STOP}
     try:
         fan.start()
         fan.loop(wake_r)

@@ -17,7 +17,6 @@ import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
 from unirank.contract import INIT_TIMEOUT_VAR, NO_PRELOAD_VAR, STOP_SIGNALS_VAR
-from unirank.errorfile import LOST_PEER
 from unirank.errors import ConfigError
 
 __all__ = [
@@ -49,11 +48,12 @@ _ON_COMMAND_LINE = "PYTHONPATH"
 VERDICT_MARK = b"UNIRANK-HOST-VERDICT "
 
 
-def verdict_line(failed: bool, error: str) -> str:
+def verdict_line(failed: bool, lost_peer: bool) -> str:
     """The remote side's last line: whether a worker failed on its own there (``failed``: the
     run's root cause, not a worker its teardown stopped), and whether that root cause's
-    recorded ``error`` says a peer went away (:data:`unirank.errorfile.LOST_PEER`)."""
-    lost = failed and LOST_PEER.search(error) is not None
+    recorded error says a peer went away (``lost_peer``: :attr:`unirank.summary.WorkerExit.
+    lost_peer`, read once by :func:`unirank.errorfile.read_failure`)."""
+    lost = failed and lost_peer
     return VERDICT_MARK.decode() + json.dumps({"failed": failed, "lost_peer": lost}) + "\n"
 
 

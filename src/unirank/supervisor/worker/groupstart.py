@@ -28,12 +28,11 @@ from typing import Any
 
 from unirank.hang.watcher import recorder_started
 from unirank.joincheck import InitTimeoutError, JoinAbortedError, announce_and_wait
+from unirank.storekeys.init import GROUP_PREFIX, group_prefix
 from unirank.supervisor.worker.info import WorkerInfo
 
 __all__ = ["GROUP_PREFIX", "install"]
 
-#: the store prefix of the n-th group start's join keys: ``unirank/group/<n>/``
-GROUP_PREFIX = "unirank/group/"
 
 
 def _for_this_world(bound: inspect.BoundArguments, info: WorkerInfo) -> bool:
@@ -94,7 +93,7 @@ def _wait_for_every_rank(store: Any, info: WorkerInfo, start: int) -> None:
     import torch.distributed as dist
 
     announce_and_wait(
-        dist.PrefixStore(f"{GROUP_PREFIX}{start}/", store),  # type: ignore[attr-defined]
+        dist.PrefixStore(group_prefix(start), store),  # type: ignore[attr-defined]
         rank=info.rank, world_size=info.world_size, node_name=info.node_name,
         timeout=info.init_timeout, rank_to_node=info.node_of, group_start=True,
     )

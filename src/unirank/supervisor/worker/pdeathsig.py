@@ -11,6 +11,8 @@ import os
 import signal
 import sys
 
+from unirank.exitcodes import killed_by
+
 __all__ = ["PR_SET_PDEATHSIG", "die_with_parent", "set_parent_death_signal"]
 
 #: from <linux/prctl.h>
@@ -46,5 +48,5 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> bool:
     armed = set_parent_death_signal(sig)
     if os.getppid() != expected_parent:
         os.kill(os.getpid(), sig)
-        os._exit(128 + int(sig))  # pragma: no cover - only if sig is caught or ignored
+        os._exit(killed_by(sig))  # pragma: no cover - only if sig is caught or ignored
     return armed

@@ -31,7 +31,14 @@ from datetime import timedelta
 from typing import Any, NoReturn
 
 from unirank.errors import ConfigError
+from unirank.signals import SHIELDED
 from unirank.store import StoreError, interrupted, open_store
+from unirank.storekeys.init import (
+    EXIT_ALL_KEY,
+    EXIT_COUNT_KEY,
+    RANK_CLAIM_PREFIX,
+    rank_claim_key,
+)
 from unirank.supervisor.worker.info import WorkerInfo
 
 __all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FAILED", "connect",
@@ -39,11 +46,8 @@ __all__ = ["EXIT_ALL_KEY", "EXIT_COUNT_KEY", "RANK_CLAIM_PREFIX", "RENDEZVOUS_FA
 
 #: exit code of a worker that could not rendezvous (store unreachable, init timeout)
 RENDEZVOUS_FAILED = 1
-#: store keys of the exit barrier (several nodes only)
-EXIT_COUNT_KEY = "unirank/exit/count"
-EXIT_ALL_KEY = "unirank/exit/all"
-#: store key prefix under which each rank is claimed by its supervisor (node name and pid)
-RANK_CLAIM_PREFIX = "unirank/rank/"
+#: the exit barrier's keys (several nodes only) and each rank's claim by its supervisor (node
+#: name and pid): unirank.storekeys.init
 
 
 def _fail(info: WorkerInfo, message: str) -> NoReturn:
@@ -71,8 +75,7 @@ def _serve_store(info: WorkerInfo, watched: int) -> NoReturn:
     """The store host (a forked child of rank 0): serve the store until ``watched`` (the
     supervisor) is gone. The supervisor kills it with rank 0's process group at its end."""
     try:
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1,
-                    signal.SIGUSR2):
+        for sig in SHIELDED:
             signal.signal(sig, signal.SIG_IGN)  # forwarded signals are for the program
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
@@ -123,7 +126,7 @@ def _claim_rank(store: Any, info: WorkerInfo) -> None:
     from unirank.joincheck import abort_join
 
     ours = f"{info.node_name} (pid {info.supervisor_pid or os.getpid()})"
-    theirs = bytes(store.compare_set(f"{RANK_CLAIM_PREFIX}{info.rank}", "", ours)).decode(
+    theirs = bytes(store.compare_set(rank_claim_key(info.rank), "", ours)).decode(
         errors="replace")
     if theirs == ours:
         return

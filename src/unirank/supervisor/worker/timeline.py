@@ -37,11 +37,11 @@ from typing import Any
 
 from unirank.contract import TIMELINE_FILE_VAR, TIMELINE_VAR
 from unirank.hang.straggle import collective_rows
+from unirank.storekeys.timeline import record_key
 
 __all__ = ["PHASES", "TIMELINE_FILE_VAR", "TIMELINE_VAR", "Recorder", "format_table", "gather",
            "publish"]
 
-KEY_PREFIX = "unirank/timeline/"
 PHASES: tuple[tuple[str, str], ...] = (
     ("preload", "fork server importing"),
     ("preloaded", "fork server imported"),
@@ -102,13 +102,13 @@ def publish(store: Any, rank: int, node: str, parts: Mapping[str, Any]) -> None:
     :class:`Recorder`'s), ``collectives`` and ``watcher`` (the hang watcher's
     :meth:`~unirank.hang.watcher.Watcher.end_record`). Never raises."""
     with contextlib.suppress(Exception):  # a timeline must not fail a job
-        store.set(f"{KEY_PREFIX}{rank}", json.dumps({"rank": rank, "node": node, **parts}))
+        store.set(record_key(rank), json.dumps({"rank": rank, "node": node, **parts}))
 
 
 def gather(store: Any, world_size: int, path: str) -> None:
     """Rank 0: read every rank's record (those that published) and write them to ``path``."""
     try:
-        keys = [f"{KEY_PREFIX}{r}" for r in range(world_size)]
+        keys = [record_key(r) for r in range(world_size)]
         if not store.check(keys):  # a rank ended without publishing: take the others'
             keys = [k for k in keys if store.check([k])]
         values = store.multi_get(keys) if keys else []

@@ -1,71 +1,37 @@
-"""The exit code that tells "stopped to be requeued" from a failure.
+"""The pure parts of the stop -> checkpoint -> requeue pattern: the cap on requeues, squeue's
+time format, the job to requeue, whether Slurm is already ending or requeueing the run.
 
 A rank that saved its checkpoint and stops so that the job runs again exits with
-:data:`REQUEUE_EXIT_CODE`. The batch script that ``unirank sbatch --requeue`` writes checks the
-step's exit status and, on this code, requeues the job from the batch shell
-(``scontrol requeue``), which also works where the ranks run in a container without
-``scontrol``.
+:data:`unirank.exitcodes.REQUEUE` (79; why 79: :mod:`unirank.exitcodes`). The batch script that
+``unirank sbatch --requeue`` writes checks the step's exit status and, on this code, requeues
+the job from the batch shell (``scontrol requeue``), which also works where the ranks run in a
+container without ``scontrol``. Which signals ask the ranks to stop:
+:func:`unirank.signals.stop_signals`.
 
-Why 79: it is used by none of the programs between the batch shell and a rank:
-
-* Python exits 1 on an uncaught exception and 2 on a usage error (argparse);
-* torchrun and ``unirank run`` exit 1 when a worker fails;
-* shells use 126 (not executable), 127 (not found) and 128 + N (killed by signal N, up to 192);
-* coreutils ``timeout`` uses 124 and 125; systemd 200..243;
-* ``sysexits.h`` spans 64..78 (EX_USAGE .. EX_CONFIG), so 79 is the first code past it;
-* Slurm reports a task's signal apart from its exit code, and ``srun``'s own errors exit 1.
-
-``srun`` exits with the highest exit code of its tasks: when every rank stops at the same step
-(as unirank's stop agreement makes them) the step exits 79; a rank that dies of a signal
-(128 + N) outweighs it and the job is not requeued. A rank that fails with 1..78 while the
-others stop with 79 is outweighed by 79: the restart count caps how often that can repeat.
-
-This module also holds the pure parts of the stop -> checkpoint -> requeue pattern (which
-signals ask for a stop, squeue's time format, the job to requeue, the cap on requeues, whether
-Slurm is already ending or requeueing the run);
-:mod:`unirank.runtime.preemption` is the part the training loop calls.
+:mod:`unirank.runtime.preemption` is the part the training loop calls. Outside ``sbatch/``, so
+that the runtime needs nothing of ``unirank sbatch``.
 """
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping
 
-from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR, STOP_SIGNALS_VAR
+from unirank.contract import DEFAULT_MAX_REQUEUES, MAX_REQUEUES_VAR
 from unirank.errors import ConfigError
 from unirank.launchers import slurm_vars as V
-from unirank.signals import parse_signals
+from unirank.slurmcmd import parse_scontrol
 
 __all__ = [
-    "REQUEUE_EXIT_CODE",
     "max_requeues",
     "parse_time_left",
     "requeue_refusal",
     "requeue_target",
     "slurm_run_state",
-    "stop_signals",
 ]
 
-REQUEUE_EXIT_CODE = 79
 
 
 # -- the pure parts of stop -> checkpoint -> requeue (runtime.preemption does the rest) --------
-
-
-def stop_signals(environ: Mapping[str, str]) -> tuple[int, ...]:
-    """The signals that ask the ranks to stop: UNIRANK_STOP_SIGNALS (``USR2,TERM``), else
-    SIGUSR2 and SIGTERM. SIGUSR2 is the warning of ``unirank sbatch``'s ``--signal``. SIGTERM
-    is how torchrun, Kubernetes and ``unirank run`` stop their workers, and how Slurm ends a
-    run (scancel, ``scontrol requeue``, preemption, the time limit; SIGKILL follows KillWait
-    seconds later): the ranks save their checkpoint first, and :func:`slurm_run_state` tells
-    a requeue from a cancel.
-
-    Reads: UNIRANK_STOP_SIGNALS.
-    """
-    given = environ.get(STOP_SIGNALS_VAR, "").strip()
-    if not given:
-        return (signal.SIGUSR2, signal.SIGTERM)
-    return parse_signals(given, variable=STOP_SIGNALS_VAR, example="USR2,TERM")
 
 
 def parse_time_left(text: str) -> float | None:
@@ -135,7 +101,7 @@ def requeue_refusal(environ: Mapping[str, str]) -> str | None:
 
 def slurm_run_state(show_job: str, environ: Mapping[str, str]) -> str:
     """What Slurm is doing with this run, from ``scontrol show job -o JOB``'s line (read by
-    :func:`unirank.sbatch.commands.parse_scontrol`):
+    :func:`unirank.slurmcmd.parse_scontrol`):
 
     * ``"requeued"``: Slurm has requeued the job (``scontrol requeue``, preemption): its
       ``Restarts`` is past this run's SLURM_RESTART_COUNT; it runs again by itself;
@@ -146,8 +112,6 @@ def slurm_run_state(show_job: str, environ: Mapping[str, str]) -> str:
 
     Reads: SLURM_RESTART_COUNT.
     """
-    from unirank.sbatch.commands import parse_scontrol
-
     info = parse_scontrol(show_job)
     if info is None:
         return "running"

@@ -1,0 +1,31 @@
+"""The hang detector's exchange (:mod:`unirank.hang.watcher`): each rank's progress record,
+rank 0's requests for stacks and the answers, the end of the exchange, a failed collective."""
+
+from __future__ import annotations
+
+__all__ = ["ASK_KEY", "ENDED_KEY", "FAILED_KEY", "FIRST_KEY", "PROGRESS_PREFIX", "REASON_KEY",
+           "REPORTED_KEY", "STACKS_PREFIX", "progress_key", "stacks_key"]
+
+PROGRESS_PREFIX = "unirank/hang/progress/"
+#: rank 0 adds 1 here to ask every rank for its stacks (the value numbers the request)
+ASK_KEY = "unirank/hang/ask"
+STACKS_PREFIX = "unirank/hang/stacks/"
+#: counted by each rank once it recorded why the job ends (--hang-timeout)
+ENDED_KEY = "unirank/hang/ended"
+#: counted by each blamed rank once it recorded (the others record after it)
+FIRST_KEY = "unirank/hang/blamed-recorded"
+#: why the job ends (--hang-timeout): an :class:`unirank.hang.ending.Ending` as JSON
+REASON_KEY = "unirank/hang/reason"
+#: ranks whose collective failed count themselves here; the first reports
+FAILED_KEY = "unirank/hang/failed"
+REPORTED_KEY = "unirank/hang/failed-reported"
+
+
+def progress_key(rank: int) -> str:
+    """The key of rank ``rank``'s progress record."""
+    return f"{PROGRESS_PREFIX}{rank}"
+
+
+def stacks_key(number: int, rank: int) -> str:
+    """The key of rank ``rank``'s answer to request ``number``."""
+    return f"{STACKS_PREFIX}{number}/{rank}"

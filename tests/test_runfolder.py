@@ -1,0 +1,73 @@
+"""Every path of a run and an attempt from one place (:mod:`unirank.runfolder`): a new run
+never deletes an earlier run's logs, and a worker is told its attempt folder rather than
+taking it apart from TORCHELASTIC_ERROR_FILE (issue 33: under plain python with that variable
+set, the hang report went to ``/hang``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from _procs import Runner
+from unirank.contract import HangSettings
+from unirank.hang.watcher import Watcher
+from unirank.runfolder import AttemptFolder, RunFolder, attempt_folder_of, make_run_folder
+
+
+def _watcher(environ: dict[str, str]) -> Watcher:
+    return Watcher(rank=0, world_size=1, node="n", settings=HangSettings(60.0, None, 5.0),
+                   connect=lambda: None, environ=environ)
+
+
+def test_plain_python_with_an_error_file_gets_no_attempt_folder() -> None:
+    environ = {"TORCHELASTIC_ERROR_FILE": "/tmp/mine/error.json"}
+    assert attempt_folder_of(environ) == ""
+    assert _watcher(environ).attempt_folder() == ""  # was "/": reports in /hang
+
+
+def test_a_told_worker_uses_what_it_was_told_and_torchrun_s_layout_is_read() -> None:
+    told = {"UNIRANK_ATTEMPT_DIR": "/logs/r_x/attempt_2",
+            "TORCHELASTIC_ERROR_FILE": "/elsewhere/error.json"}
+    assert _watcher(told).attempt_folder() == "/logs/r_x/attempt_2"
+    torchrun = {"TORCHELASTIC_ERROR_FILE": "/logs/none_ab12/attempt_1/3/error.json"}
+    assert attempt_folder_of(torchrun) == "/logs/none_ab12/attempt_1"
+    assert attempt_folder_of({}) == ""
+
+
+def test_an_attempt_s_paths() -> None:
+    attempt = RunFolder("/logs/job_x").attempt(1)
+    assert attempt == AttemptFolder("/logs/job_x/attempt_1")
+    assert attempt.error_file(3) == "/logs/job_x/attempt_1/3/error.json"
+    assert attempt.fault_file(0) == "/logs/job_x/attempt_1/0/fault.txt"
+    assert (attempt.log_file(2, 1), attempt.log_file(2, 2)) == (
+        "/logs/job_x/attempt_1/2/stdout.log", "/logs/job_x/attempt_1/2/stderr.log")
+    assert attempt.filtered_file(2) == "/logs/job_x/attempt_1/filtered_stderr.log"
+    assert attempt.timeline_file == "/logs/job_x/attempt_1/timeline.json"
+    assert attempt.waiting_mark == "/logs/job_x/attempt_1/ranks-waiting"
+    assert attempt.hang_folder == "/logs/job_x/attempt_1/hang"
+
+
+def test_the_same_run_id_twice_gives_two_folders(tmp_path: Path) -> None:
+    first = make_run_folder(str(tmp_path / "logs"), "none")
+    second = make_run_folder(str(tmp_path / "logs"), "none")
+    assert first != second
+    assert os.path.basename(first.path).startswith("none_")
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == sorted(
+        [os.path.basename(first.path), os.path.basename(second.path)])
+
+
+TALK = 'import os\nprint("run", os.environ["RUN_TAG"], flush=True)\n'
+
+
+def test_a_rerun_with_the_same_log_dir_and_run_id_keeps_the_earlier_run_s_logs(
+        runner: Runner, tmp_path: Path) -> None:
+    """Before, the second run's ``attempt_0`` replaced the first's (``shutil.rmtree``)."""
+    runner.script("talk.py", TALK)
+    logs = tmp_path / "logs"
+    for tag in ("first", "second"):
+        result = runner.run(["-n", "1", "--rdzv-id", "same", "--log-dir", str(logs),
+                             "--redirects", "3", "talk.py"], env={"RUN_TAG": tag})
+        assert result.returncode == 0, result.stderr
+        assert f"unirank run: log files in {logs}/same_" in result.stderr, result.stderr
+    found = sorted(p.read_text() for p in logs.glob("same_*/attempt_0/0/stdout.log"))
+    assert found == ["run first\n", "run second\n"]
