@@ -78,13 +78,13 @@ def test_the_server_outlives_a_step_s_signals_and_workers_get_default_dispositio
     assert proc.returncode == 0, err.decode()
 
 
-# each worker says how SIGINT and SIGQUIT are set, then sleeps; an interrupt runs its finally
+# each worker says how SIGINT and SIGTSTP are set, then sleeps; an interrupt runs its finally
 _SLEEPER = """
 import os, signal, sys, time
 interrupt = signal.getsignal(signal.SIGINT) is signal.default_int_handler
-quit_ignored = signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN
+tstp_ignored = signal.getsignal(signal.SIGTSTP) == signal.SIG_IGN
 try:  # entered before READY: the signal may come as soon as READY is out
-    print(f"READY {os.environ['RANK']} {interrupt} {quit_ignored}", flush=True)
+    print(f"READY {os.environ['RANK']} {interrupt} {tstp_ignored}", flush=True)
     time.sleep(120)
 except KeyboardInterrupt:
     print(f"INTERRUPTED {os.environ['RANK']}", flush=True)
@@ -95,9 +95,13 @@ finally:
 
 
 def _as_a_background_job() -> None:
-    """What a non-interactive shell does to a command started with ``&``."""
+    """What a non-interactive shell does to a command started with ``&`` (SIGINT and SIGQUIT
+    ignored), and a signal ``unirank run`` neither forwards nor touches (SIGTSTP) ignored too.
+    SIGQUIT is one of torchrun's forwarded signals, so the supervisor catches it and a worker
+    gets its default, as an exec'ed child would."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    signal.signal(signal.SIGTSTP, signal.SIG_IGN)
 
 
 @pytest.mark.parametrize("preload", [True, False], ids=["forked", "no-preload"])
@@ -105,7 +109,7 @@ def test_ctrl_c_reaches_workers_of_a_run_started_in_the_background(
         runner: Runner, preload: bool) -> None:
     """``setsid unirank run ... &`` from a script: SIGINT and SIGQUIT come ignored. The workers
     get what a child the supervisor exec'ed gets (SIGINT, which the supervisor catches, raises
-    KeyboardInterrupt; SIGQUIT, which it ignores, stays ignored), so a SIGINT to the group ends
+    KeyboardInterrupt; SIGTSTP, which it leaves ignored, stays ignored), so a SIGINT to the group ends
     them with KeyboardInterrupt, their ``finally`` run, instead of SIGKILL after the grace."""
     script = runner.script("sleep.py", _SLEEPER)
     env = runner.environ(None if preload else {"UNIRANK_NO_PRELOAD": "1"})
