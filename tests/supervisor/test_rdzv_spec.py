@@ -63,7 +63,9 @@ def _args(*argv: str) -> argparse.Namespace:
     (["--rdzv-backend", "c10d", "--nnodes", "2", "--standalone"], False),
 ])
 def test_when_the_rendezvous_is_dynamic(argv: list[str], dynamic: bool) -> None:
-    assert elastic.wanted(_args(*argv)) is dynamic
+    from unirank.launchers import detect
+
+    assert elastic.wanted(_args(*argv), detect({}, argv=[])) is dynamic
 
 
 def test_a_new_round_names_the_nodes_that_left_or_joined() -> None:

@@ -167,12 +167,12 @@ _NOTED = {
 _NOTED_FLAGS = {"--run-path"}
 
 
-def _has_no_effect(name: str, args: argparse.Namespace) -> bool:
+def _has_no_effect(name: str, args: argparse.Namespace, outer: DistEnv) -> bool:
     """Whether the noted option ``name`` has no effect here (the dynamic rendezvous uses
     ``--local-addr``)."""
     from unirank.cli import elastic
 
-    return not (name in elastic.USED_OPTIONS and elastic.wanted(args))
+    return not (name in elastic.USED_OPTIONS and elastic.wanted(args, outer))
 
 
 #: the planner's argument names as unirank run's options
@@ -233,21 +233,18 @@ def _check_rdzv_backend(value: str) -> None:
         )
 
 
-def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str]) -> str | None:
-    from unirank.cli import elastic
+def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str],
+                       dynamic: bool) -> float | None:
+    """``--rdzv-conf``'s join timeout (:func:`~unirank.supervisor.rdzv.conf.parse_rdzv_conf`);
+    under the static rendezvous the other keys are noted as having no effect."""
+    from unirank.supervisor.rdzv.conf import parse_rdzv_conf
 
-    if not args.rdzv_conf:
-        return None
-    timeout = None
-    used = elastic.CONF_KEYS if elastic.wanted(args) else ()
-    for item in args.rdzv_conf.split(","):
-        key, _sep, value = item.partition("=")
-        if key.strip() == "join_timeout":
-            timeout = value.strip()
-        elif key.strip() and key.strip() not in used:
-            notes.append(f"--rdzv-conf {key.strip()} is ignored: unirank's rendezvous "
-                         "is static")
-    return timeout
+    conf = parse_rdzv_conf(args.rdzv_conf)
+    if not dynamic:
+        notes.extend(f"--rdzv-conf {key} has no effect: node ranks are not assigned at "
+                     "rendezvous here (c10d without --node-rank assigns them)"
+                     for key in sorted(conf.given - {"join_timeout"}))
+    return conf.join_timeout if "join_timeout" in conf.given else None
 
 
 def _parse_signals(text: str | None) -> tuple[int, ...] | None:
@@ -280,7 +277,8 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
     )
     _check_rdzv_backend(str(args.rdzv_backend))
     addr, port = _endpoint(args)
-    join_timeout = _rdzv_conf_timeout(args, notes)
+    dynamic = elastic.wanted(args, _detect(environ))
+    join_timeout = _rdzv_conf_timeout(args, notes, dynamic)
     init_timeout = (resolve_init_timeout(args.init_timeout, environ)
                     if args.init_timeout is not None or join_timeout is None
                     else resolve_init_timeout(join_timeout, environ,
@@ -291,7 +289,7 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
         nproc_per_node=None if auto else nproc,
         spawn_default=nproc,
         nnodes=(parse_nnodes(args.nnodes) if args.nnodes is not None
-                and not elastic.wanted(args) else None),
+                and not dynamic else None),
         node_rank=_int_option(args.node_rank, "--node-rank",
                               "give this node's rank, 0 to --nnodes - 1"),
         master_addr=addr,
@@ -300,7 +298,7 @@ def build_request(args: argparse.Namespace, environ: Mapping[str, str],
         init_timeout=init_timeout,
         max_restarts=_int_option(args.max_restarts, "--max-restarts",
                                  "give how many times to restart, 0 or more") or 0,
-        run_id=args.rdzv_id or (elastic.DEFAULT_RUN_ID if elastic.wanted(args) else None),
+        run_id=args.rdzv_id or (elastic.DEFAULT_RUN_ID if dynamic else None),
         role=args.role,
         virtual_local_rank=bool(args.virtual_local_rank),
     )
@@ -452,10 +450,11 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
     from dataclasses import replace
     from uuid import uuid4
 
+    from unirank.cli import elastic
     from unirank.supervisor.attempts import run_plan
     from unirank.supervisor.plan import make_plan
 
-    if _dynamic(args, outer):
+    if elastic.wanted(args, outer):
         return _rendezvous_and_run(args, request, outer, environ, options, target, server)
     try:
         plan = make_plan(request, outer, environ, run_id_fallback=uuid4().hex)
@@ -467,18 +466,6 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
 
         require_resolvable(plan.master_addr, source=plan.master_source)
     return run_plan(plan, target, environ=environ, options=options, server=server)
-
-
-def _dynamic(args: argparse.Namespace, outer: DistEnv) -> bool:
-    """The dynamic rendezvous (:func:`unirank.cli.elastic.wanted`), unless an outer launcher
-    gives the node ranks: it does not for an elastic range ``MIN:MAX`` started one task per
-    node (``unirank sbatch --nnodes MIN:MAX``'s steps), where each task is one node."""
-    from unirank.cli import elastic
-
-    if not elastic.wanted(args) or outer.launch_required:
-        return False
-    return outer.world_size <= 1 or (elastic.is_range(args)
-                                     and outer.world_size == outer.num_nodes)
 
 
 def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,
@@ -568,19 +555,12 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
     notes: list[str] = []
     request = build_request(args, environ, notes)
     options = engine_options(args, environ)
+    outer = _detect(environ)
     notes += [f"{name} is accepted but has no effect: {why}" for name, why in _NOTED.items()
               if getattr(args, "noted_" + name[2:].replace("-", "_"), None) is not None
-              and _has_no_effect(name, args)]
+              and _has_no_effect(name, args, outer)]
     for note in notes:
         print(f"unirank run: note: {note}", file=sys.stderr, flush=True)
-    outer = _detect(environ)
-    if request.nnodes is None and args.nnodes is not None and not _dynamic(args, outer):
-        from dataclasses import replace
-
-        from unirank.cli.counts import parse_nnodes
-
-        # an outer launcher gives the node ranks: the static rendezvous, its node count
-        request = replace(request, nnodes=parse_nnodes(args.nnodes), run_id=args.rdzv_id)
     if outer.launch_required and not request.standalone:
         from unirank.supervisor.reexec import reexec_through_srun
 

@@ -43,11 +43,11 @@ class RdzvSpec:
     serves_endpoint: bool
     #: the port of the store this node's rank 0 serves, should this node be node rank 0
     store_port: int = 0
-    #: torchrun's ``--rdzv-conf`` keys, in seconds / counts (torch's defaults where unset)
-    join_timeout: int = 600
-    last_call_timeout: int = 30
-    close_timeout: int = 30
-    keep_alive_interval: int = 5
+    #: torchrun's ``--rdzv-conf`` keys, in seconds / counts (:class:`~.conf.RdzvConf`)
+    join_timeout: float = 600.0
+    last_call_timeout: float = 3.0
+    close_timeout: float = 30.0
+    keep_alive_interval: float = 1.0
     keep_alive_max_attempt: int = 3
     #: stop the workers when a node waits to join (only where a restart can admit it)
     admit_joiners: bool = False
