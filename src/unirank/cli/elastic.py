@@ -110,7 +110,8 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
         run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
         local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
         serves_endpoint=_serves_endpoint(host, local_addr, environ, outer),
-        admit_joiners=restarts > 0, **{key: getattr(conf, key) for key in KEYS})
+        admit_joiners=restarts > 0, explicit_addr=local_addr is not None,
+        **{key: getattr(conf, key) for key in KEYS})
 
 
 def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,

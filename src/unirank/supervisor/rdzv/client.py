@@ -1,10 +1,9 @@
 """The parent's side of the dynamic rendezvous: start the helper (:mod:`.agent`), read its
 answer with a deadline, end it. No torch here.
 
-The helper's stderr (torch's log lines) goes to a temporary file, kept and named in the error
-when the helper fails on its own (not a refusal). Reads no environment variable; the helper's
-environment is the mapping it is given, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torch would
-otherwise serve a second store for the workers on node rank 0; unirank's rank 0 serves theirs).
+The helper's stderr goes to a temporary file, kept and named in the error when the helper
+fails on its own (not a refusal). Reads no environment variable; the helper's environment is
+the mapping it is given.
 """
 
 from __future__ import annotations
@@ -24,11 +23,19 @@ from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to
 
 __all__ = ["ANSWER_MARGIN", "RendezvousHelper"]
 
-#: seconds the parent waits for an answer beyond the join timeout (the helper's import of
-#: torch and its connect)
+#: seconds the parent waits for an answer beyond the join timeout (the helper's start and its
+#: connect)
 ANSWER_MARGIN = 60.0
 #: seconds a helper gets to leave once its stdin closed
 CLOSE_TIMEOUT = 5.0
+
+
+def _spawn(environ: Mapping[str, str], err_fd: int) -> subprocess.Popen[bytes]:
+    """Start the helper process: its stdin and stdout piped to the parent, stderr to
+    ``err_fd``."""
+    return subprocess.Popen([sys.executable, "-m", "unirank.supervisor.rdzv.agent"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err_fd,
+                            env=dict(environ))
 
 
 class RendezvousHelper:
@@ -38,12 +45,8 @@ class RendezvousHelper:
     def __init__(self, spec: RdzvSpec, environ: Mapping[str, str]) -> None:
         self.spec = spec
         fd, self.log_path = tempfile.mkstemp(prefix="unirank-rdzv-", suffix=".log")
-        env = dict(environ)
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "unirank.supervisor.rdzv.agent"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd, env=env)
+            self._proc = _spawn(environ, fd)
         finally:
             os.close(fd)
         self._keep_log = False
@@ -71,7 +74,7 @@ class RendezvousHelper:
                 raise
             self._keep_log = True
             raise ConfigError(exc.message, variable=exc.variable, value=exc.value,
-                              hint=f"torch's log of the rendezvous: {self.log_path}") from None
+                              hint=f"the rendezvous helper's log: {self.log_path}") from None
 
     def _read_line(self, timeout: float) -> str:
         assert self._proc.stdout is not None
@@ -85,7 +88,7 @@ class RendezvousHelper:
                     self._keep_log = True
                     raise ConfigError(
                         f"the rendezvous helper did not answer within {timeout:g} s",
-                        hint=f"torch's log of the rendezvous: {self.log_path}")
+                        hint=f"the rendezvous helper's log: {self.log_path}")
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     self._keep_log = True

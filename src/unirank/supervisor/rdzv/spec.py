@@ -51,6 +51,8 @@ class RdzvSpec:
     keep_alive_max_attempt: int = 3
     #: stop the workers when a node waits to join (only where a restart can admit it)
     admit_joiners: bool = False
+    #: ``local_addr`` was given (``--local-addr``): the same one twice is one node started twice
+    explicit_addr: bool = False
 
     def master_addr(self) -> str:
         """Where this node's rank 0 would serve the workers' store."""
