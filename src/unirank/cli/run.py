@@ -499,11 +499,9 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
 
     try:
         plan = plan_at(assignment)
-        listening = sock if plan.hosts_store else None
-        if listening is None:
-            sock.close()
+        # kept on every node: node rank 0 may move here (its node lost, the store moved)
         return run_plan(plan, target, environ=environ, options=options, server=server,
-                        listening=listening, replan=replan, watch=helper)
+                        listening=sock, replan=replan, watch=helper)
     finally:
         helper.close()
 

@@ -24,6 +24,7 @@ parent raises it as a one-line ConfigError). Reads no environment variable.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -59,35 +60,42 @@ def node_identity() -> str:
     return f"{socket.gethostname()}:{os.getppid()}:{secrets.token_hex(4)}"
 
 
-def serve_if_endpoint(spec: RdzvSpec) -> bool:
+def serve_if_endpoint(spec: RdzvSpec, host: str) -> bool:
     """Serve the rendezvous here where this node is on the endpoint's host and the port is free;
-    whether it does."""
-    if not spec.serves_endpoint:
+    whether it does (``host``: this node's identity)."""
+    endpoint = _endpoint_socket(spec)
+    if endpoint is None:
         return False
-    from unirank.errors import ConfigError
-    from unirank.supervisor.listen import open_store_socket
     from unirank.supervisor.rdzv.server import Server
 
-    try:
-        listening = open_store_socket(spec.endpoint_port, host=spec.endpoint_host,
-                                      option="--rdzv-endpoint")
-    except ConfigError:
-        return False  # in use: another node of this host serves it
-    Server(listening, spec).start()
+    Server([endpoint], spec, host).start()
     return True
 
 
-def connect(spec: RdzvSpec, deadline: float) -> Lines:
-    """A connection to the rendezvous, tried until ``deadline`` (the endpoint's node may start
-    after this one)."""
+def _endpoint_socket(spec: RdzvSpec) -> socket.socket | None:
+    """The endpoint's port, listening, where this node is on its host and it is free."""
+    if not spec.serves_endpoint:
+        return None
+    from unirank.errors import ConfigError
+    from unirank.supervisor.listen import open_store_socket
+
+    try:
+        return open_store_socket(spec.endpoint_port, host=spec.endpoint_host,
+                                 option="--rdzv-endpoint")
+    except ConfigError:
+        return None  # in use: another node of this host serves it
+
+
+def connect(spec: RdzvSpec, address: tuple[str, int], deadline: float) -> Lines:
+    """A connection to the rendezvous at ``address``, tried until ``deadline`` (the endpoint's
+    node may start after this one)."""
     while True:
         try:
-            sock = socket.create_connection((spec.endpoint_host, spec.endpoint_port), timeout=2)
-            return Lines(sock)
+            return Lines(socket.create_connection(address, timeout=2))
         except OSError:
             if time.monotonic() >= deadline:
                 raise Refusal(
-                    f"nothing serves the rendezvous at {_endpoint(spec)}",
+                    f"nothing serves the rendezvous at {address[0]}:{address[1]}",
                     variable="--rdzv-endpoint", value=_endpoint(spec),
                     hint="start unirank run on the endpoint's host too (its node serves the "
                     "rendezvous), or give --rdzv-endpoint one of the nodes' addresses") from None
@@ -95,16 +103,25 @@ def connect(spec: RdzvSpec, deadline: float) -> Lines:
 
 
 class Node:
-    """This node's side of the rendezvous: hello, join, beats, news (see the module)."""
+    """This node's side of the rendezvous: hello, join, beats, news, and taking the rendezvous
+    over where the node serving it is lost (see the module)."""
 
-    def __init__(self, spec: RdzvSpec, lines: Lines, serves: bool) -> None:
-        self.spec, self.lines, self.serves = spec, lines, serves
+    def __init__(self, spec: RdzvSpec, node: str, serves: bool) -> None:
+        from unirank.supervisor.listen import open_store_socket
+
+        self.spec, self.node, self.serves = spec, node, serves
         self.explicit = spec.local_addr if spec.explicit_addr else None
-        self.node = node_identity()
-        self.joining = False
-        self.told = False
-        self.deadline = 0.0
-        self.gone = False
+        #: where this node serves the rendezvous, should it take it over
+        self.spare = open_store_socket(0, host=spec.master_addr(), option="--local-addr")
+        self.lines = connect(spec, (spec.endpoint_host, spec.endpoint_port),
+                             time.monotonic() + spec.join_timeout)
+        self.selector = selectors.DefaultSelector()
+        self.joining = self.told = False
+        self.deadline = self.heard = time.monotonic()
+        #: the last round: its number, members (in order), records and the node serving it
+        self.round, self.server = -1, ""
+        self.members: tuple[str, ...] = ()
+        self.records: dict[str, dict[str, Any]] = {}
 
     def hello(self, deadline: float) -> None:
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
@@ -116,6 +133,7 @@ class Node:
                     raise Refusal(str(message["error"]), variable=message.get("variable"),
                                   value=message.get("value"), hint=str(message.get("hint")))
                 if message.get("ok"):
+                    self.heard = time.monotonic()
                     return
 
     def _wait(self, deadline: float, what: str) -> list[dict[str, Any]]:
@@ -134,74 +152,112 @@ class Node:
     def join(self) -> None:
         record = NodeRecord(addr=self.spec.master_addr(), name=self.spec.node_name,
                             nproc=self.spec.nproc, store_port=self.spec.store_port,
-                            serves_endpoint=self.serves, claim=self.node)
+                            serves_endpoint=self.serves, claim=self.node,
+                            rdzv_port=int(self.spare.getsockname()[1]))
         self.joining, self.told = True, False
         self.deadline = time.monotonic() + self.spec.join_timeout
         if not self.lines.send({"op": "join", "record": asdict(record)}):
-            self._store_gone()
-
-    def _store_gone(self) -> NoReturn:
-        raise Refusal(f"the rendezvous at {_endpoint(self.spec)} ended (its node ended)",
-                      hint="start the job again")
+            self.move()
 
     def on_message(self, message: dict[str, Any]) -> None:
         if "error" in message:
             raise Refusal(str(message["error"]), variable=message.get("variable"),
                           value=message.get("value"), hint=str(message.get("hint")))
         if "round" in message and self.joining:
-            members = list(message["members"])
+            self.round, self.members = int(message["round"]), tuple(message["members"])
+            self.records = {m: r for m, r in zip(self.members, message["records"])}
+            self.server = str(message.get("server") or "")
             records = [NodeRecord(**r) for r in message["records"]]
-            _answer(assign(records, members.index(self.node), int(message["round"])))
+            _answer(assign(records, self.members.index(self.node), self.round))
             self.joining = False
-        elif "event" in message and not self.joining and not self.told \
-                and (message.get("kind") != "join" or self.spec.admit_joiners):
-            _answer({"event": message["event"]})
+        elif "event" in message and (message.get("kind") != "join" or self.spec.admit_joiners):
+            self._tell(str(message["event"]))
+
+    def _tell(self, news: str) -> None:
+        """Pass news on to the parent, once per round, while the workers run."""
+        if not self.joining and not self.told:
+            _answer({"event": news})
             self.told = True
+
+    def move(self) -> None:
+        """The node serving the rendezvous is lost: find its successor (or become it) by
+        :func:`~.rounds.successor` over the last round's members, connect, and go on."""
+        from unirank.supervisor.rdzv.rounds import successor
+        from unirank.supervisor.rdzv.server import Resume, Server
+
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.lines.sock)
+        self.lines.close()
+        failed = {self.server}
+        wait = 2 * self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt + 2.0
+        while True:
+            chosen = successor(self.members, failed) if self.server else None
+            if chosen is None:
+                raise Refusal(f"the rendezvous at {_endpoint(self.spec)} ended (its node "
+                              "ended) and no node of the last round serves it",
+                              hint="start the job again")
+            if chosen == self.node:
+                listening = [self.spare, *filter(None, [_endpoint_socket(self.spec)])]
+                Server(listening, self.spec, self.node,
+                       Resume(self.round, self.members, self.records,
+                              frozenset(failed))).start()
+                self.serves = True
+            record = self.records[chosen]
+            address = (str(record["addr"]), int(record["rdzv_port"]))
+            try:
+                self.lines = connect(self.spec, address, time.monotonic() + wait)
+                self.hello(time.monotonic() + wait)
+                break
+            except Refusal:
+                failed.add(chosen)
+        self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
+        self.server, self.heard = chosen, time.monotonic()
+        if self.joining:
+            self.join()
+        self._tell(f"store moved to node {record['name']} ({address[0]})")
 
     def run(self) -> None:
         """Join, then serve the parent until its stdin ends."""
+        self.selector.register(0, selectors.EVENT_READ, "parent")
+        self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
         self.join()
         beat_at = 0.0
-        with selectors.DefaultSelector() as selector:
-            selector.register(0, selectors.EVENT_READ, "parent")
-            selector.register(self.lines.sock, selectors.EVENT_READ, "store")
-            while True:
-                now = time.monotonic()
-                if now - beat_at >= self.spec.keep_alive_interval and not self.gone:
-                    beat_at = now
-                    self.lines.send({"op": "beat"})
-                if self.joining and now >= self.deadline:
-                    raise Refusal(
-                        f"the rendezvous {self.spec.run_id!r} at {_endpoint(self.spec)} did "
-                        f"not complete within join_timeout={self.spec.join_timeout:g} s "
-                        f"(fewer than {self.spec.min_nodes} nodes joined)",
-                        hint="start unirank run with the same --rdzv-endpoint and --rdzv-id "
-                        "on the other nodes, or raise --rdzv-conf join_timeout")
-                for key, _ in selector.select(min(0.5, self.spec.keep_alive_interval / 2)):
-                    if key.data == "parent":
-                        if not self._from_parent(selector):
-                            return
-                    else:
-                        self._from_store(selector)
+        lost_after = self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt
+        while True:
+            now = time.monotonic()
+            if now - beat_at >= self.spec.keep_alive_interval:
+                beat_at = now
+                self.lines.send({"op": "beat"})
+            if self.joining and now >= self.deadline:
+                raise Refusal(
+                    f"the rendezvous {self.spec.run_id!r} at {_endpoint(self.spec)} did "
+                    f"not complete within join_timeout={self.spec.join_timeout:g} s "
+                    f"(fewer than {self.spec.min_nodes} nodes joined)",
+                    hint="start unirank run with the same --rdzv-endpoint and --rdzv-id "
+                    "on the other nodes, or raise --rdzv-conf join_timeout")
+            if now - self.heard >= lost_after and self.server != self.node:
+                self.move()  # the node serving it is silent: hung, or cut off
+            for key, _ in self.selector.select(min(0.5, self.spec.keep_alive_interval / 2)):
+                if key.data == "parent":
+                    if not self._from_parent():
+                        return
+                else:
+                    self._from_store()
 
-    def _from_parent(self, selector: selectors.BaseSelector) -> bool:
+    def _from_parent(self) -> bool:
         line = os.read(0, 4096)
         if not line.strip():
             self.lines.send({"op": "leave"})
             return False
-        if self.gone:
-            self._store_gone()
         self.join()
         return True
 
-    def _from_store(self, selector: selectors.BaseSelector) -> None:
+    def _from_store(self) -> None:
         messages = self.lines.receive()
         if messages is None:
-            selector.unregister(self.lines.sock)
-            self.gone = True
-            if self.joining:
-                self._store_gone()
+            self.move()
             return
+        self.heard = time.monotonic()
         for message in messages:
             self.on_message(message)
 
@@ -222,10 +278,9 @@ def _answer(payload: object) -> None:
 
 
 def _serve(spec: RdzvSpec) -> None:
-    serves = serve_if_endpoint(spec)
-    deadline = time.monotonic() + spec.join_timeout
-    node = Node(spec, connect(spec, deadline), serves)
-    node.hello(min(deadline, time.monotonic() + 30.0))
+    identity = node_identity()
+    node = Node(spec, identity, serve_if_endpoint(spec, identity))
+    node.hello(time.monotonic() + min(spec.join_timeout, 30.0))
     node.run()
 
 

@@ -11,14 +11,17 @@ are its decisions, unit-tested in milliseconds:
   not rejoined within the close timeout is left out.
 * :func:`members_of`: the next round's nodes: those of the round before, in their order, then
   the new ones in the order they came, at most MAX.
+* :func:`successor`: which node serves the rendezvous once the node serving it is lost: the
+  first node of the last round's list that is not known lost. Every node holds the same list
+  (the round's answer carries it), so the survivors agree without talking to each other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Pending", "members_of", "round_closes"]
+__all__ = ["Pending", "members_of", "round_closes", "successor"]
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,10 @@ def members_of(before: Sequence[str], waiting: Sequence[str], alive: frozenset[s
     kept = [n for n in before if n in waiting and n in alive]
     new = [n for n in waiting if n not in before and n in alive]
     return tuple((kept + new)[:max_nodes])
+
+
+def successor(members: Sequence[str], failed: Collection[str]) -> str | None:
+    """The node that serves the rendezvous next: the first of the last round's ``members`` (in
+    the round's order) not in ``failed`` (the node that served it, and any found unreachable
+    since); None when none is left."""
+    return next((m for m in members if m not in failed), None)

@@ -43,18 +43,40 @@ class _Node:
     seen: float = field(default_factory=time.monotonic)
 
 
-class Server:
-    """The rendezvous of one job, served on ``listening`` until the process ends."""
+@dataclass(frozen=True)
+class Resume:
+    """The state a successor takes over (every node holds it from the last round's answer)."""
 
-    def __init__(self, listening: socket.socket, spec: RdzvSpec) -> None:
-        self.spec = spec
-        self._listening = listening
+    round: int
+    members: tuple[str, ...]
+    records: dict[str, dict[str, Any]]
+    #: the nodes known lost (the node that served before, and any found unreachable)
+    failed: frozenset[str]
+
+
+class Server:
+    """The rendezvous of one job, served on ``listening`` until the process ends; ``host`` is
+    the identity of the node whose helper runs it; ``resume`` the state of a server that was
+    lost (this one is its successor)."""
+
+    def __init__(self, listening: list[socket.socket], spec: RdzvSpec, host: str,
+                 resume: Resume | None = None) -> None:
+        self.spec, self.host = spec, host
         self._selector = selectors.DefaultSelector()
-        self._selector.register(listening, selectors.EVENT_READ, None)
+        for sock in listening:
+            self._selector.register(sock, selectors.EVENT_READ, sock)
         self._nodes: dict[int, _Node] = {}
         self.round = -1
         self.members: tuple[str, ...] = ()
         self._records: dict[str, dict[str, Any]] = {}
+        #: nodes of the round before counted alive until they reconnect (after a move)
+        self._grace: dict[str, float] = {}
+        if resume is not None:
+            self.round, self.members = resume.round, resume.members
+            self._records = dict(resume.records)
+            grace = time.monotonic() + 2 * spec.keep_alive_interval * \
+                spec.keep_alive_max_attempt + 5.0
+            self._grace = {m: grace for m in resume.members if m not in resume.failed}
         self._waiting: list[str] = []
         self._opened: float | None = None
         self._min_at: float | None = None
@@ -68,15 +90,15 @@ class Server:
         tick = min(0.25, self.spec.keep_alive_interval / 2)
         while True:
             for key, _ in self._selector.select(tick):
-                if key.data is None:
-                    self._accept()
+                if isinstance(key.data, socket.socket):
+                    self._accept(key.data)
                 else:
                     self._read(key.data)
             self._tick()
 
-    def _accept(self) -> None:
+    def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
-            sock, _ = self._listening.accept()
+            sock, _ = listening.accept()
             node = _Node(Lines(sock))
             self._nodes[sock.fileno()] = node
             self._selector.register(sock, selectors.EVENT_READ, node)
@@ -139,6 +161,7 @@ class Server:
             return
         node.node, node.name = str(message.get("node")), str(message.get("name"))
         node.explicit, node.pid = explicit, int(message.get("pid") or 0)
+        self._grace.pop(node.node, None)
         node.lines.send({"ok": True, "round": self.round})
 
     def _refuse(self, node: _Node, payload: dict[str, Any]) -> None:
@@ -185,7 +208,9 @@ class Server:
 
     # rounds -----------------------------------------------------------------------------
     def _alive(self) -> frozenset[str]:
-        return frozenset(n.node for n in self._nodes.values() if n.node)
+        now = time.monotonic()
+        return frozenset([n.node for n in self._nodes.values() if n.node]
+                         + [n for n, until in self._grace.items() if until > now])
 
     def _maybe_close(self, now: float) -> None:
         if not self._waiting:
@@ -211,7 +236,7 @@ class Server:
         for node in self._nodes.values():
             if node.node in self.members:
                 node.lines.send({"round": self.round, "members": self.members,
-                                 "records": records})
+                                 "records": records, "server": self.host})
         self._waiting = [n for n in self._waiting if n not in self.members]
         self._opened = now if self._waiting else None
         self._min_at = None

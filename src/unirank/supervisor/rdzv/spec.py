@@ -68,8 +68,10 @@ class NodeRecord:
     nproc: int
     store_port: int
     serves_endpoint: bool
-    #: the node's address in the rendezvous (``--local-addr``), the key of its claim and beat
+    #: the node's identity in the rendezvous (host, pid and a random part)
     claim: str = ""
+    #: the port where this node would serve the rendezvous, should it take it over
+    rdzv_port: int = 0
 
 
 @dataclass(frozen=True)
