@@ -131,9 +131,11 @@ def _world_of_two(name: str, folder: Path, tries: int = 3,
         outs = [folder / f"{name}-{attempt}-{node}.log" for node in "ab"]
         procs = [_start(command(name, port), outs[0])]
         try:
-            _until(lambda: _listens(port), 60, f"{name}: node A's endpoint did not listen")
+            _until(lambda port=port: _listens(port),  # type: ignore[misc]
+                   60, f"{name}: node A's endpoint did not listen")
             procs.append(_start(command(name, port), outs[1]))
-            _until(lambda: sum(w == 2 for w, _r, _t in _steps(outs[0])) >= 3, 60, "")
+            _until(lambda out=outs[0]: sum(w == 2 for w, _r, _t in _steps(out)) >= 3,  # type: ignore[misc]
+                   60, "")
             return procs, outs, port
         except RuntimeError:
             _end(procs)

@@ -1,0 +1,159 @@
+"""Recovery of ``unirank run``'s dynamic rendezvous with the settings a user starts with: the
+same command twice on one host (two nodes, as torchrun's agents), no ``--local-addr``, no
+``--rdzv-conf``. Real processes: node A starts first and serves the rendezvous, node B joins;
+then a node's whole process tree is killed (a lost machine), and the survivor must go on.
+
+Environment variables read: the caller's environment, from which launcher variables are removed
+(see ``tests/_procs.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from _procs import Runner, free_port, process_tree
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120.0
+NO_OMP = ("OMP_NUM_THREADS",)
+
+# Steps of training: each rank all-reduces a one and says the world it sees; the rank, world
+# and restart given on the command line say through the FIFO that their step 1 ran (the test
+# holds the FIFO open for reading from the start: a write never blocks).
+STEPS = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+steps, fifo, when = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+for step in range(steps):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart}",
+          flush=True)
+    if step == 1 and f"{rank},{world},{restart}" in when.split(":"):
+        with open(fifo, "w") as out:
+            out.write("ready")
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[Any]) -> None:
+    """Until the endpoint accepts connections (node A serves it), or A ended."""
+    import time
+
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)  # polling a port, not synchronising on time
+    raise AssertionError("node A's endpoint never listened")
+
+
+class Job:
+    """One job of ``--nnodes 1:2 --nproc-per-node 1 --max-restarts 3``, its nodes started with
+    the same command."""
+
+    def __init__(self, runner: Runner, tmp_path: Path, steps: int, when: str) -> None:
+        (tmp_path / "steps.py").write_text(STEPS)
+        self.fifo = tmp_path / "ready.fifo"
+        os.mkfifo(self.fifo)
+        self.reader = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self.keep = os.open(self.fifo, os.O_WRONLY)  # no EOF between two writers
+        self.seen = 0
+        self.readies = 0
+        self.port = free_port()
+        self.runner = runner
+        self.args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+                     "steps.py", str(steps), str(self.fifo), when]
+
+    def wait(self, count: int) -> None:
+        """Until ``count`` steps of the command line's kind ran in all (at most
+        :data:`TIMEOUT` seconds)."""
+        import select
+
+        while self.readies < count:
+            ready, _, _ = select.select([self.reader], [], [], TIMEOUT)
+            assert ready, f"no worker wrote to {self.fifo} within {TIMEOUT:g} s"
+            self.readies += os.read(self.reader, 4096).count(b"ready")
+
+    def close(self) -> None:
+        os.close(self.reader)
+        os.close(self.keep)
+
+    def node(self) -> subprocess.Popen[Any]:
+        return self.runner.start(self.args, text=True, drop=NO_OMP)
+
+    def two_nodes(self) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
+        first = self.node()
+        _wait_listening(self.port, first)
+        second = self.node()
+        self.wait(1)  # the world of 2 ran a step
+        return first, second
+
+
+def _kill_tree(proc: subprocess.Popen[Any]) -> None:
+    for pid in process_tree(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.communicate(timeout=TIMEOUT)
+
+
+def _worlds(out: str, restart: int) -> set[str]:
+    return {line.split(" world ")[1].split()[0] for line in out.splitlines()
+            if line.startswith("step ") and line.endswith(f" restart {restart}")}
+
+
+def test_the_endpoint_s_node_killed_the_other_goes_on_alone(runner: Runner,
+                                                           tmp_path: Path) -> None:
+    """Node A serves the rendezvous; its whole tree is killed: node B takes the rendezvous
+    over (the successor rule), restarts at a world of 1 and finishes."""
+    job = Job(runner, tmp_path, 30, "1,2,0")
+    first, second = job.two_nodes()
+    _kill_tree(first)
+    out, err = second.communicate(timeout=TIMEOUT)
+    job.close()
+    assert second.returncode == 0, err
+    assert "unirank run: store moved to node " in err, err
+    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert _worlds(out, 1) == {"1"}, out
+    assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
+
+
+def test_a_killed_node_started_again_brings_the_world_back(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """Node B's whole tree is killed: A goes on at a world of 1 at once; B started again with
+    the same command joins at the next round and the world is 2 again."""
+    job = Job(runner, tmp_path, 150, "1,2,0:0,1,1")
+    first, second = job.two_nodes()
+    _kill_tree(second)
+    job.wait(2)  # node A trains alone
+    again = job.node()
+    out_b, err_b = again.communicate(timeout=TIMEOUT)
+    out_a, err_a = first.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (first.returncode, again.returncode) == (0, 0), err_a + err_b
+    assert "is lost: its connection closed" in err_a, err_a
+    assert "1 node(s) wait to join" in err_a, err_a
+    assert _worlds(out_a, 1) == {"1"}, out_a
+    assert _worlds(out_a, 2) == {"2"}, out_a
+    assert {line.split(" world ")[1].split()[0] for line in out_b.splitlines()
+            if line.startswith("step ")} == {"2"}, out_b
