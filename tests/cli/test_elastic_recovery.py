@@ -9,6 +9,7 @@ Environment variables read: the caller's environment, from which launcher variab
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -110,10 +111,8 @@ class Job:
 
 def _kill_tree(proc: subprocess.Popen[Any]) -> None:
     for pid in process_tree(proc.pid):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     proc.communicate(timeout=TIMEOUT)
 
 
