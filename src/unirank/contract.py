@@ -53,6 +53,8 @@ __all__ = [
     "NO_PRELOAD_VAR",
     "NO_SRUN_VAR",
     "NUMA_BINDING_VAR",
+    "ON_HANG_CHOICES",
+    "ON_HANG_VAR",
     "PRIVATE_VARIABLES",
     "RANKS_PER_NODE_VAR",
     "RESTART_COUNT_VAR",
@@ -71,6 +73,7 @@ __all__ = [
     "parse_seconds",
     "resolve_hang",
     "resolve_init_timeout",
+    "resolve_on_hang",
 ]
 
 # -- torchrun's variables ---------------------------------------------------------------------
@@ -111,6 +114,11 @@ MASTER_FORWARDED_VAR = "UNIRANK_MASTER_FORWARDED"
 HANG_REPORT_AFTER_VAR = "UNIRANK_HANG_REPORT_AFTER"
 #: seconds of such a hang after which the job ends (``--hang-timeout``; unset: never)
 HANG_TIMEOUT_VAR = "UNIRANK_HANG_TIMEOUT"
+#: what the supervisor does when ``--hang-timeout`` ends the workers (``--on-hang``): ``exit``
+#: (the job ends, 86), ``restart`` (every node starts its workers again), ``evict`` (the nodes of
+#: the ranks that never entered the collective are stopped and left out; an elastic job only)
+ON_HANG_VAR = "UNIRANK_ON_HANG"
+ON_HANG_CHOICES = ("exit", "restart", "evict")
 #: seconds between two progress records of a rank (default: a quarter of the report delay,
 #: 0.25 to 5 s)
 HANG_INTERVAL_VAR = "UNIRANK_HANG_INTERVAL"
@@ -254,3 +262,27 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
     if after is None:
         limit = None  # no detector: nothing to time out
     return HangSettings(after, limit, interval)
+
+
+def resolve_on_hang(given: str | None, environ: Mapping[str, str], *, elastic: bool,
+                    restarts: int, option: str = "--on-hang") -> str:
+    """What ``--hang-timeout`` leads to: ``given`` (``--on-hang``, or the ``on_hang=`` keyword:
+    ``option`` names it), else UNIRANK_ON_HANG, else ``evict`` in an elastic job (a range
+    ``MIN:MAX`` of the dynamic rendezvous) with restarts left, ``restart`` with restarts left,
+    else ``exit``. ``evict`` in a static world is refused (no node can leave it).
+
+    Reads: UNIRANK_ON_HANG.
+    """
+    source, text = (option, given) if given is not None else (ON_HANG_VAR,
+                                                               environ.get(ON_HANG_VAR))
+    if text is None or not text.strip():
+        return "evict" if elastic and restarts > 0 else "restart" if restarts > 0 else "exit"
+    choice = text.strip().lower()
+    if choice not in ON_HANG_CHOICES:
+        raise ConfigError("is not what unirank does on a hang", variable=source, value=text,
+                          hint=f"give one of {', '.join(ON_HANG_CHOICES)}")
+    if choice == "evict" and not elastic:
+        raise ConfigError("needs an elastic job, whose world may shrink", variable=source,
+                          value=text, hint="use --nnodes MIN:MAX with --rdzv-backend c10d, or "
+                          "--on-hang restart|exit")
+    return choice

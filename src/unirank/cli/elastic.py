@@ -20,6 +20,7 @@ import argparse
 import socket
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
@@ -27,8 +28,8 @@ from unirank.supervisor.rdzv.client import RendezvousHelper
 from unirank.supervisor.rdzv.conf import KEYS, parse_rdzv_conf
 from unirank.supervisor.rdzv.spec import DEFAULT_ENDPOINT_PORT, Assignment, RdzvSpec
 
-__all__ = ["DEFAULT_RUN_ID", "USED_OPTIONS", "asked", "describe_round", "is_range", "join",
-           "wanted"]
+__all__ = ["DEFAULT_RUN_ID", "USED_OPTIONS", "asked", "describe_round", "eviction", "is_range",
+           "join", "wanted"]
 
 #: torchrun's ``--rdzv-id`` when none is given
 DEFAULT_RUN_ID = "none"
@@ -150,3 +151,17 @@ def describe_round(before: Assignment, after: Assignment, took: float | None = N
             f"{sum(after.ranks_per_node)} workers in all"
             + (f" ({'; '.join(changes)})" if changes else "")
             + (f", after {took:.1f} s of rendezvous" if took is not None else ""))
+
+
+def eviction(place: Assignment, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The next round's eviction (``--on-hang evict``), as :meth:`RendezvousHelper.next`'s
+    keywords: the nodes (of ``place``, the round that hung) of the ranks the hang ``verdict``
+    names as never having entered the collective, and why (``node evicted: rank 1 never
+    entered all_reduce #12``); nothing without a verdict."""
+    ranks = [int(r) for r in (verdict or {}).get("never_entered") or ()]
+    nodes = place.nodes_of(ranks)
+    if not nodes:
+        return {}
+    call = str((verdict or {}).get("call") or "the collective")
+    return {"evict": nodes, "why": "node evicted: " + "; ".join(
+        f"rank {rank} never entered {call}" for rank in ranks)}

@@ -93,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _option(parser, "--hang-timeout", dest="hang_timeout", default=None, metavar="S",
             help="end the job (exit code 86) when a hang lasts S seconds (default: "
             "UNIRANK_HANG_TIMEOUT, else never)")
+    _option(parser, "--on-hang", dest="on_hang", default=None, metavar="exit|restart|evict",
+            help="once --hang-timeout ended the workers: end the job (86), restart every "
+            "node, or stop the nodes of the ranks that never entered the collective and go on "
+            "without them (default: UNIRANK_ON_HANG, else evict in an elastic job with "
+            "restarts left, restart with restarts left, else exit)")
     _option(parser, "--grace-period", "--shutdown-timeout", dest="grace_period", default=None,
             metavar="S", help="seconds between SIGTERM and SIGKILL when stopping workers "
             "(default 5)")
@@ -340,7 +345,23 @@ def engine_options(args: argparse.Namespace,
     return EngineOptions(grace_period=grace, output=output, signals=signals,
                          timeline=bool(args.timeline or args.timeline_json),
                          timeline_json=args.timeline_json or None, hang=hang,
-                         numa_binding=_numa_binding(args.numa_binding))
+                         numa_binding=_numa_binding(args.numa_binding),
+                         on_hang=_on_hang(args, environ or {}))
+
+
+def _on_hang(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """``--on-hang`` (:func:`unirank.contract.resolve_on_hang`): an elastic job is a range of
+    the dynamic rendezvous.
+
+    Reads: UNIRANK_ON_HANG.
+    """
+    from unirank.cli import elastic
+    from unirank.contract import resolve_on_hang
+
+    restarts = _int_option(args.max_restarts, "--max-restarts", "give 0 or more") or 0
+    return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,
+                           elastic=elastic.wanted(args, _detect(environ))
+                           and elastic.is_range(args))
 
 
 def _numa_binding(mode: str | None) -> str | None:
@@ -490,9 +511,11 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
 
     places = [assignment]
 
-    def replan(attempt: int) -> Plan:  # a restart: the next round (the world may change)
+    def replan(attempt: int, verdict: Mapping[str, Any] | None) -> Plan:
+        """A restart: the next round (the world may change), the nodes of the ranks a hang
+        verdict names evicted first (``--on-hang evict``)."""
         began = time.monotonic()
-        places.append(helper.next(first=False))
+        places.append(helper.next(first=False, **elastic.eviction(places[-1], verdict)))
         line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began)
         print(f"unirank run: {line}", file=sys.stderr, flush=True)
         return plan_at(places[-1])

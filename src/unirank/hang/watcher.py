@@ -48,8 +48,8 @@ from datetime import timedelta
 from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
-from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
-from unirank.hang.detect import Hang, find_hangs
+from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, HANG_VERDICT, WAITING_MARK
+from unirank.hang.detect import Hang, find_hangs, verdict
 from unirank.hang.jobs import announce, withdraw
 from unirank.hang.progress import (
     base_prefixes,
@@ -555,8 +555,18 @@ class _Detector:
         with contextlib.suppress(OSError):
             os.write(self.watcher.err_fd, text.encode(errors="replace"))
         if ending:
+            self._write_verdict(hangs[0])
             self.watcher.exit_for_timeout(self.store, f"no progress for {limit:g} s "
                                           f"(--hang-timeout): {wavefront_line(hangs[0])}")
+
+    def _write_verdict(self, hang: Hang) -> None:
+        """The hang's :func:`~unirank.hang.detect.verdict` in the attempt's folder, for the
+        supervisor (``--on-hang evict``)."""
+        folder = self.watcher.attempt_folder()
+        with contextlib.suppress(OSError):
+            if folder:
+                with open(os.path.join(folder, HANG_VERDICT), "w", encoding="utf-8") as fh:
+                    json.dump(verdict(hang), fh)
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has

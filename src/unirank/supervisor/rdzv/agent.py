@@ -129,6 +129,8 @@ class Node:
                          "pid": os.getppid()})
         while True:
             for message in self._wait(deadline, "the rendezvous's answer"):
+                if "evicted" in message:
+                    message = {"error": message["evicted"]}
                 if "error" in message:
                     raise Refusal(str(message["error"]), variable=message.get("variable"),
                                   value=message.get("value"), hint=str(message.get("hint")))
@@ -160,6 +162,9 @@ class Node:
             self.move()
 
     def on_message(self, message: dict[str, Any]) -> None:
+        if "evicted" in message:  # said now (the parent reads it while its workers run)
+            raise Refusal(str(message["evicted"]), hint="the other nodes go on without this "
+                          "one (--on-hang evict); see the hang report on rank 0's node")
         if "error" in message:
             raise Refusal(str(message["error"]), variable=message.get("variable"),
                           value=message.get("value"), hint=str(message.get("hint")))
@@ -245,10 +250,15 @@ class Node:
                     self._from_store()
 
     def _from_parent(self) -> bool:
-        line = os.read(0, 4096)
+        """The parent's ``{"next": true, "evict": [...], "why": ...}``, or its end."""
+        line = os.read(0, 65536)
         if not line.strip():
             self.lines.send({"op": "leave"})
             return False
+        with contextlib.suppress(ValueError, AttributeError):
+            order = json.loads(line.splitlines()[-1])
+            if order.get("evict"):
+                self.lines.send({"op": "evict", "nodes": order["evict"], "why": order["why"]})
         self.join()
         return True
 

@@ -30,6 +30,15 @@ ANSWER_MARGIN = 60.0
 CLOSE_TIMEOUT = 5.0
 
 
+def assignment_of_error(line: str) -> ConfigError:
+    """The one-line error of a refusal line."""
+    try:
+        assignment_of(line, where="the rendezvous helper")
+    except ConfigError as exc:
+        return exc
+    return ConfigError(line, hint="")
+
+
 def _spawn(environ: Mapping[str, str], err_fd: int) -> subprocess.Popen[bytes]:
     """Start the helper process: its stdin and stdout piped to the parent, stderr to
     ``err_fd``."""
@@ -51,6 +60,8 @@ class RendezvousHelper:
             os.close(fd)
         self._keep_log = False
         self._buffer = b""
+        #: a refusal that came while the workers ran (this node evicted)
+        self._refusal: str | None = None
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -59,11 +70,15 @@ class RendezvousHelper:
             self._proc.stdin.write(line)
             self._proc.stdin.flush()
 
-    def next(self, *, first: bool = True) -> Assignment:
-        """This node's assignment in the first rendezvous (``first``) or the next round; a
-        refusal or a failure of the helper is a one-line :class:`ConfigError`."""
+    def next(self, *, first: bool = True, evict: tuple[str, ...] = (),
+             why: str = "") -> Assignment:
+        """This node's assignment in the first rendezvous (``first``) or the next round, the
+        nodes ``evict`` (identities) left out of it first, for ``why``; a refusal (this node
+        evicted, too) or a failure of the helper is a one-line :class:`ConfigError`."""
+        if self._refusal is not None:
+            raise assignment_of_error(self._refusal)
         if not first:
-            self._send(b"next\n")
+            self._send(to_line({"next": True, "evict": list(evict), "why": why}))
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         while '"event"' in line:  # news of the round before, read too late: past
             line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
@@ -123,6 +138,9 @@ class RendezvousHelper:
             news = json.loads(line)
         except ValueError:
             news = {}
+        if isinstance(news, dict) and "error" in news:  # evicted: said at the next round
+            self._refusal = line.decode(errors="replace")
+            return str(news["error"])
         return str(news.get("event") or line.decode(errors="replace"))
 
     def close(self) -> None:

@@ -78,6 +78,8 @@ class Server:
                 spec.keep_alive_max_attempt + 5.0
             self._grace = {m: grace for m in resume.members if m not in resume.failed}
         self._waiting: list[str] = []
+        #: nodes evicted (``--on-hang evict``), and why
+        self._evicted: dict[str, str] = {}
         self._opened: float | None = None
         self._min_at: float | None = None
         self._beat_at = 0.0
@@ -136,6 +138,16 @@ class Server:
             self._join(node, message.get("record") or {})
         elif op == "leave":
             self._drop(node, None)
+        elif op == "evict":
+            self._evict([str(n) for n in message.get("nodes") or ()], str(message.get("why")))
+
+    def _evict(self, nodes: list[str], why: str) -> None:
+        """Stop these nodes (``--on-hang evict``): each is told why and left out for good."""
+        self._evicted.update(dict.fromkeys(nodes, why))
+        for node in list(self._nodes.values()):
+            if node.node in self._evicted:
+                node.lines.send({"evicted": self._evicted[node.node]})
+                self._drop(node, None)
 
     def _hello(self, node: _Node, message: dict[str, Any]) -> None:
         spec = self.spec
@@ -158,6 +170,9 @@ class Server:
                 "variable": "--local-addr", "value": explicit,
                 "hint": "a node joins a job once: end the other unirank run, or give this one "
                         "another --local-addr (or another --rdzv-id for another job)"})
+            return
+        if message.get("node") in self._evicted:
+            self._refuse(node, {"evicted": self._evicted[str(message.get("node"))]})
             return
         node.node, node.name = str(message.get("node")), str(message.get("name"))
         node.explicit, node.pid = explicit, int(message.get("pid") or 0)

@@ -86,6 +86,17 @@ class Assignment:
     master_addr: str
     master_port: int
     round: int = 0
+    #: the nodes' identities in the rendezvous, in node-rank order
+    nodes: tuple[str, ...] = ()
+
+    def nodes_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
+        """The identities of the nodes that run ``ranks`` (global ranks, node after node)."""
+        found, first = [], 0
+        for node, count in zip(self.nodes, self.ranks_per_node):
+            if any(first <= rank < first + count for rank in ranks):
+                found.append(node)
+            first += count
+        return tuple(found)
 
 
 def assign(records: Sequence[NodeRecord], own: int, round_: int = 0) -> Assignment:
@@ -99,6 +110,7 @@ def assign(records: Sequence[NodeRecord], own: int, round_: int = 0) -> Assignme
         ranks_per_node=tuple(records[r].nproc for r in order),
         hosts=tuple(records[r].name for r in order),
         master_addr=first.addr, master_port=first.store_port, round=round_,
+        nodes=tuple(records[r].claim for r in order),
     )
 
 
@@ -124,4 +136,5 @@ def assignment_of(line: str, *, where: str) -> Assignment:
                           value=data.get("value"), hint=str(data.get("hint") or ""))
     data["ranks_per_node"] = tuple(data["ranks_per_node"])
     data["hosts"] = tuple(data["hosts"])
+    data["nodes"] = tuple(data.get("nodes") or ())
     return Assignment(**data)
