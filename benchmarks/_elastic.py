@@ -15,7 +15,10 @@ endpoint listens; once the world of 2 ran a few steps, one of:
 * ``endpoint``: node A's whole tree SIGKILLed (it served the rendezvous); the time to node B's
   first step at the smaller world;
 * ``restarted``: node B killed as in ``killed``, then started again with the same command once
-  A trains alone; the time from B's new start to the first step at a world of 2 again.
+  A trains alone; the time from B's new start to the first step at a world of 2 again;
+* ``stuck``: node B's rank sleeps forever in user code at step :data:`STUCK_AT` (alive, its
+  heartbeats fine); unirank run is given ``--hang-timeout`` :data:`HANG_TIMEOUT` (torchrun has no
+  such option); the time from the sleep's start to node A's first step at the smaller world.
 
 A launcher that shows no such step within :data:`BOUND_S` counts as "none within N s" and
 its ratio is printed as a bound.
@@ -45,10 +48,12 @@ HOST = "127.0.0.1"
 #: seconds after the event before a launcher counts as not recovering
 BOUND_S = 75.0
 STEPS = 5000
-SCENARIOS = ("killed", "frozen", "endpoint", "restarted")
+SCENARIOS = ("killed", "frozen", "endpoint", "restarted", "stuck")
+#: the stuck scenario: the step before which node B's rank sleeps, unirank's --hang-timeout
+STUCK_AT, HANG_TIMEOUT = 40, 15.0
 #: targets (issue 35): seconds, and the ratio to torchrun's agent where one is set
 TARGETS = {"killed": (6.0, 0.2), "frozen": (10.0, None), "endpoint": (10.0, None),
-           "restarted": (None, None)}
+           "restarted": (None, None), "stuck": (HANG_TIMEOUT + 10.0, None)}
 _STEP = re.compile(r"^step \d+ rank \d+ world (\d+) restart (\d+) at ([\d.]+)$", re.MULTILINE)
 
 
@@ -66,18 +71,23 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def command(name: str, port: int) -> list[str]:
+def command(name: str, port: int, scenario: str = "") -> list[str]:
     """The command every node runs (the same on both)."""
     launcher = ([PY, "-m", "unirank", "run"] if name == "unirank"
                 else [PY, "-m", "torch.distributed.run"])
+    if name == "unirank" and scenario == "stuck":
+        launcher += ["--hang-timeout", f"{HANG_TIMEOUT:g}"]
     return [*launcher, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{port}", "--rdzv-id",
             "bench", WORKER, str(STEPS)]
 
 
-def _start(cmd: list[str], out: Path) -> subprocess.Popen[bytes]:
+def _start(cmd: list[str], out: Path, stuck: bool = False) -> subprocess.Popen[bytes]:
+    env = _env()
+    if stuck:
+        env["BENCH_STUCK_AT"] = str(STUCK_AT)
     with open(out, "ab") as sink:
-        return subprocess.Popen(cmd, env=_env(), stdout=sink, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
@@ -121,19 +131,20 @@ def _steps(out: Path) -> list[tuple[int, int, float]]:
     return [(int(m[0]), int(m[1]), float(m[2])) for m in _STEP.findall(out.read_text())]
 
 
-def _world_of_two(name: str, folder: Path, tries: int = 3,
+def _world_of_two(name: str, folder: Path, scenario: str, tries: int = 3,
                   ) -> tuple[list[subprocess.Popen[bytes]], list[Path], int]:
     """Nodes A and B (B once A's endpoint listens) training at a world of 2; their processes,
     outputs and the port; a try where B missed the first round and the world of 2 did not
     form within 60 s is ended and started again."""
-    for attempt in range(tries):
+    for _ in range(tries):
         port = _free_port()
-        outs = [folder / f"{name}-{attempt}-{node}.log" for node in "ab"]
-        procs = [_start(command(name, port), outs[0])]
+        outs = [folder / f"{name}-{scenario}-{time.monotonic_ns()}-{node}.log" for node in "ab"]
+        procs = [_start(command(name, port, scenario), outs[0])]
         try:
             _until(lambda port=port: _listens(port),  # type: ignore[misc]
                    60, f"{name}: node A's endpoint did not listen")
-            procs.append(_start(command(name, port), outs[1]))
+            procs.append(_start(command(name, port, scenario), outs[1],
+                                stuck=scenario == "stuck"))
             _until(lambda out=outs[0]: sum(w == 2 for w, _r, _t in _steps(out)) >= 3,  # type: ignore[misc]
                    60, "")
             return procs, outs, port
@@ -161,8 +172,14 @@ def _first(out: Path, after: float, world: int, proc: subprocess.Popen[bytes]) -
 
 def one_run(name: str, scenario: str, folder: Path) -> float | None:
     """Seconds of one recovery (see the module docstring); None: none within the bound."""
-    procs, outs, port = _world_of_two(name, folder)
+    procs, outs, port = _world_of_two(name, folder, scenario)
+    pids: list[int] = []
     try:
+        if scenario == "stuck":
+            _until(lambda: "stuck at " in outs[1].read_text(), 60, "no rank got stuck")
+            began = float(outs[1].read_text().split("stuck at ")[1].split()[0])
+            at = _first(outs[0], began, 1, procs[0])
+            return None if at is None else at - began
         victim, survivor = (0, 1) if scenario == "endpoint" else (1, 0)
         pids = _tree(procs[victim])
         began = time.time()
@@ -173,7 +190,7 @@ def one_run(name: str, scenario: str, folder: Path) -> float | None:
         if _first(outs[0], began, 1, procs[0]) is None:
             return None
         began = time.time()
-        procs.append(_start(command(name, port), folder / f"{name}-b-again.log"))
+        procs.append(_start(command(name, port), outs[1].with_suffix(".again.log")))
         at = _first(outs[0], began, 2, procs[0])
         return None if at is None else at - began
     finally:

@@ -41,6 +41,8 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
 for step in range(steps):
+    if os.environ.get("STUCK_AT") == str(step):
+        time.sleep(1e9)  # alive, beating, never entering the next collective
     t = torch.ones(1)
     dist.all_reduce(t)
     print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart}",
@@ -70,7 +72,8 @@ class Job:
     """One job of ``--nnodes 1:2 --nproc-per-node 1 --max-restarts 3``, its nodes started with
     the same command."""
 
-    def __init__(self, runner: Runner, tmp_path: Path, steps: int, when: str) -> None:
+    def __init__(self, runner: Runner, tmp_path: Path, steps: int, when: str,
+                 *extra: str) -> None:
         (tmp_path / "steps.py").write_text(STEPS)
         self.fifo = tmp_path / "ready.fifo"
         os.mkfifo(self.fifo)
@@ -80,7 +83,7 @@ class Job:
         self.readies = 0
         self.port = free_port()
         self.runner = runner
-        self.args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
+        self.args = [*extra, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
                      "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
                      "steps.py", str(steps), str(self.fifo), when]
 
@@ -98,13 +101,15 @@ class Job:
         os.close(self.reader)
         os.close(self.keep)
 
-    def node(self) -> subprocess.Popen[Any]:
-        return self.runner.start(self.args, text=True, drop=NO_OMP)
+    def node(self, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
+        return self.runner.start(self.args, text=True, drop=NO_OMP, env=env)
 
-    def two_nodes(self) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
-        first = self.node()
+    def two_nodes(self, env_a: dict[str, str] | None = None,
+                  env_b: dict[str, str] | None = None,
+                  ) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
+        first = self.node(env_a)
         _wait_listening(self.port, first)
-        second = self.node()
+        second = self.node(env_b)
         self.wait(1)  # the world of 2 ran a step
         return first, second
 
@@ -156,3 +161,28 @@ def test_a_killed_node_started_again_brings_the_world_back(runner: Runner,
     assert _worlds(out_a, 2) == {"2"}, out_a
     assert {line.split(" world ")[1].split()[0] for line in out_b.splitlines()
             if line.startswith("step ")} == {"2"}, out_b
+
+
+@pytest.mark.parametrize("stuck", ["other", "store"])
+def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path: Path,
+                                                      stuck: str) -> None:
+    """A rank asleep in user code before step 5 (its node beats on): at ``--hang-timeout``
+    the node of the rank that never entered the collective is evicted (``--on-hang``'s
+    default in an elastic job with restarts left): its ``unirank run`` ends with one line,
+    the other restarts alone and finishes; also when the stuck rank is rank 0 on the node
+    that serves the rendezvous (the store moves)."""
+    job = Job(runner, tmp_path, 30, "1,2,0", "--hang-timeout", "5")
+    asleep = {"STUCK_AT": "5"}
+    first, second = job.two_nodes(*((None, asleep) if stuck == "other" else (asleep, None)))
+    evicted, survivor = (second, first) if stuck == "other" else (first, second)
+    out, err = survivor.communicate(timeout=TIMEOUT)
+    _out, err_evicted = evicted.communicate(timeout=TIMEOUT)
+    job.close()
+    rank = 1 if stuck == "other" else 0
+    assert survivor.returncode == 0, err + err_evicted
+    assert evicted.returncode == 2, err_evicted
+    last = err_evicted.strip().splitlines()[-1]
+    assert last.startswith(f"unirank run: error: node evicted: rank {rank} never entered "
+                           "all_reduce #"), err_evicted
+    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
