@@ -48,7 +48,7 @@ class RestartReason:
 
     #: one of :data:`KINDS`
     kind: str
-    #: the supervisor's own line on it (``node node2 (10.0.0.2) is lost: no beat for 5 s``)
+    #: the supervisor's own line on it (``node node2 (10.0.0.2) is lost: no beat for 3 s``)
     message: str = ""
     #: the nodes that left (``node lost``) and joined since the attempt before, by name
     lost_nodes: tuple[str, ...] = ()

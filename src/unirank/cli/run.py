@@ -70,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help="rendezvous port (default: launcher, MASTER_PORT, or a free port on one node)")
     _option(parser, "--rdzv-backend", dest="rdzv_backend", default="static", metavar="NAME",
             help="static (node ranks given) or c10d (without --node-rank: node ranks "
-            "assigned at rendezvous, torch's dynamic rendezvous)")
+            "assigned at rendezvous, unirank's dynamic rendezvous)")
     _option(parser, "--rdzv-endpoint", dest="rdzv_endpoint", default=None,
             metavar="HOST[:PORT]", help="node 0's host and port (as --master-addr/--master-port)")
     _option(parser, "--rdzv-id", dest="rdzv_id", default=None, metavar="ID",
