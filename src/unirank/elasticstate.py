@@ -28,7 +28,8 @@ __all__ = ["KINDS", "UNKNOWN", "ElasticState", "RestartReason", "nodes_changed",
            "read_elastic_state"]
 
 #: the kinds of restart reason, as :attr:`RestartReason.kind` spells them
-KINDS = ("node lost", "node joined", "world changed", "worker failed", "hang timeout",
+KINDS = ("node lost", "node evicted", "store moved", "node joined", "world changed",
+         "worker failed", "hang timeout",
          "requeued", "unknown")
 _HINT = "it is unirank run's; unset it (unirank run sets it for a restarted attempt)"
 

@@ -89,3 +89,19 @@ def test_the_wiring_s_reason_reaches_the_worker_and_an_outer_run_s_does_not() ->
                            WorkerWiring(restart_count=1, restart_reason=value))
     assert again["UNIRANK_RESTART_REASON"] == value
     assert again["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+def test_the_hang_timeout_with_a_node_gone_after_is_that_node_evicted() -> None:
+    hung = _exit(0, HANG_EXIT_CODE, "HangTimeoutError: rank 2 (nodeB) has not entered it")
+    reason = restart_reason(RunResult((hung,), first_failure=hung), _plan("nodeA", "nodeB"),
+                            _plan("nodeA"))
+    assert (reason.kind, reason.lost_nodes) == ("node evicted", ("nodeB",))
+    assert reason.message == "node evicted: nodeB (HangTimeoutError: rank 2 (nodeB) has not " \
+        "entered it)"
+
+
+def test_the_rendezvous_moved_is_said_so() -> None:
+    result = RunResult((_exit(0, -15),), world_changed="store moved to node nodeB (10.0.0.2)")
+    reason = restart_reason(result, _plan("nodeA", "nodeB"), _plan("nodeB"))
+    assert (reason.kind, reason.lost_nodes) == ("store moved", ("nodeA",))
+    assert reason.message == "store moved to node nodeB (10.0.0.2)"
