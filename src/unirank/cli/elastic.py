@@ -138,10 +138,12 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
         raise
 
 
-def describe_round(before: Assignment, after: Assignment, took: float | None = None) -> str:
+def describe_round(before: Assignment, after: Assignment, took: float | None = None,
+                   noticed: float | None = None) -> str:
     """One line on a new round: this node's place, the nodes that left or joined since
-    ``before`` (by name; a name twice counts twice), and how long the round took to close
-    (``took`` seconds, where given)."""
+    ``before`` (by name; a name twice counts twice), how long the workers took to stop after
+    the news (``noticed`` seconds before the rendezvous began, where there was news) and how
+    long the round took to close (``took`` seconds, where given)."""
     from unirank.elasticstate import nodes_changed
 
     left, joined = nodes_changed(before.hosts, after.hosts)
@@ -150,6 +152,8 @@ def describe_round(before: Assignment, after: Assignment, took: float | None = N
     return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "
             f"{sum(after.ranks_per_node)} workers in all"
             + (f" ({'; '.join(changes)})" if changes else "")
+            + (f", the workers stopped {noticed:.1f} s after the news" if noticed is not None
+               else "")
             + (f", after {took:.1f} s of rendezvous" if took is not None else ""))
 
 

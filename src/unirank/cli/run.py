@@ -516,7 +516,8 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
         verdict names evicted first (``--on-hang evict``)."""
         began = time.monotonic()
         places.append(helper.next(first=False, **elastic.eviction(places[-1], verdict)))
-        line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began)
+        line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began,
+                                      helper.noticed_before(began))
         print(f"unirank run: {line}", file=sys.stderr, flush=True)
         return plan_at(places[-1])
 

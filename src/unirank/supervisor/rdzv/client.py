@@ -62,6 +62,8 @@ class RendezvousHelper:
         self._buffer = b""
         #: a refusal that came while the workers ran (this node evicted)
         self._refusal: str | None = None
+        #: when the last news came (time.monotonic()), until the next round read it
+        self._news_at: float | None = None
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -138,10 +140,17 @@ class RendezvousHelper:
             news = json.loads(line)
         except ValueError:
             news = {}
+        self._news_at = time.monotonic()
         if isinstance(news, dict) and "error" in news:  # evicted: said at the next round
             self._refusal = line.decode(errors="replace")
             return str(news["error"])
         return str(news.get("event") or line.decode(errors="replace"))
+
+    def noticed_before(self, began: float) -> float | None:
+        """Seconds from the last news (a node lost, joining...) to ``began`` (the next
+        round's start), once; None without news."""
+        at, self._news_at = self._news_at, None
+        return None if at is None else max(0.0, began - at)
 
     def close(self) -> None:
         """End the helper: its node leaves the rendezvous (and the store it serves ends)."""
