@@ -186,3 +186,25 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
                            "all_reduce #"), err_evicted
     assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
     assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
+
+
+def test_the_endpoint_s_node_started_again_joins_the_running_job(runner: Runner,
+                                                                tmp_path: Path) -> None:
+    """Node A (the endpoint's) killed, node B serves the rendezvous (on the endpoint's port too:
+    the same host); A started again with the original command finds the running job there
+    and joins it (no second job): the world is 2 again, B's node first."""
+    job = Job(runner, tmp_path, 150, "1,2,0:0,1,1")
+    first, second = job.two_nodes()
+    _kill_tree(first)
+    job.wait(2)  # node B trains alone, the rendezvous moved to it
+    again = job.node()
+    out_a, err_a = again.communicate(timeout=TIMEOUT)
+    out_b, err_b = second.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (again.returncode, second.returncode) == (0, 0), err_a + err_b
+    assert "unirank run: store moved to node " in err_b, err_b
+    assert "1 node(s) wait to join" in err_b, err_b
+    assert "node rank 0 of 2, 2 workers in all" in err_b, err_b
+    assert {line.split(" world ")[1].split()[0] for line in out_a.splitlines()
+            if line.startswith("step ")} == {"2"}, out_a
+    assert _worlds(out_b, 2) == {"2"}, out_b
