@@ -261,6 +261,10 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
         interval = min(5.0, max(0.25, (after or DEFAULT_HANG_REPORT_AFTER) / 4))
     if after is None:
         limit = None  # no detector: nothing to time out
+    elif limit is not None and limit < after:
+        after = limit  # the hang must be seen (and reported) by the time it ends the job
+        if not text.strip():
+            interval = min(5.0, max(0.25, after / 4))
     return HangSettings(after, limit, interval)
 
 
