@@ -222,7 +222,7 @@ def bench_elastic(repeat: int, scenarios: Sequence[str] = SCENARIOS) -> bool:
                     times.setdefault((name, scenario), []).append(
                         one_run(name, scenario, Path(tmp)))
     print(f"elastic: the same command on two nodes of one host, defaults (no --rdzv-conf): "
-          f"{' '.join(command('LAUNCHER', 0)[1:]).replace(str(HERE) + '/', '')} "
+          f"LAUNCHER {' '.join(command('unirank', 0)[4:]).replace(str(HERE) + '/', '')} "
           f"(medians of {runs})")
     ok = True
     for scenario in scenarios:

@@ -263,8 +263,8 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
         limit = None  # no detector: nothing to time out
     elif limit is not None and limit < after:
         after = limit  # the hang must be seen (and reported) by the time it ends the job
-        if not text.strip():
-            interval = min(5.0, max(0.25, after / 4))
+        if not text.strip():  # and the job ended soon after: every rank ends within 2 looks
+            interval = min(5.0, max(0.25, after / 8))
     return HangSettings(after, limit, interval)
 
 
