@@ -80,3 +80,29 @@ def test_unirank_sbatch_refuses_a_typo_at_submission() -> None:
     with pytest.raises(ConfigError, match="--rdzv-conf='keepalive=1': is not a rendezvous "
                        "setting unirank knows"):
         check_spec(spec)
+
+
+def test_on_hang_defaults_to_evict_only_in_an_elastic_job_with_restarts_left() -> None:
+    from unirank.contract import resolve_on_hang
+
+    assert resolve_on_hang(None, {}, elastic=True, restarts=3) == "evict"
+    assert resolve_on_hang(None, {}, elastic=True, restarts=0) == "exit"
+    assert resolve_on_hang(None, {}, elastic=False, restarts=2) == "restart"
+    assert resolve_on_hang(None, {}, elastic=False, restarts=0) == "exit"
+    assert resolve_on_hang(None, {"UNIRANK_ON_HANG": "exit"}, elastic=True, restarts=3) == "exit"
+    assert resolve_on_hang("Restart", {"UNIRANK_ON_HANG": "exit"}, elastic=True,
+                           restarts=3) == "restart"
+    with pytest.raises(ConfigError, match=r"^--on-hang='evict': needs an elastic job"):
+        resolve_on_hang("evict", {}, elastic=False, restarts=3)
+    with pytest.raises(ConfigError, match=r"^UNIRANK_ON_HANG='kill': is not what unirank does "
+                       r"on a hang HINT: give one of exit, restart, evict"):
+        resolve_on_hang(None, {"UNIRANK_ON_HANG": "kill"}, elastic=True, restarts=3)
+
+
+def test_unirank_run_s_on_hang_follows_the_rendezvous() -> None:
+    from unirank.cli.run import engine_options
+
+    assert engine_options(_args(*DYNAMIC, "--max-restarts", "3"), {}).on_hang == "evict"
+    assert engine_options(_args(*STATIC, "--max-restarts", "3"), {}).on_hang == "restart"
+    with pytest.raises(ConfigError, match="--on-hang='evict': needs an elastic job"):
+        engine_options(_args(*STATIC, "--on-hang", "evict"), {})
