@@ -178,9 +178,12 @@ class Node:
         elif "event" in message and (message.get("kind") != "join" or self.spec.admit_joiners):
             self._tell(str(message["event"]))
 
-    def _tell(self, news: str) -> None:
-        """Pass news on to the parent, once per round, while the workers run."""
-        if not self.joining and not self.told:
+    def _tell(self, news: str, *, always: bool = False) -> None:
+        """Pass news on to the parent, once per round, while the workers run (``always``:
+        also while it waits for a round, which then only says it)."""
+        if always and self.joining:
+            _answer({"event": news})
+        elif not self.joining and not self.told:
             _answer({"event": news})
             self.told = True
 
@@ -219,7 +222,7 @@ class Node:
         self.server, self.heard = chosen, time.monotonic()
         if self.joining:
             self.join()
-        self._tell(f"store moved to node {record['name']} ({address[0]})")
+        self._tell(f"store moved to node {record['name']} ({address[0]})", always=True)
 
     def run(self) -> None:
         """Join, then serve the parent until its stdin ends."""

@@ -82,7 +82,10 @@ class RendezvousHelper:
         if not first:
             self._send(to_line({"next": True, "evict": list(evict), "why": why}))
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
-        while '"event"' in line:  # news of the round before, read too late: past
+        while '"event"' in line:  # news read too late to stop the workers: said only
+            with contextlib.suppress(ValueError, TypeError, KeyError, OSError):
+                sys.stderr.write(f"unirank run: {json.loads(line)['event']}\n")
+                sys.stderr.flush()
             line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         try:
             return assignment_of(line, where="the rendezvous helper")
