@@ -1,22 +1,27 @@
-"""A lost node: the time from node B's SIGKILL to the first step of node A's restarted workers,
-``unirank run`` / torchrun's own elastic agent (``python -m torch.distributed.run``), side by
-side, the same options and script.
+"""Elastic recovery, ``unirank run`` beside torchrun's own elastic agent (``python -m
+torch.distributed.run``), with the settings a user starts with: the same command on two nodes
+of one host (as torchrun's habit: no ``--local-addr``, no ``--rdzv-conf``)::
 
-Two nodes on loopback aliases (A 127.0.1.1, the rendezvous endpoint; B 127.0.1.2), each its own
-launcher with ``--local-addr``: ``--nnodes 1:2 --nproc-per-node 2 --max-restarts 3
---rdzv-backend c10d --rdzv-endpoint 127.0.1.1:PORT --rdzv-conf`` :data:`CONF`. B starts once
-A's rendezvous store listens (so A serves it under both launchers); once the world of 4 ran a
-few steps, B is killed with SIGKILL, two ways:
+    LAUNCHER --nnodes 1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d
+             --rdzv-endpoint 127.0.0.1:PORT --rdzv-id bench _elastic_worker.py STEPS
 
-* ``node``: B's launcher and every process below it at once (a lost machine). This is the fair
-  case: torchrun's workers do not die with their agent (nothing tells them), so killing
-  its agent alone loses no worker;
-* ``launcher``: B's launcher alone (the issue's wording). unirank's workers end with their
-  parent (PR_SET_PDEATHSIG); torchrun's train on.
+Node A starts first (its launcher serves the rendezvous at the endpoint), node B once the
+endpoint listens; once the world of 2 ran a few steps, one of:
 
-A launcher that shows no restarted step within :data:`BOUND_S` counts as "did not restart
-within N s" and its ratio is printed as a bound. Slurm's requeue path is shown beside it, from
-docs/run.md's measurement on the testbed (not measured here: about two minutes per run).
+* ``killed``: node B's launcher and every process below it SIGKILLed at once (a lost machine);
+  the time to node A's first step at the smaller world;
+* ``frozen``: node B's whole process tree SIGSTOPped (a hung machine, no connection closes);
+  the same time;
+* ``endpoint``: node A's whole tree SIGKILLed (it served the rendezvous); the time to node B's
+  first step at the smaller world;
+* ``restarted``: node B killed as in ``killed``, then started again with the same command once
+  A trains alone; the time from B's new start to the first step at a world of 2 again;
+* ``stuck``: node B's rank sleeps forever in user code at step :data:`STUCK_AT` (alive, its
+  heartbeats fine); unirank run is given ``--hang-timeout`` :data:`HANG_TIMEOUT` (torchrun has no
+  such option); the time from the sleep's start to node A's first step at the smaller world.
+
+A launcher that shows no such step within :data:`BOUND_S` counts as "none within N s" and
+its ratio is printed as a bound.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from _pss import descendants
@@ -39,21 +44,22 @@ from _pss import descendants
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
 WORKER = str(HERE / "_elastic_worker.py")
-NODE_A, NODE_B = "127.0.1.1", "127.0.1.2"
-#: the rendezvous settings of both launchers (torchrun's keys and meaning)
-CONF = "join_timeout=60,last_call_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3"
-#: seconds after the kill before a launcher counts as not restarting
-BOUND_S = 60.0
-#: Slurm's requeue path on the testbed (docs/run.md, ../shared/slurm-testbed.md): Slurm holds a
-#: requeued job about 120 s before it may start again, then the job starts anew
-SLURM_REQUEUE_S = 125.0
-STEPS = 2000
+HOST = "127.0.0.1"
+#: seconds after the event before a launcher counts as not recovering
+BOUND_S = 75.0
+STEPS = 5000
+SCENARIOS = ("killed", "frozen", "endpoint", "restarted", "stuck")
+#: the stuck scenario: the step before which node B's rank sleeps, unirank's --hang-timeout
+STUCK_AT, HANG_TIMEOUT = 40, 15.0
+#: targets (issue 35): seconds, and the ratio to torchrun's agent where one is set
+TARGETS = {"killed": (6.0, 0.2), "frozen": (10.0, None), "endpoint": (10.0, None),
+           "restarted": (None, None), "stuck": (HANG_TIMEOUT + 10.0, None)}
 _STEP = re.compile(r"^step \d+ rank \d+ world (\d+) restart (\d+) at ([\d.]+)$", re.MULTILINE)
 
 
 def _env() -> dict[str, str]:
     prefixes = ("SLURM", "OMPI", "PMI", "PMIX", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_",
-                "MASTER_", "TORCHELASTIC", "UNIRANK")
+                "MASTER_", "TORCHELASTIC", "UNIRANK", "PET_")
     env = {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -61,29 +67,35 @@ def _env() -> dict[str, str]:
 
 def _free_port() -> int:
     with socket.socket() as s:
-        s.bind((NODE_A, 0))
+        s.bind((HOST, 0))
         return int(s.getsockname()[1])
 
 
-def _launcher(name: str) -> list[str]:
-    return ([PY, "-m", "unirank", "run"] if name == "unirank"
-            else [PY, "-m", "torch.distributed.run"])
+def command(name: str, port: int, scenario: str = "") -> list[str]:
+    """The command every node runs (the same on both)."""
+    launcher = ([PY, "-m", "unirank", "run"] if name == "unirank"
+                else [PY, "-m", "torch.distributed.run"])
+    if name == "unirank" and scenario == "stuck":
+        launcher += ["--hang-timeout", f"{HANG_TIMEOUT:g}"]
+    return [*launcher, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{port}", "--rdzv-id",
+            "bench", WORKER, str(STEPS)]
 
 
-def _node(name: str, port: int, addr: str, out: Path) -> subprocess.Popen[bytes]:
-    cmd = [*_launcher(name), "--nnodes", "1:2", "--nproc-per-node", "2", "--max-restarts", "3",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{NODE_A}:{port}", "--rdzv-id",
-           "bench", "--rdzv-conf", CONF, "--local-addr", addr, WORKER, str(STEPS)]
-    with open(out, "wb") as sink:
-        return subprocess.Popen(cmd, env=_env(), stdout=sink, stderr=subprocess.STDOUT,
+def _start(cmd: list[str], out: Path, stuck: bool = False) -> subprocess.Popen[bytes]:
+    env = _env()
+    if stuck:
+        env["BENCH_STUCK_AT"] = str(STUCK_AT)
+    with open(out, "ab") as sink:
+        return subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def _until(check: object, timeout: float, what: str) -> None:
+def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
     """Poll ``check()`` every 50 ms until it is true; a RuntimeError naming ``what`` after
     ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
+    while not check():
         if time.monotonic() > deadline:
             raise RuntimeError(f"elastic: {what} within {timeout:g} s")
         time.sleep(0.05)
@@ -92,83 +104,103 @@ def _until(check: object, timeout: float, what: str) -> None:
 def _listens(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
-        return s.connect_ex((NODE_A, port)) == 0
+        return s.connect_ex((HOST, port)) == 0
 
 
 def _tree(proc: subprocess.Popen[bytes]) -> list[int]:
     return [proc.pid, *sorted(descendants(proc.pid))]
 
 
+def _signal(pids: Sequence[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
 def _end(procs: Sequence[subprocess.Popen[bytes]]) -> None:
     for proc in procs:
-        for pid in _tree(proc) if proc.poll() is None else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            _signal(_tree(proc), signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
 
 
-def _world_of_four(name: str, folder: Path, tries: int = 3,
-                   ) -> tuple[list[subprocess.Popen[bytes]], Path]:
-    """Nodes A and B started (B once A's store listens) and training at a world of 4, their
-    processes and A's output; a try where B came after the last call and the world of 4 did
-    not form within 45 s is ended and started again."""
-    for attempt in range(tries):
+def _steps(out: Path) -> list[tuple[int, int, float]]:
+    """(world, restart, time) of each step line in ``out``."""
+    return [(int(m[0]), int(m[1]), float(m[2])) for m in _STEP.findall(out.read_text())]
+
+
+def _world_of_two(name: str, folder: Path, scenario: str, tries: int = 3,
+                  ) -> tuple[list[subprocess.Popen[bytes]], list[Path], int]:
+    """Nodes A and B (B once A's endpoint listens) training at a world of 2; their processes,
+    outputs and the port; a try where B missed the first round and the world of 2 did not
+    form within 60 s is ended and started again."""
+    for _ in range(tries):
         port = _free_port()
-        out_a = folder / f"{name}-{attempt}-a.log"
-        procs = [_node(name, port, NODE_A, out_a)]
+        outs = [folder / f"{name}-{scenario}-{time.monotonic_ns()}-{node}.log" for node in "ab"]
+        procs = [_start(command(name, port, scenario), outs[0])]
         try:
-            _until(lambda port=port: _listens(port), 60,  # type: ignore[misc]
-                   f"{name}: node A's store did not listen")
-            procs.append(_node(name, port, NODE_B, folder / f"{name}-{attempt}-b.log"))
-            _until(lambda out=out_a: "step 3 rank 0 world 4 " in out.read_text(),  # type: ignore[misc]
-                   45, "")
-            return procs, out_a
+            _until(lambda port=port: _listens(port),  # type: ignore[misc]
+                   60, f"{name}: node A's endpoint did not listen")
+            procs.append(_start(command(name, port, scenario), outs[1],
+                                stuck=scenario == "stuck"))
+            _until(lambda out=outs[0]: sum(w == 2 for w, _r, _t in _steps(out)) >= 3,  # type: ignore[misc]
+                   60, "")
+            return procs, outs, port
         except RuntimeError:
             _end(procs)
         except BaseException:
             _end(procs)
             raise
-    raise RuntimeError(f"elastic: {name}: no world of 4 trained in {tries} tries")
+    raise RuntimeError(f"elastic: {name}: no world of 2 trained in {tries} tries")
 
 
-def one_run(name: str, how: str, folder: Path) -> float | None:
-    """Seconds from B's kill to node A's first restarted step; None when there was none
-    within :data:`BOUND_S` (node A's launcher may have ended first: :data:`ENDED` says)."""
-    procs, out_a = _world_of_four(name, folder)
-    node_a = procs[0]
+def _first(out: Path, after: float, world: int, proc: subprocess.Popen[bytes]) -> float | None:
+    """The time of ``out``'s first step at ``world`` run after ``after``; None when there was
+    none within :data:`BOUND_S` (or its launcher ended)."""
+    found: list[float] = []
+
+    def seen() -> bool:
+        found.extend([t for w, _r, t in _steps(out) if w == world and t > after][:1])
+        return bool(found) or proc.poll() is not None
+
+    with contextlib.suppress(RuntimeError):
+        _until(seen, BOUND_S, "")
+    return found[0] if found else None
+
+
+def one_run(name: str, scenario: str, folder: Path) -> float | None:
+    """Seconds of one recovery (see the module docstring); None: none within the bound."""
+    procs, outs, port = _world_of_two(name, folder, scenario)
+    pids: list[int] = []
     try:
-        victims = _tree(procs[1]) if how == "node" else [procs[1].pid]
-        # a late node B may have joined at a restart already: count the restarts after this
-        attempt = max(int(m[1]) for m in _STEP.findall(out_a.read_text()))
-        killed = time.time()
-        for pid in victims:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        found: list[float] = []
-
-        def restarted() -> bool:
-            found.extend([float(m[2]) for m in _STEP.findall(out_a.read_text())
-                          if int(m[1]) > attempt][:1])
-            return bool(found) or node_a.poll() is not None
-
-        with contextlib.suppress(RuntimeError):
-            _until(restarted, BOUND_S, "")
-        if not found and node_a.poll() is not None:
-            ENDED.append(f"{name}: node A ended with exit code {node_a.returncode} "
-                         "without a restarted step")
-        return found[0] - killed if found else None
+        if scenario == "stuck":
+            _until(lambda: "stuck at " in outs[1].read_text(), 60, "no rank got stuck")
+            began = float(outs[1].read_text().split("stuck at ")[1].split()[0])
+            at = _first(outs[0], began, 1, procs[0])
+            return None if at is None else at - began
+        victim, survivor = (0, 1) if scenario == "endpoint" else (1, 0)
+        pids = _tree(procs[victim])
+        began = time.time()
+        _signal(pids, signal.SIGSTOP if scenario == "frozen" else signal.SIGKILL)
+        if scenario != "restarted":
+            at = _first(outs[survivor], began, 1, procs[survivor])
+            return None if at is None else at - began
+        if _first(outs[0], began, 1, procs[0]) is None:
+            return None
+        began = time.time()
+        procs.append(_start(command(name, port), outs[1].with_suffix(".again.log")))
+        at = _first(outs[0], began, 2, procs[0])
+        return None if at is None else at - began
     finally:
+        if scenario == "frozen":
+            _signal(pids, signal.SIGKILL)
         _end(procs)
 
 
-#: why a run had no restarted step, when node A's launcher ended first
-ENDED: list[str] = []
-
-
 def _median(times: list[float | None]) -> float | None:
-    """The median, a run without a restart counting as the longest; None when that is it."""
+    """The median, a run without recovery counting as the longest; None when that is it."""
     value = statistics.median(float("inf") if t is None else t for t in times)
     return None if value == float("inf") else value
 
@@ -176,47 +208,47 @@ def _median(times: list[float | None]) -> float | None:
 def _shown(times: list[float | None]) -> str:
     runs = ", ".join("none" if t is None else f"{t:.1f}" for t in times)
     median = _median(times)
-    head = (f"did not restart within {BOUND_S:g} s" if median is None
-            else f"{median:.2f} s")
-    return f"{head} (runs: {runs}; none: no restarted step within {BOUND_S:g} s)" \
-        if None in times else f"{head} (runs: {runs})"
+    head = f"none within {BOUND_S:g} s" if median is None else f"{median:.2f} s"
+    return f"{head} (runs: {runs})"
 
 
-def bench_elastic(repeat: int) -> bool:
+def bench_elastic(repeat: int, scenarios: Sequence[str] = SCENARIOS) -> bool:
     runs = max(1, min(repeat, 3))
     times: dict[tuple[str, str], list[float | None]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(runs):
-            for how in ("node", "launcher"):
+            for scenario in scenarios:
                 for name in ("unirank", "torchrun"):
-                    times.setdefault((name, how), []).append(one_run(name, how, Path(tmp)))
-    print(f"elastic: node B's SIGKILL to node A's first restarted step, --nnodes 1:2 "
-          f"--max-restarts 3, 2 workers per node, --rdzv-conf {CONF} (medians of {runs})")
-    for how, what in (("node", "node B's launcher and all its processes killed (a lost "
-                               "machine)"),
-                      ("launcher", "node B's launcher alone killed")):
-        print(f"  {what}:")
-        for name in ("unirank", "torchrun"):
-            print(f"    {name + (' run' if name == 'unirank' else ''):<12} "
-                  f"{_shown(times[(name, how)])}")
-    for line in dict.fromkeys(ENDED):
-        print(f"  ({line})")
-    print(f"  Slurm's requeue path (docs/run.md, measured on the testbed): about "
-          f"{SLURM_REQUEUE_S:g} s to the job's start again, before its first step")
-    ours, theirs = _median(times[("unirank", "node")]), _median(times[("torchrun", "node")])
-    label = "lost node: unirank run / torchrun"
-    if ours is None:
-        print(f"  {label:<52} unirank did not restart  target <= 0.5x  MISS")
-        return False
-    if theirs is None:
-        ratio, bound = ours / BOUND_S, "<"
+                    times.setdefault((name, scenario), []).append(
+                        one_run(name, scenario, Path(tmp)))
+    print(f"elastic: the same command on two nodes of one host, defaults (no --rdzv-conf): "
+          f"LAUNCHER {' '.join(command('unirank', 0)[4:]).replace(str(HERE) + '/', '')} "
+          f"(medians of {runs})")
+    ok = True
+    for scenario in scenarios:
+        ours, theirs = (_median(times[(n, scenario)]) for n in ("unirank", "torchrun"))
+        bound, ratio_target = TARGETS[scenario]
+        ratio = (None if ours is None else ours / theirs if theirs is not None
+                 else ours / BOUND_S)
+        print(f"  {scenario:<10} unirank run {_shown(times[('unirank', scenario)])}; "
+              f"torchrun {_shown(times[('torchrun', scenario)])}; ratio "
+              + ("-" if ratio is None else f"{'<' if theirs is None else ''}{ratio:.3f}x"))
+        good = ours is not None and (bound is None or ours <= bound) and (
+            ratio_target is None or (ratio is not None and ratio <= ratio_target))
+        targets = ", ".join(t for t in (bound and f"<= {bound:g} s",
+                                        ratio_target and f"<= {ratio_target:g}x") if t)
+        print(f"  {'':<10} target {targets or 'recovers'}: {'OK' if good else 'MISS'}")
+        ok = ok and good
+    return ok
+
+
+if __name__ == "__main__":
+    chosen = [a for a in sys.argv[1:] if a in SCENARIOS] or list(SCENARIOS)
+    names = [a for a in sys.argv[1:] if a in ("unirank", "torchrun")]
+    if names:  # one launcher only: python3 benchmarks/_elastic.py unirank killed
+        with tempfile.TemporaryDirectory() as tmp:
+            for scenario in chosen:
+                for name in names:
+                    print(scenario, name, one_run(name, scenario, Path(tmp)), flush=True)
     else:
-        ratio, bound = ours / theirs, ""
-    ok = ratio <= 0.5
-    print(f"  {label:<52} {bound}{ratio:7.3f}x  target <= 0.5x  {'OK' if ok else 'MISS'}")
-    fast = ours <= 15.0
-    print(f"  {'lost node: unirank run, kill to first step':<52} {ours:8.2f}s  target <= 15s  "
-          f"{'OK' if fast else 'MISS'}")
-    print(f"  {'lost node: unirank run / Slurm requeue':<52} {ours / SLURM_REQUEUE_S:8.3f}x  "
-          "(no target)")
-    return ok and fast
+        raise SystemExit(0 if bench_elastic(1, chosen) else 1)

@@ -2,8 +2,9 @@
 
 ``_elastic_worker.py STEPS``: each rank all-reduces a one per step and prints
 ``step S rank R world W restart C at T`` (C: TORCHELASTIC_RESTART_COUNT, T: time.time()), then
-sleeps 0.1 s. The harness reads node A's lines: the first with C >= 1 is the first step of the
-restarted workers.
+sleeps 0.1 s. With BENCH_STUCK_AT=N in its environment, a rank sleeps forever in user code
+before its step N (saying ``stuck at T`` first). The harness reads the lines for the first
+step at a new world.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+stuck_at = int(os.environ.get("BENCH_STUCK_AT", "-1"))
 for step in range(int(sys.argv[1])):
+    if step == stuck_at:
+        print(f"stuck at {time.time():.3f}", flush=True)
+        time.sleep(1e9)
     t = torch.ones(1)
     dist.all_reduce(t)
     print(f"step {step} rank {rank} world {world} restart {restart} at {time.time():.3f}",

@@ -32,11 +32,12 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            its time.thread_time, which bounds the cost whatever the machine's noise; and
            the 20 looks a second alone, A/B in alternating windows of one training process:
            benchmarks/_look_ab_worker.py)
-  elastic  a lost node: `--nnodes 1:2 --max-restarts 3`, two nodes of 2 workers on loopback
-           aliases (c10d rendezvous, the same --rdzv-conf), node B SIGKILLed while training:
-           the time to node A's first restarted step, unirank run / torchrun's agent
-           (whole node killed; B's launcher alone also shown), Slurm's requeue path beside
-           it; benchmarks/_elastic.py                               <= 0.5x and <= 15 s
+  elastic  recovery with default settings, the same command twice on one host (`--nnodes
+           1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d`), unirank run beside
+           torchrun's agent: a killed node (<= 6 s and <= 0.2x), a frozen node (<= 10 s),
+           the endpoint's node killed (<= 10 s), a killed node started again (the world
+           back to 2), a stuck rank (unirank: --hang-timeout 15, <= 25 s);
+           benchmarks/_elastic.py
 """
 
 from __future__ import annotations

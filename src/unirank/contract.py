@@ -56,6 +56,8 @@ __all__ = [
     "NO_PRELOAD_VAR",
     "NO_SRUN_VAR",
     "NUMA_BINDING_VAR",
+    "ON_HANG_CHOICES",
+    "ON_HANG_VAR",
     "PET_PREFIX",
     "PRIVATE_VARIABLES",
     "RANKS_PER_NODE_VAR",
@@ -77,6 +79,7 @@ __all__ = [
     "parse_seconds",
     "resolve_hang",
     "resolve_init_timeout",
+    "resolve_on_hang",
 ]
 
 # -- torchrun's variables ---------------------------------------------------------------------
@@ -128,6 +131,11 @@ MASTER_FORWARDED_VAR = "UNIRANK_MASTER_FORWARDED"
 HANG_REPORT_AFTER_VAR = "UNIRANK_HANG_REPORT_AFTER"
 #: seconds of such a hang after which the job ends (``--hang-timeout``; unset: never)
 HANG_TIMEOUT_VAR = "UNIRANK_HANG_TIMEOUT"
+#: what the supervisor does when ``--hang-timeout`` ends the workers (``--on-hang``): ``exit``
+#: (the job ends, 86), ``restart`` (every node starts its workers again), ``evict`` (the nodes of
+#: the ranks that never entered the collective are stopped and left out; an elastic job only)
+ON_HANG_VAR = "UNIRANK_ON_HANG"
+ON_HANG_CHOICES = ("exit", "restart", "evict")
 #: seconds between two progress records of a rank (default: a quarter of the report delay,
 #: 0.25 to 5 s)
 HANG_INTERVAL_VAR = "UNIRANK_HANG_INTERVAL"
@@ -274,4 +282,32 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
         interval = min(5.0, max(0.25, (after or DEFAULT_HANG_REPORT_AFTER) / 4))
     if after is None:
         limit = None  # no detector: nothing to time out
+    elif limit is not None and limit < after:
+        after = limit  # the hang must be seen (and reported) by the time it ends the job
+        if not text.strip():  # and the job ended soon after: every rank ends within 2 looks
+            interval = min(5.0, max(0.25, after / 8))
     return HangSettings(after, limit, interval)
+
+
+def resolve_on_hang(given: str | None, environ: Mapping[str, str], *, elastic: bool,
+                    restarts: int, option: str = "--on-hang") -> str:
+    """What ``--hang-timeout`` leads to: ``given`` (``--on-hang``, or the ``on_hang=`` keyword:
+    ``option`` names it), else UNIRANK_ON_HANG, else ``evict`` in an elastic job (a range
+    ``MIN:MAX`` of the dynamic rendezvous) with restarts left, ``restart`` with restarts left,
+    else ``exit``. ``evict`` in a static world is refused (no node can leave it).
+
+    Reads: UNIRANK_ON_HANG.
+    """
+    source, text = (option, given) if given is not None else (ON_HANG_VAR,
+                                                               environ.get(ON_HANG_VAR))
+    if text is None or not text.strip():
+        return "evict" if elastic and restarts > 0 else "restart" if restarts > 0 else "exit"
+    choice = text.strip().lower()
+    if choice not in ON_HANG_CHOICES:
+        raise ConfigError("is not what unirank does on a hang", variable=source, value=text,
+                          hint=f"give one of {', '.join(ON_HANG_CHOICES)}")
+    if choice == "evict" and not elastic:
+        raise ConfigError("needs an elastic job, whose world may shrink", variable=source,
+                          value=text, hint="use --nnodes MIN:MAX with --rdzv-backend c10d, or "
+                          "--on-hang restart|exit")
+    return choice

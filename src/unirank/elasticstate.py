@@ -28,7 +28,8 @@ __all__ = ["KINDS", "UNKNOWN", "ElasticState", "RestartReason", "nodes_changed",
            "read_elastic_state"]
 
 #: the kinds of restart reason, as :attr:`RestartReason.kind` spells them
-KINDS = ("node lost", "node joined", "world changed", "worker failed", "hang timeout",
+KINDS = ("node lost", "node evicted", "store moved", "node joined", "world changed",
+         "worker failed", "hang timeout",
          "requeued", "unknown")
 _HINT = "it is unirank run's; unset it (unirank run sets it for a restarted attempt)"
 
@@ -48,7 +49,7 @@ class RestartReason:
 
     #: one of :data:`KINDS`
     kind: str
-    #: the supervisor's own line on it (``node node2 (10.0.0.2) is lost: no beat for 5 s``)
+    #: the supervisor's own line on it (``node node2 (10.0.0.2) is lost: no beat for 3 s``)
     message: str = ""
     #: the nodes that left (``node lost``) and joined since the attempt before, by name
     lost_nodes: tuple[str, ...] = ()

@@ -184,7 +184,10 @@ def test_an_elastic_range_starts_with_min_nodes_once_the_last_call_passed(
      "c10d rendezvous without --node-rank"),
     (["--nnodes", "2:1", "--rdzv-backend", "c10d"], "--nnodes='2:1': has MAX below MIN"),
     (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf",
-      "last_call_timeout=soon"], "--rdzv-conf last_call_timeout='soon': is not a whole number"),
+      "last_call_timeout=soon"], "--rdzv-conf last_call_timeout='soon': is not a number of "
+     "seconds above 0"),
+    (["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-conf",
+      "join_timout=1"], "--rdzv-conf='join_timout=1': is not a rendezvous setting unirank knows"),
 ])
 def test_bad_elastic_options_fail_at_once_with_one_line(runner: Runner, tmp_path: Path,
                                                        args: list[str], expected: str) -> None:
@@ -237,14 +240,13 @@ def _wait_fifo(path: Path, timeout: float) -> None:
 
 def _one_to_two_nodes(tmp_path: Path) -> tuple[Path, list[str]]:
     """The training script and its FIFO in ``tmp_path``, and the options of a ``--nnodes 1:2``
-    job with one restart, whose nodes beat every second; the last call gives node B time to
-    join the first round even on one busy core."""
+    job with one restart and the default beats; the first round's last call gives node B time
+    to join it even on one busy core (later rounds do not wait for it)."""
     (tmp_path / "steps.py").write_text(STEPS)
     fifo = tmp_path / "ready.fifo"
     os.mkfifo(fifo)
     return fifo, _command(free_port(), "1:2", 2, "--max-restarts", "1", "--rdzv-conf",
-                          "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,"
-                          "keep_alive_max_attempt=3")
+                          "join_timeout=60,last_call_timeout=10")
 
 
 def test_a_lost_node_s_survivor_restarts_at_the_world_left(runner: Runner,
@@ -291,7 +293,7 @@ def test_a_hung_node_is_noticed_within_seconds_and_left_behind(runner: Runner,
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     assert code == 0, err
-    assert "unirank run: node nodeB (127.0.1.1) is lost: no beat for 5 s; stopping the " \
+    assert "unirank run: node nodeB (127.0.1.1) is lost: no beat for 3 s; stopping the " \
            "workers" in err, err
     assert "(left: nodeB)" in err, err
     assert "elastic state: node lost; lost ['nodeB']; joined []; world 4 -> 2" in out, out
@@ -325,3 +327,16 @@ def test_a_node_joining_a_running_job_is_admitted_at_the_next_round(runner: Runn
             if line.startswith("step ")} == {"4"}, out_b
     assert sum(" step 19 " in f" {line} " for line in out_a.splitlines() + out_b.splitlines()) \
         == 4, out_a + out_b
+
+
+def test_the_same_command_twice_on_one_host_is_two_nodes(runner: Runner) -> None:
+    """Nodes are agents, not hosts (as torchrun's): two ``unirank run`` with the very same
+    command on one host, no ``--local-addr``, join as two nodes of one job."""
+    args = _command(free_port(), "2", 1, *CONF, endpoint="127.0.0.1")
+    target = [HELLO, "--backend", "gloo"]
+    procs = [runner.start([*args, *target], text=True, drop=NO_OMP) for _ in range(2)]
+    ended = [_ended(proc) for proc in procs]
+    assert [code for code, _out, _err in ended] == [0, 0], ended
+    lines = parse_hello(ended[0][1] + ended[1][1])
+    assert sorted(line.rank for line in lines) == [0, 1], ended
+    assert {line.world for line in lines} == {2}, ended

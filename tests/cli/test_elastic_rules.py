@@ -1,4 +1,4 @@
-"""The pure rules of the dynamic rendezvous under srun: which runs take it (``cli.run._dynamic``)
+"""The pure rules of the dynamic rendezvous under srun: which runs take it (``cli.elastic.wanted``)
 and which node serves the endpoint (``cli.elastic._serves_endpoint``), with DistEnvs built as
 detection builds them from recorded Slurm variables."""
 
@@ -8,8 +8,7 @@ import argparse
 
 import pytest
 
-from unirank.cli.elastic import _serves_endpoint
-from unirank.cli.run import _dynamic
+from unirank.cli.elastic import _serves_endpoint, wanted
 from unirank.launchers import detect
 from unirank.resolve import same_address
 
@@ -42,7 +41,7 @@ def _args(nnodes: str) -> argparse.Namespace:
 def test_a_range_under_srun_one_task_per_node_takes_the_dynamic_rendezvous(
         nnodes: str, nodes: int, per_node: int, dynamic: bool) -> None:
     outer = detect(_step(nodes, per_node), argv=[])
-    assert _dynamic(_args(nnodes), outer) is dynamic
+    assert wanted(_args(nnodes), outer) is dynamic
 
 
 def test_under_srun_the_node_named_as_the_endpoint_serves_it() -> None:

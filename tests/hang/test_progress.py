@@ -91,6 +91,8 @@ def test_resolve_hang() -> None:
     assert resolve_hang("2", "10") == HangSettings(2.0, 10.0, 0.5)
     assert resolve_hang(None, None, {"UNIRANK_HANG_REPORT_AFTER": "off"}).report_after is None
     assert resolve_hang("0", "30").timeout is None  # no detector: nothing to time out
+    # a timeout below the report delay: the hang is seen (and reported) by then
+    assert resolve_hang(None, "15") == HangSettings(15.0, 15.0, 1.875)
     assert resolve_hang(None, None, {"UNIRANK_HANG_REPORT_AFTER": "8",
                                      "UNIRANK_HANG_INTERVAL": "1"}).interval == 1.0
     settings = HangSettings(2.0, 10.0, 0.5)

@@ -363,8 +363,7 @@ def test_an_elastic_job_loses_node2_and_node1_finishes_alone(
     marker = f"{ELASTIC_STEPS}"
     following, job = start(slurm_testbed, [
         "--nnodes", "1:2", "--ntasks-per-node", "2", "--max-restarts", "3", "--rdzv-conf",
-        "join_timeout=60,last_call_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3",
-        "--follow", ELASTIC_STEPS, steps], minutes=4)
+        "join_timeout=60,last_call_timeout=10", "--follow", ELASTIC_STEPS, steps], minutes=4)
     try:
         following.wait_for(r"^step 1 rank 2 world 4 sum 4 restart 0$")
         os.kill(_launcher_on("node2", marker), signal.SIGKILL)
@@ -375,6 +374,32 @@ def test_an_elastic_job_loses_node2_and_node1_finishes_alone(
     assert "unirank run: rendezvous round 1: node rank 0 of 1, 2 workers in all " \
            "(left: node2)" in done.stdout, _described(done)
     assert "unirank run: succeeded after 1 restart(s)" in done.stdout, _described(done)
+    last = int(steps) - 1
+    assert sorted(re.findall(rf"^step {last} rank (\d) world (\d) sum \d restart 1$",
+                             done.stdout, re.MULTILINE)) == [("0", "2"), ("1", "2")], \
+        _described(done)
+
+
+def test_an_elastic_job_loses_node1_and_node2_takes_the_rendezvous_over(
+    slurm_testbed: SlurmTestbed,
+) -> None:
+    """``--nnodes 1:2 --max-restarts 3``: node1's ``unirank run`` (it serves the rendezvous,
+    and runs rank 0) is SIGKILLed while the world of 4 trains; node2 takes the rendezvous over,
+    restarts alone at a world of 2 and finishes; the job's status is then node2's: 0."""
+    steps = "60"
+    following, job = start(slurm_testbed, [
+        "--nnodes", "1:2", "--ntasks-per-node", "2", "--max-restarts", "3", "--rdzv-conf",
+        "join_timeout=60,last_call_timeout=10", "--follow", ELASTIC_STEPS, steps], minutes=4)
+    try:
+        following.wait_for(r"^step 1 rank 2 world 4 sum 4 restart 0$")
+        os.kill(_launcher_on("node1", ELASTIC_STEPS), signal.SIGKILL)
+    finally:
+        done = following.finish()
+    assert done.returncode == 0, _described(done)
+    assert f"unirank sbatch: job {job} COMPLETED, exit code 0" in done.stderr, _described(done)
+    assert "unirank run: store moved to node node2" in done.stdout, _described(done)
+    assert "unirank run: rendezvous round 1: node rank 0 of 1, 2 workers in all " \
+           "(left: node1)" in done.stdout, _described(done)
     last = int(steps) - 1
     assert sorted(re.findall(rf"^step {last} rank (\d) world (\d) sum \d restart 1$",
                              done.stdout, re.MULTILINE)) == [("0", "2"), ("1", "2")], \

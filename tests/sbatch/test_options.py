@@ -20,7 +20,7 @@ COMMAND_ONLY = {"--help", "--config", "--dry-run", "--submit", "--parsable", "--
 VALUES: dict[str, Any] = {"time": "10", "signal": "USR2@60", "launch": "tasks",
                           "backend": "gloo", "env": ["NCCL_DEBUG=INFO"],
                           "setup": ["module load cuda"], "sbatch-arg": ["--exclusive"],
-                          "nodes": "1:2"}
+                          "nodes": "1:2", "rdzv-conf": "last_call_timeout=5"}
 #: options that need another one given with them (both ways alike)
 NEEDS: dict[str, list[str]] = {"rdzv-conf": ["--nnodes", "1:2"]}
 

@@ -63,7 +63,9 @@ def _args(*argv: str) -> argparse.Namespace:
     (["--rdzv-backend", "c10d", "--nnodes", "2", "--standalone"], False),
 ])
 def test_when_the_rendezvous_is_dynamic(argv: list[str], dynamic: bool) -> None:
-    assert elastic.wanted(_args(*argv)) is dynamic
+    from unirank.launchers import detect
+
+    assert elastic.wanted(_args(*argv), detect({}, argv=[])) is dynamic
 
 
 def test_a_new_round_names_the_nodes_that_left_or_joined() -> None:
@@ -80,3 +82,24 @@ def test_a_new_round_names_the_nodes_that_left_or_joined() -> None:
     assert elastic.describe_round(place("a", "b"), place("a", round_=1), 3.04) == \
         "rendezvous round 1: node rank 0 of 1, 2 workers in all (left: b), after 3.0 s of " \
         "rendezvous"
+
+
+def test_a_new_round_after_news_says_how_long_the_workers_took_to_stop() -> None:
+    before = Assignment(node_rank=0, nnodes=2, ranks_per_node=(1, 1), hosts=("a", "b"),
+                        master_addr="a", master_port=1)
+    after = Assignment(node_rank=0, nnodes=1, ranks_per_node=(1,), hosts=("a",),
+                       master_addr="a", master_port=1, round=1)
+    assert elastic.describe_round(before, after, 0.04, 0.21) == \
+        "rendezvous round 1: node rank 0 of 1, 1 workers in all (left: b), the workers " \
+        "stopped 0.2 s after the news, after 0.0 s of rendezvous"
+
+
+def test_the_nodes_of_ranks_and_the_eviction_of_a_verdict() -> None:
+    place = Assignment(node_rank=0, nnodes=3, ranks_per_node=(2, 1, 2), hosts=("a", "b", "c"),
+                       master_addr="a", master_port=1, nodes=("ida", "idb", "idc"))
+    assert place.nodes_of([2, 4]) == ("idb", "idc")
+    assert place.nodes_of([0, 1]) == ("ida",)
+    assert elastic.eviction(place, {"never_entered": [2], "call": "all_reduce #12"}) == {
+        "evict": ("idb",), "why": "node evicted: rank 2 never entered all_reduce #12"}
+    assert elastic.eviction(place, None) == {}
+    assert elastic.eviction(place, {"never_entered": [], "call": "x"}) == {}

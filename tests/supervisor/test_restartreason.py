@@ -117,3 +117,19 @@ def test_lost_peer_is_read_once_from_the_whole_recorded_error(tmp_path: Path) ->
                             _plan("nodeA"))
     assert reason.kind == "node lost"
     assert parse_verdict(verdict_line(True, peer.lost_peer).strip().encode()) == (True, True)
+
+
+def test_the_hang_timeout_with_a_node_gone_after_is_that_node_evicted() -> None:
+    hung = _exit(0, HANG_EXIT_CODE, "HangTimeoutError: rank 2 (nodeB) has not entered it")
+    reason = restart_reason(RunResult((hung,), first_failure=hung), _plan("nodeA", "nodeB"),
+                            _plan("nodeA"))
+    assert (reason.kind, reason.lost_nodes) == ("node evicted", ("nodeB",))
+    assert reason.message == "node evicted: nodeB (HangTimeoutError: rank 2 (nodeB) has not " \
+        "entered it)"
+
+
+def test_the_rendezvous_moved_is_said_so() -> None:
+    result = RunResult((_exit(0, -15),), world_changed="store moved to node nodeB (10.0.0.2)")
+    reason = restart_reason(result, _plan("nodeA", "nodeB"), _plan("nodeB"))
+    assert (reason.kind, reason.lost_nodes) == ("store moved", ("nodeA",))
+    assert reason.message == "store moved to node nodeB (10.0.0.2)"

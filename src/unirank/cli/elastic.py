@@ -4,10 +4,10 @@ rendezvous (torchrun's ``--rdzv-backend c10d`` without ``--node-rank``), and ``-
 :func:`wanted` is THE rule for whether a run takes the dynamic rendezvous: ``--rdzv-backend
 c10d``, no ``--node-rank``, no ``--standalone``, and ``--nnodes`` above one node (or a range);
 under an outer launcher (srun, mpirun), which gives node ranks itself, the static rendezvous
-stays, but for a range started one task per node (``unirank sbatch --nnodes MIN:MAX``; see
-``cli.run._dynamic``). :func:`join` starts the node's rendezvous helper
-(:class:`~unirank.supervisor.rdzv.client.RendezvousHelper`), opens the store's socket the node
-serves should it be node rank 0, and waits for this node's
+stays, but for a range started one task per node (``unirank sbatch --nnodes MIN:MAX``).
+``--rdzv-conf`` is read by :func:`unirank.supervisor.rdzv.conf.parse_rdzv_conf`. :func:`join`
+starts the node's rendezvous helper (:class:`~unirank.supervisor.rdzv.client.RendezvousHelper`),
+opens the store's socket the node serves should it be node rank 0, and waits for this node's
 :class:`~unirank.supervisor.rdzv.spec.Assignment`.
 
 Reads (from the mapping it is given): UNIRANK_MASTER_FORWARDED (through
@@ -20,26 +20,26 @@ import argparse
 import socket
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.supervisor.rdzv.client import RendezvousHelper
+from unirank.supervisor.rdzv.conf import KEYS, parse_rdzv_conf
 from unirank.supervisor.rdzv.spec import DEFAULT_ENDPOINT_PORT, Assignment, RdzvSpec
 
-__all__ = ["CONF_KEYS", "DEFAULT_RUN_ID", "USED_OPTIONS", "describe_round", "is_range", "join",
-           "wanted"]
+__all__ = ["DEFAULT_RUN_ID", "USED_OPTIONS", "asked", "describe_round", "eviction", "is_range",
+           "join", "wanted"]
 
-#: ``--rdzv-conf`` keys the dynamic rendezvous takes (torchrun's meaning; whole seconds)
-CONF_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "keep_alive_interval",
-             "keep_alive_max_attempt")
 #: torchrun's ``--rdzv-id`` when none is given
 DEFAULT_RUN_ID = "none"
 #: options noted as having no effect elsewhere that the dynamic rendezvous uses
 USED_OPTIONS = frozenset({"--local-addr"})
 
 
-def wanted(args: argparse.Namespace) -> bool:
-    """Whether these options ask for the dynamic rendezvous (see the module docstring)."""
+def asked(args: argparse.Namespace) -> bool:
+    """Whether the options alone ask for the dynamic rendezvous (c10d, no ``--node-rank``, no
+    ``--standalone``, more than one node or a range); :func:`wanted` decides."""
     from unirank.cli.counts import parse_nnodes_range
 
     if str(args.rdzv_backend).strip().lower() != "c10d" or args.node_rank is not None \
@@ -47,6 +47,16 @@ def wanted(args: argparse.Namespace) -> bool:
         return False
     least, most = parse_nnodes_range(str(args.nnodes))
     return most > 1 or least != most
+
+
+def wanted(args: argparse.Namespace, outer: DistEnv) -> bool:
+    """THE rule: whether this run takes the dynamic rendezvous (:func:`asked` for by the
+    options), unless an outer launcher gives the node ranks: it does not for an elastic range
+    ``MIN:MAX`` started one task per node (``unirank sbatch --nnodes MIN:MAX``'s steps), where
+    each task is one node."""
+    if not asked(args) or outer.launch_required:
+        return False
+    return outer.world_size <= 1 or (is_range(args) and outer.world_size == outer.num_nodes)
 
 
 def is_range(args: argparse.Namespace) -> bool:
@@ -57,25 +67,6 @@ def is_range(args: argparse.Namespace) -> bool:
         return False
     least, most = parse_nnodes_range(str(args.nnodes))
     return least != most
-
-
-def _conf(text: str | None) -> dict[str, int]:
-    """``--rdzv-conf``'s keys the rendezvous takes, as whole seconds (counts)."""
-    conf: dict[str, int] = {}
-    for item in (text or "").split(","):
-        key, _sep, value = item.partition("=")
-        if key.strip() not in CONF_KEYS:
-            continue
-        try:
-            number = int(value.strip())
-        except ValueError:
-            number = 0
-        if number < 1:
-            raise ConfigError("is not a whole number above 0", variable=f"--rdzv-conf "
-                              f"{key.strip()}", value=value.strip(),
-                              hint="give whole seconds, e.g. last_call_timeout=5")
-        conf[key.strip()] = number
-    return conf
 
 
 def _serves_endpoint(host: str, local_addr: str | None, environ: Mapping[str, str],
@@ -105,7 +96,7 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
     from unirank.cli.counts import parse_nnodes_range
     from unirank.resolve import require_resolvable
 
-    conf = _conf(args.rdzv_conf)
+    conf = parse_rdzv_conf(args.rdzv_conf)
     host, port = endpoint
     if not host:
         raise ConfigError(
@@ -120,7 +111,8 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
         run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
         local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
         serves_endpoint=_serves_endpoint(host, local_addr, environ, outer),
-        admit_joiners=restarts > 0, **conf)
+        admit_joiners=restarts > 0, explicit_addr=local_addr is not None,
+        **{key: getattr(conf, key) for key in KEYS})
 
 
 def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
@@ -146,10 +138,12 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
         raise
 
 
-def describe_round(before: Assignment, after: Assignment, took: float | None = None) -> str:
+def describe_round(before: Assignment, after: Assignment, took: float | None = None,
+                   noticed: float | None = None) -> str:
     """One line on a new round: this node's place, the nodes that left or joined since
-    ``before`` (by name; a name twice counts twice), and how long the round took to close
-    (``took`` seconds, where given)."""
+    ``before`` (by name; a name twice counts twice), how long the workers took to stop after
+    the news (``noticed`` seconds before the rendezvous began, where there was news) and how
+    long the round took to close (``took`` seconds, where given)."""
     from unirank.elasticstate import nodes_changed
 
     left, joined = nodes_changed(before.hosts, after.hosts)
@@ -158,4 +152,20 @@ def describe_round(before: Assignment, after: Assignment, took: float | None = N
     return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "
             f"{sum(after.ranks_per_node)} workers in all"
             + (f" ({'; '.join(changes)})" if changes else "")
+            + (f", the workers stopped {noticed:.1f} s after the news" if noticed is not None
+               else "")
             + (f", after {took:.1f} s of rendezvous" if took is not None else ""))
+
+
+def eviction(place: Assignment, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The next round's eviction (``--on-hang evict``), as :meth:`RendezvousHelper.next`'s
+    keywords: the nodes (of ``place``, the round that hung) of the ranks the hang ``verdict``
+    names as never having entered the collective, and why (``node evicted: rank 1 never
+    entered all_reduce #12``); nothing without a verdict."""
+    ranks = [int(r) for r in (verdict or {}).get("never_entered") or ()]
+    nodes = place.nodes_of(ranks)
+    if not nodes:
+        return {}
+    call = str((verdict or {}).get("call") or "the collective")
+    return {"evict": nodes, "why": "node evicted: " + "; ".join(
+        f"rank {rank} never entered {call}" for rank in ranks)}

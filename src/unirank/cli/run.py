@@ -25,7 +25,7 @@ import os
 import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.cli.runconfig import (
     build_request,
@@ -76,23 +76,6 @@ def _detect(environ: Mapping[str, str]) -> DistEnv:
     from unirank.launchers import detect
 
     return detect(environ, sys.argv)
-
-
-def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str]) -> str | None:
-    from unirank.cli import elastic
-
-    if not args.rdzv_conf:
-        return None
-    timeout = None
-    used = elastic.CONF_KEYS if elastic.wanted(args) else ()
-    for item in args.rdzv_conf.split(","):
-        key, _sep, value = item.partition("=")
-        if key.strip() == "join_timeout":
-            timeout = value.strip()
-        elif key.strip() and key.strip() not in used:
-            notes.append(f"--rdzv-conf {key.strip()} is ignored: unirank's rendezvous "
-                         "is static")
-    return timeout
 
 
 def inner_command(args: argparse.Namespace, nproc: int, nnodes: int) -> list[str]:
@@ -161,11 +144,12 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
     from dataclasses import replace
     from uuid import uuid4
 
+    from unirank.cli import elastic
     from unirank.cli.elastic import DEFAULT_RUN_ID
     from unirank.supervisor.attempts import run_plan
     from unirank.supervisor.plan import make_plan
 
-    if _dynamic(args, outer):
+    if elastic.wanted(args, outer):
         return _rendezvous_and_run(args, request, outer, environ, options, target, server)
     # torchrun's TORCHELASTIC_RUN_ID without --rdzv-id: its default, none, for the static
     # rendezvous (several nodes, or a port given); else a fresh uuid4 for the c10d rendezvous
@@ -185,18 +169,6 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
 
         require_resolvable(plan.master_addr, source=plan.master_source)
     return run_plan(plan, target, environ=environ, options=options, server=server)
-
-
-def _dynamic(args: argparse.Namespace, outer: DistEnv) -> bool:
-    """The dynamic rendezvous (:func:`unirank.cli.elastic.wanted`), unless an outer launcher
-    gives the node ranks: it does not for an elastic range ``MIN:MAX`` started one task per
-    node (``unirank sbatch --nnodes MIN:MAX``'s steps), where each task is one node."""
-    from unirank.cli import elastic
-
-    if not elastic.wanted(args) or outer.launch_required:
-        return False
-    return outer.world_size <= 1 or (elastic.is_range(args)
-                                     and outer.world_size == outer.num_nodes)
 
 
 def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,
@@ -221,20 +193,21 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
 
     places = [assignment]
 
-    def replan(attempt: int) -> Plan:  # a restart: the next round (the world may change)
+    def replan(attempt: int, verdict: Mapping[str, Any] | None) -> Plan:
+        """A restart: the next round (the world may change), the nodes of the ranks a hang
+        verdict names evicted first (``--on-hang evict``)."""
         began = time.monotonic()
-        places.append(helper.next(first=False))
-        line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began)
+        places.append(helper.next(first=False, **elastic.eviction(places[-1], verdict)))
+        line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began,
+                                      helper.noticed_before(began))
         print(f"unirank run: {line}", file=sys.stderr, flush=True)
         return plan_at(places[-1])
 
     try:
         plan = plan_at(assignment)
-        listening = sock if plan.hosts_store else None
-        if listening is None:
-            sock.close()
+        # kept on every node: node rank 0 may move here (its node lost, the store moved)
         return run_plan(plan, target, environ=environ, options=options, server=server,
-                        listening=listening, replan=replan, watch=helper)
+                        listening=sock, replan=replan, watch=helper)
     finally:
         helper.close()
 
@@ -313,17 +286,10 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
         print(f"unirank run: {sources}", file=sys.stderr, flush=True)
     request = build_request(args, environ, notes)
     options = engine_options(args, environ)
-    notes += noted_lines(args)
+    outer = _detect(environ)
+    notes += noted_lines(args, outer)
     for note in notes:
         print(f"unirank run: note: {note}", file=sys.stderr, flush=True)
-    outer = _detect(environ)
-    if request.nnodes is None and args.nnodes is not None and not _dynamic(args, outer):
-        from dataclasses import replace
-
-        from unirank.cli.counts import parse_nnodes
-
-        # an outer launcher gives the node ranks: the static rendezvous, its node count
-        request = replace(request, nnodes=parse_nnodes(args.nnodes), run_id=args.rdzv_id)
     if outer.launch_required and not request.standalone:
         from unirank.supervisor.reexec import reexec_through_srun
 

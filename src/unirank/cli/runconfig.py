@@ -10,7 +10,8 @@ variable's name.
 Reads (from the mapping each is given): PET_* (:mod:`unirank.cli.runoptions`),
 UNIRANK_INIT_TIMEOUT, CUDA_VISIBLE_DEVICES, TORCH_ELASTIC_SHUTDOWN_TIMEOUT,
 TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, UNIRANK_STOP_SIGNALS, UNIRANK_HANG_REPORT_AFTER,
-UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL.
+UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL, UNIRANK_ON_HANG, and the launchers' variables
+(the outer launcher, :func:`unirank.launchers.detect`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from unirank.cli.runoptions import NOTED, pet_names, settle
 from unirank.errors import ConfigError
 
 if TYPE_CHECKING:
+    from unirank.distenv import DistEnv
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.plan import LaunchRequest
 
@@ -31,19 +33,43 @@ __all__ = ["build_request", "endpoint", "engine_options", "grace_period", "noted
            "preload", "run_signals", "target_of"]
 
 
-def _has_no_effect(name: str, args: argparse.Namespace) -> bool:
+def _has_no_effect(name: str, args: argparse.Namespace, outer: DistEnv) -> bool:
     """Whether the noted option ``name`` has no effect here (the dynamic rendezvous uses
     ``--local-addr``)."""
     from unirank.cli import elastic
 
-    return not (name in elastic.USED_OPTIONS and elastic.wanted(args))
+    return not (name in elastic.USED_OPTIONS and elastic.wanted(args, outer))
 
 
-def noted_lines(args: argparse.Namespace) -> list[str]:
-    """The notes for the torchrun options given that have no effect here."""
+def noted_lines(args: argparse.Namespace, outer: DistEnv) -> list[str]:
+    """The notes for the torchrun options given that have no effect here (``outer``: the
+    launcher that started this ``unirank run``)."""
     return [f"{name} is accepted but has no effect: {why}" for name, why in NOTED.items()
             if getattr(args, "noted_" + name[2:].replace("-", "_"), None) is not None
-            and _has_no_effect(name, args)]
+            and _has_no_effect(name, args, outer)]
+
+
+def _outer(environ: Mapping[str, str]) -> DistEnv:
+    """The launcher that started this ``unirank run`` (:func:`unirank.launchers.detect`)."""
+    import sys
+
+    from unirank.launchers import detect
+
+    return detect(environ, sys.argv)
+
+
+def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str],
+                       dynamic: bool) -> float | None:
+    """``--rdzv-conf``'s join timeout (:func:`~unirank.supervisor.rdzv.conf.parse_rdzv_conf`);
+    under the static rendezvous the other keys are noted as having no effect."""
+    from unirank.supervisor.rdzv.conf import parse_rdzv_conf
+
+    conf = parse_rdzv_conf(args.rdzv_conf)
+    if not dynamic:
+        notes.extend(f"--rdzv-conf {key} has no effect: node ranks are not assigned at "
+                     "rendezvous here (c10d without --node-rank assigns them)"
+                     for key in sorted(conf.given - {"join_timeout"}))
+    return conf.join_timeout if "join_timeout" in conf.given else None
 
 
 def _int_option(value: str | None, option: str, hint: str, least: int = 0) -> int | None:
@@ -164,9 +190,8 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
     _check_rdzv_backend(str(args.rdzv_backend))
     _check_logs_specs(args.logs_specs)
     addr, port = endpoint(args)
-    from unirank.cli.run import _rdzv_conf_timeout  # its --rdzv-conf reading stays there
-
-    join_timeout = _rdzv_conf_timeout(args, notes)
+    dynamic = elastic.wanted(args, _outer(environ))
+    join_timeout = _rdzv_conf_timeout(args, notes, dynamic)
     init_timeout = (resolve_init_timeout(args.init_timeout, environ)
                     if args.init_timeout is not None or join_timeout is None
                     else resolve_init_timeout(join_timeout, environ,
@@ -175,7 +200,7 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
         nproc_per_node=None if auto else nproc,
         spawn_default=nproc,
         nnodes=(parse_nnodes(args.nnodes) if args.nnodes is not None
-                and not elastic.wanted(args) else None),
+                and not dynamic else None),
         node_rank=_int_option(args.node_rank, "--node-rank",
                               "give this node's rank, 0 to --nnodes - 1"),
         master_addr=addr,
@@ -184,7 +209,7 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
         init_timeout=init_timeout,
         max_restarts=_int_option(args.max_restarts, "--max-restarts",
                                  "give how many times to restart, 0 or more") or 0,
-        run_id=args.rdzv_id or (elastic.DEFAULT_RUN_ID if elastic.wanted(args) else None),
+        run_id=args.rdzv_id or (elastic.DEFAULT_RUN_ID if dynamic else None),
         role=args.role,
         virtual_local_rank=bool(args.virtual_local_rank),
     )
@@ -272,7 +297,23 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Eng
                          signals=signals, signals_to_handle=handled,
                          timeline=bool(args.timeline or args.timeline_json),
                          timeline_json=args.timeline_json or None, hang=hang,
-                         numa_binding=_numa_binding(args.numa_binding))
+                         numa_binding=_numa_binding(args.numa_binding),
+                         on_hang=_on_hang(args, environ))
+
+
+def _on_hang(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+    """``--on-hang`` (:func:`unirank.contract.resolve_on_hang`): an elastic job is a range of
+    the dynamic rendezvous.
+
+    Reads: UNIRANK_ON_HANG.
+    """
+    from unirank.cli import elastic
+    from unirank.contract import resolve_on_hang
+
+    restarts = _int_option(args.max_restarts, "--max-restarts", "give 0 or more") or 0
+    return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,
+                           elastic=elastic.wanted(args, _outer(environ))
+                           and elastic.is_range(args))
 
 
 def _numa_binding(mode: str | None) -> str | None:

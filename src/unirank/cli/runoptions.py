@@ -28,6 +28,7 @@ from unirank.contract import (
     HANG_TIMEOUT_VAR,
     INIT_TIMEOUT_VAR,
     NO_PRELOAD_VAR,
+    ON_HANG_VAR,
     PET_PREFIX,
     SHUTDOWN_TIMEOUT_VAR,
 )
@@ -160,7 +161,7 @@ OPTIONS: tuple[RunOption, ...] = (
          help="rendezvous port (default: launcher, MASTER_PORT, or a free port on one node)"),
     _opt("--rdzv-backend", default="static", metavar="NAME",
          help="static (node ranks given) or c10d (without --node-rank: node ranks "
-         "assigned at rendezvous, torch's dynamic rendezvous)"),
+         "assigned at rendezvous, unirank's dynamic rendezvous)"),
     _opt("--rdzv-endpoint", metavar="HOST[:PORT]",
          help="node 0's host and port (as --master-addr/--master-port; port 0: a free one)"),
     _opt("--rdzv-id", metavar="ID", help="the job's id: TORCHELASTIC_RUN_ID and the log "
@@ -183,6 +184,11 @@ OPTIONS: tuple[RunOption, ...] = (
     _opt("--hang-timeout", pet=False, metavar=_SECONDS,
          help=f"end the job (exit code 86) when a hang lasts S seconds (default: "
          f"{HANG_TIMEOUT_VAR}, else never)"),
+    _opt("--on-hang", pet=False, metavar="exit|restart|evict",
+         help="once --hang-timeout ended the workers: end the job (86), restart every "
+         "node, or stop the nodes of the ranks that never entered the collective and go on "
+         f"without them (default: {ON_HANG_VAR}, else evict in an elastic job with "
+         "restarts left, restart with restarts left, else exit)"),
     _opt("--grace-period", "--shutdown-timeout", dest="grace_period", pet="shutdown_timeout",
          metavar=_SECONDS,
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "

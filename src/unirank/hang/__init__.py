@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from unirank.exitcodes import HANG_TIMEOUT
 
-__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "WAITING_MARK"]
+__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "HANG_VERDICT", "WAITING_MARK"]
 
 #: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
 #: rank 0 writes every report with every rank's stacks, as text and JSON (kept after the run)
@@ -32,3 +32,8 @@ WAITING_MARK = "ranks-waiting"
 
 #: the exit code of a job ended by ``--hang-timeout`` (every rank's; the blamed rank's first)
 HANG_EXIT_CODE = HANG_TIMEOUT
+
+#: the file, in the attempt's folder, where rank 0 writes the verdict of a hang that ends the job
+#: (``--hang-timeout``): ``{"never_entered": [ranks], "call": "all_reduce #12"}``, what the
+#: supervisor's ``--on-hang evict`` reads (:func:`unirank.hang.detect.verdict`)
+HANG_VERDICT = "hang-verdict.json"

@@ -279,3 +279,11 @@ def find_uneven(records: Mapping[int, Mapping[str, Any] | None], rank: int) -> U
             return Uneven(group["pg"], tuple(ended), call,
                           _first_mismatch(histories, {}, -1) or ())
     return None
+
+
+def verdict(hang: Hang) -> dict[str, Any]:
+    """What ``--on-hang evict`` needs of a hang: the ranks that never entered the collective
+    the others wait in (not those that finished), and that collective (``all_reduce #12``)."""
+    first = hang.waiting[0] if hang.waiting else None
+    return {"never_entered": sorted(lag.rank for lag in hang.laggards if not lag.finished),
+            "call": f"{first.op} #{first.seq}" if first else ""}

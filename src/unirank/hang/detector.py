@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from unirank.contract import HangSettings
-from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
-from unirank.hang.detect import Hang, blamed, find_hangs
+from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, HANG_VERDICT, WAITING_MARK
+from unirank.hang.detect import Hang, blamed, find_hangs, verdict
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.render import changed_ranks, render_report, timeout_message
@@ -105,8 +105,18 @@ class Detector:
         with contextlib.suppress(OSError):
             os.write(self.watcher.err_fd, text.encode(errors="replace"))
         if decision.ending:
+            self._write_verdict(hangs[0])
             self.watcher.exit_for_timeout(self.store, Ending(
                 timeout_message(hangs, limit or 0.0), blamed(hangs[0]), self.watcher.rank))
+
+    def _write_verdict(self, hang: Hang) -> None:
+        """The hang's :func:`~unirank.hang.detect.verdict` in the attempt's folder, for the
+        supervisor (``--on-hang evict``)."""
+        folder = self.watcher.attempt_folder()
+        with contextlib.suppress(OSError):
+            if folder:
+                with open(os.path.join(folder, HANG_VERDICT), "w", encoding="utf-8") as fh:
+                    json.dump(verdict(hang), fh)
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has

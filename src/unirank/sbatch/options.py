@@ -101,7 +101,8 @@ OPTIONS: tuple[JobOption, ...] = (
               "MIN:MAX)"),
     JobOption(("--rdzv-conf",), "rdzv_conf", str, "K=V,...",
               "with --nnodes MIN:MAX: unirank run's --rdzv-conf, torchrun's keys, e.g. "
-              "last_call_timeout=5 (how long more nodes may join once MIN did; default 30)"),
+              "last_call_timeout=5 (how long more nodes may join once MIN did; default 3); checked "
+              "at submission"),
     JobOption(("--backend",), "backend", str, "|".join(BACKENDS),
               "the backend the script will use, for the GPU check (auto: nccl with a GPU "
               "per rank, else gloo)"),

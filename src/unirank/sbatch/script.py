@@ -160,11 +160,12 @@ def _elastic(spec: JobSpec) -> list[str]:
     run = shlex.join(_unirank_run(spec)) + " " + shlex.join(
         ["--nnodes", spec.nodes_text(), "--rdzv-backend", "c10d", *conf])
     lines = [
-        f"# Elastic (--nnodes {spec.nodes_text()}): one unirank run per node, meeting in torch's "
-        "c10d dynamic",
+        f"# Elastic (--nnodes {spec.nodes_text()}): one unirank run per node, meeting in "
+        "unirank's dynamic",
         "# rendezvous served by the job's first node (node rank 0) at a port derived from the",
         "# job id (unirank.sbatch.jobenv); the job id is the rendezvous id. A lost node's",
-        "# survivors stop their ranks within seconds and restart them at the world left.",
+        "# survivors stop their ranks within seconds and restart them at the world left; the",
+        "# first node lost, the next takes the rendezvous over.",
         f'endpoint="$({python} -m unirank.sbatch.jobenv MASTER_ADDR):'
         f'$({python} -m unirank.sbatch.jobenv MASTER_PORT)"',
         "# Two steps: the first node's, whose exit status is the job's (srun's own would be the",
@@ -189,8 +190,13 @@ def _elastic(spec: JobSpec) -> list[str]:
     ]
     rest = [
         "# The other nodes end with the first node's run: they have 30 s more, then the job's",
-        "# end stops them.",
-        'if [ -n "$others" ]; then',
+        "# end stops them. The first node lost (not stopped by Slurm), they go on without it:",
+        "# their status is the job's then.",
+        'if [ -n "$others" ] && [ "$status" -ne 0 ] && [ -z "$ended" ]; then',
+        '    while kill -0 "$others" 2>/dev/null; do { sleep 1; } 2>/dev/null; done',
+        '    wait "$others"',
+        "    status=$?",
+        'elif [ -n "$others" ]; then',
         '    for _ in $(seq 30); do kill -0 "$others" 2>/dev/null || break; '
         "{ sleep 1; } 2>/dev/null; done",
         "fi",

@@ -315,6 +315,10 @@ def _check_elastic(spec: JobSpec) -> None:
             "needs an elastic range (--nnodes MIN:MAX), whose nodes meet in torch's c10d "
             "rendezvous", variable="--rdzv-conf", value=spec.rdzv_conf,
             hint="give --nnodes MIN:MAX, or drop --rdzv-conf")
+    if spec.rdzv_conf is not None:  # a typo refused now, not when the job starts
+        from unirank.supervisor.rdzv.conf import parse_rdzv_conf
+
+        parse_rdzv_conf(spec.rdzv_conf)
     if spec.launch == "node":
         return
     if spec.elastic:

@@ -33,6 +33,7 @@ Reads (from the ``environ`` it is given, never from ``os.environ``): SLURM_JOB_I
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -40,10 +41,12 @@ import socket
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, resolve_hang
 from unirank.errors import ConfigError
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
+from unirank.hang import HANG_EXIT_CODE, HANG_VERDICT
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, make_run_folder
@@ -84,6 +87,8 @@ class EngineOptions:
     numa_binding: str | None = None
     #: the hang detector's settings for every worker (None: the workers read the variables)
     hang: HangSettings | None = None
+    #: ``--on-hang``: exit, restart or evict once ``--hang-timeout`` ended the workers
+    on_hang: str = "restart"
 
 
 def run_plan(
@@ -97,7 +102,7 @@ def run_plan(
     server: ForkServer | None = None,
     keep_server: bool = False,
     listening: socket.socket | None = None,
-    replan: Callable[[int], Plan] | None = None,
+    replan: Callable[[int, Mapping[str, Any] | None], Plan] | None = None,
     watch: WorldWatch | None = None,
 ) -> RunResult:
     """Open the store's port (where rank 0 runs, once its master address is known to be this
@@ -114,8 +119,9 @@ def run_plan(
     already configured by an earlier run keeps the environment it imported with);
     ``listening`` the store's socket where the caller opened it already (the dynamic
     rendezvous publishes its port before the plan exists), which this function closes;
-    ``replan`` gives the plan of each restart (its attempt number; the dynamic rendezvous's
-    next round: the world may have changed), else every attempt runs ``plan``; ``watch``
+    ``replan`` gives the plan of each restart (its attempt number, and the hang verdict of
+    ``--on-hang evict`` where rank 0 here wrote one; the dynamic rendezvous's next round: the
+    world may have changed), else every attempt runs ``plan``; ``watch``
     says when the world changed during an attempt (the engine then stops the workers).
     """
     options = options or EngineOptions()
@@ -226,7 +232,7 @@ def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bo
 def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                   options: EngineOptions, sock: socket.socket | None,
                   server: ForkServer | None, fds: tuple[int, int],
-                  replan: Callable[[int], Plan] | None = None,
+                  replan: Callable[[int, Mapping[str, Any] | None], Plan] | None = None,
                   watch: WorldWatch | None = None) -> RunResult:
     """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times
     (each restart at ``replan``'s plan, where given)."""
@@ -247,7 +253,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
-            if _is_last(result, attempt, plan, environ):
+            if _is_last(result, attempt, plan, environ) or (
+                    options.on_hang == "exit" and _hang_timeout(result)):
                 _report_end(root.attempt(attempt).timeline_file, options, err_fd)
                 return replace(result, attempts=tuple(earlier))
             earlier.append(result)
@@ -257,7 +264,9 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             attempt += 1
             before = plan
             if replan is not None:
-                plan = _next_plan(replan, attempt, sock)
+                verdict = (_read_verdict(attempt_dir)
+                           if options.on_hang == "evict" and _hang_timeout(result) else None)
+                plan = _next_plan(replan, attempt, sock, verdict)
             reason = restart_reason(result, before, plan).to_value(attempt, before.world_size)
     finally:
         # a temporary folder in which a hang report was written (which a report named) is kept
@@ -265,10 +274,25 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             shutil.rmtree(root.path, ignore_errors=True)
 
 
-def _next_plan(replan: Callable[[int], Plan], attempt: int,
-               sock: socket.socket | None) -> Plan:
+def _hang_timeout(result: RunResult) -> bool:
+    """Whether ``--hang-timeout`` ended the attempt (its root cause exited with 86)."""
+    first = result.first_failure
+    return first is not None and first.own_exit_code == HANG_EXIT_CODE
+
+
+def _read_verdict(attempt_dir: str) -> Mapping[str, Any] | None:
+    """The hang verdict rank 0 wrote in the attempt's folder (here only where rank 0 ran)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.path.join(attempt_dir, HANG_VERDICT), encoding="utf-8") as fh:
+            data = json.load(fh)
+        return data if isinstance(data, dict) else None
+    return None
+
+
+def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], Plan], attempt: int,
+               sock: socket.socket | None, verdict: Mapping[str, Any] | None = None) -> Plan:
     """The plan of restart ``attempt``, its port the store socket's where rank 0 runs here."""
-    plan = replan(attempt)
+    plan = replan(attempt, verdict)
     if plan.hosts_store:
         if sock is None:
             raise ConfigError("rank 0 moved to this node, which serves no store",

@@ -31,7 +31,8 @@ def restart_reason(result: RunResult, before: Plan, after: Plan) -> RestartReaso
                              f"({first.error}); gone at the next round: {', '.join(lost)}",
                              lost, joined)
     if first is None and result.world_changed:
-        kind = "node lost" if lost else "node joined" if joined else "world changed"
+        kind = ("store moved" if result.world_changed.startswith("store moved")
+                else "node lost" if lost else "node joined" if joined else "world changed")
         return RestartReason(kind, result.world_changed, lost, joined)
     if first is None and result.requeued:
         return RestartReason("requeued", f"the workers stopped to be requeued (exit code "
@@ -41,6 +42,9 @@ def restart_reason(result: RunResult, before: Plan, after: Plan) -> RestartReaso
                              lost, joined)
     code = first.own_exit_code
     kind = "hang timeout" if code == HANG_EXIT_CODE else "worker failed"
+    if kind == "hang timeout" and lost:  # --on-hang evict: the stuck ranks' nodes were left out
+        return RestartReason("node evicted", f"node evicted: {', '.join(lost)} ({first.error})",
+                             lost, joined, rank=first.rank, exit_code=code, node=first.node)
     message = f"rank {first.rank} on {first.node}: {first.describe()}"
     if first.error:
         message += f": {first.error}"

@@ -109,8 +109,9 @@ def test_ctrl_c_reaches_workers_of_a_run_started_in_the_background(
         runner: Runner, preload: bool) -> None:
     """``setsid unirank run ... &`` from a script: SIGINT and SIGQUIT come ignored. The workers
     get what a child the supervisor exec'ed gets (SIGINT, which the supervisor catches, raises
-    KeyboardInterrupt; SIGTSTP, which it leaves ignored, stays ignored), so a SIGINT to the group ends
-    them with KeyboardInterrupt, their ``finally`` run, instead of SIGKILL after the grace."""
+    KeyboardInterrupt; SIGTSTP, which it leaves ignored, stays ignored), so a SIGINT to the
+    group ends them with KeyboardInterrupt, their ``finally`` run, instead of SIGKILL after the
+    grace."""
     script = runner.script("sleep.py", _SLEEPER)
     env = runner.environ(None if preload else {"UNIRANK_NO_PRELOAD": "1"})
     proc = subprocess.Popen(runner.command(["-n", "2", str(script)]), cwd=runner.cwd, env=env,

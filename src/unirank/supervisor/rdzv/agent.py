@@ -1,27 +1,25 @@
-"""The rendezvous helper of one node: ``python -m unirank.supervisor.rdzv.agent`` (imports
-torch; the ``unirank run`` parent starts it through :mod:`.client`).
+"""The rendezvous helper of one node: ``python -m unirank.supervisor.rdzv.agent`` (no torch; the
+``unirank run`` parent starts it through :mod:`.client`).
 
 It reads one :class:`~.spec.RdzvSpec` (a JSON line) on stdin, then
 
-1. serves the c10d store at the endpoint where this node is on the endpoint's host (another
-   node of the host may serve it first: then it is a client, as torch's c10d backend), else
-   connects to it; the node serving it records the job's ``--rdzv-id`` there, and a node of
-   another job is refused;
-2. claims this node's address in the rendezvous: a node started twice (its claim is held by a
-   live helper, whose beat still advances) is refused;
-3. runs torch's ``DynamicRendezvousHandler.next_rendezvous()`` (c10d backend; ``min_nodes``,
-   ``max_nodes``, ``join_timeout``, ``last_call_timeout``, ``close_timeout`` and the keep-alive
-   as torchrun passes them), then every node publishes a :class:`~.spec.NodeRecord` in the
-   round's store and reads the others', and :func:`~.spec.assign` gives the node ranks;
-4. answers the :class:`~.spec.Assignment` as one JSON line on stdout, and keeps the node alive
-   in the rendezvous (torch's keep-alive thread) until stdin says ``next`` (join the next
-   round) or ends (the parent is done or gone): then it leaves at once.
+1. serves the rendezvous at the endpoint (:class:`~.server.Server`, a thread of this process)
+   where this node is on the endpoint's host and the port is free (another node of the host may
+   serve it already: then this one is a client, as every other node);
+2. connects to it and says hello: its job (a node of another job is refused), its identity (host,
+   parent pid and a random part: any number of ``unirank run`` on one host are separate nodes)
+   and its ``--local-addr`` where one was given (the same explicit address twice is one node
+   started twice: refused);
+3. asks to join a round with its :class:`~.spec.NodeRecord`, and answers the parent this node's
+   :class:`~.spec.Assignment` (:func:`~.spec.assign` over the round's records) as one JSON line
+   on stdout;
+4. beats every ``keep_alive_interval`` and passes the server's news on (one ``{"event": ...}``
+   line per round: a node lost, a node asking for a new round, nodes waiting to join where the
+   parent can admit them) until stdin says ``next`` (join the next round) or ends (the parent
+   is done or gone): then it says ``leave`` and exits.
 
 A refusal is answered as ``{"error": ..., "variable": ..., "value": ..., "hint": ...}`` (the
-parent raises it as a one-line ConfigError). torch's own log lines go to stderr, which the
-parent sends to a file. Reads no environment variable itself (torch reads
-TORCH_DISABLE_SHARE_RDZV_TCP_STORE, which the parent sets to 1: the workers' store is served by
-rank 0, as everywhere in unirank).
+parent raises it as a one-line ConfigError). Reads no environment variable.
 """
 
 from __future__ import annotations
@@ -29,24 +27,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
+import selectors
+import socket
 import sys
-import threading
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from dataclasses import asdict
+from typing import Any, NoReturn
 
-from unirank.supervisor.rdzv.spec import Assignment, NodeRecord, RdzvSpec, assign, to_line
+from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec, assign, to_line
+from unirank.supervisor.rdzv.wire import Lines
 
-if TYPE_CHECKING:
-    from torch.distributed import Store  # type: ignore[attr-defined]
-
-__all__ = ["BEAT_INTERVAL", "JOB_KEY", "LOST_AFTER", "Refusal", "main"]
-
-#: where the node serving the endpoint records its job's ``--rdzv-id``
-JOB_KEY = "unirank.rdzv.job"
-#: seconds between the beats of a node's claim on its address
-BEAT_INTERVAL = 1.0
-#: a peer whose beat did not advance for this many seconds is lost
-LOST_AFTER = 5.0
+__all__ = ["Refusal", "main", "node_identity"]
 
 
 class Refusal(Exception):
@@ -62,180 +54,236 @@ def _endpoint(spec: RdzvSpec) -> str:
     return f"{spec.endpoint_host}:{spec.endpoint_port}"
 
 
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def node_identity() -> str:
+    """This node's identity in the rendezvous: host, the ``unirank run`` parent's pid and a
+    random part (as torchrun's agents: several on one host are several nodes)."""
+    return f"{socket.gethostname()}:{os.getppid()}:{secrets.token_hex(4)}"
 
 
-def open_endpoint(spec: RdzvSpec) -> tuple[Store, bool]:
-    """The store at the endpoint (:func:`unirank.store.open_store`), and whether this process
-    serves it."""
+def serve_if_endpoint(spec: RdzvSpec, host: str) -> bool:
+    """Serve the rendezvous here where this node is on the endpoint's host and the port is free;
+    whether it does (``host``: this node's identity)."""
+    endpoint = _endpoint_socket(spec)
+    if endpoint is None:
+        return False
+    from unirank.supervisor.rdzv.server import Server
+
+    Server([endpoint], spec, host).start()
+    return True
+
+
+def _endpoint_socket(spec: RdzvSpec) -> socket.socket | None:
+    """The endpoint's port, listening, where this node is on its host and it is free."""
+    if not spec.serves_endpoint:
+        return None
     from unirank.errors import ConfigError
-    from unirank.store import StoreError, open_store
+    from unirank.supervisor.listen import open_store_socket
 
-    def opened(serve: bool, hint: str) -> Store:
-        store: Store = open_store(spec.endpoint_host, spec.endpoint_port, rank=-1, serve=serve,
-                          timeout=float(spec.join_timeout), served_by="the endpoint's node",
-                          hint=hint, addr_source="--rdzv-endpoint")
-        return store
+    try:
+        return open_store_socket(spec.endpoint_port, host=spec.endpoint_host,
+                                 option="--rdzv-endpoint")
+    except ConfigError:
+        return None  # in use: another node of this host serves it
 
-    if spec.serves_endpoint:
+
+def connect(spec: RdzvSpec, address: tuple[str, int], deadline: float) -> Lines:
+    """A connection to the rendezvous at ``address``, tried until ``deadline`` (the endpoint's
+    node may start after this one)."""
+    while True:
         try:
-            store = opened(True, "pick a free port for --rdzv-endpoint")
-            store.set(JOB_KEY, spec.run_id)
-            return store, True
-        except (ConfigError, StoreError):
-            pass  # in use: another node of this host serves it (else the client fails too)
-    try:
-        store = opened(False, "start unirank run on the endpoint's host too (its node serves "
-                       "the rendezvous), or give --rdzv-endpoint one of the nodes' addresses")
-    except StoreError as exc:
-        raise Refusal(exc.what.split(" HINT: ")[0], hint=exc.what.partition(" HINT: ")[2]) \
-            from None
-    return store, False
+            return Lines(socket.create_connection(address, timeout=2))
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise Refusal(
+                    f"nothing serves the rendezvous at {address[0]}:{address[1]}",
+                    variable="--rdzv-endpoint", value=_endpoint(spec),
+                    hint="start unirank run on the endpoint's host too (its node serves the "
+                    "rendezvous), or give --rdzv-endpoint one of the nodes' addresses") from None
+            time.sleep(0.2)
 
 
-def check_job(store: Store, spec: RdzvSpec) -> None:
-    """Refuse a node whose ``--rdzv-id`` is not the one the endpoint's node serves."""
-    if not store.check([JOB_KEY]):
-        return  # served by something else than unirank run (or not yet recorded)
-    job = store.get(JOB_KEY).decode()
-    if job != spec.run_id:
-        raise Refusal(
-            f"is not the job the rendezvous at {_endpoint(spec)} serves, {job!r}",
-            variable="--rdzv-id", value=spec.run_id,
-            hint="give every node of one job the same --rdzv-id, and each job its own "
-            "--rdzv-endpoint")
+class Node:
+    """This node's side of the rendezvous: hello, join, beats, news, and taking the rendezvous
+    over where the node serving it is lost (see the module)."""
 
+    def __init__(self, spec: RdzvSpec, node: str, serves: bool) -> None:
+        from unirank.supervisor.listen import open_store_socket
 
-def _claim_key(spec: RdzvSpec, addr: str | None = None) -> str:
-    return f"unirank.rdzv.{spec.run_id}.node.{addr or spec.local_addr}"
+        self.spec, self.node, self.serves = spec, node, serves
+        self.explicit = spec.local_addr if spec.explicit_addr else None
+        #: where this node serves the rendezvous, should it take it over
+        self.spare = open_store_socket(0, host=spec.master_addr(), option="--local-addr")
+        self.lines = connect(spec, (spec.endpoint_host, spec.endpoint_port),
+                             time.monotonic() + spec.join_timeout)
+        self.selector = selectors.DefaultSelector()
+        self.joining = self.told = False
+        self.deadline = self.heard = time.monotonic()
+        #: the last round: its number, members (in order), records and the node serving it
+        self.round, self.server = -1, ""
+        self.members: tuple[str, ...] = ()
+        self.records: dict[str, dict[str, Any]] = {}
 
-
-def claim_node(store: Store, spec: RdzvSpec, *, interval: float = BEAT_INTERVAL) -> str:
-    """Claim this node's address in the rendezvous, or refuse when a live helper holds it (a
-    node started twice); a claim whose beat stopped (its node died) is taken over. Returns
-    the claim's key; a daemon thread beats it from then on."""
-    key, beat = _claim_key(spec), _claim_key(spec) + ".beat"
-    token = json.dumps({"pid": os.getppid(), "name": spec.node_name, "t": time.time()})
-    held = store.compare_set(key, "", token).decode()
-    if held != token and (_beats(store, beat, 3 * interval)
-                          or store.compare_set(key, held, token).decode() != token):
-        raise Refusal(_started_twice(spec, held), variable="--local-addr",
-                      value=spec.local_addr,
-                      hint="a node joins a job once: end the other unirank run, or give this "
-                      "one another --local-addr (or another --rdzv-id for another job)")
-
-    def beat_forever() -> None:
-        with contextlib.suppress(RuntimeError):  # the store went with its node: the job ended
-            while True:
-                store.add(beat, 1)
-                time.sleep(interval)
-
-    threading.Thread(target=beat_forever, name="unirank-rdzv-beat", daemon=True).start()
-    return key
-
-
-def _beats(store: Store, beat: str, within: float) -> bool:
-    """Whether the claim's holder is alive: its beat advances ``within`` seconds (it beats
-    every :data:`BEAT_INTERVAL`), or its store went away meanwhile (its job ended)."""
-    try:
-        before = store.add(beat, 0)
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
-            if store.add(beat, 0) != before:
-                return True
-    except RuntimeError:
-        return True
-    return False
-
-
-def _started_twice(spec: RdzvSpec, held: str) -> str:
-    try:
-        owner = json.loads(held)
-        who = f"unirank run pid {owner['pid']} on {owner['name']}"
-    except (ValueError, KeyError, TypeError):
-        who = "another unirank run"
-    return (f"this node already takes part in the rendezvous {spec.run_id!r} at "
-            f"{_endpoint(spec)} ({who})")
-
-
-def make_handler(store: Store, spec: RdzvSpec) -> Any:
-    """torch's dynamic rendezvous handler over the c10d backend, with torchrun's settings."""
-    from torch.distributed.elastic.rendezvous import RendezvousParameters
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-        C10dRendezvousBackend,
-    )
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-
-    params = RendezvousParameters(
-        backend="c10d", endpoint=_endpoint(spec), run_id=spec.run_id,
-        min_nodes=spec.min_nodes, max_nodes=spec.max_nodes, local_addr=spec.local_addr,
-        join_timeout=spec.join_timeout, last_call_timeout=spec.last_call_timeout,
-        close_timeout=spec.close_timeout, keep_alive_interval=spec.keep_alive_interval,
-        keep_alive_max_attempt=spec.keep_alive_max_attempt)
-    return create_handler(store, C10dRendezvousBackend(store, spec.run_id), params)
-
-
-def next_assignment(handler: Any, spec: RdzvSpec, serves: bool,
-                    round_: int) -> tuple[Assignment, list[NodeRecord]]:
-    """Join the next round, then exchange the nodes' records in the round's store."""
-    from torch.distributed.elastic.rendezvous.api import (
-        RendezvousClosedError,
-        RendezvousTimeoutError,
-    )
-
-    try:
-        info = handler.next_rendezvous()
-    except RendezvousTimeoutError:
-        raise Refusal(
-            f"the rendezvous {spec.run_id!r} at {_endpoint(spec)} did not complete within "
-            f"join_timeout={spec.join_timeout} s (fewer than {spec.min_nodes} nodes joined)",
-            hint="start unirank run with the same --rdzv-endpoint and --rdzv-id on the other "
-            "nodes, or raise --rdzv-conf join_timeout") from None
-    except RendezvousClosedError:
-        raise Refusal(f"the rendezvous {spec.run_id!r} at {_endpoint(spec)} is closed (its "
-                      "job ended)", variable="--rdzv-id", value=spec.run_id,
-                      hint="give the new job its own --rdzv-id") from None
-    record = NodeRecord(addr=spec.master_addr() if serves else spec.local_addr,
-                        name=spec.node_name, nproc=spec.nproc, store_port=spec.store_port,
-                        serves_endpoint=serves, claim=spec.local_addr)
-    info.store.set(f"unirank.node.{info.rank}", to_line(record))
-    records = [NodeRecord(**json.loads(info.store.get(f"unirank.node.{r}")))
-               for r in range(info.world_size)]
-    return assign(records, info.rank, round_), records
-
-
-def watch_world(store: Store, handler: Any, spec: RdzvSpec, peers: list[NodeRecord],
-                stop: threading.Event) -> None:
-    """Until ``stop``: say (one ``{"event": ...}`` line) when a peer's beat stalls for
-    :data:`LOST_AFTER` seconds (lost: killed, or its machine gone or hung) while it still
-    holds its claim (a node whose run ended gave it back), or (``admit_joiners``) when a node
-    waits to join while the world is below ``max_nodes``. A store that went away is not
-    news: its node (node rank 0, where rank 0 runs) ended, and the workers learn it
-    themselves."""
-    beats = {p.claim: _claim_key(spec, p.claim) + ".beat" for p in peers}
-    names = {p.claim: p.name for p in peers}
-    try:
-        last = {claim: (store.add(key, 0), time.monotonic()) for claim, key in beats.items()}
-        while not stop.wait(BEAT_INTERVAL):
-            now = time.monotonic()
-            for claim, key in list(beats.items()):
-                value = store.add(key, 0)
-                if value != last[claim][0]:
-                    last[claim] = (value, now)
-                elif not store.check([_claim_key(spec, claim)]):
-                    del beats[claim]  # it left: its run ended (it gave its claim back)
-                elif now - last[claim][1] >= LOST_AFTER:
-                    _answer({"event": f"node {names[claim]} ({claim}) is lost: no beat for "
-                                      f"{now - last[claim][1]:.0f} s"})
+    def hello(self, deadline: float) -> None:
+        self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
+                         "name": self.spec.node_name, "explicit": self.explicit,
+                         "pid": os.getppid()})
+        while True:
+            for message in self._wait(deadline, "the rendezvous's answer"):
+                if "evicted" in message:
+                    message = {"error": message["evicted"]}
+                if "error" in message:
+                    raise Refusal(str(message["error"]), variable=message.get("variable"),
+                                  value=message.get("value"), hint=str(message.get("hint")))
+                if message.get("ok"):
+                    self.heard = time.monotonic()
                     return
-            if spec.admit_joiners and len(peers) + 1 < spec.max_nodes \
-                    and handler.num_nodes_waiting() > 0:
-                _answer({"event": f"{handler.num_nodes_waiting()} node(s) wait to join"})
-                return
-    except RuntimeError:
-        return  # the store's node ended
+
+    def _wait(self, deadline: float, what: str) -> list[dict[str, Any]]:
+        left = deadline - time.monotonic()
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.lines.sock, selectors.EVENT_READ)
+            if left <= 0 or not selector.select(left):
+                raise Refusal(f"no answer from the rendezvous at {_endpoint(self.spec)} "
+                              f"({what})", hint="run again; if it repeats, check the endpoint")
+        messages = self.lines.receive()
+        if messages is None:
+            raise Refusal(f"the rendezvous at {_endpoint(self.spec)} closed its connection",
+                          hint="its node ended: start the job again")
+        return messages
+
+    def join(self) -> None:
+        record = NodeRecord(addr=self.spec.master_addr(), name=self.spec.node_name,
+                            nproc=self.spec.nproc, store_port=self.spec.store_port,
+                            serves_endpoint=self.serves, claim=self.node,
+                            rdzv_port=int(self.spare.getsockname()[1]))
+        self.joining, self.told = True, False
+        self.deadline = time.monotonic() + self.spec.join_timeout
+        if not self.lines.send({"op": "join", "record": asdict(record)}):
+            self.move()
+
+    def on_message(self, message: dict[str, Any]) -> None:
+        if "evicted" in message:  # said now (the parent reads it while its workers run)
+            raise Refusal(str(message["evicted"]), hint="the other nodes go on without this "
+                          "one (--on-hang evict); see the hang report on rank 0's node")
+        if "error" in message:
+            raise Refusal(str(message["error"]), variable=message.get("variable"),
+                          value=message.get("value"), hint=str(message.get("hint")))
+        if "round" in message and self.joining:
+            self.round, self.members = int(message["round"]), tuple(message["members"])
+            self.records = {m: r for m, r in zip(self.members, message["records"])}
+            self.server = str(message.get("server") or "")
+            records = [NodeRecord(**r) for r in message["records"]]
+            _answer(assign(records, self.members.index(self.node), self.round))
+            self.joining = False
+        elif "event" in message and (message.get("kind") != "join" or self.spec.admit_joiners):
+            self._tell(str(message["event"]))
+
+    def _tell(self, news: str, *, always: bool = False) -> None:
+        """Pass news on to the parent, once per round, while the workers run (``always``:
+        also while it waits for a round, which then only says it)."""
+        if always and self.joining:
+            _answer({"event": news})
+        elif not self.joining and not self.told:
+            _answer({"event": news})
+            self.told = True
+
+    def move(self) -> None:
+        """The node serving the rendezvous is lost: find its successor (or become it) by
+        :func:`~.rounds.successor` over the last round's members, connect, and go on."""
+        from unirank.supervisor.rdzv.rounds import successor
+        from unirank.supervisor.rdzv.server import Resume, Server
+
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.lines.sock)
+        self.lines.close()
+        failed = {self.server}
+        wait = 2 * self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt + 2.0
+        while True:
+            chosen = successor(self.members, failed) if self.server else None
+            if chosen is None:
+                raise Refusal(f"the rendezvous at {_endpoint(self.spec)} ended (its node "
+                              "ended) and no node of the last round serves it",
+                              hint="start the job again")
+            if chosen == self.node:
+                listening = [self.spare, *filter(None, [_endpoint_socket(self.spec)])]
+                Server(listening, self.spec, self.node,
+                       Resume(self.round, self.members, self.records,
+                              frozenset(failed))).start()
+                self.serves = True
+            record = self.records[chosen]
+            address = (str(record["addr"]), int(record["rdzv_port"]))
+            try:
+                self.lines = connect(self.spec, address, time.monotonic() + wait)
+                self.hello(time.monotonic() + wait)
+                break
+            except Refusal:
+                failed.add(chosen)
+        self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
+        self.server, self.heard = chosen, time.monotonic()
+        if self.joining:
+            self.join()
+        self._tell(f"store moved to node {record['name']} ({address[0]})", always=True)
+
+    def run(self) -> None:
+        """Join, then serve the parent until its stdin ends."""
+        self.selector.register(0, selectors.EVENT_READ, "parent")
+        self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
+        self.join()
+        beat_at = 0.0
+        lost_after = self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt
+        while True:
+            now = time.monotonic()
+            if now - beat_at >= self.spec.keep_alive_interval:
+                beat_at = now
+                self.lines.send({"op": "beat"})
+            if self.joining and now >= self.deadline:
+                raise Refusal(
+                    f"the rendezvous {self.spec.run_id!r} at {_endpoint(self.spec)} did "
+                    f"not complete within join_timeout={self.spec.join_timeout:g} s "
+                    f"(fewer than {self.spec.min_nodes} nodes joined)",
+                    hint="start unirank run with the same --rdzv-endpoint and --rdzv-id "
+                    "on the other nodes, or raise --rdzv-conf join_timeout")
+            if now - self.heard >= lost_after and self.server != self.node:
+                self.move()  # the node serving it is silent: hung, or cut off
+            for key, _ in self.selector.select(min(0.5, self.spec.keep_alive_interval / 2)):
+                if key.data == "parent":
+                    if not self._from_parent():
+                        return
+                else:
+                    self._from_store()
+
+    def _from_parent(self) -> bool:
+        """The parent's ``{"next": true, "evict": [...], "why": ...}``, or its end."""
+        line = os.read(0, 65536)
+        if not line.strip():
+            self.lines.send({"op": "leave"})
+            return False
+        with contextlib.suppress(ValueError, AttributeError):
+            order = json.loads(line.splitlines()[-1])
+            if order.get("evict"):
+                self.lines.send({"op": "evict", "nodes": order["evict"], "why": order["why"]})
+        self.join()
+        return True
+
+    def _from_store(self) -> None:
+        messages = self.lines.receive()
+        if messages is None:
+            self.move()
+            return
+        self.heard = time.monotonic()
+        for message in messages:
+            self.on_message(message)
+
+
+def _first_line() -> bytes:
+    """The spec's line, read from fd 0 unbuffered (``next`` lines are read there later)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def _answer(payload: object) -> None:
@@ -243,30 +291,10 @@ def _answer(payload: object) -> None:
 
 
 def _serve(spec: RdzvSpec) -> None:
-    store, serves = open_endpoint(spec)
-    check_job(store, spec)
-    key = claim_node(store, spec)
-    handler = make_handler(store, spec)
-    round_ = 0
-    try:
-        while True:
-            assignment, records = next_assignment(handler, spec, serves, round_)
-            _answer(assignment)
-            stop = threading.Event()
-            peers = [r for r in records if r.claim != spec.local_addr]
-            watcher = threading.Thread(target=watch_world, args=(store, handler, spec, peers,
-                                                                 stop),
-                                       name="unirank-rdzv-watch", daemon=True)
-            watcher.start()
-            line = sys.stdin.buffer.readline().strip()
-            stop.set()
-            watcher.join(timeout=2 * BEAT_INTERVAL + 1)
-            if line != b"next":
-                return
-            round_ += 1
-    finally:
-        with contextlib.suppress(RuntimeError):  # the store may have gone with its node
-            store.delete_key(key)  # this node may join again at once
+    identity = node_identity()
+    node = Node(spec, identity, serve_if_endpoint(spec, identity))
+    node.hello(time.monotonic() + min(spec.join_timeout, 30.0))
+    node.run()
 
 
 def main() -> NoReturn:
@@ -276,17 +304,17 @@ def main() -> NoReturn:
     set_parent_death_signal()
     code = 0
     try:
-        spec = RdzvSpec(**json.loads(sys.stdin.buffer.readline()))
-        _serve(spec)
+        _serve(RdzvSpec(**json.loads(_first_line())))
     except Refusal as refusal:
         _answer(refusal.payload)
         code = 2
-    except Exception as exc:  # torch's errors, said in one line
-        _answer({"error": f"the rendezvous failed: {type(exc).__name__}: {_first_line(exc)}"})
+    except Exception as exc:  # said in one line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        _answer({"error": f"the rendezvous failed: {type(exc).__name__}: {first}"})
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)  # torch's threads and the store it may serve end with it
+    os._exit(code)  # the server's thread ends with it
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """The parent's side of the dynamic rendezvous: start the helper (:mod:`.agent`), read its
 answer with a deadline, end it. No torch here.
 
-The helper's stderr (torch's log lines) goes to a temporary file, kept and named in the error
-when the helper fails on its own (not a refusal). Reads no environment variable; the helper's
-environment is the mapping it is given, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (torch would
-otherwise serve a second store for the workers on node rank 0; unirank's rank 0 serves theirs).
+The helper's stderr goes to a temporary file, kept and named in the error when the helper
+fails on its own (not a refusal). Reads no environment variable; the helper's environment is
+the mapping it is given.
 """
 
 from __future__ import annotations
@@ -14,6 +13,7 @@ import json
 import os
 import selectors
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -24,11 +24,27 @@ from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to
 
 __all__ = ["ANSWER_MARGIN", "RendezvousHelper"]
 
-#: seconds the parent waits for an answer beyond the join timeout (the helper's import of
-#: torch and its connect)
+#: seconds the parent waits for an answer beyond the join timeout (the helper's start and its
+#: connect)
 ANSWER_MARGIN = 60.0
 #: seconds a helper gets to leave once its stdin closed
 CLOSE_TIMEOUT = 5.0
+
+
+def assignment_of_error(line: str) -> ConfigError:
+    """The one-line error of a refusal line."""
+    try:
+        assignment_of(line, where="the rendezvous helper")
+    except ConfigError as exc:
+        return exc
+    return ConfigError(line, hint="")
+
+
+def _spawn(environ: Mapping[str, str], err_fd: int) -> subprocess.Popen[bytes]:
+    """Start the helper process: its stdin and stdout piped to the parent, stderr to
+    ``err_fd``."""
+    return start_helper("unirank.supervisor.rdzv.agent", [], environ, stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, stderr=err_fd)
 
 
 class RendezvousHelper:
@@ -38,15 +54,16 @@ class RendezvousHelper:
     def __init__(self, spec: RdzvSpec, environ: Mapping[str, str]) -> None:
         self.spec = spec
         fd, self.log_path = tempfile.mkstemp(prefix="unirank-rdzv-", suffix=".log")
-        env = dict(environ)
-        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
-            self._proc = start_helper("unirank.supervisor.rdzv.agent", [], env,
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd)
+            self._proc = _spawn(environ, fd)
         finally:
             os.close(fd)
         self._keep_log = False
         self._buffer = b""
+        #: a refusal that came while the workers ran (this node evicted)
+        self._refusal: str | None = None
+        #: when the last news came (time.monotonic()), until the next round read it
+        self._news_at: float | None = None
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -55,13 +72,20 @@ class RendezvousHelper:
             self._proc.stdin.write(line)
             self._proc.stdin.flush()
 
-    def next(self, *, first: bool = True) -> Assignment:
-        """This node's assignment in the first rendezvous (``first``) or the next round; a
-        refusal or a failure of the helper is a one-line :class:`ConfigError`."""
+    def next(self, *, first: bool = True, evict: tuple[str, ...] = (),
+             why: str = "") -> Assignment:
+        """This node's assignment in the first rendezvous (``first``) or the next round, the
+        nodes ``evict`` (identities) left out of it first, for ``why``; a refusal (this node
+        evicted, too) or a failure of the helper is a one-line :class:`ConfigError`."""
+        if self._refusal is not None:
+            raise assignment_of_error(self._refusal)
         if not first:
-            self._send(b"next\n")
+            self._send(to_line({"next": True, "evict": list(evict), "why": why}))
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
-        while '"event"' in line:  # news of the round before, read too late: past
+        while '"event"' in line:  # news read too late to stop the workers: said only
+            with contextlib.suppress(ValueError, TypeError, KeyError, OSError):
+                sys.stderr.write(f"unirank run: {json.loads(line)['event']}\n")
+                sys.stderr.flush()
             line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         try:
             return assignment_of(line, where="the rendezvous helper")
@@ -70,7 +94,7 @@ class RendezvousHelper:
                 raise
             self._keep_log = True
             raise ConfigError(exc.message, variable=exc.variable, value=exc.value,
-                              hint=f"torch's log of the rendezvous: {self.log_path}") from None
+                              hint=f"the rendezvous helper's log: {self.log_path}") from None
 
     def _read_line(self, timeout: float) -> str:
         assert self._proc.stdout is not None
@@ -84,7 +108,7 @@ class RendezvousHelper:
                     self._keep_log = True
                     raise ConfigError(
                         f"the rendezvous helper did not answer within {timeout:g} s",
-                        hint=f"torch's log of the rendezvous: {self.log_path}")
+                        hint=f"the rendezvous helper's log: {self.log_path}")
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     self._keep_log = True
@@ -119,7 +143,17 @@ class RendezvousHelper:
             news = json.loads(line)
         except ValueError:
             news = {}
+        self._news_at = time.monotonic()
+        if isinstance(news, dict) and "error" in news:  # evicted: said at the next round
+            self._refusal = line.decode(errors="replace")
+            return str(news["error"])
         return str(news.get("event") or line.decode(errors="replace"))
+
+    def noticed_before(self, began: float) -> float | None:
+        """Seconds from the last news (a node lost, joining...) to ``began`` (the next
+        round's start), once; None without news."""
+        at, self._news_at = self._news_at, None
+        return None if at is None else max(0.0, began - at)
 
     def close(self) -> None:
         """End the helper: its node leaves the rendezvous (and the store it serves ends)."""

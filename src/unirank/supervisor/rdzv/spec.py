@@ -43,14 +43,16 @@ class RdzvSpec:
     serves_endpoint: bool
     #: the port of the store this node's rank 0 serves, should this node be node rank 0
     store_port: int = 0
-    #: torchrun's ``--rdzv-conf`` keys, in seconds / counts (torch's defaults where unset)
-    join_timeout: int = 600
-    last_call_timeout: int = 30
-    close_timeout: int = 30
-    keep_alive_interval: int = 5
+    #: torchrun's ``--rdzv-conf`` keys, in seconds / counts (:class:`~.conf.RdzvConf`)
+    join_timeout: float = 600.0
+    last_call_timeout: float = 3.0
+    close_timeout: float = 30.0
+    keep_alive_interval: float = 1.0
     keep_alive_max_attempt: int = 3
     #: stop the workers when a node waits to join (only where a restart can admit it)
     admit_joiners: bool = False
+    #: ``local_addr`` was given (``--local-addr``): the same one twice is one node started twice
+    explicit_addr: bool = False
 
     def master_addr(self) -> str:
         """Where this node's rank 0 would serve the workers' store."""
@@ -66,8 +68,10 @@ class NodeRecord:
     nproc: int
     store_port: int
     serves_endpoint: bool
-    #: the node's address in the rendezvous (``--local-addr``), the key of its claim and beat
+    #: the node's identity in the rendezvous (host, pid and a random part)
     claim: str = ""
+    #: the port where this node would serve the rendezvous, should it take it over
+    rdzv_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,17 @@ class Assignment:
     master_addr: str
     master_port: int
     round: int = 0
+    #: the nodes' identities in the rendezvous, in node-rank order
+    nodes: tuple[str, ...] = ()
+
+    def nodes_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
+        """The identities of the nodes that run ``ranks`` (global ranks, node after node)."""
+        found, first = [], 0
+        for node, count in zip(self.nodes, self.ranks_per_node):
+            if any(first <= rank < first + count for rank in ranks):
+                found.append(node)
+            first += count
+        return tuple(found)
 
 
 def assign(records: Sequence[NodeRecord], own: int, round_: int = 0) -> Assignment:
@@ -95,6 +110,7 @@ def assign(records: Sequence[NodeRecord], own: int, round_: int = 0) -> Assignme
         ranks_per_node=tuple(records[r].nproc for r in order),
         hosts=tuple(records[r].name for r in order),
         master_addr=first.addr, master_port=first.store_port, round=round_,
+        nodes=tuple(records[r].claim for r in order),
     )
 
 
@@ -120,4 +136,5 @@ def assignment_of(line: str, *, where: str) -> Assignment:
                           value=data.get("value"), hint=str(data.get("hint") or ""))
     data["ranks_per_node"] = tuple(data["ranks_per_node"])
     data["hosts"] = tuple(data["hosts"])
+    data["nodes"] = tuple(data.get("nodes") or ())
     return Assignment(**data)

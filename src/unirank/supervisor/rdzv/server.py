@@ -1,0 +1,257 @@
+"""The rendezvous store's server: a thread of the helper of the node that serves the endpoint
+(:mod:`.agent`). No torch; reads no environment variable.
+
+It holds the job's small state (its ``--rdzv-id``, the round, the members and their records)
+and keeps one connection per node (:mod:`.wire`). A node is any ``unirank run``: several on one
+host are several nodes (each helper names itself: host, pid and a random part). A node whose
+connection closes without a ``leave`` (its processes died: the kernel closes their sockets) is
+lost at once; one that sends nothing for ``keep_alive_interval x keep_alive_max_attempt`` (a
+hung machine, a cut network) is lost then. The members of the running round are told (one
+``event``) when one of them is lost, asks for a new round, or when a new node waits to join.
+Rounds close by :func:`.rounds.round_closes`.
+
+Messages in: ``hello`` (job, node, name, explicit address), ``join`` (a
+:class:`~.spec.NodeRecord`), ``beat``, ``leave``. Out: ``ok``/``error`` (the hello's answer),
+``round`` (number and the members' records in order), ``event`` (news, with its ``kind``:
+lost, restart, join), ``beat``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from unirank.supervisor.rdzv.rounds import Pending, members_of, round_closes
+from unirank.supervisor.rdzv.spec import RdzvSpec
+from unirank.supervisor.rdzv.wire import Lines
+
+__all__ = ["Server"]
+
+
+@dataclass
+class _Node:
+    lines: Lines
+    node: str = ""
+    name: str = ""
+    explicit: str | None = None
+    pid: int = 0
+    seen: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """The state a successor takes over (every node holds it from the last round's answer)."""
+
+    round: int
+    members: tuple[str, ...]
+    records: dict[str, dict[str, Any]]
+    #: the nodes known lost (the node that served before, and any found unreachable)
+    failed: frozenset[str]
+
+
+class Server:
+    """The rendezvous of one job, served on ``listening`` until the process ends; ``host`` is
+    the identity of the node whose helper runs it; ``resume`` the state of a server that was
+    lost (this one is its successor)."""
+
+    def __init__(self, listening: list[socket.socket], spec: RdzvSpec, host: str,
+                 resume: Resume | None = None) -> None:
+        self.spec, self.host = spec, host
+        self._selector = selectors.DefaultSelector()
+        for sock in listening:
+            self._selector.register(sock, selectors.EVENT_READ, sock)
+        self._nodes: dict[int, _Node] = {}
+        self.round = -1
+        self.members: tuple[str, ...] = ()
+        self._records: dict[str, dict[str, Any]] = {}
+        #: nodes of the round before counted alive until they reconnect (after a move)
+        self._grace: dict[str, float] = {}
+        if resume is not None:
+            self.round, self.members = resume.round, resume.members
+            self._records = dict(resume.records)
+            grace = time.monotonic() + 2 * spec.keep_alive_interval * \
+                spec.keep_alive_max_attempt + 5.0
+            self._grace = {m: grace for m in resume.members if m not in resume.failed}
+        self._waiting: list[str] = []
+        #: nodes evicted (``--on-hang evict``), and why
+        self._evicted: dict[str, str] = {}
+        self._opened: float | None = None
+        self._min_at: float | None = None
+        self._beat_at = 0.0
+
+    def start(self) -> None:
+        threading.Thread(target=self._loop, name="unirank-rdzv-server", daemon=True).start()
+
+    # the loop ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        tick = min(0.25, self.spec.keep_alive_interval / 2)
+        while True:
+            for key, _ in self._selector.select(tick):
+                if isinstance(key.data, socket.socket):
+                    self._accept(key.data)
+                else:
+                    self._read(key.data)
+            self._tick()
+
+    def _accept(self, listening: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock, _ = listening.accept()
+            node = _Node(Lines(sock))
+            self._nodes[sock.fileno()] = node
+            self._selector.register(sock, selectors.EVENT_READ, node)
+
+    def _read(self, node: _Node) -> None:
+        messages = node.lines.receive()
+        if messages is None:
+            self._drop(node, "its connection closed")
+            return
+        node.seen = time.monotonic()
+        for message in messages:
+            self._handle(node, message)
+            if node.lines.closed:
+                return
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        for node in list(self._nodes.values()):
+            if node.node and now - node.seen >= self.spec.keep_alive_interval * \
+                    self.spec.keep_alive_max_attempt:
+                self._drop(node, f"no beat for {now - node.seen:.0f} s")
+        if now - self._beat_at >= self.spec.keep_alive_interval:
+            self._beat_at = now
+            for node in list(self._nodes.values()):
+                if node.node:
+                    node.lines.send({"beat": 1})
+        self._maybe_close(now)
+
+    # messages ---------------------------------------------------------------------------
+    def _handle(self, node: _Node, message: dict[str, Any]) -> None:
+        op = message.get("op")
+        if op == "hello":
+            self._hello(node, message)
+        elif op == "join" and node.node:
+            self._join(node, message.get("record") or {})
+        elif op == "leave":
+            self._drop(node, None)
+        elif op == "evict":
+            self._evict([str(n) for n in message.get("nodes") or ()], str(message.get("why")))
+
+    def _evict(self, nodes: list[str], why: str) -> None:
+        """Stop these nodes (``--on-hang evict``): each is told why and left out for good."""
+        self._evicted.update(dict.fromkeys(nodes, why))
+        for node in list(self._nodes.values()):
+            if node.node in self._evicted:
+                node.lines.send({"evicted": self._evicted[node.node]})
+                self._drop(node, None)
+
+    def _hello(self, node: _Node, message: dict[str, Any]) -> None:
+        spec = self.spec
+        if message.get("job") != spec.run_id:
+            self._refuse(node, {
+                "error": f"is not the job the rendezvous at {spec.endpoint_host}:"
+                         f"{spec.endpoint_port} serves, {spec.run_id!r}",
+                "variable": "--rdzv-id", "value": message.get("job"),
+                "hint": "give every node of one job the same --rdzv-id, and each job its own "
+                        "--rdzv-endpoint"})
+            return
+        explicit = message.get("explicit")
+        twin = next((n for n in self._nodes.values() if explicit and n.node
+                     and n.explicit == explicit), None)
+        if twin is not None:
+            self._refuse(node, {
+                "error": f"this node already takes part in the rendezvous {spec.run_id!r} at "
+                         f"{spec.endpoint_host}:{spec.endpoint_port} (unirank run pid "
+                         f"{twin.pid} on {twin.name})",
+                "variable": "--local-addr", "value": explicit,
+                "hint": "a node joins a job once: end the other unirank run, or give this one "
+                        "another --local-addr (or another --rdzv-id for another job)"})
+            return
+        if message.get("node") in self._evicted:
+            self._refuse(node, {"evicted": self._evicted[str(message.get("node"))]})
+            return
+        node.node, node.name = str(message.get("node")), str(message.get("name"))
+        node.explicit, node.pid = explicit, int(message.get("pid") or 0)
+        self._grace.pop(node.node, None)
+        node.lines.send({"ok": True, "round": self.round})
+
+    def _refuse(self, node: _Node, payload: dict[str, Any]) -> None:
+        node.lines.send(payload)
+        self._forget(node)
+
+    def _join(self, node: _Node, record: dict[str, Any]) -> None:
+        if node.node in self._waiting:
+            return
+        self._records[node.node] = record
+        self._waiting.append(node.node)
+        self._opened = self._opened if self._opened is not None else time.monotonic()
+        running = [m for m in self.members if m not in self._waiting]
+        if node.node in self.members:
+            self._tell(running, "restart", f"node {node.name} asked for a new round")
+        elif running and len(self.members) < self.spec.max_nodes:
+            waiting = sum(1 for n in self._waiting if n not in self.members)
+            self._tell(running, "join", f"{waiting} node(s) wait to join")
+
+    def _drop(self, node: _Node, why: str | None) -> None:
+        """A node left (``why`` None: it said ``leave``) or is lost (``why``)."""
+        self._forget(node)
+        if not node.node:
+            return
+        if node.node in self._waiting:
+            self._waiting.remove(node.node)
+        if why is not None and node.node in self.members:
+            running = [m for m in self.members if m not in self._waiting and m != node.node]
+            addr = self._records.get(node.node, {}).get("addr", "?")
+            self._tell(running, "lost", f"node {node.name} ({addr}) is lost: {why}")
+
+    def _forget(self, node: _Node) -> None:
+        if node.lines.closed:
+            return
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(node.lines.sock)
+        self._nodes.pop(node.lines.fileno(), None)
+        node.lines.close()
+
+    def _tell(self, members: list[str], kind: str, text: str) -> None:
+        for node in self._nodes.values():
+            if node.node in members:
+                node.lines.send({"event": text, "kind": kind})
+
+    # rounds -----------------------------------------------------------------------------
+    def _alive(self) -> frozenset[str]:
+        now = time.monotonic()
+        return frozenset([n.node for n in self._nodes.values() if n.node]
+                         + [n for n, until in self._grace.items() if until > now])
+
+    def _maybe_close(self, now: float) -> None:
+        if not self._waiting:
+            self._opened = self._min_at = None
+            return
+        alive = self._alive()
+        count = sum(1 for n in self._waiting if n in alive)
+        if count < self.spec.min_nodes:
+            self._min_at = None
+        elif self._min_at is None:
+            self._min_at = now
+        pending = Pending(before=self.members, alive=alive, waiting=tuple(self._waiting),
+                          open_for=now - (self._opened or now),
+                          min_for=now - (self._min_at or now))
+        if not round_closes(pending, min_nodes=self.spec.min_nodes,
+                            max_nodes=self.spec.max_nodes,
+                            last_call=self.spec.last_call_timeout,
+                            close_timeout=self.spec.close_timeout):
+            return
+        self.members = members_of(self.members, self._waiting, alive, self.spec.max_nodes)
+        self.round += 1
+        records = [self._records[m] for m in self.members]
+        for node in self._nodes.values():
+            if node.node in self.members:
+                node.lines.send({"round": self.round, "members": self.members,
+                                 "records": records, "server": self.host})
+        self._waiting = [n for n in self._waiting if n not in self.members]
+        self._opened = now if self._waiting else None
+        self._min_at = None

@@ -1,0 +1,211 @@
+"""Recovery of ``unirank run``'s dynamic rendezvous with the settings a user starts with: the
+same command twice on one host (two nodes, as torchrun's agents), no ``--local-addr``, no
+``--rdzv-conf``. Real processes: node A starts first and serves the rendezvous, node B joins;
+then a node's whole process tree is killed (a lost machine), and the survivor must go on.
+
+Environment variables read: the caller's environment, from which launcher variables are removed
+(see ``tests/_procs.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from _procs import Runner, free_port, process_tree
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120.0
+NO_OMP = ("OMP_NUM_THREADS",)
+
+# Steps of training: each rank all-reduces a one and says the world it sees; the rank, world
+# and restart given on the command line say through the FIFO that their step 1 ran (the test
+# holds the FIFO open for reading from the start: a write never blocks).
+STEPS = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+steps, fifo, when = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+for step in range(steps):
+    if os.environ.get("STUCK_AT") == str(step):
+        time.sleep(1e9)  # alive, beating, never entering the next collective
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart}",
+          flush=True)
+    if step == 1 and f"{rank},{world},{restart}" in when.split(":"):
+        with open(fifo, "w") as out:
+            out.write("ready")
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[Any]) -> None:
+    """Until the endpoint accepts connections (node A serves it), or A ended."""
+    import time
+
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)  # polling a port, not synchronising on time
+    raise AssertionError("node A's endpoint never listened")
+
+
+class Job:
+    """One job of ``--nnodes 1:2 --nproc-per-node 1 --max-restarts 3``, its nodes started with
+    the same command."""
+
+    def __init__(self, runner: Runner, tmp_path: Path, steps: int, when: str,
+                 *extra: str) -> None:
+        (tmp_path / "steps.py").write_text(STEPS)
+        self.fifo = tmp_path / "ready.fifo"
+        os.mkfifo(self.fifo)
+        self.reader = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self.keep = os.open(self.fifo, os.O_WRONLY)  # no EOF between two writers
+        self.seen = 0
+        self.readies = 0
+        self.port = free_port()
+        self.runner = runner
+        self.args = [*extra, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+                     "steps.py", str(steps), str(self.fifo), when]
+
+    def wait(self, count: int) -> None:
+        """Until ``count`` steps of the command line's kind ran in all (at most
+        :data:`TIMEOUT` seconds)."""
+        import select
+
+        while self.readies < count:
+            ready, _, _ = select.select([self.reader], [], [], TIMEOUT)
+            assert ready, f"no worker wrote to {self.fifo} within {TIMEOUT:g} s"
+            self.readies += os.read(self.reader, 4096).count(b"ready")
+
+    def close(self) -> None:
+        os.close(self.reader)
+        os.close(self.keep)
+
+    def node(self, env: dict[str, str] | None = None) -> subprocess.Popen[Any]:
+        return self.runner.start(self.args, text=True, drop=NO_OMP, env=env)
+
+    def two_nodes(self, env_a: dict[str, str] | None = None,
+                  env_b: dict[str, str] | None = None,
+                  ) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
+        first = self.node(env_a)
+        _wait_listening(self.port, first)
+        second = self.node(env_b)
+        self.wait(1)  # the world of 2 ran a step
+        return first, second
+
+
+def _kill_tree(proc: subprocess.Popen[Any]) -> None:
+    for pid in process_tree(proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.communicate(timeout=TIMEOUT)
+
+
+def _worlds(out: str, restart: int) -> set[str]:
+    return {line.split(" world ")[1].split()[0] for line in out.splitlines()
+            if line.startswith("step ") and line.endswith(f" restart {restart}")}
+
+
+def test_the_endpoint_s_node_killed_the_other_goes_on_alone(runner: Runner,
+                                                           tmp_path: Path) -> None:
+    """Node A serves the rendezvous; its whole tree is killed: node B takes the rendezvous
+    over (the successor rule), restarts at a world of 1 and finishes."""
+    job = Job(runner, tmp_path, 30, "1,2,0")
+    first, second = job.two_nodes()
+    _kill_tree(first)
+    out, err = second.communicate(timeout=TIMEOUT)
+    job.close()
+    assert second.returncode == 0, err
+    assert "unirank run: store moved to node " in err, err
+    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert _worlds(out, 1) == {"1"}, out
+    assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
+
+
+def test_a_killed_node_started_again_brings_the_world_back(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """Node B's whole tree is killed: A goes on at a world of 1 at once; B started again with
+    the same command joins at the next round and the world is 2 again."""
+    job = Job(runner, tmp_path, 150, "1,2,0:0,1,1")
+    first, second = job.two_nodes()
+    _kill_tree(second)
+    job.wait(2)  # node A trains alone
+    again = job.node()
+    out_b, err_b = again.communicate(timeout=TIMEOUT)
+    out_a, err_a = first.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (first.returncode, again.returncode) == (0, 0), err_a + err_b
+    # its workers may fail on their lost peer before the news: either way, B left
+    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all (left: " in err_a, err_a
+    assert "1 node(s) wait to join" in err_a, err_a
+    assert _worlds(out_a, 1) == {"1"}, out_a
+    assert _worlds(out_a, 2) == {"2"}, out_a
+    assert {line.split(" world ")[1].split()[0] for line in out_b.splitlines()
+            if line.startswith("step ")} == {"2"}, out_b
+
+
+@pytest.mark.parametrize("stuck", ["other", "store"])
+def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path: Path,
+                                                      stuck: str) -> None:
+    """A rank asleep in user code before step 5 (its node beats on): at ``--hang-timeout``
+    the node of the rank that never entered the collective is evicted (``--on-hang``'s
+    default in an elastic job with restarts left): its ``unirank run`` ends with one line,
+    the other restarts alone and finishes; also when the stuck rank is rank 0 on the node
+    that serves the rendezvous (the store moves)."""
+    job = Job(runner, tmp_path, 30, "1,2,0", "--hang-timeout", "5")
+    asleep = {"STUCK_AT": "5"}
+    first, second = job.two_nodes(*((None, asleep) if stuck == "other" else (asleep, None)))
+    evicted, survivor = (second, first) if stuck == "other" else (first, second)
+    out, err = survivor.communicate(timeout=TIMEOUT)
+    _out, err_evicted = evicted.communicate(timeout=TIMEOUT)
+    job.close()
+    rank = 1 if stuck == "other" else 0
+    assert survivor.returncode == 0, err + err_evicted
+    assert evicted.returncode == 2, err_evicted
+    last = err_evicted.strip().splitlines()[-1]
+    assert last.startswith(f"unirank run: error: node evicted: rank {rank} never entered "
+                           "all_reduce #"), err_evicted
+    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
+
+
+def test_the_endpoint_s_node_started_again_joins_the_running_job(runner: Runner,
+                                                                tmp_path: Path) -> None:
+    """Node A (the endpoint's) killed, node B serves the rendezvous (on the endpoint's port too:
+    the same host); A started again with the original command finds the running job there
+    and joins it (no second job): the world is 2 again, B's node first."""
+    job = Job(runner, tmp_path, 150, "1,2,0:0,1,1")
+    first, second = job.two_nodes()
+    _kill_tree(first)
+    job.wait(2)  # node B trains alone, the rendezvous moved to it
+    again = job.node()
+    out_a, err_a = again.communicate(timeout=TIMEOUT)
+    out_b, err_b = second.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (again.returncode, second.returncode) == (0, 0), err_a + err_b
+    assert "unirank run: store moved to node " in err_b, err_b
+    assert "1 node(s) wait to join" in err_b, err_b
+    assert "node rank 0 of 2, 2 workers in all" in err_b, err_b
+    assert {line.split(" world ")[1].split()[0] for line in out_a.splitlines()
+            if line.startswith("step ")} == {"2"}, out_a
+    assert _worlds(out_b, 2) == {"2"}, out_b

@@ -1,0 +1,108 @@
+"""``--rdzv-conf``'s one parser (:func:`unirank.supervisor.rdzv.conf.parse_rdzv_conf`) and its
+users: ``unirank run`` under the static and the dynamic rendezvous, ``unirank sbatch`` at
+submission (pure: parsed options in, settings or a one-line ConfigError out)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from unirank.cli.run import add_arguments, build_request
+from unirank.errors import ConfigError
+from unirank.supervisor.rdzv.conf import KEYS, RdzvConf, parse_rdzv_conf
+
+
+def test_defaults_are_fast_and_given_keys_are_recorded() -> None:
+    assert parse_rdzv_conf(None) == RdzvConf()
+    assert RdzvConf().lost_after == 3.0
+    conf = parse_rdzv_conf("join_timeout=1.5, keep_alive_max_attempt=4,")
+    assert (conf.join_timeout, conf.keep_alive_max_attempt) == (1.5, 4)
+    assert conf.given == {"join_timeout", "keep_alive_max_attempt"}
+    assert conf.last_call_timeout == RdzvConf().last_call_timeout
+
+
+@pytest.mark.parametrize(("text", "line"), [
+    ("join_timout=5", "--rdzv-conf='join_timout=5': is not a rendezvous setting unirank knows "
+     "HINT: give K=V,... with K one of " + ", ".join(KEYS)),
+    ("last_call_timeout", "--rdzv-conf='last_call_timeout': has no value"),
+    ("last_call_timeout=soon", "--rdzv-conf last_call_timeout='soon': is not a number of "
+     "seconds above 0"),
+    ("keep_alive_max_attempt=1.5", "--rdzv-conf keep_alive_max_attempt='1.5': is not a whole "
+     "number above 0"),
+    ("close_timeout=0", "--rdzv-conf close_timeout='0': is not a number"),
+    ("join_timeout=inf", "--rdzv-conf join_timeout='inf': is not a number"),
+])
+def test_a_bad_setting_is_one_line(text: str, line: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        parse_rdzv_conf(text)
+    assert str(caught.value).startswith(line)
+    assert "\n" not in str(caught.value)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args([*argv, "train.py"])
+
+
+STATIC = ("--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1")
+DYNAMIC = ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:5")
+
+
+@pytest.mark.parametrize("options", [STATIC, DYNAMIC])
+def test_unirank_run_refuses_an_unknown_key_in_both_rendezvous(options: tuple[str, ...]) -> None:
+    with pytest.raises(ConfigError, match="is not a rendezvous setting unirank knows"):
+        build_request(_args(*options, "--rdzv-conf", "join_timout=5"), {})
+
+
+def test_the_static_rendezvous_takes_join_timeout_and_notes_the_others() -> None:
+    notes: list[str] = []
+    request = build_request(_args(*STATIC, "--rdzv-backend", "c10d", "--rdzv-conf",
+                                  "join_timeout=1.5,last_call_timeout=2"), {}, notes)
+    assert request.init_timeout == 1.5
+    assert notes == ["--rdzv-conf last_call_timeout has no effect: node ranks are not "
+                     "assigned at rendezvous here (c10d without --node-rank assigns them)"]
+
+
+def test_the_dynamic_rendezvous_takes_every_key_without_a_note() -> None:
+    notes: list[str] = []
+    request = build_request(_args(*DYNAMIC, "--rdzv-conf", "join_timeout=1.5,"
+                                  "last_call_timeout=2"), {}, notes)
+    assert (request.init_timeout, request.nnodes, notes) == (1.5, None, [])
+
+
+def test_unirank_sbatch_refuses_a_typo_at_submission() -> None:
+    from unirank.sbatch.spec import JobSpec, check_spec
+
+    spec = JobSpec(program="train.py", nodes=2, min_nodes=1, launch="node",
+                   rdzv_conf="last_call_timeout=5,keepalive=1")
+    with pytest.raises(ConfigError, match="--rdzv-conf='keepalive=1': is not a rendezvous "
+                       "setting unirank knows"):
+        check_spec(spec)
+
+
+def test_on_hang_defaults_to_evict_only_in_an_elastic_job_with_restarts_left() -> None:
+    from unirank.contract import resolve_on_hang
+
+    assert resolve_on_hang(None, {}, elastic=True, restarts=3) == "evict"
+    assert resolve_on_hang(None, {}, elastic=True, restarts=0) == "exit"
+    assert resolve_on_hang(None, {}, elastic=False, restarts=2) == "restart"
+    assert resolve_on_hang(None, {}, elastic=False, restarts=0) == "exit"
+    assert resolve_on_hang(None, {"UNIRANK_ON_HANG": "exit"}, elastic=True, restarts=3) == "exit"
+    assert resolve_on_hang("Restart", {"UNIRANK_ON_HANG": "exit"}, elastic=True,
+                           restarts=3) == "restart"
+    with pytest.raises(ConfigError, match=r"^--on-hang='evict': needs an elastic job"):
+        resolve_on_hang("evict", {}, elastic=False, restarts=3)
+    with pytest.raises(ConfigError, match=r"^UNIRANK_ON_HANG='kill': is not what unirank does "
+                       r"on a hang HINT: give one of exit, restart, evict"):
+        resolve_on_hang(None, {"UNIRANK_ON_HANG": "kill"}, elastic=True, restarts=3)
+
+
+def test_unirank_run_s_on_hang_follows_the_rendezvous() -> None:
+    from unirank.cli.run import engine_options
+
+    assert engine_options(_args(*DYNAMIC, "--max-restarts", "3"), {}).on_hang == "evict"
+    assert engine_options(_args(*STATIC, "--max-restarts", "3"), {}).on_hang == "restart"
+    with pytest.raises(ConfigError, match="--on-hang='evict': needs an elastic job"):
+        engine_options(_args(*STATIC, "--on-hang", "evict"), {})
