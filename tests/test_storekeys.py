@@ -8,27 +8,23 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from unirank.storekeys import hang, init, join, rdzv, timeline
+from unirank.storekeys import hang, init, join, timeline
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "unirank"
 #: a store key's text: ``"unirank/...`` (also in an f-string), ``"/unirank/``, ``"unirank.x.y``
 KEY_TEXT = re.compile(r"""f?["'](?:/?unirank/[a-z]|unirank\.(?:rdzv|node)\.)""")
 #: modules that spell keys out, and why
-NOT_YET = {
-    "supervisor/rdzv/agent.py": "the rendezvous is being rebuilt (issue 35); it takes "
-                                "unirank.storekeys.rdzv's keys when it lands",
-}
+NOT_YET: dict[str, str] = {}
 
 
 def _keys() -> list[str]:
     """Every key constant and prefix of the modules, and one key of each function."""
-    found = [getattr(m, name) for m in (hang, init, join, rdzv, timeline) for name in m.__all__
+    found = [getattr(m, name) for m in (hang, init, join, timeline) for name in m.__all__
              if isinstance(getattr(m, name), str) and name != "ABORT_PREFIX"]  # a value's
     return [*found,
             hang.progress_key(3), hang.stacks_key(2, 3), init.init_prefix(1),
             init.group_prefix(2), init.rank_claim_key(3), join.join_key(3), join.seen_key(3),
-            timeline.record_key(3), rdzv.claim_key("run", "10.0.0.1"),
-            rdzv.beat_key("run", "10.0.0.1"), rdzv.node_record_key(3)]
+            timeline.record_key(3)]
 
 
 def test_every_key_is_in_the_one_style() -> None:

@@ -8,9 +8,10 @@
   exit barrier of ``unirank run``'s workers (:mod:`unirank.supervisor.worker.store`), Horovod's
   host exchange (:mod:`unirank.runtime.backends.horovod`);
 * :mod:`.hang`: the hang detector's exchange (:mod:`unirank.hang.watcher`);
-* :mod:`.timeline`: the end-of-run records (:mod:`unirank.supervisor.worker.timeline`);
-* :mod:`.rdzv`: the dynamic rendezvous's job check, node claims and beats
-  (:mod:`unirank.supervisor.rdzv.agent`).
+* :mod:`.timeline`: the end-of-run records (:mod:`unirank.supervisor.worker.timeline`).
+
+The dynamic rendezvous uses no store: its helpers speak their own line protocol
+(:mod:`unirank.supervisor.rdzv.wire`).
 
 Pure constants and functions; imports nothing. tests/test_storekeys.py checks that no other
 module spells a key out.
