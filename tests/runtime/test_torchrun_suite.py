@@ -13,8 +13,7 @@ test process, or start no launcher) and in :data:`KNOWN_FAILING` (unirank's gaps
 to still fail, so that fixing one forces its removal).
 
 Cost: 149 s with torchrun and 210 s with unirank on 2 shared cores (each test starts up to 4
-workers). Of the 18 applicable tests, 18 pass with torchrun and 17 with unirank (the known
-failure below).
+workers). Of the 18 applicable tests, 18 pass with torchrun and 18 with unirank.
 
 Environment variables read: ``CI`` (through ``unavailable``: without ``expecttest``, which
 torch's test helpers import, CI fails and elsewhere the test skips); the subprocesses get this
@@ -61,11 +60,9 @@ NOT_APPLICABLE: dict[str, str] = {
     "test_virtual_local_rank": "needs 2 GPUs (torch's own skipIf); skipped in both modes here",
 }
 #: unirank's gaps: test name -> reason (each must still fail under unirank)
-KNOWN_FAILING: dict[str, str] = {
-    "test_launch_elastic_multiple_agents": (
-        "two launchers on one host with the same c10d command: unirank run refuses the second "
-        "(issue 35, the elastic engineer's rendezvous, changes this)"),
-}
+#: (none now: test_launch_elastic_multiple_agents passes since nodes are agents, issue 35, and
+#: --rdzv-conf takes torchrun's legacy ``timeout`` key)
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def _test_name(case: ET.Element) -> str:

@@ -72,6 +72,39 @@ def test_the_dynamic_rendezvous_takes_every_key_without_a_note() -> None:
     assert (request.init_timeout, request.nnodes, notes) == (1.5, None, [])
 
 
+def test_torchrun_s_other_keys_are_accepted_and_recorded_apart() -> None:
+    conf = parse_rdzv_conf("timeout=5,read_timeout=60,is_host=true,store_type=tcp,"
+                           "last_call_timeout=2")
+    assert conf.inert == {"timeout", "read_timeout", "is_host", "store_type"}
+    assert (conf.given, conf.legacy_timeout) == ({"last_call_timeout"}, 5.0)
+    assert conf.join_timeout == RdzvConf().join_timeout
+    with pytest.raises(ConfigError, match=r"^--rdzv-conf timeout='soon': is not a number"):
+        parse_rdzv_conf("timeout=soon")
+    with pytest.raises(ConfigError, match=r"^--rdzv-conf read_timeout='0': is not a whole"):
+        parse_rdzv_conf("read_timeout=0")
+
+
+_STORE_NOTE = ("--rdzv-conf {} has no effect: a setting of torch's c10d rendezvous store, "
+               "which unirank's rendezvous does not keep")
+
+
+def test_the_dynamic_rendezvous_notes_torchrun_s_legacy_timeout() -> None:
+    """torch's launcher test_launch_elastic_multiple_agents gives ``timeout=5`` with c10d."""
+    notes: list[str] = []
+    request = build_request(_args(*DYNAMIC, "--rdzv-conf", "timeout=5,is_host=0"), {}, notes)
+    assert request.init_timeout != 5
+    assert notes == [_STORE_NOTE.format("is_host"), _STORE_NOTE.format("timeout")]
+
+
+def test_the_static_rendezvous_takes_the_legacy_timeout_unless_join_timeout_is_given() -> None:
+    notes: list[str] = []
+    request = build_request(_args(*STATIC, "--rdzv-conf", "timeout=7"), {}, notes)
+    assert (request.init_timeout, notes) == (7.0, [])
+    request = build_request(_args(*STATIC, "--rdzv-conf", "timeout=7,join_timeout=2"), {},
+                            notes)
+    assert (request.init_timeout, notes) == (2.0, [_STORE_NOTE.format("timeout")])
+
+
 def test_unirank_sbatch_refuses_a_typo_at_submission() -> None:
     from unirank.sbatch.spec import JobSpec, check_spec
 

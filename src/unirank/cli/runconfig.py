@@ -61,14 +61,22 @@ def _outer(environ: Mapping[str, str]) -> DistEnv:
 def _rdzv_conf_timeout(args: argparse.Namespace, notes: list[str],
                        dynamic: bool) -> float | None:
     """``--rdzv-conf``'s join timeout (:func:`~unirank.supervisor.rdzv.conf.parse_rdzv_conf`);
-    under the static rendezvous the other keys are noted as having no effect."""
+    under the static rendezvous the other keys are noted as having no effect, and torchrun's
+    legacy ``timeout`` is the join timeout where ``join_timeout`` is not given; torchrun's
+    store settings are noted as having no effect under both."""
     from unirank.supervisor.rdzv.conf import parse_rdzv_conf
 
     conf = parse_rdzv_conf(args.rdzv_conf)
+    legacy = not dynamic and "join_timeout" not in conf.given and conf.legacy_timeout
+    notes.extend(f"--rdzv-conf {key} has no effect: a setting of torch's c10d rendezvous "
+                 "store, which unirank's rendezvous does not keep"
+                 for key in sorted(conf.inert - ({"timeout"} if legacy else set())))
     if not dynamic:
         notes.extend(f"--rdzv-conf {key} has no effect: node ranks are not assigned at "
                      "rendezvous here (c10d without --node-rank assigns them)"
                      for key in sorted(conf.given - {"join_timeout"}))
+    if legacy:
+        return conf.legacy_timeout
     return conf.join_timeout if "join_timeout" in conf.given else None
 
 

@@ -14,7 +14,14 @@ Known keys (torchrun's names; seconds may have a fraction):
   interval; one silent for interval x attempts (a hung machine, a cut network) is lost. A node
   whose processes die is lost at once: the kernel closes its connection.
 
-An unknown key is refused with the list of known ones; a bad value names the key.
+torchrun's other keys are accepted, as torchrun accepts them, and have no effect here (the run
+notes them): ``timeout`` (torch's legacy rendezvous timeout, which torchrun always sets and its
+c10d rendezvous ignores; under unirank's static rendezvous it is the join timeout where
+``join_timeout`` is not given, as torch's static backend takes it), ``read_timeout``,
+``is_host`` and ``store_type`` (settings of the TCP store torch's c10d rendezvous keeps, which
+unirank's rendezvous has no use for).
+
+Any other key is refused with the list of known ones; a bad value names the key.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from dataclasses import dataclass, fields, replace
 
 from unirank.errors import ConfigError
 
-__all__ = ["KEYS", "RdzvConf", "parse_rdzv_conf"]
+__all__ = ["KEYS", "TORCHRUN_ONLY", "RdzvConf", "parse_rdzv_conf"]
 
 
 @dataclass(frozen=True)
@@ -36,8 +43,12 @@ class RdzvConf:
     close_timeout: float = 30.0
     keep_alive_interval: float = 1.0
     keep_alive_max_attempt: int = 3
-    #: the keys ``--rdzv-conf`` gave
+    #: the keys ``--rdzv-conf`` gave (of :data:`KEYS`)
     given: frozenset[str] = frozenset()
+    #: torchrun's keys of no effect here that ``--rdzv-conf`` gave (of :data:`TORCHRUN_ONLY`)
+    inert: frozenset[str] = frozenset()
+    #: torchrun's legacy ``timeout``, where given
+    legacy_timeout: float | None = None
 
     @property
     def lost_after(self) -> float:
@@ -46,7 +57,11 @@ class RdzvConf:
 
 
 #: the keys ``--rdzv-conf`` takes, in the order the help lists them
-KEYS = tuple(f.name for f in fields(RdzvConf) if f.name != "given")
+KEYS = tuple(f.name for f in fields(RdzvConf)
+             if f.name not in ("given", "inert", "legacy_timeout"))
+#: torchrun's keys that unirank's rendezvous accepts and does not use (the two timeouts are
+#: checked as numbers all the same)
+TORCHRUN_ONLY = ("timeout", "read_timeout", "is_host", "store_type")
 
 
 def parse_rdzv_conf(text: str | None, *, option: str = "--rdzv-conf") -> RdzvConf:
@@ -54,21 +69,31 @@ def parse_rdzv_conf(text: str | None, *, option: str = "--rdzv-conf") -> RdzvCon
     not a number above 0 (a whole number for ``keep_alive_max_attempt``) is a one-line
     :class:`ConfigError`."""
     values: dict[str, float | int] = {}
+    inert: dict[str, str] = {}
     for item in (text or "").split(","):
         if not item.strip():
             continue
         key, sep, value = (part.strip() for part in item.partition("="))
-        if key not in KEYS or not sep:
+        known = key in KEYS or key in TORCHRUN_ONLY
+        if not known or not sep:
             raise ConfigError(
-                "is not a rendezvous setting unirank knows" if key not in KEYS
-                else "has no value", variable=option, value=item.strip(),
+                "has no value" if known else "is not a rendezvous setting unirank knows",
+                variable=option, value=item.strip(),
                 hint=f"give K=V,... with K one of {', '.join(KEYS)}")
-        values[key] = _number(key, value, option)
-    return replace(RdzvConf(), **values, given=frozenset(values))  # type: ignore[arg-type]
+        if key in KEYS:
+            values[key] = _number(key, value, option)
+        else:
+            inert[key] = value
+    legacy = (float(_number("timeout", inert["timeout"], option))
+              if "timeout" in inert else None)
+    if "read_timeout" in inert:
+        _number("read_timeout", inert["read_timeout"], option)
+    return replace(RdzvConf(), **values, given=frozenset(values),  # type: ignore[arg-type]
+                   inert=frozenset(inert), legacy_timeout=legacy)
 
 
 def _number(key: str, value: str, option: str) -> float | int:
-    whole = key == "keep_alive_max_attempt"
+    whole = key in ("keep_alive_max_attempt", "read_timeout")
     try:
         number: float | int = int(value) if whole else float(value)
     except ValueError:
