@@ -84,6 +84,15 @@ def test_torchrun_s_other_keys_are_accepted_and_recorded_apart() -> None:
         parse_rdzv_conf("read_timeout=0")
 
 
+def test_quotes_around_the_whole_text_are_dropped() -> None:
+    """torch's launcher test_launch_elastic gives ``--rdzv-conf='join_timeout=5,...'``."""
+    conf = parse_rdzv_conf("'join_timeout=5,last_call_timeout=1,timeout=5'")
+    assert (conf.join_timeout, conf.last_call_timeout, conf.legacy_timeout) == (5, 1, 5)
+    assert parse_rdzv_conf('"close_timeout=2"').close_timeout == 2
+    with pytest.raises(ConfigError, match="is not a rendezvous setting"):
+        parse_rdzv_conf("'join_timeout=5")
+
+
 _STORE_NOTE = ("--rdzv-conf {} has no effect: a setting of torch's c10d rendezvous store, "
                "which unirank's rendezvous does not keep")
 

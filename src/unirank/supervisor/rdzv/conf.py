@@ -21,7 +21,8 @@ c10d rendezvous ignores; under unirank's static rendezvous it is the join timeou
 ``is_host`` and ``store_type`` (settings of the TCP store torch's c10d rendezvous keeps, which
 unirank's rendezvous has no use for).
 
-Any other key is refused with the list of known ones; a bad value names the key.
+Any other key is refused with the list of known ones; a bad value names the key. One pair of
+quotes around the whole text (shell quoting passed on in a list of arguments) is dropped.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def parse_rdzv_conf(text: str | None, *, option: str = "--rdzv-conf") -> RdzvCon
     :class:`ConfigError`."""
     values: dict[str, float | int] = {}
     inert: dict[str, str] = {}
-    for item in (text or "").split(","):
+    for item in _unquoted(text or "").split(","):
         if not item.strip():
             continue
         key, sep, value = (part.strip() for part in item.partition("="))
@@ -90,6 +91,16 @@ def parse_rdzv_conf(text: str | None, *, option: str = "--rdzv-conf") -> RdzvCon
         _number("read_timeout", inert["read_timeout"], option)
     return replace(RdzvConf(), **values, given=frozenset(values),  # type: ignore[arg-type]
                    inert=frozenset(inert), legacy_timeout=legacy)
+
+
+def _unquoted(text: str) -> str:
+    """``text`` without one pair of quotes around it all: shell quoting carried into a list of
+    arguments (torch's own launcher test gives ``--rdzv-conf='join_timeout=5,...'`` so;
+    torchrun then reads the key ``'join_timeout`` and ignores it)."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
 
 
 def _number(key: str, value: str, option: str) -> float | int:
