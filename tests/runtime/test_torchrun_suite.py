@@ -12,7 +12,7 @@ Every test that passes with torchrun must pass with unirank, except the ones in
 test process, or start no launcher) and in :data:`KNOWN_FAILING` (unirank's gaps, each asserted
 to still fail, so that fixing one forces its removal).
 
-Cost: 149 s with torchrun and 210 s with unirank on 2 shared cores (each test starts up to 4
+Cost: 85 s with torchrun and about 85 s with unirank on 2 shared cores (each test starts up to 4
 workers). Of the 18 applicable tests, 18 pass with torchrun and 18 with unirank.
 
 Environment variables read: ``CI`` (through ``unavailable``: without ``expecttest``, which
