@@ -26,7 +26,8 @@ from _procs import launcher_free_environ, read_lines, unavailable
 pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "pid1_job.py"
-UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
+#: --kill-child: a test that gives up (kills unshare) ends the namespace too, leaving nothing
+UNSHARE = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc"]
 TIMEOUT = 120.0
 
 
