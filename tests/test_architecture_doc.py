@@ -1,0 +1,62 @@
+"""docs/architecture.md names only what exists: every backticked dotted name in the "One home
+for each rule" table's home column is a module of ``unirank`` or a symbol in one (a name
+with a leading module, ``module.symbol`` or ``module.Class.attr``), and every ``folder/file``
+the module map and the path diagram name is a file of src/unirank."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = (ROOT / "docs" / "architecture.md").read_text()
+SRC = ROOT / "src" / "unirank"
+
+
+def _table_homes() -> list[str]:
+    table = DOC.split("## One home for each rule", 1)[1].split("\n## ", 1)[0]
+    names: list[str] = []
+    for row in table.splitlines():
+        cells = row.split("|")
+        if len(cells) < 4 or cells[2].strip() in ("home", "---"):
+            continue
+        found = re.findall(r"`([a-z_]\w*(?:\.[A-Za-z_]\w*)+)`", cells[2])
+        names += [n for n in found if not n.endswith(".py")]  # Class.attr: named with its module
+    return names
+
+
+def _resolve(dotted: str) -> bool:
+    """Import the longest module prefix of ``unirank.<dotted>``, then look up the rest."""
+    if dotted.startswith("ur."):  # import unirank as ur
+        dotted = dotted[3:]
+    parts = f"unirank.{dotted}".split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_the_one_home_table_names_what_exists() -> None:
+    names = _table_homes()
+    assert len(names) > 50, names  # the table was read
+    missing = [n for n in names if not _resolve(n)]
+    assert not missing, f"architecture.md names what does not exist: {missing}"
+
+
+def test_the_module_paths_named_exist() -> None:
+    """``supervisor/worker/main``, ``cli/runoptions.py``, ``runtime/parallel.py``: files or
+    folders under src/unirank (with or without ``.py``)."""
+    paths = set(re.findall(r"(?<![\w/])((?:cli|supervisor|runtime|hang|sbatch|launchers)/[\w/]+)(?:\.py)?",
+                           DOC))
+    paths.discard("sbatch/scontrol/sacct/scancel/squeue")  # the Slurm commands, not a path
+    missing = [p for p in sorted(paths)
+               if not (SRC / f"{p}.py").exists() and not (SRC / p).is_dir()]
+    assert not missing, f"architecture.md names paths that do not exist: {missing}"
