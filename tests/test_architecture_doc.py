@@ -92,3 +92,19 @@ def test_parent_side_modules_import_no_torch() -> None:
     done = subprocess.run([sys.executable, "-c", code, *NO_TORCH], capture_output=True,
                           text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def test_no_supervisor_module_but_the_workers_imports_torch() -> None:
+    """The rule "nothing in `supervisor/` but `fork/server.py`, `fork/child.py` and `worker/`
+    imports torch at module level" (architecture.md's Rules)."""
+    allowed = ("supervisor/fork/server.py", "supervisor/fork/child.py", "supervisor/worker/")
+    names = sorted(
+        ".".join(("unirank", *p.relative_to(SRC).with_suffix("").parts))
+        for p in (SRC / "supervisor").rglob("*.py")
+        if p.name != "__init__.py" and not p.relative_to(SRC).as_posix().startswith(allowed))
+    assert len(names) > 30, names
+    code = ("import sys\nfor m in sys.argv[1:]:\n    __import__(m)\n"
+            "    assert 'torch' not in sys.modules, m\n")
+    done = subprocess.run([sys.executable, "-c", code, *names], capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
