@@ -16,6 +16,7 @@ from unirank.hang.render import (
     render_report,
     stack_groups,
     timeout_message,
+    uneven_ended,
     uneven_line,
     wavefront_line,
 )
@@ -264,6 +265,15 @@ def test_a_peer_that_ended_before_this_ranks_collective_is_uneven() -> None:
         "collective #2, rank 0 called all_reduce #3 (float32[4], skip1.py:9)")
     records[1] = record(1, group(3, 3), finished=True)
     assert find_uneven(records, 0) is None  # the same count: not this
+
+
+def test_the_ranks_that_ended_are_read_back_from_the_uneven_line() -> None:
+    """The failure summary reads which ranks ended early from the failing rank's error."""
+    line = ("unirank: the ranks ran different numbers of collectives: rank 1 ended its "
+            "program after collective #2, rank 3 ended its program after collective #5, "
+            "rank 0 called all_reduce #6 (float32[4])")
+    assert uneven_ended(line) == {1: 2, 3: 5}
+    assert uneven_ended("RuntimeError: Connection closed by peer") == {}
 
 
 def test_the_timeout_message_keeps_the_mismatch_and_blames_its_rank() -> None:

@@ -103,6 +103,13 @@ def test_a_rank_that_skipped_a_collective_and_ended_is_named(runner: Runner) -> 
     summary = err[err.index("unirank run: FAILED"):]
     assert ("unirank: the ranks ran different numbers of collectives: rank 1 ended its "
             "program after collective #2, rank 0 called all_reduce #3 (float32[4]") in summary, err
+    # the uneven line is the error line, and rank 1 is not called ok
+    assert re.search(r"^  error: unirank: the ranks ran different numbers of collectives: rank 1 "
+                     r"ended its program after collective #2, rank 0 called all_reduce #3 ",
+                     summary, re.M), err
+    assert re.search(r"^  other workers: rank 1: ended 0 after collective #2, fewer than rank 0$",
+                     summary, re.M), err
+    assert "rank 1: ok" not in summary, err
 
 
 LIB = """import threading

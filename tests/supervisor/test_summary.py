@@ -176,3 +176,27 @@ def test_a_worker_killed_by_a_signal_was_killed_not_ended_with_it() -> None:
 
     assert ended(describe_end(-11)) == "was killed by SIGSEGV (signal 11)"
     assert ended(describe_end(3)) == "ended with exit code 3"
+
+
+UNEVEN_ERROR = ("unirank: the ranks ran different numbers of collectives: rank 1 ended its "
+                "program after collective #2, rank 0 called all_reduce #3 (float32[4])")
+UNEVEN_TRACE = (*TRACE[1:4], "RuntimeError: Connection closed by peer [127.0.0.1]:39333. This "
+                "is typically caused by a remote worker crashing.", UNEVEN_ERROR)
+
+
+def test_a_rank_that_ran_fewer_collectives_is_not_called_ok() -> None:
+    """Issue 34 item 5: rank 1 skipped a collective and ended 0, rank 0 failed on the closed
+    connection: the error line is the uneven line (though the excerpt ends with it too) and
+    rank 1 is named as having ended after fewer collectives, not ``ok``. Golden file
+    ``uneven.txt`` (``UNIRANK_REGEN_GOLDEN=1`` writes it)."""
+    failed = WorkerExit(0, 0, "node1", 1, stderr_tail=UNEVEN_TRACE, error=UNEVEN_ERROR,
+                        recorded_exit_code=1)
+    text = format_summary(RunResult(exits=(failed, WorkerExit(1, 1, "node1", 0),
+                                           WorkerExit(2, 2, "node1", 0)), first_failure=failed))
+    path = GOLDEN / "uneven.txt"
+    if os.environ.get("UNIRANK_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text()
+    assert f"  error: {UNEVEN_ERROR}\n" in text
+    assert ("  other workers: rank 1: ended 0 after collective #2, fewer than rank 0; "
+            "rank 2: ok\n") in text

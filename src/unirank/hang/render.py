@@ -7,6 +7,7 @@ Reads no environment variable.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ __all__ = [
     "render_snapshot",
     "stack_groups",
     "timeout_message",
+    "uneven_ended",
     "uneven_line",
     "wavefront_line",
 ]
@@ -123,6 +125,19 @@ def uneven_line(uneven: Uneven) -> str:
         text += "; they first differ at " + ", ".join(
             f"{format_ranks(c.ranks)} {_call(c)}" for c in (*others, first))
     return text
+
+
+_ENDED = re.compile(r"rank (\d+) ended its program after collective #(\d+)")
+
+
+def uneven_ended(error: str) -> dict[int, int]:
+    """The ranks an :func:`uneven_line` in ``error`` says ended their program, with the
+    number of collectives each ran (``{1: 2}``); ``{}`` for any other error."""
+    head = error.find(UNEVEN_HEAD)
+    if head < 0:
+        return {}
+    ended = error[head:].split(" called ", 1)[0]  # the ended ranks come before the caller
+    return {int(rank): int(count) for rank, count in _ENDED.findall(ended)}
 
 
 def stack_groups(stacks: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.exitcodes import killed_by
+from unirank.hang.render import uneven_ended
 from unirank.joincheck import format_ranks
 from unirank.supervisor.deathcause import FAULT_HEAD, OomVerdict
 
@@ -262,6 +263,24 @@ def _before_fault(first: WorkerExit) -> list[str]:
     return lines
 
 
+def _others_line(others: list[WorkerExit], first: WorkerExit | None) -> str:
+    """``  other workers: rank 0: ok; ranks 2-3: killed by SIGTERM (signal 15), stopped by
+    the teardown``; a rank that ended 0 after fewer collectives than the root cause called
+    (its error's :func:`~unirank.hang.render.uneven_line`) is not called ok."""
+    fewer = uneven_ended(first.error) if first is not None else {}
+    by_state: dict[str, list[int]] = {}
+    for worker in others:
+        state = "ok" if not worker.failed else worker.state
+        if worker.failed and worker.stopped:
+            state += ", stopped by the teardown"
+        if not worker.failed and first is not None and worker.rank in fewer:
+            state = (f"ended 0 after collective #{fewer[worker.rank]}, fewer than "
+                     f"rank {first.rank}")
+        by_state.setdefault(state, []).append(worker.rank)
+    states = "; ".join(f"{format_ranks(ranks)}: {state}" for state, ranks in by_state.items())
+    return f"  other workers: {states}"
+
+
 def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
     """The failure report for stderr ("" when every worker succeeded; one line, no
     traceback, when they stopped to be requeued); after restarts, a line naming each earlier
@@ -304,14 +323,7 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
         out.append(f"{prog}: FAILED (exit code {result.exit_code})")
     others = [w for w in result.exits if first is None or w.rank != first.rank]
     if others:
-        by_state: dict[str, list[int]] = {}
-        for worker in others:
-            state = "ok" if not worker.failed else worker.state
-            if worker.failed and worker.stopped:
-                state += ", stopped by the teardown"
-            by_state.setdefault(state, []).append(worker.rank)
-        states = "; ".join(f"{format_ranks(ranks)}: {state}" for state, ranks in by_state.items())
-        out.append(f"  other workers: {states}")
+        out.append(_others_line(others, first))
     if result.attempts:
         out.append(f"  earlier attempts ({len(result.attempts)} restart(s)):")
         out.extend(_attempt_line(i, r) for i, r in enumerate(result.attempts))
