@@ -13,6 +13,7 @@ does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -211,10 +212,8 @@ class Cluster:
         its exit code."""
         proc = self.running.pop(index)
         for pid in process_tree(proc.pid):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         return proc.wait(timeout=timeout)
 
     def log(self, index: int, start: int) -> str:
