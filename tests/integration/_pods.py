@@ -137,14 +137,8 @@ def run_pods(pods: Sequence[Pod], cwd: Path, *, timeout: float,
     hosts.write_text(hosts_file(pods))
     lines = ["mount --bind " + shlex.quote(str(hosts)) + " /etc/hosts", "ip link set lo up"]
     for index, pod in enumerate(pods):
-        env = launcher_free_environ({**pod.environ, **(extra or {})})
-        assign = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        inner = f"hostname {shlex.quote(pod.name)} && exec \"$@\""
-        lines.append(
-            f"env -i {assign} unshare -u sh -c {shlex.quote(inner)} sh "
-            f"{' '.join(shlex.quote(expand(a, pod.environ)) for a in pod.command)} "
-            f"> pod{index}.log 2>&1 & "
-            f"p{index}=$!")
+        argv = " ".join(shlex.quote(a) for a in pod_argv(pod, extra))
+        lines.append(f"{argv} > pod{index}.log 2>&1 & p{index}=$!")
     for index in range(len(pods)):
         lines.append(f"wait $p{index}; echo \"POD {index} $?\"")
     proc = subprocess.Popen(["unshare", "-m", "-n", "bash", "-c", "\n".join(lines)], cwd=cwd,
