@@ -13,6 +13,7 @@ does.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -24,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from _procs import launcher_free_environ
+from _procs import launcher_free_environ, process_tree
 
 MANIFESTS = Path(__file__).resolve().parents[2] / "examples" / "kubernetes"
 #: the training operator's default port (its defaulting webhook adds it to the pytorch container)
@@ -136,14 +137,8 @@ def run_pods(pods: Sequence[Pod], cwd: Path, *, timeout: float,
     hosts.write_text(hosts_file(pods))
     lines = ["mount --bind " + shlex.quote(str(hosts)) + " /etc/hosts", "ip link set lo up"]
     for index, pod in enumerate(pods):
-        env = launcher_free_environ({**pod.environ, **(extra or {})})
-        assign = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-        inner = f"hostname {shlex.quote(pod.name)} && exec \"$@\""
-        lines.append(
-            f"env -i {assign} unshare -u sh -c {shlex.quote(inner)} sh "
-            f"{' '.join(shlex.quote(expand(a, pod.environ)) for a in pod.command)} "
-            f"> pod{index}.log 2>&1 & "
-            f"p{index}=$!")
+        argv = " ".join(shlex.quote(a) for a in pod_argv(pod, extra))
+        lines.append(f"{argv} > pod{index}.log 2>&1 & p{index}=$!")
     for index in range(len(pods)):
         lines.append(f"wait $p{index}; echo \"POD {index} $?\"")
     proc = subprocess.Popen(["unshare", "-m", "-n", "bash", "-c", "\n".join(lines)], cwd=cwd,
@@ -161,3 +156,70 @@ def run_pods(pods: Sequence[Pod], cwd: Path, *, timeout: float,
     assert sorted(codes) == list(range(len(pods))), out
     return [codes[i] for i in range(len(pods))], \
         [(cwd / f"pod{i}.log").read_text() for i in range(len(pods))]
+
+
+def pod_argv(pod: Pod, extra: Mapping[str, str] | None = None) -> list[str]:
+    """The command that runs ``pod`` once inside the cluster's namespaces: only the pod's
+    environment (plus ``extra``), a UTS namespace whose host name is the pod's name, the
+    container command with ``$(NAME)`` expanded."""
+    env = launcher_free_environ({**pod.environ, **(extra or {})})
+    inner = f"hostname {shlex.quote(pod.name)} && exec \"$@\""
+    return ["env", "-i", *(f"{k}={v}" for k, v in env.items()), "unshare", "-u",
+            "sh", "-c", inner, "sh", *(expand(a, pod.environ) for a in pod.command)]
+
+
+class Cluster:
+    """A simulated cluster whose pods start, die and start again one at a time (what
+    :func:`run_pods` does all at once): a holder process owns the private network and mount
+    namespaces (see the module docstring) and each pod enters them with ``nsenter``, so a pod
+    deleted and started again gets the same name, address and variables, as a replaced pod of
+    the same index does. Use as a context manager; everything left is killed on exit."""
+
+    def __init__(self, pods: Sequence[Pod], cwd: Path, *,
+                 extra: Mapping[str, str] | None = None) -> None:
+        self.pods, self.cwd, self.extra = list(pods), cwd, extra
+        (cwd / "hosts").write_text(hosts_file(pods))
+        setup = f"mount --bind {shlex.quote(str(cwd / 'hosts'))} /etc/hosts && " \
+                "ip link set lo up && echo up && exec cat"
+        self.holder = subprocess.Popen(["unshare", "-m", "-n", "bash", "-c", setup], cwd=cwd,
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.holder.stdout is not None
+        assert self.holder.stdout.readline() == "up\n", "the cluster's namespaces failed"
+        self.running: dict[int, subprocess.Popen[str]] = {}
+        self.starts = [0] * len(self.pods)
+
+    def start(self, index: int) -> subprocess.Popen[str]:
+        """Start pod ``index`` (again); its output goes to ``pod<index>.<n>.log``."""
+        log = self.cwd / f"pod{index}.{self.starts[index]}.log"
+        self.starts[index] += 1
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                ["nsenter", "-t", str(self.holder.pid), "-m", "-n", f"--wd={self.cwd}",
+                 *pod_argv(self.pods[index], self.extra)],
+                cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True)
+        self.running[index] = proc
+        return proc
+
+    def kill(self, index: int, timeout: float) -> int:
+        """SIGKILL pod ``index``'s whole process tree (a deleted pod past its grace period);
+        its exit code."""
+        proc = self.running.pop(index)
+        for pid in process_tree(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return proc.wait(timeout=timeout)
+
+    def log(self, index: int, start: int) -> str:
+        return (self.cwd / f"pod{index}.{start}.log").read_text()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for index in list(self.running):
+            if self.running[index].poll() is None:
+                self.kill(index, 30)
+        assert self.holder.stdin is not None
+        self.holder.stdin.close()
+        self.holder.wait(timeout=30)
