@@ -241,7 +241,8 @@ def test_tee_wins_over_redirects_with_the_prefix_template(runner: Runner,
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["<default|0>out of 0", "<default|1>out of 1"]
     assert "<default|1>err of 1" in result.stderr.splitlines()
-    assert (logs / "t" / "attempt_0" / "1" / "stderr.log").read_text().startswith("err of 1\n")
+    [folder] = logs.glob("t_*/attempt_0/1")  # a new folder each run (runfolder)
+    assert (folder / "stderr.log").read_text().startswith("err of 1\n")
 
 
 FRUIT = """
