@@ -264,8 +264,10 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             attempt += 1
             before = plan
             if replan is not None:
-                verdict = (_read_verdict(attempt_dir)
-                           if options.on_hang == "evict" and _hang_timeout(result) else None)
+                # rank 0 wrote a verdict here at a hang timeout, before any rank ended: the
+                # attempt may still have ended as a world change (the stuck node asked for a
+                # new round first, its blamed rank being the first to exit)
+                verdict = _read_verdict(attempt_dir) if options.on_hang == "evict" else None
                 plan = _next_plan(replan, attempt, sock, verdict)
             reason = restart_reason(result, before, plan).to_value(attempt, before.world_size)
     finally:
