@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
-from unirank.supervisor.engine import Supervisor, WorkerLaunch
+from unirank.supervisor.engine import DEFAULT_SIGNALS, Supervisor, WorkerLaunch
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.summary import RunResult
 from unirank.supervisor.workerenv import WorkerWiring
@@ -152,7 +152,11 @@ READY_USR1 = _ON_USR1 + "open(os.environ['FIFO'], 'w').close()\nsignal.pause()\n
 
 
 def test_usr1_is_forwarded_without_stopping(tmp_path: Path) -> None:
-    result, console = _run([SENDS_USR1, READY_USR1], tmp_path)
+    """USR1 named among the signals to forward (as ``--signals-to-handle`` or a job's warning
+    exported in UNIRANK_STOP_SIGNALS does; the default set has it not). The Supervisor runs in
+    this test's process, which the worker signals: without USR1 handled, USR1 would end it."""
+    signals = (*(int(s) for s in DEFAULT_SIGNALS), int(signal.SIGUSR1))
+    result, console = _run([SENDS_USR1, READY_USR1], tmp_path, signals=signals)
     assert _codes(result) == {0: 0, 1: 0}, console
     assert result.stop_signal is None and result.first_failure is None
     assert "unirank run:" not in console
