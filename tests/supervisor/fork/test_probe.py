@@ -14,7 +14,7 @@ command line differ for reasons that are not the fork). Rank by rank the records
 with these normalisations:
 
 * values that differ from one run to the next (MASTER_PORT, TORCHELASTIC_RUN_ID, the error
-  file's run folder) are compared by presence, UNIRANK_NO_PRELOAD (the reference's switch) left
+  file's and the attempt's run folder) are compared by presence, UNIRANK_NO_PRELOAD (the reference's switch) left
   out;
 * random values (the streams, ``multiprocessing``'s key, ``hash``) by shape: whether the ranks
   drew different values;
@@ -48,7 +48,8 @@ ROOT = Path(__file__).resolve().parents[3]
 PROBE = ROOT / "tests" / "fixtures" / "probe" / "probe.py"
 TIMEOUT = 180.0
 #: values that differ between two runs, compared by presence
-RUN_VALUES = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
+RUN_VALUES = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
+              "UNIRANK_ATTEMPT_DIR")
 SWITCH = "UNIRANK_NO_PRELOAD"
 #: values drawn at random per process, compared by shape across ranks
 RANDOM = ("torch_seed", "torch_rand", "random", "numpy_legacy", "authkey", "hash")
