@@ -14,8 +14,8 @@ command line differ for reasons that are not the fork). Rank by rank the records
 with these normalisations:
 
 * values that differ from one run to the next (MASTER_PORT, TORCHELASTIC_RUN_ID, the error
-  file's and the attempt's run folder) are compared by presence, UNIRANK_NO_PRELOAD (the reference's switch) left
-  out;
+  file's and the attempt's run folder) are compared by presence, UNIRANK_NO_PRELOAD (the
+  reference's switch) left out;
 * random values (the streams, ``multiprocessing``'s key, ``hash``) by shape: whether the ranks
   drew different values;
 * descriptors above 2 by kind (their numbers are the supervisor's, which has the server's
