@@ -88,11 +88,21 @@ def write_call(call: Call, path: str) -> None:
     by_value, import_main = byvalue.shipping(
         names, interactive=byvalue.interactive_main(preparation),
         cloudpickle=bool(names) and byvalue.have_cloudpickle())
+    what = f"the function {_name(call.fn)} or its arguments"
+    interactive = byvalue.interactive_main(preparation)
+    try:  # the call is pickled on its own, so that it is unpickled after the preparation
+        payload = byvalue.dumps(replace(call, by_value=by_value), by_value=by_value,
+                                what=what, names=names)
+    except ConfigError:
+        if not by_value or interactive:
+            raise
+        # a script's function that does not go by value (it holds a module object cloudpickle
+        # cannot take, as ignite's shim): by name, the worker importing the script as
+        # __mp_main__ (multiprocessing's way; its launches are refused there in one line)
+        by_value, import_main = False, True
+        payload = byvalue.dumps(replace(call, by_value=False), by_value=False, what=what,
+                                names=names)
     preparation = byvalue.worker_preparation(preparation, import_main=import_main)
-    # the call is pickled on its own, so that it is unpickled after the preparation
-    payload = byvalue.dumps(replace(call, by_value=by_value), by_value=by_value,
-                            what=f"the function {_name(call.fn)} or its arguments",
-                            names=names)
     with open(path, "wb") as fh:
         pickle.dump((preparation, payload), fh)
 
