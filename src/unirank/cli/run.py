@@ -32,6 +32,7 @@ from unirank.cli.runconfig import (
     endpoint,
     engine_options,
     noted_lines,
+    outer_launcher,
     preload,
     target_of,
 )
@@ -70,12 +71,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _OPTION_NAMES = {"nproc_per_node": "--nproc-per-node", "nnodes": "--nnodes",
                  "node_rank": "--node-rank", "master_addr": "--master-addr",
                  "master_port": "--master-port", "max_restarts": "--max-restarts"}
-
-
-def _detect(environ: Mapping[str, str]) -> DistEnv:
-    from unirank.launchers import detect
-
-    return detect(environ, sys.argv)
 
 
 def inner_command(args: argparse.Namespace, nproc: int, nnodes: int) -> list[str]:
@@ -286,7 +281,7 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
         print(f"unirank run: {sources}", file=sys.stderr, flush=True)
     request = build_request(args, environ, notes)
     options = engine_options(args, environ)
-    outer = _detect(environ)
+    outer = outer_launcher(environ)
     notes += noted_lines(args, outer)
     for note in notes:
         print(f"unirank run: note: {note}", file=sys.stderr, flush=True)

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from unirank.supervisor.plan import LaunchRequest
 
 __all__ = ["build_request", "endpoint", "engine_options", "grace_period", "noted_lines",
-           "preload", "run_signals", "target_of"]
+           "outer_launcher", "preload", "run_signals", "target_of"]
 
 
 def _has_no_effect(name: str, args: argparse.Namespace, outer: DistEnv) -> bool:
@@ -49,7 +49,7 @@ def noted_lines(args: argparse.Namespace, outer: DistEnv) -> list[str]:
             and _has_no_effect(name, args, outer)]
 
 
-def _outer(environ: Mapping[str, str]) -> DistEnv:
+def outer_launcher(environ: Mapping[str, str]) -> DistEnv:
     """The launcher that started this ``unirank run`` (:func:`unirank.launchers.detect`)."""
     import sys
 
@@ -198,7 +198,7 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
     _check_rdzv_backend(str(args.rdzv_backend))
     _check_logs_specs(args.logs_specs)
     addr, port = endpoint(args)
-    dynamic = elastic.wanted(args, _outer(environ))
+    dynamic = elastic.wanted(args, outer_launcher(environ))
     join_timeout = _rdzv_conf_timeout(args, notes, dynamic)
     init_timeout = (resolve_init_timeout(args.init_timeout, environ)
                     if args.init_timeout is not None or join_timeout is None
@@ -320,7 +320,7 @@ def _on_hang(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
     restarts = _int_option(args.max_restarts, "--max-restarts", "give 0 or more") or 0
     return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,
-                           elastic=elastic.wanted(args, _outer(environ))
+                           elastic=elastic.wanted(args, outer_launcher(environ))
                            and elastic.is_range(args))
 
 
