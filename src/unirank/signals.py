@@ -48,10 +48,12 @@ STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
 HANDLED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                                        signal.SIGQUIT)
 
-#: the signals ``unirank run`` forwards to its workers when ``--signals-to-handle`` is not given
-#: and UNIRANK_STOP_SIGNALS is not set: torchrun's, and the ranks' stop signals
-#: (``unirank.cli.runconfig.run_signals`` adds the set UNIRANK_STOP_SIGNALS names instead)
-FORWARDED: tuple[signal.Signals, ...] = (*HANDLED, signal.SIGUSR2)
+#: the signals ``unirank run`` forwards to its workers when ``--signals-to-handle`` is not given:
+#: torchrun's, and both user signals: SIGUSR2 is the ranks' default stop signal, and SIGUSR1
+#: is the warning most Slurm recipes name (Lightning's ``--signal=USR1@90``), which would
+#: otherwise end the launcher by its default action and orphan the job's workers
+#: (``unirank.cli.runconfig.run_signals`` adds the set UNIRANK_STOP_SIGNALS names)
+FORWARDED: tuple[signal.Signals, ...] = (*HANDLED, signal.SIGUSR1, signal.SIGUSR2)
 
 #: the signals ``unirank run`` as PID 1 of a container passes on to its child (what a container
 #: runtime or a terminal sends; :mod:`unirank.supervisor.pidone`)

@@ -126,7 +126,7 @@ def test_default_signals_are_torchrun_s_plus_the_ranks_stop_signals() -> None:
     options = engine_options(_args(), {})
     assert options.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     assert options.signals == (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT,
-                               signal.SIGUSR2)
+                               signal.SIGUSR1, signal.SIGUSR2)
     given = engine_options(_args("--signals-to-handle", "SIGUSR1"), {})
     assert (given.signals, given.signals_to_handle) == ((signal.SIGUSR1,), "SIGUSR1")
     from_pet = engine_options(_args(), {"PET_SIGNALS_TO_HANDLE": "SIGTERM"})

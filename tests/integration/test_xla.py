@@ -40,9 +40,8 @@ LOW_END_TESTS = ["tests/runtime", "tests/test_joincheck.py", "tests/test_errorfi
 LOW_END_DESELECTED = [
     # compares with the installed torchrun, whose options are torch 2.13's
     "tests/cli/test_elastic.py::test_workers_get_exactly_torchrun_s_variables",
-    # a script read from stdin or -c needs cloudpickle (the notebook extra), not in that venv
-    "tests/runtime/test_launch.py::test_a_function_of_a_script_read_from_stdin_runs_on_two_ranks_and_returns_by_rank",
-    "tests/runtime/test_launch.py::test_a_return_value_that_cannot_be_pickled_is_one_line",
+    # compares with the installed torchrun's PET_* variables, torch 2.13's
+    "tests/cli/test_run_options.py::test_every_torchrun_option_reads_the_pet_variable_torchrun_reads",
     "tests/cli/test_torchrun_compat.py::test_ranks_that_only_print_succeed_pinned_to_one_core",
     "tests/cli/test_torchrun_compat.py::test_max_restarts_turns_a_first_attempt_failure_into_success",
     "tests/cli/test_torchrun_compat.py::test_all_ranks_failing_together_exit_1_never_143",
@@ -58,7 +57,8 @@ LOW_END_DESELECTED = [
     "tests/bench/test_bench_cli.py::test_plot_writes_a_png_with_one_line_per_collective",
 ]
 #: tests under LOW_END_TESTS that need what only the main interpreter has (the test extra's
-#: pytorch-ignite, Horovod): .venv-xla holds torch, torch_xla and unirank, nothing more
+#: pytorch-ignite, Horovod): .venv-xla holds torch, torch_xla and unirank with its notebook
+#: extra (cloudpickle: ur.launch from ``-c`` or stdin sends functions by value)
 LOW_END_IGNORED = ["tests/runtime/test_idist_compat.py", "tests/runtime/test_idist_names.py",
                    "tests/runtime/test_idist_horovod.py", "tests/runtime/test_ignite_suite.py",
                    "tests/runtime/test_notebook.py",  # the notebook lane: not in that venv

@@ -48,10 +48,12 @@ if rank == 1:
     assert "rank 1 (local rank 1)" in summary
     assert "exit code 1" in summary
     assert 'raise ValueError(f"boom from rank {rank}")' in summary
-    assert summary.count("ValueError: boom from rank 1") == 1
+    # the error's own line, and the traceback's last line once among rank 1's last lines
+    assert "\n  error: ValueError: boom from rank 1\n" in summary
+    assert summary.count("ValueError: boom from rank 1") == 2
     assert "rank 0: killed by SIGTERM" in summary
     # the worker's own traceback went through to stderr, without the bootstrap's frames
-    assert result.stderr.count("ValueError: boom from rank 1") == 2
+    assert result.stderr.count("ValueError: boom from rank 1") == 3
     assert "runpy" not in result.stderr and "bootstrap.py" not in result.stderr
 
 

@@ -242,21 +242,23 @@ def grace_period(given: str | None, environ: Mapping[str, str]) -> float:
 def run_signals(text: str | None, environ: Mapping[str, str]) -> tuple[tuple[int, ...], str]:
     """The signals forwarded to the workers, and TORCHELASTIC_SIGNALS_TO_HANDLE's value (the
     option's text, as torchrun exports it):
-    ``--signals-to-handle`` as given; without it torchrun's SIGTERM,SIGINT,SIGHUP,SIGQUIT,
-    and the ranks' stop signals besides (UNIRANK_STOP_SIGNALS, else SIGUSR2 and SIGTERM), so
-    that ``ur.stop_requested()`` sees a Slurm warning signal.
+    ``--signals-to-handle`` as given; without it :data:`unirank.signals.FORWARDED` (torchrun's
+    SIGTERM,SIGINT,SIGHUP,SIGQUIT, SIGUSR1 and SIGUSR2) and the ranks' stop signals
+    (UNIRANK_STOP_SIGNALS), so that ``ur.stop_requested()`` sees a Slurm warning signal; the
+    variable's value stays torchrun's default text.
 
     Reads: UNIRANK_STOP_SIGNALS.
     """
-    from unirank.signals import HANDLED, format_signals, parse_signals, stop_signals
+    from unirank.signals import FORWARDED, HANDLED, format_signals, parse_signals, stop_signals
 
     default = format_signals(tuple(int(s) for s in HANDLED))
-
-    given = parse_signals(text if text is not None else default,
-                          variable="--signals-to-handle", example="SIGTERM,SIGINT,SIGUSR1")
-    stops = () if text is not None else (int(s) for s in stop_signals(environ))
-    forwarded = tuple(dict.fromkeys([*given, *stops]))
-    return forwarded, text if text is not None else default
+    if text is not None:
+        given = parse_signals(text, variable="--signals-to-handle",
+                              example="SIGTERM,SIGINT,SIGUSR1")
+        return given, text
+    given = tuple(int(s) for s in FORWARDED)
+    stops = (int(s) for s in stop_signals(environ))
+    return tuple(dict.fromkeys([*given, *stops])), default
 
 
 def engine_options(args: argparse.Namespace,

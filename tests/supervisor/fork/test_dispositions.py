@@ -81,3 +81,18 @@ def test_apply_sets_every_disposition() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True).stdout
     assert json.loads(out) == _named(after_exec([signal.SIGUSR1]))
+
+
+def test_a_handler_c_code_installed_is_kept() -> None:
+    """The interpreter's faulthandler (PYTHONFAULTHANDLER) catches SIGABRT in C; Python sees
+    None, and a forked worker keeps it (a fresh one would enable it again)."""
+    code = ("import faulthandler, signal\n"
+            "from unirank.supervisor.fork.dispositions import after_exec, apply\n"
+            "assert signal.getsignal(signal.SIGABRT) is None\n"
+            "apply(after_exec(()))\n"
+            "assert signal.getsignal(signal.SIGABRT) is None and faulthandler.is_enabled()\n"
+            "import os; os.abort()\n")
+    proc = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == -signal.SIGABRT, proc.stderr
+    assert "Fatal Python error: Aborted" in proc.stderr

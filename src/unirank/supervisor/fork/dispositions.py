@@ -12,6 +12,11 @@ it forwarded. So the supervisor sends, with each spawn, the signals it ignores a
 sets every disposition to what ``exec`` and a new interpreter would have made of them
 (:func:`after_exec`, the decision; :func:`apply`, the mechanism).
 
+A handler installed outside Python (``signal.getsignal`` answers None) is kept: it is the
+interpreter's own faulthandler (``PYTHONFAULTHANDLER``, ``-X faulthandler``: the server starts
+with the workers' start-up variables, so a fresh worker would have enabled it too) or a
+preloaded library's, which a fresh worker importing it would install as well.
+
 Imports nothing of unirank nor torch: it runs in the supervisor and in a forked child.
 
 Reads no environment variable.
@@ -67,7 +72,9 @@ def after_exec(ignored: Iterable[int]) -> dict[int, Handler]:
 
 def apply(dispositions: Mapping[int, Handler]) -> None:
     """Set each signal's disposition to ``dispositions``' where it differs (in the main thread
-    of a forked child, before the worker's code runs)."""
+    of a forked child, before the worker's code runs), but where the handler is C code's
+    (see the module docstring)."""
     for signum, handler in dispositions.items():
-        if signal.getsignal(signum) != handler:
+        current = signal.getsignal(signum)
+        if current is not None and current != handler:
             signal.signal(signum, handler)
