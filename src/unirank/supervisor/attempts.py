@@ -45,8 +45,9 @@ from typing import Any
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, resolve_hang
 from unirank.errors import ConfigError
+from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
-from unirank.hang import HANG_EXIT_CODE, HANG_VERDICT
+from unirank.hang import HANG_VERDICT
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, make_run_folder
@@ -279,7 +280,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
 def _hang_timeout(result: RunResult) -> bool:
     """Whether ``--hang-timeout`` ended the attempt (its root cause exited with 86)."""
     first = result.first_failure
-    return first is not None and first.own_exit_code == HANG_EXIT_CODE
+    return first is not None and first.own_exit_code == HANG_TIMEOUT
 
 
 def _read_verdict(attempt_dir: str) -> Mapping[str, Any] | None:

@@ -48,7 +48,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
-from unirank.signals import FORWARDED as DEFAULT_SIGNALS
+from unirank.signals import FORWARDED
 from unirank.supervisor import stoppolicy
 from unirank.supervisor.deathcause import oom_verdict
 from unirank.supervisor.fork.client import ForkServer
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
 
     _Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
-__all__ = ["DEFAULT_SIGNALS", "Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
+__all__ = ["Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
 
 #: the selector's marks for the fork server's socket, the world watch (:class:`WorldWatch`)
 #: and the stop's hang report (:class:`~.stopreport.StopReport`)
@@ -88,7 +88,7 @@ class Supervisor:
         *,
         node_name: str,
         grace_period: float = DEFAULT_GRACE_PERIOD,
-        signals: Sequence[int] = DEFAULT_SIGNALS,
+        signals: Sequence[int] = FORWARDED,
         out_fd: int = 1,
         err_fd: int = 2,
         prog: str = "unirank run",
