@@ -1,19 +1,26 @@
-"""torch's own tests of its launcher (``test/distributed/launcher/test_run.py``, vendored in
-tests/torchrun_suite, see its README.md), run with torchrun and with ``unirank run``.
+"""torch's own tests of its launcher (vendored in tests/torchrun_suite, see its README.md), run
+with torchrun and with ``unirank run``: ``test/distributed/launcher/test_run.py`` (torchrun's),
+and ``launch_test.py`` with ``test/distributed/test_launcher.py`` (``torch.distributed.launch``'s).
+Every test of ``api_test.py`` and ``test_api.py`` (torchrun's Python API) is listed as not
+applicable, with the reason, and checked to be listed.
 
-The suite runs in a pytest subprocess per mode, and the results are compared:
+Each file set runs in a pytest subprocess per mode, and the results are compared:
 
 - ``torchrun``: the tests as torch runs them (``torch.distributed.run.main`` is torchrun's);
 - ``unirank``: the same tests with ``-p unirank_torchrun_shim``, which points
-  ``torch.distributed.run.main`` at ``python -m unirank run``.
+  ``torch.distributed.run.main`` and ``torch.distributed.launch.main`` at ``python -m unirank
+  run``.
 
 Every test that passes with torchrun must pass with unirank, except the ones in
 :data:`NOT_APPLICABLE` (they mock torchrun's agent, call its helpers, patch fake GPUs into the
 test process, or start no launcher) and in :data:`KNOWN_FAILING` (unirank's gaps, each asserted
-to still fail, so that fixing one forces its removal).
+to still fail, so that fixing one forces its removal); a test of the launch files that fails
+with torchrun too is listed in :data:`FAIL_WITH_TORCHRUN`.
 
-Cost: 85 s with torchrun and about 85 s with unirank on 2 shared cores (each test starts up to 4
-workers). Of the 18 applicable tests, 18 pass with torchrun and 18 with unirank.
+Cost: test_run.py 85 s with torchrun and about 85 s with unirank on 2 shared cores (each test
+starts up to 4 workers); the launch files about 25 s for both modes. Of test_run.py's 18
+applicable tests, 18 pass with torchrun and 18 with unirank; of the launch files' 3, 2 pass with
+torchrun and the same 2 with unirank.
 
 Environment variables read: ``CI`` (through ``unavailable``: without ``expecttest``, which
 torch's test helpers import, CI fails and elsewhere the test skips); the subprocesses get this
