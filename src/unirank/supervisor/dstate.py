@@ -51,7 +51,7 @@ def dstate_timeout(environ: Mapping[str, str]) -> float:
     with contextlib.suppress(ValueError):
         if float(text) <= 0:
             return 0.0
-    return parse_seconds(text, UNINTERRUPTIBLE_TIMEOUT_VAR)
+    return parse_seconds(text, UNINTERRUPTIBLE_TIMEOUT_VAR, allow_zero=True)
 
 
 def parse_state(stat: str) -> str | None:
