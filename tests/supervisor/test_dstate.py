@@ -13,9 +13,11 @@ sends SIGTERM to both workers, restarts none and exits 0; unirank run exits 1 (d
 
 from __future__ import annotations
 
+import os
 import select
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,7 @@ from unirank.errors import ConfigError
 from unirank.supervisor import stoppolicy
 from unirank.supervisor.dstate import DStateWatch, Dwell, dstate_timeout, parse_state, stuck_line
 from unirank.supervisor.stoppolicy import StopRules, StopState
-from unirank.supervisor.summary import RunResult
+from unirank.supervisor.summary import RunResult, WorkerExit, format_summary
 
 VAR = "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"
 RULES = StopRules(grace_period=30.0, kill_wait=30.0, signals=(int(signal.SIGTERM),))
@@ -102,6 +104,18 @@ def test_stuck_workers_change_nothing_once_a_stop_is_under_way() -> None:
 def test_a_run_ended_by_stuck_workers_exits_1() -> None:
     assert RunResult(exits=(), stuck="rank 0 stuck").exit_code == 1
     assert RunResult(exits=()).exit_code == 0
+
+
+def test_the_summary_of_a_run_ended_by_a_stuck_worker_reads_as_the_golden_file() -> None:
+    """``UNIRANK_REGEN_GOLDEN=1`` writes the file."""
+    line = stuck_line({4242: 2.0}, {4242: "rank 0 (local rank 0)"}, 2.0)
+    stopped = tuple(WorkerExit(r, r, "n1", -int(signal.SIGTERM), stopped=True) for r in (0, 1))
+    text = format_summary(RunResult(exits=stopped, stuck=line))
+    path = Path(__file__).resolve().parent.parent / "fixtures" / "summary" / "dstate.txt"
+    if os.environ.get("UNIRANK_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with UNIRANK_REGEN_GOLDEN=1"
+    assert text == path.read_text()
 
 
 def test_the_watch_wakes_the_engine_once_a_worker_stays_in_d_state() -> None:
