@@ -90,6 +90,9 @@ class EngineOptions:
     hang: HangSettings | None = None
     #: ``--on-hang``: exit, restart or evict once ``--hang-timeout`` ended the workers
     on_hang: str = "restart"
+    #: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: seconds a worker may stay in D state (0: no
+    #: check; :mod:`.dstate`)
+    dstate_timeout: float = 0.0
 
 
 def run_plan(
@@ -252,6 +255,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
                 server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
+                dstate_timeout=options.dstate_timeout,
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
             if _is_last(result, attempt, plan, environ) or (
@@ -305,10 +309,11 @@ def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], Plan], attempt:
 
 
 def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:
-    """Whether the run ends with this attempt: it succeeded, a signal stopped it, no restart
-    is left, or it stopped to be requeued under Slurm (the batch script requeues the job)."""
+    """Whether the run ends with this attempt: it succeeded, a signal stopped it, a worker
+    stuck in D state did (:mod:`.dstate`), no restart is left, or it stopped to be requeued
+    under Slurm (the batch script requeues the job)."""
     return bool(result.exit_code == 0 or result.stop_signal is not None
-                or attempt >= plan.max_restarts
+                or result.stuck is not None or attempt >= plan.max_restarts
                 or (result.requeued and slurm_vars.in_job(environ)))
 
 
