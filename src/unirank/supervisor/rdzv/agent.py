@@ -18,6 +18,12 @@ It reads one :class:`~.spec.RdzvSpec` (a JSON line) on stdin, then
    parent can admit them) until stdin says ``next`` (join the next round) or ends (the parent
    is done or gone): then it says ``leave`` and exits.
 
+Where the node serving the rendezvous is lost, the node goes to its successor
+(:func:`~.rounds.successor` over the last round, which the hello's answer gives a node that
+only waits to join too) or becomes it; where its server answers ``moved`` (a fresh server at
+the endpoint that followed the job's running server, :func:`~.rounds.follows`), it goes
+there and joins at the job's next round.
+
 A refusal is answered as ``{"error": ..., "variable": ..., "value": ..., "hint": ...}`` (the
 parent raises it as a one-line ConfigError). Reads no environment variable.
 """
@@ -41,7 +47,10 @@ from unirank.supervisor.rdzv.wire import Lines
 if TYPE_CHECKING:
     from unirank.supervisor.rdzv.server import Server
 
-__all__ = ["Refusal", "main", "node_identity"]
+__all__ = ["MAX_HOPS", "Refusal", "main", "node_identity"]
+
+#: how many ``moved`` answers a hello follows (servers that followed the job's server)
+MAX_HOPS = 8
 
 
 class Refusal(Exception):
@@ -129,9 +138,13 @@ class Node:
         self.members: tuple[str, ...] = ()
         self.records: dict[str, dict[str, Any]] = {}
 
-    def hello(self, deadline: float) -> None:
+    def hello(self, deadline: float, hops: int = 0) -> None:
         """Say who this node is; where the server answers ``moved`` (it followed the job's
-        running server, :func:`.rounds.follows`), say it there."""
+        running server, :func:`.rounds.follows`), say it there (at most :data:`MAX_HOPS`
+        times)."""
+        if hops > MAX_HOPS:
+            raise Refusal(f"the rendezvous at {_endpoint(self.spec)} sent this node on more "
+                          f"than {MAX_HOPS} times", hint="run again; if it repeats, report it")
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
                          "name": self.spec.node_name, "explicit": self.explicit,
                          "pid": os.getppid()})
@@ -139,7 +152,7 @@ class Node:
             for message in self._wait(deadline, "the rendezvous's answer"):
                 if "moved" in message:
                     self._reconnect(message["moved"], deadline)
-                    self.hello(deadline)
+                    self.hello(deadline, hops + 1)
                     return
                 if "evicted" in message:
                     message = {"error": message["evicted"]}
@@ -275,7 +288,7 @@ class Node:
         server = Server(listening, self.spec, self.node,
                         Resume(self.round, self.members, self.records, failed))
         server.start()
-        if self.local is not None:
+        if self.local is not None and self.local.moved is not None:
             self.local.moved = {"job": self.spec.run_id, "round": self.round,
                                 "server": self.node, "addr": record["addr"],
                                 "port": record["rdzv_port"], "name": record["name"]}

@@ -115,7 +115,8 @@ class Server:
             with contextlib.suppress(OSError), socket.create_connection(
                     (self.spec.endpoint_host, self.spec.endpoint_port), timeout=interval) as sock:
                 sock.settimeout(interval)
-                sock.sendall(to_line({"op": "redirect", **self._here()}))
+                if self.moved is None:  # one that followed another says nothing
+                    sock.sendall(to_line({"op": "redirect", **self._here()}))
             time.sleep(interval)  # a period, not a synchronisation
 
     # the loop ---------------------------------------------------------------------------
