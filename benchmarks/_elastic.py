@@ -16,6 +16,9 @@ endpoint listens; once the world of 2 ran a few steps, one of:
   first step at the smaller world;
 * ``restarted``: node B killed as in ``killed``, then started again with the same command once
   A trains alone; the time from B's new start to the first step at a world of 2 again;
+* ``waiting``: node C started with the same command once the world of 2 (MAX) trains waits to
+  join (unirank says so; torchrun is given 5 s); node A's whole tree SIGKILLed: the time to node
+  C's first step at a world of 2 (B and C: the waiting node followed the rendezvous);
 * ``stuck``: node B's rank sleeps forever in user code at step :data:`STUCK_AT` (alive, its
   heartbeats fine); unirank run is given ``--hang-timeout`` :data:`HANG_TIMEOUT` (torchrun has no
   such option); the time from the sleep's start to node A's first step at the smaller world.
@@ -48,12 +51,13 @@ HOST = "127.0.0.1"
 #: seconds after the event before a launcher counts as not recovering
 BOUND_S = 75.0
 STEPS = 5000
-SCENARIOS = ("killed", "frozen", "endpoint", "restarted", "stuck")
+SCENARIOS = ("killed", "frozen", "endpoint", "restarted", "waiting", "stuck")
 #: the stuck scenario: the step before which node B's rank sleeps, unirank's --hang-timeout
 STUCK_AT, HANG_TIMEOUT = 40, 15.0
 #: targets (issue 35): seconds, and the ratio to torchrun's agent where one is set
 TARGETS = {"killed": (6.0, 0.2), "frozen": (10.0, None), "endpoint": (10.0, None),
-           "restarted": (None, None), "stuck": (HANG_TIMEOUT + 10.0, None)}
+           "restarted": (None, None), "waiting": (10.0, None),
+           "stuck": (HANG_TIMEOUT + 10.0, None)}
 _STEP = re.compile(r"^step \d+ rank \d+ world (\d+) restart (\d+) at ([\d.]+)$", re.MULTILINE)
 
 
@@ -180,6 +184,8 @@ def one_run(name: str, scenario: str, folder: Path) -> float | None:
             began = float(outs[1].read_text().split("stuck at ")[1].split()[0])
             at = _first(outs[0], began, 1, procs[0])
             return None if at is None else at - began
+        if scenario == "waiting":
+            return _waiting(name, port, procs, outs[1].with_suffix(".c.log"))
         victim, survivor = (0, 1) if scenario == "endpoint" else (1, 0)
         pids = _tree(procs[victim])
         began = time.time()
@@ -197,6 +203,20 @@ def one_run(name: str, scenario: str, folder: Path) -> float | None:
         if scenario == "frozen":
             _signal(pids, signal.SIGKILL)
         _end(procs)
+
+
+def _waiting(name: str, port: int, procs: list[subprocess.Popen[bytes]], out: Path,
+             ) -> float | None:
+    """The ``waiting`` scenario on a world of 2 (``procs``: A, B): C waits, A is killed; the
+    seconds to C's first step at a world of 2 (None: none within the bound)."""
+    procs.append(_start(command(name, port), out))
+    began = time.monotonic()
+    _until(lambda: "waits to join" in out.read_text() if name == "unirank"
+           else time.monotonic() - began > 5, 60, f"{name}: node C did not wait to join")
+    began = time.time()
+    _signal(_tree(procs[0]), signal.SIGKILL)
+    at = _first(out, began, 2, procs[2])
+    return None if at is None else at - began
 
 
 def _median(times: list[float | None]) -> float | None:

@@ -209,3 +209,31 @@ def test_the_endpoint_s_node_started_again_joins_the_running_job(runner: Runner,
     assert {line.split(" world ")[1].split()[0] for line in out_a.splitlines()
             if line.startswith("step ")} == {"2"}, out_a
     assert _worlds(out_b, 2) == {"2"}, out_b
+
+
+def test_a_node_waiting_to_join_follows_the_store_when_its_node_is_killed(
+        runner: Runner, tmp_path: Path) -> None:
+    """Nodes A (serving the rendezvous) and B run at MAX (2); node C, started with the same
+    command, waits for the job's next round (it is in no round). A's whole tree is killed: B
+    takes the rendezvous over, and C, told the last round at its hello, follows it to B by the
+    same successor rule (never exit 2, never a job of its own): the next round is B and C, a
+    world of 2, and both finish."""
+    job = Job(runner, tmp_path, 60, "1,2,0")
+    first, second = job.two_nodes()
+    third = runner.start(job.args, drop=NO_OMP)
+    assert third.stderr is not None
+    runner.read_lines(third.stderr, 1, contains="this node waits to join: the job ",
+                      timeout=TIMEOUT)
+    _kill_tree(first)
+    out_c, err_c = (s.decode() for s in third.communicate(timeout=TIMEOUT))
+    out_b, err_b = second.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (second.returncode, third.returncode) == (0, 0), err_b + err_c
+    assert "unirank run: store moved to node " in err_b, err_b
+    assert "unirank run: store moved to node " in err_c, err_c
+    # C joins at B's first round or (where B closed it alone before C reached it) the next
+    assert "node rank 0 of 2, 2 workers in all" in err_b, err_b
+    assert out_b.splitlines()[-1].startswith("step 59 rank 0 world 2 sum 2 restart "), out_b
+    steps_c = [line for line in out_c.splitlines() if line.startswith("step ")]
+    assert steps_c and {line.split(" world ")[1].split()[0] for line in steps_c} == {"2"}, out_c
+    assert steps_c[-1].startswith("step 59 rank 1 world 2 sum 2 restart "), out_c

@@ -43,3 +43,21 @@ def test_each_host_gets_the_users_options_without_the_host_list_ones() -> None:
     assert _user_arguments(args) == ["--tag-output", "--max-restarts", "1", "train.py", "-x",
                                      "--hosts"]
     assert set(SSH_OPTIONS) <= set(args.value_options)
+
+
+def test_a_host_list_with_a_range_is_an_elastic_job_of_the_dynamic_rendezvous() -> None:
+    from unirank.cli.sshrun import _elastic_options, check_ssh_only, elastic
+
+    parser = build_parser("run")
+    args, _ = parser.parse_known_args(["run", "--hosts", "a:2,b:2", "--nnodes", "1:2",
+                                       "train.py"])
+    check_ssh_only(args)  # a range is accepted: not refused as "set by the host list"
+    assert elastic(args)
+    assert _elastic_options(args, "10.0.0.1", 4242) == [
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", "10.0.0.1:4242"]
+    args, _ = parser.parse_known_args(["run", "--hosts", "a:2", "--nnodes", "1:2",
+                                       "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1",
+                                       "train.py"])
+    assert _elastic_options(args, "10.0.0.1", 4242) == []
+    args, _ = parser.parse_known_args(["run", "--hosts", "a:2", "--nnodes", "2", "train.py"])
+    assert not elastic(args)

@@ -118,14 +118,16 @@ def expand(arg: str, environ: Mapping[str, str]) -> str:
     return arg
 
 
-def hosts_file(pods: Sequence[Pod]) -> str:
-    """/etc/hosts of the simulated cluster: pod ``i`` at 127.0.0.(i+1), also under its
-    headless service's name (``<pod>.<subdomain>``, as JobSet gives it)."""
+def hosts_file(pods: Sequence[Pod], addresses: Sequence[str] = ()) -> str:
+    """/etc/hosts of the simulated cluster: pod ``i`` at ``addresses[i]`` (default
+    127.0.0.(i+1)), also under its headless service's name (``<pod>.<subdomain>``, as JobSet
+    gives it)."""
     lines = ["127.0.0.1 localhost"]
     for index, pod in enumerate(pods):
         job = pod.name.split("-node-")[0] if "-node-" in pod.name else None
         names = [pod.name] + ([f"{pod.name}.{job}"] if job else [])
-        lines.append(f"127.0.0.{index + 1} {' '.join(names)}")
+        addr = addresses[index] if addresses else f"127.0.0.{index + 1}"
+        lines.append(f"{addr} {' '.join(names)}")
     return "\n".join(lines) + "\n"
 
 
@@ -168,19 +170,34 @@ def pod_argv(pod: Pod, extra: Mapping[str, str] | None = None) -> list[str]:
             "sh", "-c", inner, "sh", *(expand(a, pod.environ) for a in pod.command)]
 
 
+#: the bridge's network of a cluster whose pods have their own network namespace (RFC 2544's
+#: benchmarking range: inside the private namespaces nothing is sent anywhere)
+POD_NET = "198.18.0"
+
+
 class Cluster:
     """A simulated cluster whose pods start, die and start again one at a time (what
     :func:`run_pods` does all at once): a holder process owns the private network and mount
     namespaces (see the module docstring) and each pod enters them with ``nsenter``, so a pod
     deleted and started again gets the same name, address and variables, as a replaced pod of
-    the same index does. Use as a context manager; everything left is killed on exit."""
+    the same index does. Use as a context manager; everything left is killed on exit.
+
+    With ``own_network``, each pod also gets a network namespace of its own, as a Kubernetes
+    pod has: a veth pair from a bridge in the holder's namespace, pod ``i`` at
+    ``198.18.0.(i+1)`` (:data:`POD_NET`); no pod can bind or reach another pod's address as its
+    own. :meth:`start` may then give a pod started again another address (a replaced pod gets a
+    new IP): /etc/hosts, shared by every pod as a cluster's DNS is, names the new one."""
 
     def __init__(self, pods: Sequence[Pod], cwd: Path, *,
-                 extra: Mapping[str, str] | None = None) -> None:
+                 extra: Mapping[str, str] | None = None, own_network: bool = False) -> None:
         self.pods, self.cwd, self.extra = list(pods), cwd, extra
-        (cwd / "hosts").write_text(hosts_file(pods))
+        self.addresses = [f"{POD_NET}.{i + 1}" for i in range(len(pods))] if own_network \
+            else []
+        (cwd / "hosts").write_text(hosts_file(pods, self.addresses))
+        bridge = f" && ip link add br0 type bridge && ip addr add {POD_NET}.254/24 dev br0" \
+                 " && ip link set br0 up" if own_network else ""
         setup = f"mount --bind {shlex.quote(str(cwd / 'hosts'))} /etc/hosts && " \
-                "ip link set lo up && echo up && exec cat"
+                f"ip link set lo up{bridge} && echo up && exec cat"
         self.holder = subprocess.Popen(["unshare", "-m", "-n", "bash", "-c", setup], cwd=cwd,
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.holder.stdout is not None
@@ -188,16 +205,56 @@ class Cluster:
         self.running: dict[int, subprocess.Popen[str]] = {}
         self.starts = [0] * len(self.pods)
 
-    def start(self, index: int) -> subprocess.Popen[str]:
-        """Start pod ``index`` (again); its output goes to ``pod<index>.<n>.log``."""
+    def start(self, index: int, addr: str | None = None) -> subprocess.Popen[str]:
+        """Start pod ``index`` (again; at ``addr`` where given, with ``own_network``); its
+        output goes to ``pod<index>.<n>.log``."""
         log = self.cwd / f"pod{index}.{self.starts[index]}.log"
         self.starts[index] += 1
+        argv = pod_argv(self.pods[index], self.extra)
+        if self.addresses:
+            if addr is not None:
+                self.addresses[index] = addr
+                (self.cwd / "hosts").write_text(hosts_file(self.pods, self.addresses))
+            return self._start_own(index, argv, log)
+        with log.open("w") as out:
+            proc = subprocess.Popen(
+                ["nsenter", "-t", str(self.holder.pid), "-m", "-n", f"--wd={self.cwd}", *argv],
+                cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, text=True,
+                start_new_session=True)
+        self.running[index] = proc
+        return proc
+
+    def _start_own(self, index: int, argv: Sequence[str], log: Path) -> subprocess.Popen[str]:
+        """Start a pod in a network namespace of its own: once there it says so on a pipe and
+        waits on stdin until its end of a fresh veth pair was moved in, sets its address, then
+        runs ``argv``."""
+        link = f"p{index}x{self.starts[index]}"
+        holder = ["nsenter", "-t", str(self.holder.pid), "-n"]
+        # a pod's MAC follows its address: one started again at the same address is the same
+        # host to the others' neighbour tables (they would wait out a stale entry otherwise)
+        mac = "02:00:" + ":".join(f"{int(b):02x}" for b in self.addresses[index].split("."))
+        subprocess.run([*holder, "ip", "link", "add", f"h{link}", "type", "veth", "peer",
+                        "name", link, "address", mac], check=True)
+        subprocess.run([*holder, "ip", "link", "set", f"h{link}", "master", "br0", "up"],
+                       check=True)
+        ready_r, ready_w = os.pipe()
+        inner = f"echo in >&{ready_w} && exec {ready_w}>&- && read go && ip link set lo up " \
+                f"&& ip addr add {self.addresses[index]}/24 " \
+                f"dev {link} && ip link set {link} up && exec \"$@\""
         with log.open("w") as out:
             proc = subprocess.Popen(
                 ["nsenter", "-t", str(self.holder.pid), "-m", "-n", f"--wd={self.cwd}",
-                 *pod_argv(self.pods[index], self.extra)],
-                cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT, text=True,
-                start_new_session=True)
+                 "unshare", "-n", "bash", "-c", inner, "bash", *argv],
+                cwd=self.cwd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                text=True, start_new_session=True, pass_fds=(ready_w,))
+        os.close(ready_w)
+        with os.fdopen(ready_r) as ready:
+            assert ready.readline() == "in\n", "a pod's network namespace failed"
+        subprocess.run([*holder, "ip", "link", "set", link, "netns", str(proc.pid)],
+                       check=True)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.close()
         self.running[index] = proc
         return proc
 

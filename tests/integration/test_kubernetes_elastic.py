@@ -115,3 +115,41 @@ def test_a_deleted_pod_started_again_rejoins(tmp_path: Path, killed: int) -> Non
     assert "1 node(s) wait to join" in logs[0], out
     assert {line.split(" world ")[1].split()[0] for line in logs[1].splitlines()
             if line.startswith("step ")} == {"4"}, out
+
+
+@pytest.mark.parametrize("address", ["same", "new"])
+def test_a_replaced_pod_0_joins_the_running_job(tmp_path: Path, address: str) -> None:
+    """Each pod in a network namespace of its own (as in Kubernetes: no pod can serve on
+    another's address). Pod 0 (``train-worker-0``, the rendezvous endpoint) is deleted: pod 1
+    takes the rendezvous over on its own address and trains alone. Pod 0 started again with
+    its original variables, at the same address or at a new one its name now resolves to,
+    finds nothing at the endpoint and serves a fresh rendezvous there; the running pod's server
+    probes the endpoint and redirects it (rounds.follows): it joins the running job (it never
+    trains alone: no second job), the world is 4 again and both pods end 0."""
+    _need_namespaces()
+    (tmp_path / "train.py").write_text(TRAIN)
+    rounds = Rounds(tmp_path / "rounds.fifo")
+    pods = injected(manifest("pytorchjob-elastic.yaml"))
+    pods = [p.__class__(p.name, p.environ, [*p.command, str(tmp_path / "rounds.fifo")])
+            for p in pods]
+    bindir = str(Path(sys.executable).parent)
+    extra = {**JOB_ENV, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    try:
+        with Cluster(pods, tmp_path, extra=extra, own_network=True) as cluster:
+            cluster.start(0)
+            cluster.start(1)
+            rounds.wait("w4", 1)
+            cluster.kill(0, TIMEOUT)
+            rounds.wait("w2", 1)
+            again = cluster.start(0, None if address == "same" else "198.18.0.3")
+            codes = (cluster.running[1].wait(TIMEOUT), again.wait(TIMEOUT))
+            logs = cluster.log(1, 0), cluster.log(0, 1)
+    finally:
+        rounds.close()
+    out = "\n".join(logs)
+    assert codes == (0, 0), out
+    assert [w for _, w in _resumes(logs[0])] == [4, 2, 4], out
+    assert "unirank run: store moved to node " in logs[0], out
+    assert ": the job runs there" in logs[1], out
+    assert {line.split(" world ")[1].split()[0] for line in logs[1].splitlines()
+            if line.startswith("step ")} == {"4"}, out

@@ -6,11 +6,13 @@ What is checked: the world and the hello lines of four ranks on two hosts; a fai
 ends both with its exit code and names the host; SIGINT and SIGKILL to the local launcher leave
 no worker on either host (by the pids the workers write); an unreachable or unknown host is
 refused in one line before any worker starts; which variables reach the hosts; ``unirank
-doctor --hosts``.
+doctor --hosts``; with ``--nnodes MIN:MAX`` (elastic), a host whose whole tree is killed is
+survived.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import signal
@@ -23,7 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _outputs import EXAMPLES
 
-from _procs import Runner
+from _procs import Runner, process_tree
 
 pytestmark = [pytest.mark.ssh, pytest.mark.slurm, pytest.mark.integration]
 
@@ -202,3 +204,75 @@ raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.1.2]:1234")
     assert result.stderr.splitlines()[-1] == ("unirank run: host node2 (node rank 1) ended the "
                                               "job: unirank run failed with exit code 3")
     assert "UNIRANK-HOST-VERDICT" not in result.stderr
+
+
+#: steps of an all-reduce; at step 1 of the first attempt each rank writes "rank:pid" to the
+#: FIFO argv[2] (the test holds it open for reading from the start)
+ELASTIC = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+steps, fifo = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+for step in range(steps):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"step {step} rank {rank} world {world} restart {restart}", flush=True)
+    if step == 1 and restart == "0":
+        with open(fifo, "w") as out:
+            out.write(f"{rank}:{os.getpid()}\\n")
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+def _ancestor(pid: int, mark: str) -> int:
+    """The nearest process above ``pid`` whose command line holds ``mark``."""
+    while pid > 1:
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        if mark in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+            return pid
+    raise AssertionError(f"no process above holds {mark!r}")
+
+
+@pytest.mark.parametrize("lost", ["node2", "node1"])
+def test_an_elastic_host_list_survives_a_lost_host(runner: Runner, ssh_testbed: list[str],
+                                                   tmp_path: Path, lost: str) -> None:
+    """``--hosts node1:1,node2:1 --nnodes 1:2 --max-restarts 3``: each host is a node of the
+    dynamic rendezvous (endpoint on node1, node rank 0). One host's whole remote tree (its
+    unirank run, the rendezvous helper, the worker) is SIGKILLed while both train: the
+    launcher names the lost host and goes on, the other restarts alone at a world of 1,
+    finishes, and the job ends 0; node1 lost, the rendezvous moves to node2."""
+    import os
+    import select
+
+    script = runner.script("elastic.py", ELASTIC)
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    proc = runner.start(["--hosts", "node1:1,node2:1", "--nnodes", "1:2", "--max-restarts",
+                         "3", *ssh_testbed, str(script), "60", str(fifo)], text=True)
+    text = ""
+    try:
+        while text.count("\n") < 2:
+            ready, _, _ = select.select([reader], [], [], 120)
+            assert ready, f"the ranks did not report within 120 s: {text!r}"
+            text += os.read(reader, 4096).decode()
+    finally:
+        os.close(reader)
+        os.close(keep)
+    pids = dict(line.split(":") for line in text.split())
+    for pid in process_tree(_ancestor(int(pids["1" if lost == "node2" else "0"]),
+                                      "--from-ssh")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert f"unirank run: host {lost} is lost: its unirank run ended with exit code " in err, err
+    assert lost == "node2" or "unirank run: store moved to node node2" in err, err
+    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert "step 59 rank 0 world 1 restart 1" in out.splitlines(), out

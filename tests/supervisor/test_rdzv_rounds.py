@@ -58,3 +58,28 @@ def test_the_successor_is_the_first_member_not_known_lost() -> None:
     assert successor(("a",), {"a"}) is None
     # every survivor computes the same answer from the same list: no split brain
     assert {successor(("a", "b", "c"), {"a"}) for _ in ("b", "c")} == {"b"}
+
+
+def test_newcomers_alone_never_close_a_round_while_the_job_runs() -> None:
+    # a and b run (alive, neither asked for a round): c and d wait for the job's next round,
+    # past the close timeout and even at MAX; no second world of newcomers
+    assert not round_closes(_pending("ab", "abcd", "cd", 99, 99), **SETTINGS)
+    assert not round_closes(_pending("ab", "abcd", "cd", 99, 99), **{**SETTINGS, "max_nodes": 2})
+    # once a node of the job asks (or every node of the job is lost), the round forms
+    assert round_closes(_pending("ab", "abc", "cab"), **SETTINGS)
+    assert round_closes(_pending("ab", "c", "c", 3, 3), **SETTINGS)
+
+
+def test_a_fresh_server_of_the_job_follows_the_one_that_ran_on() -> None:
+    from unirank.supervisor.rdzv.rounds import Served, follows
+
+    fresh, running = Served("j", -1, "pod0'"), Served("j", 1, "pod1")
+    assert follows(fresh, running)
+    # one-way: the running job never follows the fresh one, nor a server itself
+    assert not follows(running, fresh)
+    assert not follows(running, Served("j", 5, "pod1"))
+    # another job's server, an equal round: no redirect
+    assert not follows(Served("k", -1, "x"), running)
+    assert not follows(Served("j", 1, "x"), running)
+    # a fresh server that lost the race and closed a round alone (round 0) still follows
+    assert follows(Served("j", 0, "pod0'"), running)

@@ -94,11 +94,22 @@ def check_ssh_only(args: argparse.Namespace) -> None:
                 raise ConfigError("only applies with --hosts or --hostfile", variable=name,
                                   value=shown, hint="add --hosts node1:N,node2:N")
         return
-    for name, value in (("--nnodes", args.nnodes), ("--node-rank", args.node_rank),
+    nnodes = None if elastic(args) else args.nnodes
+    for name, value in (("--nnodes", nnodes), ("--node-rank", args.node_rank),
                         ("--standalone", args.standalone or None)):
         if value is not None:
             raise ConfigError("is set by the host list", variable=name, value=str(value),
-                              hint=f"drop {name}: each host is one node, in list order")
+                              hint=f"drop {name}: each host is one node, in list order (or "
+                              "give a range MIN:MAX for an elastic job)" if name == "--nnodes"
+                              else f"drop {name}: each host is one node, in list order")
+
+
+def elastic(args: argparse.Namespace) -> bool:
+    """Whether a host list runs as an elastic job: ``--nnodes MIN:MAX``, a range
+    (:func:`unirank.cli.elastic.is_range`)."""
+    from unirank.cli.elastic import is_range
+
+    return is_range(args)
 
 
 def _nproc(args: argparse.Namespace, slots: Sequence[int | None]) -> int | None:
@@ -144,23 +155,39 @@ def _run(args: argparse.Namespace, names: Sequence[str], options: Sequence[str],
     from unirank.supervisor.ssh.preflight import ssh_hostname
     from unirank.supervisor.ssh.remote import encode_environ, remote_line, ssh_command
 
-    common = ["--from-ssh", "--nnodes", str(len(names))]
-    if not (args.master_addr or args.rdzv_endpoint):
-        common += ["--master-addr", ssh_hostname(names[0], options)]
-    if not (args.master_port or args.rdzv_endpoint) and port is not None:
-        common += ["--master-port", str(port)]
+    common = ["--from-ssh"] if elastic(args) else ["--from-ssh", "--nnodes", str(len(names))]
+    if elastic(args):
+        common += _elastic_options(args, ssh_hostname(names[0], options), port)
+    else:
+        if not (args.master_addr or args.rdzv_endpoint):
+            common += ["--master-addr", ssh_hostname(names[0], options)]
+        if not (args.master_port or args.rdzv_endpoint) and port is not None:
+            common += ["--master-port", str(port)]
     if nproc is not None:
         common += ["--nproc-per-node", str(nproc)]
     raw = _user_arguments(args)
     runs = []
     for rank, host in enumerate(names):
-        argv = relaunch_argv([*common, "--node-rank", str(rank)], raw)
+        own = ["--local-addr", ssh_hostname(host, options)] if elastic(args) \
+            else ["--node-rank", str(rank)]
+        argv = relaunch_argv([*common, *own], raw)
         # the host as the list names it: the node name of its ranks in summaries
         first_line = encode_environ({**carried, NODE_NAME_VAR: host})
         runs.append(HostRun(host, rank, tuple(ssh_command(host, options,
                                                           remote_line(cwd, argv, carried))),
                             first_line))
-    return run_hosts(runs, grace)
+    return run_hosts(runs, grace, elastic=elastic(args))
+
+
+def _elastic_options(args: argparse.Namespace, first: str, port: int | None) -> list[str]:
+    """An elastic host list's rendezvous: c10d at the first host (the free port the check
+    found there) unless given; each host is then a node of the dynamic rendezvous (its
+    ``--local-addr`` its address), and the job survives a lost host (docs/ssh.md)."""
+    added = [] if str(args.rdzv_backend).strip().lower() == "c10d" \
+        else ["--rdzv-backend", "c10d"]
+    if not args.rdzv_endpoint:
+        added += ["--rdzv-endpoint", f"{first}:{port or 29400}"]
+    return added
 
 
 def _user_arguments(args: argparse.Namespace) -> list[str]:

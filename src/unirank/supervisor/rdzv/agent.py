@@ -18,6 +18,12 @@ It reads one :class:`~.spec.RdzvSpec` (a JSON line) on stdin, then
    parent can admit them) until stdin says ``next`` (join the next round) or ends (the parent
    is done or gone): then it says ``leave`` and exits.
 
+Where the node serving the rendezvous is lost, the node goes to its successor
+(:func:`~.rounds.successor` over the last round, which the hello's answer gives a node that
+only waits to join too) or becomes it; where its server answers ``moved`` (a fresh server at
+the endpoint that followed the job's running server, :func:`~.rounds.follows`), it goes
+there and joins at the job's next round.
+
 A refusal is answered as ``{"error": ..., "variable": ..., "value": ..., "hint": ...}`` (the
 parent raises it as a one-line ConfigError). Reads no environment variable.
 """
@@ -33,12 +39,18 @@ import socket
 import sys
 import time
 from dataclasses import asdict
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec, assign, to_line
 from unirank.supervisor.rdzv.wire import Lines
 
-__all__ = ["Refusal", "main", "node_identity"]
+if TYPE_CHECKING:
+    from unirank.supervisor.rdzv.server import Server
+
+__all__ = ["MAX_HOPS", "Refusal", "main", "node_identity"]
+
+#: how many ``moved`` answers a hello follows (servers that followed the job's server)
+MAX_HOPS = 8
 
 
 class Refusal(Exception):
@@ -60,16 +72,17 @@ def node_identity() -> str:
     return f"{socket.gethostname()}:{os.getppid()}:{secrets.token_hex(4)}"
 
 
-def serve_if_endpoint(spec: RdzvSpec, host: str) -> bool:
+def serve_if_endpoint(spec: RdzvSpec, host: str) -> Server | None:
     """Serve the rendezvous here where this node is on the endpoint's host and the port is free;
-    whether it does (``host``: this node's identity)."""
+    the server, or None (``host``: this node's identity)."""
     endpoint = _endpoint_socket(spec)
     if endpoint is None:
-        return False
+        return None
     from unirank.supervisor.rdzv.server import Server
 
-    Server([endpoint], spec, host).start()
-    return True
+    server = Server([endpoint], spec, host)
+    server.start()
+    return server
 
 
 def _endpoint_socket(spec: RdzvSpec) -> socket.socket | None:
@@ -106,10 +119,12 @@ class Node:
     """This node's side of the rendezvous: hello, join, beats, news, and taking the rendezvous
     over where the node serving it is lost (see the module)."""
 
-    def __init__(self, spec: RdzvSpec, node: str, serves: bool) -> None:
+    def __init__(self, spec: RdzvSpec, node: str, local: Server | None) -> None:
         from unirank.supervisor.listen import open_store_socket
 
-        self.spec, self.node, self.serves = spec, node, serves
+        self.spec, self.node, self.serves = spec, node, local is not None
+        #: the server this process runs (at the endpoint, or as the successor)
+        self.local = local
         self.explicit = spec.local_addr if spec.explicit_addr else None
         #: where this node serves the rendezvous, should it take it over
         self.spare = open_store_socket(0, host=spec.master_addr(), option="--local-addr")
@@ -123,12 +138,22 @@ class Node:
         self.members: tuple[str, ...] = ()
         self.records: dict[str, dict[str, Any]] = {}
 
-    def hello(self, deadline: float) -> None:
+    def hello(self, deadline: float, hops: int = 0) -> None:
+        """Say who this node is; where the server answers ``moved`` (it followed the job's
+        running server, :func:`.rounds.follows`), say it there (at most :data:`MAX_HOPS`
+        times)."""
+        if hops > MAX_HOPS:
+            raise Refusal(f"the rendezvous at {_endpoint(self.spec)} sent this node on more "
+                          f"than {MAX_HOPS} times", hint="run again; if it repeats, report it")
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
                          "name": self.spec.node_name, "explicit": self.explicit,
                          "pid": os.getppid()})
         while True:
             for message in self._wait(deadline, "the rendezvous's answer"):
+                if "moved" in message:
+                    self._reconnect(message["moved"], deadline)
+                    self.hello(deadline, hops + 1)
+                    return
                 if "evicted" in message:
                     message = {"error": message["evicted"]}
                 if "error" in message:
@@ -136,7 +161,16 @@ class Node:
                                   value=message.get("value"), hint=str(message.get("hint")))
                 if message.get("ok"):
                     self.heard = time.monotonic()
+                    self._learn(message)
                     return
+
+    def _learn(self, state: dict[str, Any]) -> None:
+        """The last round and its server, from the hello's answer: a node waiting to join
+        (in no round yet) follows the rendezvous to the same successor as the members."""
+        if state.get("members") and state.get("server"):
+            self.members = tuple(state["members"])
+            self.records = {m: r for m, r in zip(self.members, state.get("records") or ())}
+            self.server = str(state["server"])
 
     def _wait(self, deadline: float, what: str) -> list[dict[str, Any]]:
         left = deadline - time.monotonic()
@@ -161,7 +195,35 @@ class Node:
         if not self.lines.send({"op": "join", "record": asdict(record)}):
             self.move()
 
+    def _reconnect(self, there: dict[str, Any], deadline: float) -> None:
+        """Leave the server that followed another and connect to that one."""
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(self.lines.sock)
+        self.lines.close()
+        self.serves = False
+        self.lines = connect(self.spec, (str(there["addr"]), int(there["port"])), deadline)
+
+    def follow(self, there: dict[str, Any]) -> None:
+        """The server here followed the job's running server: join that one (at its next
+        round; the workers of a round run here are stopped first)."""
+        wait = 2 * self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt + 2.0
+        self._reconnect(there, time.monotonic() + wait)
+        self.hello(time.monotonic() + wait)
+        self._rejoin(f"store moved to node {there.get('name')} ({there['addr']}): the job "
+                     "runs there")
+
+    def _rejoin(self, news: str) -> None:
+        """After a new connection: watch it, join again if this node was joining, tell."""
+        self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
+        self.heard = time.monotonic()
+        if self.joining:
+            self.join()
+        self._tell(news, always=True)
+
     def on_message(self, message: dict[str, Any]) -> None:
+        if "moved" in message:
+            self.follow(message["moved"])
+            return
         if "evicted" in message:  # said now (the parent reads it while its workers run)
             raise Refusal(str(message["evicted"]), hint="the other nodes go on without this "
                           "one (--on-hang evict); see the hang report on rank 0's node")
@@ -176,7 +238,7 @@ class Node:
             _answer(assign(records, self.members.index(self.node), self.round))
             self.joining = False
         elif "event" in message and (message.get("kind") != "join" or self.spec.admit_joiners):
-            self._tell(str(message["event"]))
+            self._tell(str(message["event"]), always=message.get("kind") == "wait")
 
     def _tell(self, news: str, *, always: bool = False) -> None:
         """Pass news on to the parent, once per round, while the workers run (``always``:
@@ -191,7 +253,6 @@ class Node:
         """The node serving the rendezvous is lost: find its successor (or become it) by
         :func:`~.rounds.successor` over the last round's members, connect, and go on."""
         from unirank.supervisor.rdzv.rounds import successor
-        from unirank.supervisor.rdzv.server import Resume, Server
 
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.lines.sock)
@@ -204,13 +265,9 @@ class Node:
                 raise Refusal(f"the rendezvous at {_endpoint(self.spec)} ended (its node "
                               "ended) and no node of the last round serves it",
                               hint="start the job again")
-            if chosen == self.node:
-                listening = [self.spare, *filter(None, [_endpoint_socket(self.spec)])]
-                Server(listening, self.spec, self.node,
-                       Resume(self.round, self.members, self.records,
-                              frozenset(failed))).start()
-                self.serves = True
             record = self.records[chosen]
+            if chosen == self.node:
+                self._take_over(frozenset(failed), record)
             address = (str(record["addr"]), int(record["rdzv_port"]))
             try:
                 self.lines = connect(self.spec, address, time.monotonic() + wait)
@@ -218,11 +275,24 @@ class Node:
                 break
             except Refusal:
                 failed.add(chosen)
-        self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
-        self.server, self.heard = chosen, time.monotonic()
-        if self.joining:
-            self.join()
-        self._tell(f"store moved to node {record['name']} ({address[0]})", always=True)
+        self.server = chosen
+        self._rejoin(f"store moved to node {record['name']} ({address[0]})")
+
+    def _take_over(self, failed: frozenset[str], record: dict[str, Any]) -> None:
+        """Serve the rendezvous here, resumed from the last round (this node is the
+        successor); a server this process ran at the endpoint (one that followed the job
+        here) now sends the nodes that reach it to this one."""
+        from unirank.supervisor.rdzv.server import Resume, Server
+
+        listening = [self.spare, *filter(None, [_endpoint_socket(self.spec)])]
+        server = Server(listening, self.spec, self.node,
+                        Resume(self.round, self.members, self.records, failed))
+        server.start()
+        if self.local is not None and self.local.moved is not None:
+            self.local.moved = {"job": self.spec.run_id, "round": self.round,
+                                "server": self.node, "addr": record["addr"],
+                                "port": record["rdzv_port"], "name": record["name"]}
+        self.local, self.serves = server, True
 
     def run(self) -> None:
         """Join, then serve the parent until its stdin ends."""

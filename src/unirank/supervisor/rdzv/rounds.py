@@ -4,7 +4,9 @@ The store's server (:mod:`.server`) holds the job's small state: the members of 
 in their order, the nodes waiting for the next one, and when the waiting began. These functions
 are its decisions, unit-tested in milliseconds:
 
-* :func:`round_closes`: a round closes at once when MAX nodes wait, or after a change when every
+* :func:`round_closes`: new nodes alone never close a round while a node of the round before
+  is alive and has not asked for one (the job runs: the newcomers wait for its next round,
+  however many they are); a round closes at once when MAX nodes wait, or after a change when every
   node of the round before that is still alive has rejoined and no new node waits (nothing can
   arrive: no last call). The last call is waited for only where nodes may still arrive: the
   first round below MAX, and a round a new node waits for. A node of the round before that has
@@ -14,6 +16,15 @@ are its decisions, unit-tested in milliseconds:
 * :func:`successor`: which node serves the rendezvous once the node serving it is lost: the
   first node of the last round's list that is not known lost. Every node holds the same list
   (the round's answer carries it), so the survivors agree without talking to each other.
+* :func:`follows`: whether a server redirects its nodes to another server of the same job.
+  A successor serves on its own address; a node started again with the original command (a
+  replaced pod 0 whose name now resolves to a new address, a requeued node) finds nothing at
+  the endpoint and serves a fresh rendezvous there. So the server of a job that moved keeps
+  probing the endpoint (its name resolved afresh, once per beat interval) and tells whatever
+  serves there where the job runs; that server follows when it serves the same job at an
+  earlier round (a fresh one is at round -1): it sends its nodes there (they join at the
+  job's next round) and from then on answers every hello at the endpoint with the job's
+  address. Nothing waits on one node: any successor probes, any endpoint server follows.
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Pending", "members_of", "round_closes", "successor"]
+__all__ = ["Pending", "Served", "follows", "members_of", "round_closes", "successor"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +54,9 @@ def round_closes(p: Pending, *, min_nodes: int, max_nodes: int, last_call: float
                  close_timeout: float) -> bool:
     """Whether the round ``p`` closes now (see the module docstring)."""
     waiting = [n for n in p.waiting if n in p.alive]
+    if p.before and not any(n in p.before for n in waiting) and \
+            any(n in p.alive for n in p.before):
+        return False  # the job runs and none of its nodes asked for a round: newcomers wait
     if len(waiting) >= max_nodes:
         return True
     if len(waiting) < min_nodes:
@@ -71,3 +85,19 @@ def successor(members: Sequence[str], failed: Collection[str]) -> str | None:
     the round's order) not in ``failed`` (the node that served it, and any found unreachable
     since); None when none is left."""
     return next((m for m in members if m not in failed), None)
+
+
+@dataclass(frozen=True)
+class Served:
+    """A rendezvous server as a probe sees it: its job, its last round, its node."""
+
+    job: str
+    round: int
+    server: str
+
+
+def follows(here: Served, there: Served) -> bool:
+    """Whether the server ``here`` sends its nodes to ``there`` (see the module docstring): the
+    same job, another server, a later round (the job that ran on; a fresh server is at round
+    -1). The rule is one-way, so two servers never send their nodes to each other."""
+    return here.job == there.job and here.server != there.server and there.round > here.round

@@ -8,12 +8,19 @@ connection closes without a ``leave`` (its processes died: the kernel closes the
 lost at once; one that sends nothing for ``keep_alive_interval x keep_alive_max_attempt`` (a
 hung machine, a cut network) is lost then. The members of the running round are told (one
 ``event``) when one of them is lost, asks for a new round, or when a new node waits to join.
-Rounds close by :func:`.rounds.round_closes`.
+Rounds close by :func:`.rounds.round_closes`. A successor (a server resumed from the last
+round) probes the original endpoint and redirects a fresh server of the job found there
+(:func:`.rounds.follows`); a server that followed answers ``moved`` to its nodes and to every
+later hello.
 
 Messages in: ``hello`` (job, node, name, explicit address), ``join`` (a
-:class:`~.spec.NodeRecord`), ``beat``, ``leave``. Out: ``ok``/``error`` (the hello's answer),
-``round`` (number and the members' records in order), ``event`` (news, with its ``kind``:
-lost, restart, join), ``beat``.
+:class:`~.spec.NodeRecord`), ``beat``, ``leave``, ``evict``, ``redirect`` (a successor's
+probe: its job, round, node and address). Out: ``ok``/``error`` (the hello's answer),
+``round`` (number and the members' records in order; the hello's ``ok`` carries the last
+round's too, so that a node waiting to join can follow the rendezvous to a successor),
+``event`` (news, with its ``kind``: lost, restart, join; ``wait`` to a node that waits for
+a running job's next round), ``beat``, ``moved`` (where the job runs: address, rendezvous
+port, node).
 """
 
 from __future__ import annotations
@@ -26,8 +33,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from unirank.supervisor.rdzv.rounds import Pending, members_of, round_closes
-from unirank.supervisor.rdzv.spec import RdzvSpec
+from unirank.supervisor.rdzv.rounds import Pending, Served, follows, members_of, round_closes
+from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import Lines
 
 __all__ = ["Server"]
@@ -83,9 +90,34 @@ class Server:
         self._opened: float | None = None
         self._min_at: float | None = None
         self._beat_at = 0.0
+        #: where the job runs once this server followed another (:func:`.rounds.follows`)
+        self.moved: dict[str, Any] | None = None
+        self._watching = resume is not None
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="unirank-rdzv-server", daemon=True).start()
+        if self._watching:
+            threading.Thread(target=self._watch, name="unirank-rdzv-watch", daemon=True).start()
+
+    def _here(self) -> dict[str, Any]:
+        """Where this server's job runs: its node's record's address and rendezvous port."""
+        record = self._records.get(self.host, {})
+        return {"job": self.spec.run_id, "round": self.round, "server": self.host,
+                "addr": record.get("addr"), "port": record.get("rdzv_port"),
+                "name": record.get("name")}
+
+    def _watch(self) -> None:
+        """A successor's probe of the original endpoint, once per beat interval (its name
+        resolved afresh each time): whatever serves there is told where the job runs (a node
+        started again with the original command follows, :func:`.rounds.follows`)."""
+        interval = self.spec.keep_alive_interval
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(
+                    (self.spec.endpoint_host, self.spec.endpoint_port), timeout=interval) as sock:
+                sock.settimeout(interval)
+                if self.moved is None:  # one that followed another says nothing
+                    sock.sendall(to_line({"op": "redirect", **self._here()}))
+            time.sleep(interval)  # a period, not a synchronisation
 
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -138,8 +170,32 @@ class Server:
             self._join(node, message.get("record") or {})
         elif op == "leave":
             self._drop(node, None)
+        elif op == "redirect":
+            self._redirect(node, message)
         elif op == "evict":
             self._evict([str(n) for n in message.get("nodes") or ()], str(message.get("why")))
+
+    def _redirect(self, node: _Node, there: dict[str, Any]) -> None:
+        """A probe from the server of this job that ran on: follow it where
+        :func:`.rounds.follows` says so (every node here is sent there, and so is every later
+        hello)."""
+        self._forget(node)
+        here = self.moved or {"job": self.spec.run_id, "round": self.round, "server": self.host}
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            if not follows(Served(str(here["job"]), int(here["round"]), str(here["server"])),
+                           Served(str(there["job"]), int(there["round"]),
+                                  str(there["server"]))) or not there.get("addr"):
+                return
+            self.point_to(there)
+
+    def point_to(self, there: dict[str, Any]) -> None:
+        """Send every node here, and every later hello, to the server ``there``."""
+        self.moved = dict(there)
+        self._waiting = []
+        for other in list(self._nodes.values()):
+            if other.node:
+                other.lines.send({"moved": self.moved})
+                self._forget(other)
 
     def _evict(self, nodes: list[str], why: str) -> None:
         """Stop these nodes (``--on-hang evict``): each is told why and left out for good."""
@@ -171,13 +227,22 @@ class Server:
                 "hint": "a node joins a job once: end the other unirank run, or give this one "
                         "another --local-addr (or another --rdzv-id for another job)"})
             return
+        if self.moved is not None:
+            self._refuse(node, {"moved": self.moved})
+            return
         if message.get("node") in self._evicted:
             self._refuse(node, {"evicted": self._evicted[str(message.get("node"))]})
             return
         node.node, node.name = str(message.get("node")), str(message.get("name"))
         node.explicit, node.pid = explicit, int(message.get("pid") or 0)
         self._grace.pop(node.node, None)
-        node.lines.send({"ok": True, "round": self.round})
+        node.lines.send({"ok": True, **self._state()})
+
+    def _state(self) -> dict[str, Any]:
+        """The job's state a node needs to follow the rendezvous should this server be lost
+        (also a node that only waits to join: it goes to the same successor)."""
+        return {"round": self.round, "members": self.members, "server": self.host,
+                "records": [self._records[m] for m in self.members]}
 
     def _refuse(self, node: _Node, payload: dict[str, Any]) -> None:
         node.lines.send(payload)
@@ -192,9 +257,14 @@ class Server:
         running = [m for m in self.members if m not in self._waiting]
         if node.node in self.members:
             self._tell(running, "restart", f"node {node.name} asked for a new round")
-        elif running and len(self.members) < self.spec.max_nodes:
-            waiting = sum(1 for n in self._waiting if n not in self.members)
-            self._tell(running, "join", f"{waiting} node(s) wait to join")
+        elif running:
+            node.lines.send({"event": f"this node waits to join: the job {self.spec.run_id!r} "
+                                      f"runs on {len(self.members)} node(s) (at most "
+                                      f"{self.spec.max_nodes}); it joins at the job's next "
+                                      "round", "kind": "wait"})
+            if len(self.members) < self.spec.max_nodes:
+                waiting = sum(1 for n in self._waiting if n not in self.members)
+                self._tell(running, "join", f"{waiting} node(s) wait to join")
 
     def _drop(self, node: _Node, why: str | None) -> None:
         """A node left (``why`` None: it said ``leave``) or is lost (``why``)."""

@@ -9,8 +9,10 @@
   this process dies by SIGKILL: the pipes close with it. A second signal, or the grace period
   plus :data:`STOP_SLACK_S` without an end, kills the ssh clients.
 - Failure: the first host whose ``unirank run`` ends non-zero stops every other host (each
-  prints its own summary). The root cause is the first host where a worker failed on its own
-  account, not by losing a peer: each remote side's last stderr line
+  prints its own summary); in an elastic job (``--nnodes MIN:MAX``) a host that ends
+  non-zero is only named (a lost host: the others' rendezvous goes on without it), and the
+  job ends 0 where a host finished 0. The root cause is the first host where a worker
+  failed on its own account, not by losing a peer: each remote side's last stderr line
   (:func:`~unirank.supervisor.ssh.remote.verdict_line`, not shown) says so. A host whose
   workers only lost a peer may end first (it does not wait for the failed host's teardown):
   it is named only when no host says more; after those, the first host that ended before it
@@ -75,9 +77,10 @@ def _ignore(signum: int, frame: FrameType | None) -> None:
 
 
 class _FanOut:
-    def __init__(self, runs: Sequence[HostRun], grace: float) -> None:
+    def __init__(self, runs: Sequence[HostRun], grace: float, elastic: bool = False) -> None:
         self._runs = runs
         self._grace = grace
+        self._elastic = elastic
         self._selector = selectors.DefaultSelector()
         self._remotes: list[_Remote] = []
         self._failures: list[_Remote] = []
@@ -155,7 +158,10 @@ class _FanOut:
         remote.stopped = remote.proc.stdin is None or remote.proc.stdin.closed
         if remote.code != 0 and self._signal is None:
             self._failures.append(remote)
-            if len(self._failures) == 1:
+            if self._elastic and any(r.proc.poll() is None for r in self._remotes):
+                say(f"host {remote.run.host} is lost: its unirank run ended with exit code "
+                    f"{remote.code}; the other hosts go on (--nnodes MIN:MAX)")
+            elif len(self._failures) == 1:
                 self._stop_all()
 
     def _on_wakeup(self, wake_r: int) -> None:
@@ -194,6 +200,8 @@ class _FanOut:
         return min(self._failures, key=rank, default=None)
 
     def exit_code(self) -> int:
+        if self._elastic and self._signal is None and any(r.code == 0 for r in self._remotes):
+            return 0  # a lost host survived: named when it ended
         remote = self._root_cause()
         if remote is not None:
             code = remote.code if remote.code is not None else 1
@@ -249,10 +257,11 @@ def say(line: str) -> None:
     print(f"unirank run: {line}", file=sys.stderr, flush=True)
 
 
-def run_hosts(runs: Sequence[HostRun], grace: float) -> int:
-    """Start every host's ssh, supervise them until all have ended; the job's exit code.
+def run_hosts(runs: Sequence[HostRun], grace: float, *, elastic: bool = False) -> int:
+    """Start every host's ssh, supervise them until all have ended; the job's exit code
+    (``elastic``: a host that ends non-zero while others run is lost, not the job's end).
     Must run in the main thread (it handles signals)."""
-    fan = _FanOut(runs, grace)
+    fan = _FanOut(runs, grace, elastic)
     wake_r, wake_w = os.pipe()
     for fd in (wake_r, wake_w):
         os.set_blocking(fd, False)

@@ -1,0 +1,81 @@
+"""A successor's server probes the original endpoint and redirects a fresh server of the same
+job found there (:func:`unirank.supervisor.rdzv.rounds.follows`): real servers (threads) on
+loopback sockets, a node's connection driven by hand."""
+
+from __future__ import annotations
+
+import selectors
+import socket
+from dataclasses import replace
+from typing import Any
+
+from unirank.supervisor.listen import open_store_socket
+from unirank.supervisor.rdzv.server import Resume, Server
+from unirank.supervisor.rdzv.spec import RdzvSpec
+from unirank.supervisor.rdzv.wire import Lines
+
+SPEC = RdzvSpec(endpoint_host="127.0.0.1", endpoint_port=0, run_id="j", min_nodes=1,
+                max_nodes=2, local_addr="127.0.0.1", node_name="n", nproc=1,
+                serves_endpoint=True)
+
+
+def _until(lines: Lines, key: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The first message holding ``key`` on ``lines`` (fails after ``timeout`` s)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(lines.sock, selectors.EVENT_READ)
+        while True:
+            assert selector.select(timeout), f"no {key!r} within {timeout:g} s"
+            messages = lines.receive()
+            assert messages is not None, f"closed before {key!r}"
+            found = [m for m in messages if key in m]
+            if found:
+                return found[0]
+
+
+def _hello(port: int, node: str) -> Lines:
+    lines = Lines(socket.create_connection(("127.0.0.1", port), timeout=5))
+    lines.send({"op": "hello", "job": "j", "node": node, "name": node, "explicit": None,
+                "pid": 1})
+    return lines
+
+
+def _servers(job: str = "j") -> tuple[int, int]:
+    """A fresh server at the endpoint and a successor of job ``job`` that ran on (round 1);
+    their ports."""
+    endpoint = open_store_socket(0)
+    spec = replace(SPEC, endpoint_port=int(endpoint.getsockname()[1]))
+    Server([endpoint], spec, "fresh").start()
+    spare = open_store_socket(0)
+    record = {"addr": "127.0.0.1", "rdzv_port": int(spare.getsockname()[1]), "name": "b",
+              "nproc": 1, "store_port": 0, "serves_endpoint": False, "claim": "b"}
+    Server([spare], replace(spec, run_id=job), "b",
+           Resume(1, ("a", "b"), {"a": record, "b": record}, frozenset({"a"}))).start()
+    return spec.endpoint_port, record["rdzv_port"]
+
+
+def test_a_fresh_server_at_the_endpoint_sends_its_nodes_to_the_job_that_ran_on() -> None:
+    endpoint, successor = _servers()
+    node = _hello(endpoint, "a2")
+    # sent on whether the probe came before its hello (then the answer) or after (then news)
+    moved = _until(node, "moved")["moved"]
+    assert (moved["addr"], moved["port"], moved["server"]) == ("127.0.0.1", successor, "b")
+    # a later node started with the original command is sent there at its hello
+    later = _hello(endpoint, "c")
+    assert _until(later, "moved")["moved"]["port"] == successor
+    # and the successor answers with the last round, so the node can follow it further
+    there = _hello(successor, "a2")
+    answer = _until(there, "ok")
+    assert (answer["members"], answer["server"]) == (["a", "b"], "b")
+    for lines in (node, later, there):
+        lines.close()
+
+
+def test_a_server_of_another_job_is_not_redirected() -> None:
+    endpoint, _successor = _servers(job="other")
+    node = _hello(endpoint, "a2")
+    assert _until(node, "ok")["round"] == -1
+    # the probe comes once per beat interval (1 s): two beats from the fresh server, no move
+    for _ in range(2):
+        _until(node, "beat")
+    node.send({"op": "beat"})
+    node.close()
