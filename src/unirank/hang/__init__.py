@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from unirank.exitcodes import HANG_TIMEOUT
 
-__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "HANG_VERDICT", "WAITING_MARK"]
+__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "HANG_VERDICT", "ON_HANG_ASKED", "WAITING_MARK"]
 
 #: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
 #: rank 0 writes every report with every rank's stacks, as text and JSON (kept after the run)
@@ -37,3 +37,8 @@ HANG_EXIT_CODE = HANG_TIMEOUT
 #: (``--hang-timeout``): ``{"never_entered": [ranks], "call": "all_reduce #12"}``, what the
 #: supervisor's ``--on-hang evict`` reads (:func:`unirank.hang.detect.verdict`)
 HANG_VERDICT = "hang-verdict.json"
+
+#: the file, in the attempt's folder, where the program's ranks write the ``on_hang=`` keyword
+#: of :func:`unirank.init`/``Parallel`` (one word, ``exit``, ``restart`` or ``evict``): what the
+#: supervisor does at that attempt's hang timeout (:func:`unirank.contract.on_hang_now`)
+ON_HANG_ASKED = "on-hang"
