@@ -33,9 +33,11 @@ WAITING_MARK = "ranks-waiting"
 #: the exit code of a job ended by ``--hang-timeout`` (every rank's; the blamed rank's first)
 HANG_EXIT_CODE = HANG_TIMEOUT
 
-#: the file, in the attempt's folder, where rank 0 writes the verdict of a hang that ends the job
-#: (``--hang-timeout``): ``{"never_entered": [ranks], "call": "all_reduce #12"}``, what the
-#: supervisor's ``--on-hang evict`` reads (:func:`unirank.hang.detect.verdict`)
+#: the file, in the attempt's folder, where the detector's rank (rank 0) writes the verdict of a
+#: hang that ends the job (``--hang-timeout``), and every rank again as it ends (the verdict
+#: travels in the :class:`~unirank.hang.ending.Ending`, so every node has it):
+#: ``{"never_entered": [ranks], "call": "all_reduce #12"}``, what the supervisor's
+#: ``--on-hang evict`` reads (:func:`unirank.hang.detect.verdict`)
 HANG_VERDICT = "hang-verdict.json"
 
 #: the file, in the attempt's folder, where the program's ranks write the ``on_hang=`` keyword
