@@ -70,10 +70,12 @@ class RestartReason:
         return None
 
     def describe(self) -> str:
-        """A few words: ``node lost: node2``, ``worker failed: rank 1 (exit code 3)``,
-        ``node evicted: rank 1 never entered all_reduce #12``."""
-        if self.kind == "node evicted" and self.message.startswith(self.kind):
-            return self.message
+        """A few words: ``node lost: node2``, ``worker failed: rank 1 (exit code 3)``, and the
+        :meth:`headline` of a change of nodes (``node evicted: rank 1 never entered
+        all_reduce #12``, ``store moved to node node1 (10.0.0.1)``)."""
+        head = self.headline()
+        if head is not None:
+            return head
         if self.rank is not None:
             code = f" (exit code {self.exit_code})" if self.exit_code is not None else ""
             where = f" on {self.node}" if self.node else ""

@@ -113,6 +113,19 @@ def test_a_node_told_of_an_eviction_while_its_workers_ran_says_it() -> None:
     assert (reason.kind, reason.headline()) == ("node evicted", why)
 
 
+def test_a_moved_rendezvous_is_the_reason_also_where_a_worker_lost_its_peers_first() -> None:
+    """The endpoint's node killed: gloo may fail a worker here before the news came; the
+    rendezvous's news that it moved still says what happened."""
+    failed = _exit(0, 1, "RuntimeError: Connection closed by peer", lost_peer=True)
+    moved = "store moved to node nodeB (10.0.0.2)"
+    reason = restart_reason(RunResult((failed,), first_failure=failed),
+                            _plan("nodeA", "nodeB"), _plan("nodeB"), "", moved)
+    assert (reason.kind, reason.headline(), reason.lost_nodes) == ("store moved", moved,
+                                                                   ("nodeA",))
+    assert restart_reason(RunResult((failed,), first_failure=failed), _plan("nodeA", "nodeB"),
+                          _plan("nodeB")).kind == "node lost"
+
+
 def test_headlines_of_node_changes_and_none_for_other_kinds() -> None:
     assert RestartReason("node lost", "node b (x) is lost", ("b",)).headline() == \
         "node lost: b"

@@ -198,7 +198,8 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
         noticed = helper.noticed_before(began)
         line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began,
                                       noticed)
-        return NextRound(plan_at(places[-1]), f"unirank run: {line}", noticed)
+        return NextRound(plan_at(places[-1]), f"unirank run: {line}", noticed,
+                         helper.moved())
 
     try:
         plan = plan_at(assignment)

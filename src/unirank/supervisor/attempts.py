@@ -272,17 +272,17 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             if not waits:  # else said once the next round took this node (not evicted)
                 os.write(err_fd, said)
             attempt += 1
-            before, verdict, news = plan, None, None
+            before, verdict, news, moved = plan, None, None, None
             if replan is not None:
                 # rank 0 wrote a verdict here at a hang timeout, before any rank ended: the
                 # attempt may still have ended as a world change (the stuck node asked for a
                 # new round first, its blamed rank being the first to exit)
                 verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
                 began = time.time()
-                plan, line, noticed = _next_plan(replan, attempt, sock, verdict)
+                plan, line, noticed, moved = _next_plan(replan, attempt, sock, verdict)
                 news = None if noticed is None else began - noticed
                 os.write(err_fd, (said if waits else b"") + line)
-            why = restart_reason(result, before, plan, evicted_why(verdict))
+            why = restart_reason(result, before, plan, evicted_why(verdict), moved)
             earlier.append(replace(result, nodes_changed=why.headline()))
             recovery = Recovery(why.headline() or why.describe(), attempt,
                                 news if news is not None else stopped, stopped,
@@ -319,9 +319,10 @@ def _read_verdict(attempt_dir: str) -> Mapping[str, Any] | None:
 
 def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], NextRound], attempt: int,
                sock: socket.socket | None, verdict: Mapping[str, Any] | None = None,
-               ) -> tuple[Plan, bytes, float | None]:
+               ) -> tuple[Plan, bytes, float | None, str | None]:
     """The plan of restart ``attempt``, its port the store socket's where rank 0 runs here;
-    the round's line to say; seconds from the news to the rendezvous (None: no news)."""
+    the round's line to say; seconds from the news to the rendezvous (None: no news); the
+    news that the rendezvous moved."""
     nxt = replan(attempt, verdict)
     plan = nxt.plan
     if plan.hosts_store:
@@ -330,7 +331,7 @@ def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], NextRound], att
                               hint="start the job again")
         plan = plan.with_port(int(sock.getsockname()[1]))
     line = (nxt.line + "\n").encode() if nxt.line else b""
-    return plan, line, nxt.noticed
+    return plan, line, nxt.noticed, nxt.moved
 
 
 def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:

@@ -46,6 +46,8 @@ class NextRound:
     #: seconds from the news of a change (a node lost, one waiting...) to the rendezvous's
     #: start; None where no news came (a worker failed)
     noticed: float | None = None
+    #: the news that the rendezvous moved meanwhile (``store moved to node ...``), else None
+    moved: str | None = None
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ def evicted_why(verdict: Mapping[str, Any] | None) -> str:
 
 
 def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = "",
-                   ) -> RestartReason:
+                   moved: str | None = None) -> RestartReason:
     """Why the attempt that gave ``result`` (run at ``before``) ended, the next one running at
     ``after``: the world changed (a node lost or joined: the nodes by name, from the two
     rounds' node lists; also where a worker here failed for its lost peers and nodes were gone
@@ -40,13 +40,17 @@ def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = 
     a worker failed (the root cause's rank, node and exit code). ``evicted``: why this node
     evicted nodes (:func:`evicted_why` of the hang verdict it read): where nodes left, that is
     the reason, whichever way the attempt ended (the evicted node's worker may have ended
-    first, or its node asked for a new round)."""
+    first, or its node asked for a new round). ``moved``: the news that the rendezvous moved
+    meanwhile (its node lost: ``store moved to node ...``), the reason where no eviction is
+    (also where a worker here failed first, on its lost peers)."""
     lost, joined = nodes_changed(before.hosts, after.hosts)
     first = result.first_failure
     if evicted and lost:
         return RestartReason("node evicted", evicted, lost, joined)
     if first is None and (result.world_changed or "").startswith("node evicted"):
         return RestartReason("node evicted", str(result.world_changed), lost, joined)
+    if moved and lost:
+        return RestartReason("store moved", moved, lost, joined)
     if lost and first is not None and first.lost_peer:
         # the workers here lost their peers on a node that is gone: that node is the cause
         return RestartReason("node lost", f"rank {first.rank} on {first.node} lost its peers "
