@@ -176,10 +176,11 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
                                                       stuck: str) -> None:
     """A rank asleep in user code before step 5 (its node beats on): at ``--hang-timeout``
     the node of the rank that never entered the collective is evicted (``--on-hang``'s
-    default in an elastic job with restarts left): its ``unirank run`` ends with one line,
-    the other restarts alone and finishes; also when the stuck rank is rank 0 on the node
-    that serves the rendezvous (the store moves)."""
-    job = Job(runner, tmp_path, 30, "1,2,0", "--hang-timeout", "5")
+    default in an elastic job with restarts left): its ``unirank run`` says one line, why it
+    ends, the other restarts alone and finishes, its summary, ``ur.elastic_state()`` and
+    ``--timeline`` saying the eviction; also when the stuck rank is rank 0 on the node that
+    serves the rendezvous (the store moves)."""
+    job = Job(runner, tmp_path, 30, "1,2,0", "--hang-timeout", "5", "--timeline")
     asleep = {"STUCK_AT": "5"}
     first, second = job.two_nodes(*((None, asleep) if stuck == "other" else (asleep, None)))
     evicted, survivor = (second, first) if stuck == "other" else (first, second)
@@ -199,6 +200,12 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
     assert f"  attempt 0: node evicted: rank {rank} never entered all_reduce #" in err, err
     assert f"state restart 1 of 3 (node evicted: rank {rank} never entered all_reduce #" \
         in out, out
+    # --timeline: the recovery's phases, on the node where rank 0 now runs (the survivor)
+    rows = err.split(f"unirank run: recovery before attempt 1 (node evicted: rank {rank} "
+                     "never entered all_reduce #")
+    assert len(rows) == 2, err
+    assert [line.split()[0] for line in rows[1].splitlines()[2:7]] == [
+        "news", "workers", "rendezvous", "workers", "first"], err
     assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
 
 
