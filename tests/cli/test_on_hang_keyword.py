@@ -9,6 +9,7 @@ Environment variables read: the caller's environment, from which launcher variab
 from __future__ import annotations
 
 import pytest
+
 from _procs import Runner
 
 pytestmark = pytest.mark.integration
