@@ -205,6 +205,7 @@ def test_parallel_and_launch_refuse_a_bad_on_hang_before_any_worker() -> None:
     with pytest.raises(ConfigError) as caught:
         ur.Parallel("gloo", nproc_per_node=2, on_hang="later")
     assert caught.value.variable == "on_hang"
+    ur.Parallel("gloo", nproc_per_node=2, on_hang="evict")  # in place, elastic: init decides
     with pytest.raises(ConfigError) as caught:  # spawned workers form a static world
         ur.launch(print, nproc_per_node=2, on_hang="evict")
     assert (caught.value.variable, caught.value.value) == ("on_hang", "evict")

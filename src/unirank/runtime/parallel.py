@@ -224,11 +224,12 @@ class Parallel:
         self._hang = (hang_report_after, hang_timeout)
         self._hang_settings = lifecycle.hang_settings(hang_report_after, hang_timeout,
                                                       os.environ)
-        #: ``on_hang=``, checked now (its error names the keyword); spawned workers form a
-        #: static world (no ``evict``), where it is the engine's ``--on-hang``
+        #: ``on_hang=``, its word checked now (its error names the keyword): in place it goes
+        #: to ``init`` (``evict`` in an elastic job only); spawned workers form a static world
+        #: (no ``evict``), where it is the engine's ``--on-hang``
         self._on_hang = on_hang
         if on_hang is not None:
-            resolve_on_hang(on_hang, {}, elastic=False, restarts=0, option="on_hang")
+            resolve_on_hang(on_hang, {}, elastic=True, restarts=0, option="on_hang")
         # pytorch-ignite's Parallel options (timeout, start_method, join, daemon)
         ignite = dict(spawn_kwargs)
         ignite_options.take_spawn_options(ignite)
@@ -283,6 +284,8 @@ class Parallel:
                            hang_report_after=self._hang[0], hang_timeout=self._hang[1],
                            on_hang=self._on_hang)
             self._finalize = True
+        elif in_place:
+            lifecycle.ask_on_hang(self._on_hang, os.environ)
         self._logger = ignite_logger(LOGGER_NAME)
         self._log_start(in_place)
         return self
@@ -347,13 +350,13 @@ class Parallel:
         from unirank.supervisor.attempts import EngineOptions, run_plan
         from unirank.supervisor.output import TAG_TEMPLATE, OutputOptions
 
+        on_hang = resolve_on_hang(self._on_hang, os.environ, elastic=False,
+                                  restarts=plan.max_restarts, option="on_hang")
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None),
-            hang=self._hang_settings, on_hang=resolve_on_hang(
-                self._on_hang, os.environ, elastic=False, restarts=plan.max_restarts,
-                option="on_hang"))
+            hang=self._hang_settings, on_hang=on_hang)
         server = None
         ran = False
         try:
