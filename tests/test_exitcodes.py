@@ -8,7 +8,7 @@ import re
 import signal
 from pathlib import Path
 
-from unirank import exitcodes, hang
+from unirank import exitcodes
 from unirank.exitcodes import (
     HANG_TIMEOUT,
     INTERRUPTED,
@@ -32,7 +32,6 @@ def test_the_codes_and_what_they_mean() -> None:
     assert set(MEANINGS) == {2, 79, 86, 130, 143}
     assert killed_by(signal.SIGINT) == INTERRUPTED and killed_by(signal.SIGTERM) == TERMINATED
     assert exit_code_of(-int(signal.SIGKILL)) == 137 and exit_code_of(79) == REQUEUE
-    assert hang.HANG_EXIT_CODE == HANG_TIMEOUT
 
 
 def test_no_module_writes_a_meaningful_code_out() -> None:

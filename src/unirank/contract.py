@@ -75,6 +75,7 @@ __all__ = [
     "TIMELINE_FILE_VAR",
     "TIMELINE_VAR",
     "TIMER_FILE_VAR",
+    "UNINTERRUPTIBLE_TIMEOUT_VAR",
     "USE_AGENT_STORE_VAR",
     "HangSettings",
     "format_seconds",
@@ -104,6 +105,9 @@ LOG_LINE_PREFIX_VAR = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
 ENABLE_FILE_TIMER_VAR = "TORCHELASTIC_ENABLE_FILE_TIMER"
 #: the watchdog's named pipe, given to the workers (torch's ``FileTimerClient`` writes to it)
 TIMER_FILE_VAR = "TORCHELASTIC_TIMER_FILE"
+#: seconds a worker may stay in uninterruptible sleep (D state) before the attempt ends, with no
+#: restart (:mod:`unirank.supervisor.dstate`; torchrun 2.13's agent)
+UNINTERRUPTIBLE_TIMEOUT_VAR = "TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT"
 
 # -- unirank's user-facing variables ----------------------------------------------------------
 INIT_TIMEOUT_VAR = "UNIRANK_INIT_TIMEOUT"

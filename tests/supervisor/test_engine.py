@@ -19,7 +19,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
-from unirank.supervisor.engine import DEFAULT_SIGNALS, Supervisor, WorkerLaunch
+from unirank.signals import FORWARDED
+from unirank.supervisor.engine import Supervisor, WorkerLaunch
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.summary import RunResult
 from unirank.supervisor.workerenv import WorkerWiring
@@ -155,7 +156,7 @@ def test_usr1_is_forwarded_without_stopping(tmp_path: Path) -> None:
     """USR1 named among the signals to forward (as ``--signals-to-handle`` or a job's warning
     exported in UNIRANK_STOP_SIGNALS does; the default set has it not). The Supervisor runs in
     this test's process, which the worker signals: without USR1 handled, USR1 would end it."""
-    signals = (*(int(s) for s in DEFAULT_SIGNALS), int(signal.SIGUSR1))
+    signals = (*(int(s) for s in FORWARDED),)
     result, console = _run([SENDS_USR1, READY_USR1], tmp_path, signals=signals)
     assert _codes(result) == {0: 0, 1: 0}, console
     assert result.stop_signal is None and result.first_failure is None

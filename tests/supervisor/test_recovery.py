@@ -18,7 +18,8 @@ import pytest
 from unirank.contract import ELASTIC_VAR, on_hang_now
 from unirank.elasticstate import RestartReason
 from unirank.errors import ConfigError
-from unirank.hang import HANG_EXIT_CODE, ON_HANG_ASKED
+from unirank.exitcodes import HANG_TIMEOUT
+from unirank.hang import ON_HANG_ASKED
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.recovery import Recovery, format_recovery, restart_line_waits
 from unirank.supervisor.restartreason import evicted_why, restart_reason
@@ -153,7 +154,7 @@ def test_the_summary_s_attempt_line_says_the_node_change_first() -> None:
 
 
 def test_a_hang_timeout_without_a_node_change_keeps_its_line() -> None:
-    hung = _exit(0, HANG_EXIT_CODE, "HangTimeoutError: no progress")
+    hung = _exit(0, HANG_TIMEOUT, "HangTimeoutError: no progress")
     text = format_summary(RunResult((_exit(0, 0),), attempts=(
         RunResult((hung,), first_failure=hung),)))
     assert "  attempt 0: rank 0 (local rank 0) on node nodeA: " in text

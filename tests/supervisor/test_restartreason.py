@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from unirank.hang import HANG_EXIT_CODE
+from unirank.exitcodes import HANG_TIMEOUT
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.restartreason import restart_reason
 from unirank.supervisor.summary import RunResult, WorkerExit
@@ -54,9 +54,9 @@ def test_a_failed_worker_gives_its_rank_node_and_exit_code() -> None:
 
 
 def test_the_hang_timeout_s_exit_code_is_a_hang_timeout() -> None:
-    hung = _exit(0, HANG_EXIT_CODE)
+    hung = _exit(0, HANG_TIMEOUT)
     reason = restart_reason(RunResult((hung,), first_failure=hung), _plan("a"), _plan("a"))
-    assert (reason.kind, reason.rank, reason.exit_code) == ("hang timeout", 0, HANG_EXIT_CODE)
+    assert (reason.kind, reason.rank, reason.exit_code) == ("hang timeout", 0, HANG_TIMEOUT)
 
 
 def test_workers_that_lost_their_peers_on_a_node_now_gone_blame_that_node() -> None:
@@ -120,7 +120,7 @@ def test_lost_peer_is_read_once_from_the_whole_recorded_error(tmp_path: Path) ->
 
 
 def test_the_hang_timeout_with_a_node_gone_after_is_that_node_evicted() -> None:
-    hung = _exit(0, HANG_EXIT_CODE, "HangTimeoutError: rank 2 (nodeB) has not entered it")
+    hung = _exit(0, HANG_TIMEOUT, "HangTimeoutError: rank 2 (nodeB) has not entered it")
     reason = restart_reason(RunResult((hung,), first_failure=hung), _plan("nodeA", "nodeB"),
                             _plan("nodeA"))
     assert (reason.kind, reason.lost_nodes) == ("node evicted", ("nodeB",))

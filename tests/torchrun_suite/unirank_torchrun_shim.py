@@ -1,15 +1,20 @@
 """Points torch's launcher at ``unirank run`` for torch's own launcher tests (a pytest plugin:
 ``-p unirank_torchrun_shim``).
 
-At pytest's start, :func:`main` replaces ``torch.distributed.run.main``: the tests call
-``launch.main(args)`` (``import torch.distributed.run as launch``), in the test process or in a
-``multiprocessing`` child forked from it, and get ``python -m unirank run ARGS`` instead, in a
+At pytest's start, :func:`main` replaces ``torch.distributed.run.main`` and :func:`launch_main`
+replaces ``torch.distributed.launch.main``: the tests call ``launch.main(args)`` (``import
+torch.distributed.run as launch`` or ``import torch.distributed.launch as launch``), in the test
+process or in a ``multiprocessing`` child forked from it, and get ``python -m unirank run ARGS``
+instead, in a
 subprocess with the test process's environment as it is at the call (the ``PET_*`` variables
 and ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` the tests set). What it writes is passed on to
 ``sys.stdout``/``sys.stderr`` (which the tests may have redirected). Its end is told as
 torchrun's ``main`` tells it: nothing on success; ``ValueError`` for a refused command line
 (``unirank run: error: ...``, torchrun's ValueError or argparse exit); ``ChildFailedError``
-when workers failed.
+when workers failed. ``torch.distributed.launch``'s own option ``--use-env`` (torchrun's way,
+the local rank in ``LOCAL_RANK``) is dropped; without it, that deprecated launcher passes
+``--local-rank=N`` to the script, which ``unirank run`` (torchrun's replacement) does not: the shim
+refuses such a command line with a ``ValueError`` naming it.
 
 Tests that mock torchrun's agent, call its helpers or patch fake GPUs into the test process
 cannot reach ``unirank run``; tests/runtime/test_torchrun_suite.py lists them with the reason.
@@ -53,11 +58,26 @@ def main(args: Sequence[str] | None = None) -> None:
     raise ChildFailedError(name="unirank run", failures={0: failure})
 
 
+#: torch.distributed.launch's option (both spellings) that torchrun's behaviour is the default of
+USE_ENV = ("--use-env", "--use_env")
+
+
+def launch_main(args: Sequence[str] | None = None) -> None:
+    """``unirank run ARGS`` in place of ``torch.distributed.launch.main(ARGS)``."""
+    argv = list(sys.argv[1:] if args is None else args)
+    if not any(a in USE_ENV for a in argv):
+        raise ValueError("torch.distributed.launch without --use-env passes --local-rank=N to "
+                         "the script; unirank run, as torchrun, gives it in LOCAL_RANK only")
+    main([a for a in argv if a not in USE_ENV])
+
+
 def pytest_configure(config: object) -> None:
-    """Install the shim before the test modules import ``torch.distributed.run``'s main."""
+    """Install the shim before the test modules import the launchers' ``main``."""
+    import torch.distributed.launch
     import torch.distributed.run
 
     torch.distributed.run.main = main  # type: ignore[assignment]
+    torch.distributed.launch.main = launch_main  # type: ignore[assignment]
 
 
 def pytest_report_header(config: object) -> str:

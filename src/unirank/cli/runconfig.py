@@ -268,7 +268,7 @@ def engine_options(args: argparse.Namespace,
 
     Reads: PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE,
     UNIRANK_STOP_SIGNALS, UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
-    UNIRANK_HANG_INTERVAL.
+    UNIRANK_HANG_INTERVAL, TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT.
     """
     environ = environ or {}
     settle(args, environ)
@@ -281,6 +281,7 @@ def engine_options(args: argparse.Namespace,
 def _engine_options(args: argparse.Namespace, environ: Mapping[str, str]) -> EngineOptions:
     from unirank.contract import LOG_LINE_PREFIX_VAR, resolve_hang
     from unirank.supervisor.attempts import EngineOptions
+    from unirank.supervisor.dstate import dstate_timeout
     from unirank.supervisor.output import (
         TAG_TEMPLATE,
         OutputOptions,
@@ -308,7 +309,8 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Eng
                          timeline=bool(args.timeline or args.timeline_json),
                          timeline_json=args.timeline_json or None, hang=hang,
                          numa_binding=_numa_binding(args.numa_binding),
-                         on_hang=_on_hang(args, environ), elastic=_elastic(args, environ))
+                         on_hang=_on_hang(args, environ), elastic=_elastic(args, environ),
+                         dstate_timeout=dstate_timeout(environ))
 
 
 def _elastic(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:

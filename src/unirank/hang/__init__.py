@@ -9,7 +9,8 @@
 * :mod:`.watcher`: the thin thread each rank runs (``unirank-hang-watch``) that publishes its
   record (:mod:`.recorder`, :mod:`.exchange`), answers stack requests (its DataLoader
   workers' too: :mod:`.children`), and on rank 0 runs :mod:`.detector`; :mod:`.ending` says
-  how ``--hang-timeout`` ends the job (with :data:`HANG_EXIT_CODE`, the blamed rank first);
+  how ``--hang-timeout`` ends the job (with :data:`unirank.exitcodes.HANG_TIMEOUT`, the
+  blamed rank first);
   :mod:`.failure` makes the report when a collective fails.
 
 Reads no environment variable (the settings come as :class:`unirank.contract.HangSettings`).
@@ -17,9 +18,7 @@ Reads no environment variable (the settings come as :class:`unirank.contract.Han
 
 from __future__ import annotations
 
-from unirank.exitcodes import HANG_TIMEOUT
-
-__all__ = ["HANG_EXIT_CODE", "HANG_FOLDER", "HANG_VERDICT", "ON_HANG_ASKED", "WAITING_MARK"]
+__all__ = ["HANG_FOLDER", "HANG_VERDICT", "ON_HANG_ASKED", "WAITING_MARK"]
 
 #: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
 #: rank 0 writes every report with every rank's stacks, as text and JSON (kept after the run)
@@ -29,9 +28,6 @@ HANG_FOLDER = "hang"
 #: collective for one interval or more that another has not entered: the supervisor asks for the
 #: report at a stop signal only then, so that a plain Ctrl-C is forwarded at once
 WAITING_MARK = "ranks-waiting"
-
-#: the exit code of a job ended by ``--hang-timeout`` (every rank's; the blamed rank's first)
-HANG_EXIT_CODE = HANG_TIMEOUT
 
 #: the file, in the attempt's folder, where the detector's rank (rank 0) writes the verdict of a
 #: hang that ends the job (``--hang-timeout``), and every rank again as it ends (the verdict

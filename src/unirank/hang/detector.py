@@ -16,7 +16,8 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from unirank.contract import HangSettings
-from unirank.hang import HANG_EXIT_CODE, HANG_FOLDER, WAITING_MARK
+from unirank.exitcodes import HANG_TIMEOUT
+from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.hang.detect import Hang, blamed, find_hangs, verdict
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import read_records, request_stacks
@@ -90,7 +91,7 @@ class Detector:
             nodes.update({r: n for r, n in hang.nodes.items() if n})
         files = self._dump_files(decision.number)
         limit = self.watcher.settings.timeout
-        last = (f"ending the job (--hang-timeout {limit:g} s, exit code {HANG_EXIT_CODE})"
+        last = (f"ending the job (--hang-timeout {limit:g} s, exit code {HANG_TIMEOUT})"
                 if decision.ending else "")
         if decision.full:
             self.first_stacks = stacks

@@ -1,5 +1,5 @@
 """How ``--hang-timeout`` ends the job: every rank records why and exits with
-:data:`unirank.hang.HANG_EXIT_CODE`, the blamed rank first.
+:data:`unirank.exitcodes.HANG_TIMEOUT`, the blamed rank first.
 
 The supervisor blames the rank whose error record is the earliest (torchrun's root cause), so
 the order of the records is the blame. The rank that runs the detector (rank 0, or a standby)

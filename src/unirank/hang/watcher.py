@@ -10,7 +10,7 @@ runs in a signal handler). On rank 0 (or a standby while rank 0 is silent:
 :mod:`unirank.hang.standby`) it also runs :class:`unirank.hang.detector.Detector`. When the
 detector's rank ends the job (``--hang-timeout``), every rank's thread records why, in the
 order :mod:`unirank.hang.ending` says, and ends its process with
-:data:`unirank.hang.HANG_EXIT_CODE`.
+:data:`unirank.exitcodes.HANG_TIMEOUT`.
 
 Where asked (``measure_waits``: a worker of ``unirank run``, whose rank 0 gathers it), it
 looks at the groups' status every 50 ms between two records, to measure the rank's time in
@@ -40,7 +40,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
-from unirank.hang import HANG_EXIT_CODE, HANG_VERDICT
+from unirank.exitcodes import HANG_TIMEOUT
+from unirank.hang import HANG_VERDICT
 from unirank.hang.children import arm as arm_children
 from unirank.hang.children import child_stacks
 from unirank.hang.detector import Detector
@@ -369,11 +370,11 @@ class Watcher:
 
         if self.error_file:  # the first record wins: a second call changes nothing
             record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self.error_file},
-                             exit_code=HANG_EXIT_CODE)
+                             exit_code=HANG_TIMEOUT)
 
     def _end(self, store: Any, ending: Ending) -> None:
         """Every rank's part of the ending (:func:`~unirank.hang.ending.end_in_turn`), then
-        this process ends with :data:`~unirank.hang.HANG_EXIT_CODE`."""
+        this process ends with :data:`~unirank.exitcodes.HANG_TIMEOUT`."""
         linger = 2 * self.settings.interval + 3
         with contextlib.suppress(Exception):
             linger = end_in_turn(store, self.rank, self.world_size, self.settings.interval,
@@ -383,7 +384,7 @@ class Watcher:
         withdraw(self._job_file)
         if linger:
             self._stop.wait(linger)
-        os._exit(HANG_EXIT_CODE)
+        os._exit(HANG_TIMEOUT)
 
 
 def excepthook_with_report(hook: Callable[..., Any]) -> Callable[..., Any]:

@@ -46,8 +46,9 @@ from typing import Any
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, on_hang_now, resolve_hang
 from unirank.errors import ConfigError
+from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
-from unirank.hang import HANG_EXIT_CODE, HANG_VERDICT, ON_HANG_ASKED
+from unirank.hang import HANG_VERDICT, ON_HANG_ASKED
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, make_run_folder
@@ -92,6 +93,9 @@ class EngineOptions:
     #: ``--on-hang``: exit, restart or evict once ``--hang-timeout`` ended the workers (the
     #: program's ``on_hang=`` keyword wins: :func:`unirank.contract.on_hang_now`)
     on_hang: str = "restart"
+    #: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: seconds a worker may stay in D state (0: no
+    #: check; :mod:`.dstate`)
+    dstate_timeout: float = 0.0
     #: an elastic job (a range of the dynamic rendezvous): its workers get UNIRANK_ELASTIC
     elastic: bool = False
 
@@ -257,6 +261,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
                 server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
+                dstate_timeout=options.dstate_timeout,
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
             stopped = time.time()
@@ -297,7 +302,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
 def _hang_timeout(result: RunResult) -> bool:
     """Whether ``--hang-timeout`` ended the attempt (its root cause exited with 86)."""
     first = result.first_failure
-    return first is not None and first.own_exit_code == HANG_EXIT_CODE
+    return first is not None and first.own_exit_code == HANG_TIMEOUT
 
 
 def _read_text(attempt_dir: str, name: str) -> str | None:
@@ -335,10 +340,11 @@ def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], NextRound], att
 
 
 def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:
-    """Whether the run ends with this attempt: it succeeded, a signal stopped it, no restart
-    is left, or it stopped to be requeued under Slurm (the batch script requeues the job)."""
+    """Whether the run ends with this attempt: it succeeded, a signal stopped it, a worker
+    stuck in D state did (:mod:`.dstate`), no restart is left, or it stopped to be requeued
+    under Slurm (the batch script requeues the job)."""
     return bool(result.exit_code == 0 or result.stop_signal is not None
-                or attempt >= plan.max_restarts
+                or result.stuck is not None or attempt >= plan.max_restarts
                 or (result.requeued and slurm_vars.in_job(environ)))
 
 

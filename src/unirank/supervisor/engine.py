@@ -10,8 +10,9 @@ worker stops its children too.
 
 The decisions are pure functions elsewhere; this loop carries them out:
 
-* what a stop signal, a failed worker, a change of the world, a second signal and the end of
-  the grace period lead to: :mod:`.stoppolicy` (signals to forward, by default SIGINT, SIGTERM,
+* what a stop signal, a failed worker, a change of the world, a worker stuck in D state
+  (:mod:`.dstate`'s thread says so), a second signal and the end of the grace period lead to:
+  :mod:`.stoppolicy` (signals to forward, by default SIGINT, SIGTERM,
   SIGUSR1, SIGUSR2; the grace period; Slurm's SIGTERM; the hang report at a stop, which the
   node of rank 0 asks :mod:`.stopreport` for);
 * which worker is the root cause, whose exit code is the run's: :mod:`.rootcause` (the one
@@ -48,9 +49,10 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
-from unirank.signals import FORWARDED as DEFAULT_SIGNALS
+from unirank.signals import FORWARDED
 from unirank.supervisor import stoppolicy
 from unirank.supervisor.deathcause import oom_verdict
+from unirank.supervisor.dstate import DStateWatch
 from unirank.supervisor.fork.client import ForkServer
 from unirank.supervisor.rootcause import root_cause
 from unirank.supervisor.spawn import exit_code, send, start_worker
@@ -66,11 +68,11 @@ if TYPE_CHECKING:
 
     _Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
-__all__ = ["DEFAULT_SIGNALS", "Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
+__all__ = ["Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
 
-#: the selector's marks for the fork server's socket, the world watch (:class:`WorldWatch`)
-#: and the stop's hang report (:class:`~.stopreport.StopReport`)
-_SERVER, _WATCH, _REPORT = object(), object(), object()
+#: the selector's marks for the fork server's socket, the world watch (:class:`WorldWatch`),
+#: the stop's hang report (:class:`~.stopreport.StopReport`) and the D-state watch
+_SERVER, _WATCH, _REPORT, _DSTATE = object(), object(), object(), object()
 #: how long to wait for workers to vanish after SIGKILL before giving up on them
 KILL_WAIT = 30.0
 
@@ -88,7 +90,7 @@ class Supervisor:
         *,
         node_name: str,
         grace_period: float = DEFAULT_GRACE_PERIOD,
-        signals: Sequence[int] = DEFAULT_SIGNALS,
+        signals: Sequence[int] = FORWARDED,
         out_fd: int = 1,
         err_fd: int = 2,
         prog: str = "unirank run",
@@ -97,8 +99,12 @@ class Supervisor:
         slurm_kills: bool = False,
         watch: WorldWatch | None = None,
         stop_report: StopReportSpec | None = None,
+        dstate_timeout: float = 0.0,
     ) -> None:
         self._launches = list(launches)
+        #: seconds a worker may stay in D state (0: no watch), and the watch once started
+        self._dstate_timeout = dstate_timeout
+        self._dstate: DStateWatch | None = None
         #: where to ask for the hang report at the first stop signal (None: not here)
         self._report_spec = stop_report
         #: the report being made
@@ -147,9 +153,12 @@ class Supervisor:
             if self._watch is not None:
                 self._selector.register(self._watch.fileno(), selectors.EVENT_READ, _WATCH)
             self._start_all()
+            self._watch_dstate()
             self._loop(wake_r)
             self._output.drain()
         finally:
+            if self._dstate is not None:
+                self._dstate.close()
             signal.set_wakeup_fd(old_wakeup)
             for signum, handler in old_handlers.items():
                 signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
@@ -183,6 +192,14 @@ class Supervisor:
             os.close(self._linger)
             self._linger = None
 
+    def _watch_dstate(self) -> None:
+        if self._dstate_timeout > 0:
+            names = {w.pid: f"rank {w.launch.rank} (local rank {w.launch.local_rank})"
+                     for w in self._workers}
+            self._dstate = DStateWatch(self._dstate_timeout, names,
+                                       lambda: [w.pid for w in self._alive()])
+            self._selector.register(self._dstate.fileno(), selectors.EVENT_READ, _DSTATE)
+
     # -- the loop -----------------------------------------------------------------------------
 
     def _alive(self) -> list[StartedWorker]:
@@ -211,6 +228,8 @@ class Supervisor:
                     self._on_server()
                 elif key.data is _WATCH:
                     self._on_world_change()
+                elif key.data is _DSTATE:
+                    self._on_dstate()
                 elif key.data is _REPORT:
                     if self._report is not None and self._report.read():
                         self._end_report()
@@ -277,6 +296,13 @@ class Supervisor:
         self._selector.unregister(self._watch.fileno())
         self._apply(stoppolicy.on_world_change(self._state, change, alive=bool(self._alive()),
                                                rules=self._rules, now=time.monotonic()))
+
+    def _on_dstate(self) -> None:
+        """Workers stayed in D state past the timeout: stop them all (no restart follows)."""
+        assert self._dstate is not None
+        self._selector.unregister(self._dstate.fileno())
+        self._apply(stoppolicy.on_stuck(self._state, self._dstate.stuck() or "",
+                                        rules=self._rules, now=time.monotonic()))
 
     def _on_wakeup(self, wake_r: int) -> None:
         try:
@@ -397,4 +423,4 @@ class Supervisor:
             remove_if_empty(worker.launch.fault_file)
         return RunResult(exits=exits, first_failure=None if blamed is None else exits[blamed],
                          stop_signal=self._state.stop_signal, unreaped=self._unreaped,
-                         world_changed=self._state.world_changed)
+                         world_changed=self._state.world_changed, stuck=self._state.stuck)

@@ -11,11 +11,12 @@ start). The child goes on as ``unirank run`` (the supervisor, with the normal si
 process that is not PID 1), in a process group of its own that is the terminal's foreground
 group when there is a terminal, so that a terminal's Ctrl-C reaches it once. PID 1 stays
 behind as an init, like ``docker run --init`` (tini): it forwards every signal in
-:data:`FORWARDED` to the child (Kubernetes' SIGTERM at a pod's stop: the supervisor forwards it
-to the ranks, which save within the grace period, ``ur.stop_requested()``), reaps every process
-that ends in the namespace (:func:`classify` tells the supervisor's end from an orphan's), and
-exits with the supervisor's exit code (:func:`exit_code`: 128 + N for a death by signal N) as
-soon as the supervisor has ended; the kernel then kills whatever is left in the namespace.
+:data:`unirank.signals.PID1_PASSED` to the child (Kubernetes' SIGTERM at a pod's stop: the
+supervisor forwards it to the ranks, which save within the grace period,
+``ur.stop_requested()``), reaps every process that ends in the namespace (:func:`classify` tells
+the supervisor's end from an orphan's), and exits with the supervisor's exit code
+(:func:`exit_code`: 128 + N for a death by signal N) as soon as the supervisor has ended; the
+kernel then kills whatever is left in the namespace.
 
 The decisions (:func:`is_init`, :func:`exit_code`, :func:`forward`, :func:`classify`) are pure;
 :func:`stand_in_for_init` and :func:`_serve` are the thin loop. The signal handler does nothing:
@@ -38,10 +39,7 @@ from types import FrameType
 from unirank.exitcodes import killed_by
 from unirank.signals import PID1_PASSED
 
-__all__ = ["FORWARDED", "classify", "exit_code", "forward", "is_init", "stand_in_for_init"]
-
-#: the signals the init passes on to ``unirank run`` (one home: :mod:`unirank.signals`)
-FORWARDED = PID1_PASSED
+__all__ = ["classify", "exit_code", "forward", "is_init", "stand_in_for_init"]
 
 
 def is_init(pid: int) -> bool:
@@ -58,7 +56,7 @@ def exit_code(status: int) -> int:
 
 def forward(signals: Iterable[int]) -> list[int]:
     """Of the signals that arrived (in order), the ones to pass on to the supervisor."""
-    wanted = {int(s) for s in FORWARDED}
+    wanted = {int(s) for s in PID1_PASSED}
     return [s for s in signals if s in wanted]
 
 
@@ -140,7 +138,7 @@ def stand_in_for_init(pid: int | None = None) -> None:
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     # handlers first, so that no signal is lost between the fork and the loop
-    watched = (*FORWARDED, signal.SIGCHLD)
+    watched = (*PID1_PASSED, signal.SIGCHLD)
     old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     old = {sig: signal.signal(sig, _noop) for sig in watched}
     child = os.fork()

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from unirank.elasticstate import RestartReason, nodes_changed
-from unirank.exitcodes import HANG_TIMEOUT as HANG_EXIT_CODE
+from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.summary import RunResult
@@ -67,7 +67,7 @@ def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = 
         return RestartReason("unknown", f"the attempt ended with exit code {result.exit_code}",
                              lost, joined)
     code = first.own_exit_code
-    kind = "hang timeout" if code == HANG_EXIT_CODE else "worker failed"
+    kind = "hang timeout" if code == HANG_TIMEOUT else "worker failed"
     if kind == "hang timeout" and lost:  # --on-hang evict: the stuck ranks' nodes were left out
         return RestartReason("node evicted", f"node evicted: {', '.join(lost)} ({first.error})",
                              lost, joined, rank=first.rank, exit_code=code, node=first.node)

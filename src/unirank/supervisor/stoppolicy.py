@@ -21,7 +21,9 @@ for the hang report. The rules:
   change of the world) is the first failure: the others get SIGTERM and the grace period (no
   line when its own failure record is a configuration error, whose one line says it all).
 * A change of the world (the dynamic rendezvous: a node lost, one waiting to join) while no
-  worker failed and no stop signal came stops the workers the same way.
+  worker failed and no stop signal came stops the workers the same way, and so does a worker
+  stuck in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (:mod:`.dstate`; the
+  attempt is then the last).
 * At the end of the grace period every worker left gets SIGKILL, and the engine waits
   ``kill_wait`` seconds more for them to vanish; then it gives up on the ones left.
 
@@ -76,6 +78,8 @@ class StopState:
     failed: bool = False
     #: the change of the world that stopped the workers (None: none did)
     world_changed: str | None = None
+    #: the line naming the workers stuck in D state that stopped the others (None: none did)
+    stuck: str | None = None
     #: the stop signal that waits for the hang report (None: no report being made)
     reporting: int | None = None
     #: the hang report was asked for (it is asked for once per run at most)
@@ -118,7 +122,7 @@ def is_first_failure(state: StopState, returncode: int) -> bool:
     """Whether a worker that ended with ``returncode`` is the first failure: it failed, and no
     worker failed before it, no stop signal came and the world did not change."""
     return (is_failure(returncode) and not state.failed and state.stop_signal is None
-            and state.world_changed is None)
+            and state.world_changed is None and state.stuck is None)
 
 
 def _grace(state: StopState, rules: StopRules, now: float) -> StopState:
@@ -202,6 +206,16 @@ def on_world_change(state: StopState, change: str, *, alive: bool, rules: StopRu
         return Action(state)
     return Action(_grace(replace(state, world_changed=change), rules, now), stop=signal.SIGTERM,
                   say=f"{change}; stopping the workers: SIGTERM now, SIGKILL after "
+                      f"{rules.grace_period:g} s")
+
+
+def on_stuck(state: StopState, line: str, *, rules: StopRules, now: float) -> Action:
+    """Workers stayed in D state past the timeout (``line`` names them): stop every worker,
+    unless they are being stopped already."""
+    if state.failed or state.stop_signal is not None or state.world_changed is not None:
+        return Action(state)
+    return Action(_grace(replace(state, stuck=line), rules, now), stop=signal.SIGTERM,
+                  say=f"{line}; stopping the workers: SIGTERM now, SIGKILL after "
                       f"{rules.grace_period:g} s")
 
 

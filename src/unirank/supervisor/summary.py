@@ -209,6 +209,9 @@ class RunResult:
     #: why the supervisor stopped the workers when the world changed (a node of the dynamic
     #: rendezvous lost, or one waiting to join), as the rendezvous said it
     world_changed: str | None = None
+    #: the line naming the workers stuck in D state past the timeout, who ended the run
+    #: (:mod:`unirank.supervisor.dstate`)
+    stuck: str | None = None
     #: an earlier attempt's: how the job's nodes changed after it (``node lost: node2``,
     #: ``node evicted: rank 1 never entered all_reduce #12``, ``store moved to node ...``:
     #: :meth:`unirank.elasticstate.RestartReason.headline`), said first in its summary line
@@ -230,6 +233,8 @@ class RunResult:
         must not count the pod as done, and torchrun exits non-zero too); else 0."""
         if self.first_failure is not None:
             return self.first_failure.own_exit_code
+        if self.stuck is not None:
+            return 1
         if self.unreaped or (self.world_changed and any(w.failed for w in self.exits)):
             return 1
         if self.requeued:
@@ -328,8 +333,9 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
             f"{prog}: stopped by {signal_name(result.stop_signal)} "
             f"(exit code {result.exit_code}), forwarded to the workers"
         )
-    elif result.world_changed:
-        out.append(f"{prog}: FAILED (exit code {result.exit_code}): {result.world_changed}")
+    elif result.world_changed or result.stuck:
+        out.append(f"{prog}: FAILED (exit code {result.exit_code}): "
+                   f"{result.world_changed or result.stuck}")
     else:
         out.append(f"{prog}: FAILED (exit code {result.exit_code})")
     others = [w for w in result.exits if first is None or w.rank != first.rank]
