@@ -279,9 +279,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             attempt += 1
             before, verdict, news, moved = plan, None, None, None
             if replan is not None:
-                # rank 0 wrote a verdict here at a hang timeout, before any rank ended: the
-                # attempt may still have ended as a world change (the stuck node asked for a
-                # new round first, its blamed rank being the first to exit)
+                # every rank writes the hang's verdict here (it may still have ended as a world
+                # change: the stuck node asked for a new round first)
                 verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
                 began = time.time()
                 plan, line, noticed, moved = _next_plan(replan, attempt, sock, verdict)
