@@ -17,7 +17,8 @@ UNIRANK_HANG_TIMEOUT and UNIRANK_HANG_INTERVAL (:func:`resolve_hang`).
 and gives every worker UNIRANK_NODE_NAME, its node's name (kept for the program, so that the
 worker's own detection names the node as its supervisor did), and the workers of a restarted
 attempt UNIRANK_RESTART_REASON (why the attempt before ended, for :func:`unirank.elastic_state`;
-kept for the program). The bootstrap's private variables
+kept for the program), and in an elastic job UNIRANK_ELASTIC (kept: :func:`unirank.init`'s
+``on_hang=`` reads it). The bootstrap's private variables
 (:data:`PRIVATE_VARIABLES`) are removed before the user's program starts. Every ``UNIRANK_*``
 name is defined here and nowhere else.
 """
@@ -37,6 +38,7 @@ __all__ = [
     "DEFAULT_INIT_TIMEOUT",
     "DEFAULT_MAX_REQUEUES",
     "DONE_FD_VAR",
+    "ELASTIC_VAR",
     "ENABLE_FILE_TIMER_VAR",
     "ERROR_FILE_VAR",
     "EXIT_TIMEOUT_VAR",
@@ -77,6 +79,7 @@ __all__ = [
     "USE_AGENT_STORE_VAR",
     "HangSettings",
     "format_seconds",
+    "on_hang_now",
     "parse_seconds",
     "resolve_hang",
     "resolve_init_timeout",
@@ -140,6 +143,10 @@ HANG_TIMEOUT_VAR = "UNIRANK_HANG_TIMEOUT"
 #: the ranks that never entered the collective are stopped and left out; an elastic job only)
 ON_HANG_VAR = "UNIRANK_ON_HANG"
 ON_HANG_CHOICES = ("exit", "restart", "evict")
+#: ``1`` in a worker of an elastic job (``--nnodes MIN:MAX`` of the dynamic rendezvous): the
+#: ``on_hang="evict"`` keyword of :func:`unirank.init` is allowed there (kept in the program's
+#: environment, as the keyword is read there)
+ELASTIC_VAR = "UNIRANK_ELASTIC"
 #: seconds between two progress records of a rank (default: a quarter of the report delay,
 #: 0.25 to 5 s)
 HANG_INTERVAL_VAR = "UNIRANK_HANG_INTERVAL"
@@ -315,3 +322,12 @@ def resolve_on_hang(given: str | None, environ: Mapping[str, str], *, elastic: b
                           value=text, hint="use --nnodes MIN:MAX with --rdzv-backend c10d, or "
                           "--on-hang restart|exit")
     return choice
+
+
+def on_hang_now(configured: str, asked: str | None) -> str:
+    """What the supervisor does at an attempt's hang timeout: the program's ``on_hang=`` keyword
+    (``asked``: what its ranks wrote in the attempt's folder, checked by
+    :func:`resolve_on_hang` where it was given) wins over ``--on-hang``/UNIRANK_ON_HANG and
+    their default (``configured``); anything else there is ignored."""
+    choice = (asked or "").strip().lower()
+    return choice if choice in ON_HANG_CHOICES else configured

@@ -59,8 +59,23 @@ class RestartReason:
     exit_code: int | None = None
     node: str | None = None
 
+    def headline(self) -> str | None:
+        """The words of a change of the job's nodes, as the failure summary and the restart's
+        timeline say them: ``node lost: node2``, ``node evicted: rank 1 never entered
+        all_reduce #12``, ``store moved to node node1 (10.0.0.1)``; None for other kinds."""
+        if self.kind in ("node evicted", "store moved") and self.message.startswith(self.kind):
+            return self.message
+        if self.kind in ("node lost", "node evicted", "store moved") and self.lost_nodes:
+            return f"{self.kind}: {', '.join(self.lost_nodes)}"
+        return None
+
     def describe(self) -> str:
-        """A few words: ``node lost: node2``, ``worker failed: rank 1 (exit code 3)``."""
+        """A few words: ``node lost: node2``, ``worker failed: rank 1 (exit code 3)``, and the
+        :meth:`headline` of a change of nodes (``node evicted: rank 1 never entered
+        all_reduce #12``, ``store moved to node node1 (10.0.0.1)``)."""
+        head = self.headline()
+        if head is not None:
+            return head
         if self.rank is not None:
             code = f" (exit code {self.exit_code})" if self.exit_code is not None else ""
             where = f" on {self.node}" if self.node else ""

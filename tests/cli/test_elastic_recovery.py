@@ -40,6 +40,9 @@ steps, fifo, when = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+if restart != "0":
+    import unirank as ur
+    print(f"state {ur.elastic_state().describe()}", flush=True)
 for step in range(steps):
     if os.environ.get("STUCK_AT") == str(step):
         time.sleep(1e9)  # alive, beating, never entering the next collective
@@ -138,6 +141,8 @@ def test_the_endpoint_s_node_killed_the_other_goes_on_alone(runner: Runner,
     assert second.returncode == 0, err
     assert "unirank run: store moved to node " in err, err
     assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert "  attempt 0: store moved to node " in err, err  # the summary
+    assert "state restart 1 of 3 (store moved to node " in out, out  # ur.elastic_state()
     assert _worlds(out, 1) == {"1"}, out
     assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
 
@@ -158,6 +163,8 @@ def test_a_killed_node_started_again_brings_the_world_back(runner: Runner,
     # its workers may fail on their lost peer before the news: either way, B left
     assert "rendezvous round 1: node rank 0 of 1, 1 workers in all (left: " in err_a, err_a
     assert "1 node(s) wait to join" in err_a, err_a
+    assert "state restart 1 of 3 (node lost: " in out_a, out_a
+    assert "  attempt 0: node lost: " in err_a, err_a
     assert _worlds(out_a, 1) == {"1"}, out_a
     assert _worlds(out_a, 2) == {"2"}, out_a
     assert {line.split(" world ")[1].split()[0] for line in out_b.splitlines()
@@ -169,10 +176,11 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
                                                       stuck: str) -> None:
     """A rank asleep in user code before step 5 (its node beats on): at ``--hang-timeout``
     the node of the rank that never entered the collective is evicted (``--on-hang``'s
-    default in an elastic job with restarts left): its ``unirank run`` ends with one line,
-    the other restarts alone and finishes; also when the stuck rank is rank 0 on the node
-    that serves the rendezvous (the store moves)."""
-    job = Job(runner, tmp_path, 30, "1,2,0", "--hang-timeout", "5")
+    default in an elastic job with restarts left): its ``unirank run`` says one line, why it
+    ends, the other restarts alone and finishes, its summary, ``ur.elastic_state()`` and
+    ``--timeline`` saying the eviction; also when the stuck rank is rank 0 on the node that
+    serves the rendezvous (the store moves)."""
+    job = Job(runner, tmp_path, 30, "1,2,0", "--hang-timeout", "5", "--timeline")
     asleep = {"STUCK_AT": "5"}
     first, second = job.two_nodes(*((None, asleep) if stuck == "other" else (asleep, None)))
     evicted, survivor = (second, first) if stuck == "other" else (first, second)
@@ -182,10 +190,22 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
     rank = 1 if stuck == "other" else 0
     assert survivor.returncode == 0, err + err_evicted
     assert evicted.returncode == 2, err_evicted
-    last = err_evicted.strip().splitlines()[-1]
-    assert last.startswith(f"unirank run: error: node evicted: rank {rank} never entered "
-                           "all_reduce #"), err_evicted
+    said = [line for line in err_evicted.splitlines() if line.startswith("unirank run:")]
+    assert len(said) == 1, err_evicted  # no "restarting the workers" before it
+    assert said[0].startswith(f"unirank run: error: node evicted: rank {rank} never entered "
+                              "all_reduce #"), err_evicted
+    assert said[0] == err_evicted.strip().splitlines()[-1], err_evicted
     assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    # the survivor's summary says the eviction in the same words, whichever node hung
+    assert f"  attempt 0: node evicted: rank {rank} never entered all_reduce #" in err, err
+    assert f"state restart 1 of 3 (node evicted: rank {rank} never entered all_reduce #" \
+        in out, out
+    # --timeline: the recovery's phases, on the node where rank 0 now runs (the survivor)
+    rows = err.split(f"unirank run: recovery before attempt 1 (node evicted: rank {rank} "
+                     "never entered all_reduce #")
+    assert len(rows) == 2, err
+    assert [line.split()[0] for line in rows[1].splitlines()[2:7]] == [
+        "news", "workers", "rendezvous", "workers", "first"], err
     assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
 
 

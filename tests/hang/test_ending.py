@@ -18,6 +18,15 @@ def test_an_ending_goes_through_the_store_as_text() -> None:
     assert Ending.decode("rank 0 ended the job") == Ending("rank 0 ended the job")
 
 
+def test_an_ending_carries_the_hang_s_verdict_to_every_rank() -> None:
+    """Every rank writes it in its attempt's folder, so that every node's supervisor evicts
+    by the same verdict and says it (``node evicted: rank 0 never entered all_reduce #6``)."""
+    found = {"never_entered": [0], "call": "all_reduce #6"}
+    ending = Ending("no progress for 5 s", (0,), 1, found)
+    assert Ending.decode(ending.encode()).verdict == found
+    assert Ending.decode(Ending("x", (0,), 1).encode()).verdict is None
+
+
 class Counter:
     def __init__(self, counts: list[int]) -> None:
         self.counts = counts

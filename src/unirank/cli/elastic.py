@@ -162,10 +162,7 @@ def eviction(place: Assignment, verdict: Mapping[str, Any] | None) -> dict[str, 
     keywords: the nodes (of ``place``, the round that hung) of the ranks the hang ``verdict``
     names as never having entered the collective, and why (``node evicted: rank 1 never
     entered all_reduce #12``); nothing without a verdict."""
-    ranks = [int(r) for r in (verdict or {}).get("never_entered") or ()]
-    nodes = place.nodes_of(ranks)
-    if not nodes:
-        return {}
-    call = str((verdict or {}).get("call") or "the collective")
-    return {"evict": nodes, "why": "node evicted: " + "; ".join(
-        f"rank {rank} never entered {call}" for rank in ranks)}
+    from unirank.supervisor.restartreason import evicted_why
+
+    nodes = place.nodes_of([int(r) for r in (verdict or {}).get("never_entered") or ()])
+    return {"evict": nodes, "why": evicted_why(verdict)} if nodes else {}

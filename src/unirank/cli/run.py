@@ -39,6 +39,7 @@ from unirank.cli.runconfig import (
 from unirank.cli.runoptions import describe_sources, settle
 from unirank.errors import ConfigError
 from unirank.exitcodes import USAGE
+from unirank.supervisor.recovery import NextRound
 
 if TYPE_CHECKING:
     from unirank.distenv import DistEnv
@@ -188,15 +189,17 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
 
     places = [assignment]
 
-    def replan(attempt: int, verdict: Mapping[str, Any] | None) -> Plan:
+    def replan(attempt: int, verdict: Mapping[str, Any] | None) -> NextRound:
         """A restart: the next round (the world may change), the nodes of the ranks a hang
-        verdict names evicted first (``--on-hang evict``)."""
+        verdict names evicted first (``--on-hang evict``); its line is said by the engine,
+        after the restart's."""
         began = time.monotonic()
         places.append(helper.next(first=False, **elastic.eviction(places[-1], verdict)))
+        noticed = helper.noticed_before(began)
         line = elastic.describe_round(places[-2], places[-1], time.monotonic() - began,
-                                      helper.noticed_before(began))
-        print(f"unirank run: {line}", file=sys.stderr, flush=True)
-        return plan_at(places[-1])
+                                      noticed)
+        return NextRound(plan_at(places[-1]), f"unirank run: {line}", noticed,
+                         helper.moved())
 
     try:
         plan = plan_at(assignment)

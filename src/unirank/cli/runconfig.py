@@ -309,22 +309,27 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Eng
                          timeline=bool(args.timeline or args.timeline_json),
                          timeline_json=args.timeline_json or None, hang=hang,
                          numa_binding=_numa_binding(args.numa_binding),
-                         on_hang=_on_hang(args, environ), dstate_timeout=dstate_timeout(environ))
+                         on_hang=_on_hang(args, environ), elastic=_elastic(args, environ),
+                         dstate_timeout=dstate_timeout(environ))
+
+
+def _elastic(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+    """Whether this is an elastic job: a range of the dynamic rendezvous."""
+    from unirank.cli import elastic
+
+    return elastic.wanted(args, outer_launcher(environ)) and elastic.is_range(args)
 
 
 def _on_hang(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
-    """``--on-hang`` (:func:`unirank.contract.resolve_on_hang`): an elastic job is a range of
-    the dynamic rendezvous.
+    """``--on-hang`` (:func:`unirank.contract.resolve_on_hang`).
 
     Reads: UNIRANK_ON_HANG.
     """
-    from unirank.cli import elastic
     from unirank.contract import resolve_on_hang
 
     restarts = _int_option(args.max_restarts, "--max-restarts", "give 0 or more") or 0
     return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,
-                           elastic=elastic.wanted(args, outer_launcher(environ))
-                           and elastic.is_range(args))
+                           elastic=_elastic(args, environ))
 
 
 def _numa_binding(mode: str | None) -> str | None:

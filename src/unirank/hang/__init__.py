@@ -18,7 +18,7 @@ Reads no environment variable (the settings come as :class:`unirank.contract.Han
 
 from __future__ import annotations
 
-__all__ = ["HANG_FOLDER", "HANG_VERDICT", "WAITING_MARK"]
+__all__ = ["HANG_FOLDER", "HANG_VERDICT", "ON_HANG_ASKED", "WAITING_MARK"]
 
 #: the folder, in the attempt's folder (next to the ranks' ``<local rank>/error.json``), where
 #: rank 0 writes every report with every rank's stacks, as text and JSON (kept after the run)
@@ -29,7 +29,14 @@ HANG_FOLDER = "hang"
 #: report at a stop signal only then, so that a plain Ctrl-C is forwarded at once
 WAITING_MARK = "ranks-waiting"
 
-#: the file, in the attempt's folder, where rank 0 writes the verdict of a hang that ends the job
-#: (``--hang-timeout``): ``{"never_entered": [ranks], "call": "all_reduce #12"}``, what the
-#: supervisor's ``--on-hang evict`` reads (:func:`unirank.hang.detect.verdict`)
+#: the file, in the attempt's folder, where the detector's rank (rank 0) writes the verdict of a
+#: hang that ends the job (``--hang-timeout``), and every rank again as it ends (the verdict
+#: travels in the :class:`~unirank.hang.ending.Ending`, so every node has it):
+#: ``{"never_entered": [ranks], "call": "all_reduce #12"}``, what the supervisor's
+#: ``--on-hang evict`` reads (:func:`unirank.hang.detect.verdict`)
 HANG_VERDICT = "hang-verdict.json"
+
+#: the file, in the attempt's folder, where the program's ranks write the ``on_hang=`` keyword
+#: of :func:`unirank.init`/``Parallel`` (one word, ``exit``, ``restart`` or ``evict``): what the
+#: supervisor does at that attempt's hang timeout (:func:`unirank.contract.on_hang_now`)
+ON_HANG_ASKED = "on-hang"

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from unirank.contract import HangSettings
 from unirank.exitcodes import HANG_TIMEOUT
-from unirank.hang import HANG_FOLDER, HANG_VERDICT, WAITING_MARK
+from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.hang.detect import Hang, blamed, find_hangs, verdict
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import read_records, request_stacks
@@ -38,6 +38,8 @@ class Watcher(Protocol):
     def answer(self, store: Any, number: int) -> None: ...
 
     def exit_for_timeout(self, store: Any, ending: Ending) -> None: ...
+
+    def write_verdict(self, found: dict[str, Any] | None) -> None: ...
 
 __all__ = ["Detector"]
 
@@ -106,18 +108,11 @@ class Detector:
         with contextlib.suppress(OSError):
             os.write(self.watcher.err_fd, text.encode(errors="replace"))
         if decision.ending:
-            self._write_verdict(hangs[0])
+            found = verdict(hangs[0])
+            self.watcher.write_verdict(found)  # here before any rank ends
             self.watcher.exit_for_timeout(self.store, Ending(
-                timeout_message(hangs, limit or 0.0), blamed(hangs[0]), self.watcher.rank))
-
-    def _write_verdict(self, hang: Hang) -> None:
-        """The hang's :func:`~unirank.hang.detect.verdict` in the attempt's folder, for the
-        supervisor (``--on-hang evict``)."""
-        folder = self.watcher.attempt_folder()
-        with contextlib.suppress(OSError):
-            if folder:
-                with open(os.path.join(folder, HANG_VERDICT), "w", encoding="utf-8") as fh:
-                    json.dump(verdict(hang), fh)
+                timeout_message(hangs, limit or 0.0), blamed(hangs[0]), self.watcher.rank,
+                found))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has

@@ -42,18 +42,22 @@ class Ending:
     blamed: tuple[int, ...] = ()
     #: the detector's rank, which ends the job (-1: unknown)
     by: int = -1
+    #: the hang's :func:`unirank.hang.detect.verdict` (``--on-hang evict``), which every rank
+    #: writes in its attempt's folder, so that every node's supervisor reads the same one
+    verdict: dict[str, Any] | None = None
 
     def encode(self) -> str:
         return json.dumps({"message": self.message, "blamed": list(self.blamed),
-                           "by": self.by})
+                           "by": self.by, "verdict": self.verdict})
 
     @classmethod
     def decode(cls, text: str) -> Ending:
         """The ending set in the store (a plain text: no rank blamed)."""
         try:
             data = json.loads(text)
+            verdict = data.get("verdict")
             return cls(str(data["message"]), tuple(int(r) for r in data.get("blamed", ())),
-                       int(data.get("by", -1)))
+                       int(data.get("by", -1)), verdict if isinstance(verdict, dict) else None)
         except (ValueError, KeyError, TypeError):
             return cls(text)
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
 from unirank.exitcodes import HANG_TIMEOUT
+from unirank.hang import HANG_VERDICT
 from unirank.hang.children import arm as arm_children
 from unirank.hang.children import child_stacks
 from unirank.hang.detector import Detector
@@ -166,6 +167,16 @@ class Watcher:
         from unirank.runfolder import attempt_folder_of
 
         return attempt_folder_of(self._environ)
+
+    def write_verdict(self, found: dict[str, Any] | None) -> None:
+        """A hang's :func:`~unirank.hang.detect.verdict` in the attempt's folder, for this
+        node's supervisor (``--on-hang evict``); nothing without a verdict or a folder."""
+        folder = self.attempt_folder()
+        if found is None or not folder:
+            return
+        path = os.path.join(folder, HANG_VERDICT)
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as fh:
+            json.dump(found, fh)
 
     def start(self) -> Watcher:
         """Turn the flight recorder on (:func:`enable_recorder`), connect to the store (here:
@@ -369,6 +380,7 @@ class Watcher:
             linger = end_in_turn(store, self.rank, self.world_size, self.settings.interval,
                                  ending, self._record, self._stop.wait)
         self._record(ending.message)
+        self.write_verdict(ending.verdict)  # every node's supervisor reads the same verdict
         withdraw(self._job_file)
         if linger:
             self._stop.wait(linger)

@@ -23,7 +23,7 @@ __all__ = ["OPTIONS", "fn_arguments", "launch"]
 
 #: ``launch``'s own keywords (never given to ``fn``)
 OPTIONS = ("nproc_per_node", "backend", "init_timeout", "hang_report_after", "hang_timeout",
-           "args", "kwargs")
+           "on_hang", "args", "kwargs")
 
 
 def fn_arguments(positional: Sequence[Any], keywords: Mapping[str, Any],
@@ -57,7 +57,8 @@ def fn_arguments(positional: Sequence[Any], keywords: Mapping[str, Any],
 
 def launch(fn: Callable[..., Any], *fn_args: Any, nproc_per_node: int, backend: str = "auto",
            init_timeout: float | None = None, hang_report_after: str | float | None = None,
-           hang_timeout: str | float | None = None, args: Sequence[Any] | None = None,
+           hang_timeout: str | float | None = None, on_hang: str | None = None,
+           args: Sequence[Any] | None = None,
            kwargs: Mapping[str, Any] | None = None, **fn_kwargs: Any) -> list[Any]:
     """Run ``fn(local_rank, *args, **kwargs)`` on ``nproc_per_node`` new workers of this
     machine, in a group of ``backend``, and return what it returned on each, by rank: the
@@ -66,7 +67,8 @@ def launch(fn: Callable[..., Any], *fn_args: Any, nproc_per_node: int, backend: 
     ``launch``'s options, by name: ``nproc_per_node`` (required), ``backend`` (``"auto"``),
     ``init_timeout`` (seconds every rank waits for the others to join; default
     UNIRANK_INIT_TIMEOUT, else 300), ``hang_report_after`` and ``hang_timeout`` (the hang
-    detector's, as ``unirank run --hang-report-after/--hang-timeout``). ``fn``'s arguments:
+    detector's, as ``unirank run --hang-report-after/--hang-timeout``), ``on_hang`` (``"exit"``
+    or ``"restart"``, as ``unirank run --on-hang``). ``fn``'s arguments:
     ``args=(...)`` and ``kwargs={...}`` (or, as before, positional arguments after ``fn`` and
     keywords that are none of ``launch``'s: :func:`fn_arguments`).
 
@@ -100,7 +102,7 @@ def launch(fn: Callable[..., Any], *fn_args: Any, nproc_per_node: int, backend: 
     try:
         with Parallel(backend, nproc_per_node=nproc_per_node, init_timeout=init_timeout,
                       hang_report_after=hang_report_after, hang_timeout=hang_timeout,
-                      tag_output=True, keep_server=True) as parallel:
+                      on_hang=on_hang, tag_output=True, keep_server=True) as parallel:
             return parallel.run(fn, *call_args, **call_kwargs)
     finally:
         logger.setLevel(level)

@@ -14,6 +14,7 @@ bootstrap started (srun, mpirun, torchrun one task per rank) starts its hang wat
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import urllib.parse
@@ -127,6 +128,29 @@ def hang_settings(report_after: str | float | None, timeout: str | float | None,
                                  names=("hang_report_after", "hang_timeout"))
 
 
+def ask_on_hang(on_hang: str | None, environ: Mapping[str, str]) -> None:
+    """:func:`init`'s ``on_hang=`` keyword: checked by the one parser of ``--on-hang``
+    (:func:`unirank.contract.resolve_on_hang`: errors name the keyword; ``evict`` only in an
+    elastic job, which ``unirank run`` marks with UNIRANK_ELASTIC), then written in the
+    attempt's folder, where this rank's supervisor reads it at a hang timeout
+    (:func:`unirank.contract.on_hang_now`). Without a unirank supervisor (no attempt folder:
+    torchrun, srun...) the launcher decides what follows a hang timeout.
+
+    Reads: UNIRANK_ELASTIC, UNIRANK_ATTEMPT_DIR.
+    """
+    if on_hang is None:
+        return
+    from unirank.hang import ON_HANG_ASKED
+
+    choice = contract.resolve_on_hang(on_hang, {}, restarts=0, option="on_hang",
+                                      elastic=environ.get(contract.ELASTIC_VAR) == "1")
+    folder = environ.get(contract.ATTEMPT_DIR_VAR)
+    if folder:
+        path = os.path.join(folder, ON_HANG_ASKED)
+        with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as fh:
+            fh.write(choice + "\n")
+
+
 def _watch_hangs(env: DistEnv, timeout: float, environ: Any,
                  given: contract.HangSettings | None) -> None:
     """Start this rank's hang watcher, unless the detector is off or a worker's bootstrap
@@ -190,7 +214,7 @@ def _join(base: Any, prefix: str, env: DistEnv, timeout: float) -> None:
 
 
 def _adopt(given: float | None, keyword: str, hang_report_after: str | float | None,
-           hang_timeout: str | float | None) -> None:
+           hang_timeout: str | float | None, on_hang: str | None = None) -> None:
     """A group unirank did not start: watch it for hangs as one unirank starts (a client of
     the store at the master address and port, which the group's ``env://`` rendezvous serves),
     where a world of several ranks names its master; else leave it alone.
@@ -200,6 +224,7 @@ def _adopt(given: float | None, keyword: str, hang_report_after: str | float | N
     if state.STATE.owns_group:
         return
     environ = os.environ
+    ask_on_hang(on_hang, environ)
     env = state.dist_env()
     if env.world_size > 1 and env.master_addr is not None and env.master_port is not None:
         _watch_hangs(env, resolve_init_timeout(given, environ, keyword), environ,
@@ -219,6 +244,7 @@ def init(
     backend: str | None = None, init_timeout: float | None = None,
     init_method: str | None = None, *, hang_report_after: str | float | None = None,
     hang_timeout: str | float | None = None, timeout: float | None = None,
+    on_hang: str | None = None,
 ) -> None:
     """Start the default process group for this process's launcher context.
 
@@ -234,7 +260,10 @@ def init(
     needed); see :func:`unirank.runtime.ignite_options.init_method`.
     ``hang_report_after``, ``hang_timeout``: the hang detector's ``--hang-report-after`` and
     ``--hang-timeout`` (seconds, or ``"off"``), over UNIRANK_HANG_REPORT_AFTER and
-    UNIRANK_HANG_TIMEOUT (see docs/troubleshooting.md).
+    UNIRANK_HANG_TIMEOUT (see docs/troubleshooting.md). ``on_hang``: ``--on-hang``, what
+    ``unirank run`` does once ``hang_timeout`` ended the workers: ``"exit"``, ``"restart"`` or
+    ``"evict"`` (an elastic job only), over ``--on-hang`` and UNIRANK_ON_HANG
+    (:func:`ask_on_hang`; see docs/run.md).
 
     A group that already exists (the user called ``init_process_group``, or Ray Train's
     ``TorchTrainer`` did before the function) is adopted as it is, and the hang watcher is
@@ -244,15 +273,16 @@ def init(
 
     Reads: the launcher's variables (see :func:`unirank.launchers.detect`),
     UNIRANK_INIT_TIMEOUT, UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL,
-    TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
+    UNIRANK_ELASTIC, UNIRANK_ATTEMPT_DIR, TORCHELASTIC_USE_AGENT_STORE, TORCHELASTIC_RESTART_COUNT,
     SLURM_GPUS_PER_TASK, SLURMD_TRES_BIND, SLURMD_NODENAME, CUDA_VISIBLE_DEVICES (through torch).
     """
     if state.is_initialized():
         _adopt(*ignite_options.init_timeout_given(init_timeout, timeout), hang_report_after,
-               hang_timeout)
+               hang_timeout, on_hang)
         return
     file_url = ignite_options.init_method(init_method)
     environ = os.environ
+    ask_on_hang(on_hang, environ)
     env = state.dist_env()
     require_launched(env, sys.argv, sys.executable)
     given, keyword = ignite_options.init_timeout_given(init_timeout, timeout)

@@ -48,7 +48,7 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from unirank.contract import resolve_init_timeout
+from unirank.contract import resolve_init_timeout, resolve_on_hang
 from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
 from unirank.runtime.helpers import ignite_logger
@@ -182,7 +182,10 @@ class Parallel:
     process (``launch``'s way; it ends with this process). ``hang_report_after``,
     ``hang_timeout`` (keywords only): the hang detector's settings, as ``unirank run
     --hang-report-after/--hang-timeout`` (seconds, or ``"off"``; default the variables
-    UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT). ``spawn_kwargs``: pytorch-ignite's
+    UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT); ``on_hang`` (keyword only): what follows
+    a hang timeout, as ``unirank run --on-hang`` (``"exit"``, ``"restart"``; ``"evict"`` only in
+    place, in an elastic job; default UNIRANK_ON_HANG, else ``--on-hang``'s).
+    ``spawn_kwargs``: pytorch-ignite's
     options, as :mod:`~unirank.runtime.ignite_options` reads them (``timeout`` is an init
     timeout). Bad arguments are refused here, when the object is built, with ignite's exception
     types (:func:`check_request`). ignite's lines (``Spawn function ... in N processes``, ``End of
@@ -191,7 +194,7 @@ class Parallel:
     Reads: the launcher's variables (through :func:`~unirank.runtime.state.dist_env`),
     MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE, OMP_NUM_THREADS,
     UNIRANK_INIT_TIMEOUT, UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
-    UNIRANK_HANG_INTERVAL, SLURMD_NODENAME.
+    UNIRANK_HANG_INTERVAL, UNIRANK_ON_HANG, SLURMD_NODENAME.
     """
 
     def __init__(
@@ -209,6 +212,7 @@ class Parallel:
         keep_server: bool = False,
         hang_report_after: str | float | None = None,
         hang_timeout: str | float | None = None,
+        on_hang: str | None = None,
         **spawn_kwargs: Any,
     ) -> None:
         refuse_launch_while_importing_main("Parallel")
@@ -220,6 +224,12 @@ class Parallel:
         self._hang = (hang_report_after, hang_timeout)
         self._hang_settings = lifecycle.hang_settings(hang_report_after, hang_timeout,
                                                       os.environ)
+        #: ``on_hang=``, its word checked now (its error names the keyword): in place it goes
+        #: to ``init`` (``evict`` in an elastic job only); spawned workers form a static world
+        #: (no ``evict``), where it is the engine's ``--on-hang``
+        self._on_hang = on_hang
+        if on_hang is not None:
+            resolve_on_hang(on_hang, {}, elastic=True, restarts=0, option="on_hang")
         # pytorch-ignite's Parallel options (timeout, start_method, join, daemon)
         ignite = dict(spawn_kwargs)
         ignite_options.take_spawn_options(ignite)
@@ -271,8 +281,11 @@ class Parallel:
         wants_group = in_place and (plan.world_size > 1 or self.backend is not None)
         if wants_group and not state.is_initialized():
             lifecycle.init(self.backend, self.init_timeout, self.init_method,
-                           hang_report_after=self._hang[0], hang_timeout=self._hang[1])
+                           hang_report_after=self._hang[0], hang_timeout=self._hang[1],
+                           on_hang=self._on_hang)
             self._finalize = True
+        elif in_place:
+            lifecycle.ask_on_hang(self._on_hang, os.environ)
         self._logger = ignite_logger(LOGGER_NAME)
         self._log_start(in_place)
         return self
@@ -337,11 +350,13 @@ class Parallel:
         from unirank.supervisor.attempts import EngineOptions, run_plan
         from unirank.supervisor.output import TAG_TEMPLATE, OutputOptions
 
+        on_hang = resolve_on_hang(self._on_hang, os.environ, elastic=False,
+                                  restarts=plan.max_restarts, option="on_hang")
         folder = tempfile.mkdtemp(prefix="unirank-parallel-")
         path = os.path.join(folder, "call.pickle")
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None),
-            hang=self._hang_settings)
+            hang=self._hang_settings, on_hang=on_hang)
         server = None
         ran = False
         try:

@@ -39,15 +39,16 @@ import os
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, resolve_hang
+from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, on_hang_now, resolve_hang
 from unirank.errors import ConfigError
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
-from unirank.hang import HANG_VERDICT
+from unirank.hang import HANG_VERDICT, ON_HANG_ASKED
 from unirank.launchers import slurm_vars
 from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, make_run_folder
@@ -62,7 +63,8 @@ from unirank.supervisor.fork.client import ForkServer, fallback_line, server_env
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
-from unirank.supervisor.restartreason import restart_reason
+from unirank.supervisor.recovery import NextRound, Recovery, format_recovery, restart_line_waits
+from unirank.supervisor.restartreason import evicted_why, restart_reason
 from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
@@ -88,11 +90,14 @@ class EngineOptions:
     numa_binding: str | None = None
     #: the hang detector's settings for every worker (None: the workers read the variables)
     hang: HangSettings | None = None
-    #: ``--on-hang``: exit, restart or evict once ``--hang-timeout`` ended the workers
+    #: ``--on-hang``: exit, restart or evict once ``--hang-timeout`` ended the workers (the
+    #: program's ``on_hang=`` keyword wins: :func:`unirank.contract.on_hang_now`)
     on_hang: str = "restart"
     #: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: seconds a worker may stay in D state (0: no
     #: check; :mod:`.dstate`)
     dstate_timeout: float = 0.0
+    #: an elastic job (a range of the dynamic rendezvous): its workers get UNIRANK_ELASTIC
+    elastic: bool = False
 
 
 def run_plan(
@@ -106,7 +111,7 @@ def run_plan(
     server: ForkServer | None = None,
     keep_server: bool = False,
     listening: socket.socket | None = None,
-    replan: Callable[[int, Mapping[str, Any] | None], Plan] | None = None,
+    replan: Callable[[int, Mapping[str, Any] | None], NextRound] | None = None,
     watch: WorldWatch | None = None,
 ) -> RunResult:
     """Open the store's port (where rank 0 runs, once its master address is known to be this
@@ -176,7 +181,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             signals_to_handle=_handled(options),
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=folders.timeline_file if worker.rank == 0 else None,
-            hang=options.hang, restart_reason=restart_reason,
+            hang=options.hang, restart_reason=restart_reason, elastic=options.elastic,
         )
         files = out.log_files(worker.local_rank, folders) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)
@@ -236,7 +241,7 @@ def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bo
 def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                   options: EngineOptions, sock: socket.socket | None,
                   server: ForkServer | None, fds: tuple[int, int],
-                  replan: Callable[[int, Mapping[str, Any] | None], Plan] | None = None,
+                  replan: Callable[[int, Mapping[str, Any] | None], NextRound] | None = None,
                   watch: WorldWatch | None = None) -> RunResult:
     """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times
     (each restart at ``replan``'s plan, where given)."""
@@ -244,6 +249,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     root, keep = _log_root(plan, options, err_fd)
     earlier: list[RunResult] = []
     reason: str | None = None
+    recovery: Recovery | None = None
     try:
         attempt = 0
         while True:
@@ -258,23 +264,34 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 dstate_timeout=options.dstate_timeout,
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
+            stopped = time.time()
+            on_hang = on_hang_now(options.on_hang, _read_text(attempt_dir, ON_HANG_ASKED))
             if _is_last(result, attempt, plan, environ) or (
-                    options.on_hang == "exit" and _hang_timeout(result)):
-                _report_end(root.attempt(attempt).timeline_file, options, err_fd)
+                    on_hang == "exit" and _hang_timeout(result)):
+                _report_end(root.attempt(attempt).timeline_file, options, err_fd, recovery)
                 return replace(result, attempts=tuple(earlier))
-            earlier.append(result)
-            os.write(err_fd, (
-                f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
-                f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode())
+            said = (f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
+                    f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode()
+            waits = replan is not None and restart_line_waits(on_hang, _hang_timeout(result),
+                                                              result.world_changed)
+            if not waits:  # else said once the next round took this node (not evicted)
+                os.write(err_fd, said)
             attempt += 1
-            before = plan
+            before, verdict, news, moved = plan, None, None, None
             if replan is not None:
-                # rank 0 wrote a verdict here at a hang timeout, before any rank ended: the
-                # attempt may still have ended as a world change (the stuck node asked for a
-                # new round first, its blamed rank being the first to exit)
-                verdict = _read_verdict(attempt_dir) if options.on_hang == "evict" else None
-                plan = _next_plan(replan, attempt, sock, verdict)
-            reason = restart_reason(result, before, plan).to_value(attempt, before.world_size)
+                # every rank writes the hang's verdict here (it may still have ended as a world
+                # change: the stuck node asked for a new round first)
+                verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
+                began = time.time()
+                plan, line, noticed, moved = _next_plan(replan, attempt, sock, verdict)
+                news = None if noticed is None else began - noticed
+                os.write(err_fd, (said if waits else b"") + line)
+            why = restart_reason(result, before, plan, evicted_why(verdict), moved)
+            earlier.append(replace(result, nodes_changed=why.headline()))
+            recovery = Recovery(why.headline() or why.describe(), attempt,
+                                news if news is not None else stopped, stopped,
+                                time.time() if replan is not None else None)
+            reason = why.to_value(attempt, before.world_size)
     finally:
         # a temporary folder in which a hang report was written (which a report named) is kept
         if not keep and not root.has_hang_reports():
@@ -287,6 +304,14 @@ def _hang_timeout(result: RunResult) -> bool:
     return first is not None and first.own_exit_code == HANG_TIMEOUT
 
 
+def _read_text(attempt_dir: str, name: str) -> str | None:
+    """A small file of the attempt's folder (the program's ``on_hang=``), None where absent."""
+    path = os.path.join(attempt_dir, name)
+    with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as fh:
+        return fh.read(64)
+    return None
+
+
 def _read_verdict(attempt_dir: str) -> Mapping[str, Any] | None:
     """The hang verdict rank 0 wrote in the attempt's folder (here only where rank 0 ran)."""
     with contextlib.suppress(OSError, ValueError):
@@ -296,16 +321,21 @@ def _read_verdict(attempt_dir: str) -> Mapping[str, Any] | None:
     return None
 
 
-def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], Plan], attempt: int,
-               sock: socket.socket | None, verdict: Mapping[str, Any] | None = None) -> Plan:
-    """The plan of restart ``attempt``, its port the store socket's where rank 0 runs here."""
-    plan = replan(attempt, verdict)
+def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], NextRound], attempt: int,
+               sock: socket.socket | None, verdict: Mapping[str, Any] | None = None,
+               ) -> tuple[Plan, bytes, float | None, str | None]:
+    """The plan of restart ``attempt``, its port the store socket's where rank 0 runs here;
+    the round's line to say; seconds from the news to the rendezvous (None: no news); the
+    news that the rendezvous moved."""
+    nxt = replan(attempt, verdict)
+    plan = nxt.plan
     if plan.hosts_store:
         if sock is None:
             raise ConfigError("rank 0 moved to this node, which serves no store",
                               hint="start the job again")
         plan = plan.with_port(int(sock.getsockname()[1]))
-    return plan
+    line = (nxt.line + "\n").encode() if nxt.line else b""
+    return plan, line, nxt.noticed, nxt.moved
 
 
 def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:
@@ -347,9 +377,11 @@ def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[RunFolde
     return root, bool(out.log_dir) or out.writes_files
 
 
-def _report_end(path: str, options: EngineOptions, err_fd: int) -> None:
+def _report_end(path: str, options: EngineOptions, err_fd: int,
+                recovery: Recovery | None = None) -> None:
     """Print what rank 0 gathered at the run's end (where rank 0 ran): the start-up timeline
-    (``--timeline``; and write its JSON), then the time in collectives and the stragglers."""
+    (``--timeline``; and write its JSON) and the last ``recovery``'s phases, then the time in
+    collectives and the stragglers."""
     from unirank.hang.straggle import render_block
     from unirank.supervisor.worker.timeline import format_table
 
@@ -360,6 +392,8 @@ def _report_end(path: str, options: EngineOptions, err_fd: int) -> None:
         return  # rank 0 runs elsewhere, or did not finish: its node prints them
     if options.timeline:
         os.write(err_fd, format_table(records).encode())
+        if recovery is not None:
+            os.write(err_fd, format_recovery(recovery, records).encode())
     block = render_block(records, options.prog)
     if block:
         os.write(err_fd, block.encode())

@@ -8,23 +8,49 @@ Runs in the ``unirank run`` parent; reads no environment variable.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from unirank.elasticstate import RestartReason, nodes_changed
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.summary import RunResult
 
-__all__ = ["restart_reason"]
+__all__ = ["evicted_why", "restart_reason"]
 
 
-def restart_reason(result: RunResult, before: Plan, after: Plan) -> RestartReason:
+def evicted_why(verdict: Mapping[str, Any] | None) -> str:
+    """Why ``--on-hang evict`` stops the nodes a hang ``verdict`` names (rank 0's
+    :func:`unirank.hang.detect.verdict`): ``node evicted: rank 1 never entered all_reduce
+    #12``; "" where it names no rank."""
+    ranks = [int(r) for r in (verdict or {}).get("never_entered") or ()]
+    if not ranks:
+        return ""
+    call = str((verdict or {}).get("call") or "the collective")
+    return "node evicted: " + "; ".join(f"rank {rank} never entered {call}" for rank in ranks)
+
+
+def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = "",
+                   moved: str | None = None) -> RestartReason:
     """Why the attempt that gave ``result`` (run at ``before``) ended, the next one running at
     ``after``: the world changed (a node lost or joined: the nodes by name, from the two
     rounds' node lists; also where a worker here failed for its lost peers and nodes were gone
     at the next round), the workers stopped to be requeued, the hang timeout ended them, or
-    a worker failed (the root cause's rank, node and exit code)."""
+    a worker failed (the root cause's rank, node and exit code). ``evicted``: why this node
+    evicted nodes (:func:`evicted_why` of the hang verdict it read): where nodes left, that is
+    the reason, whichever way the attempt ended (the evicted node's worker may have ended
+    first, or its node asked for a new round). ``moved``: the news that the rendezvous moved
+    meanwhile (its node lost: ``store moved to node ...``), the reason where no eviction is
+    (also where a worker here failed first, on its lost peers)."""
     lost, joined = nodes_changed(before.hosts, after.hosts)
     first = result.first_failure
+    if evicted and lost:
+        return RestartReason("node evicted", evicted, lost, joined)
+    if first is None and (result.world_changed or "").startswith("node evicted"):
+        return RestartReason("node evicted", str(result.world_changed), lost, joined)
+    if moved and lost:
+        return RestartReason("store moved", moved, lost, joined)
     if lost and first is not None and first.lost_peer:
         # the workers here lost their peers on a node that is gone: that node is the cause
         return RestartReason("node lost", f"rank {first.rank} on {first.node} lost its peers "

@@ -212,6 +212,10 @@ class RunResult:
     #: the line naming the workers stuck in D state past the timeout, who ended the run
     #: (:mod:`unirank.supervisor.dstate`)
     stuck: str | None = None
+    #: an earlier attempt's: how the job's nodes changed after it (``node lost: node2``,
+    #: ``node evicted: rank 1 never entered all_reduce #12``, ``store moved to node ...``:
+    #: :meth:`unirank.elasticstate.RestartReason.headline`), said first in its summary line
+    nodes_changed: str | None = None
 
     @property
     def requeued(self) -> bool:
@@ -241,14 +245,21 @@ class RunResult:
 
 
 def _attempt_line(index: int, result: RunResult) -> str:
+    """An earlier attempt's line: how the job's nodes changed after it, where they did, then
+    its root cause (or the change of the world that stopped it)."""
     first = result.first_failure
     if first is None and result.world_changed:
-        return f"  attempt {index}: {result.world_changed}"
-    if first is None:
-        return f"  attempt {index}: exit code {result.exit_code}"
-    error = f": {first.error}" if first.error else ""
-    return (f"  attempt {index}: rank {first.rank} (local rank {first.local_rank}) on node "
-            f"{first.node}: {first.describe()}{error}")
+        end = result.world_changed
+    elif first is None:
+        end = f"exit code {result.exit_code}"
+    else:
+        error = f": {first.error}" if first.error else ""
+        end = (f"rank {first.rank} (local rank {first.local_rank}) on node {first.node}: "
+               f"{first.describe()}{error}")
+    head = result.nodes_changed
+    if head and end != head:
+        return f"  attempt {index}: {head} ({end})"
+    return f"  attempt {index}: {end}"
 
 
 def _requeued_line(result: RunResult, prog: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from unirank.contract import (
     ATTEMPT_DIR_VAR,
     DONE_FD_VAR,
+    ELASTIC_VAR,
     ERROR_FILE_VAR,
     EXIT_TIMEOUT_VAR,
     FAULT_FILE_VAR,
@@ -81,6 +82,8 @@ class WorkerWiring:
     #: a restarted attempt: why the one before ended (UNIRANK_RESTART_REASON, the value of
     #: :meth:`unirank.elasticstate.RestartReason.to_value`)
     restart_reason: str | None = None
+    #: an elastic job's worker (UNIRANK_ELASTIC=1: ``on_hang="evict"`` is allowed there)
+    elastic: bool = False
 
 
 def _torchrun_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
@@ -154,12 +157,12 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     gives: UNIRANK_SUPERVISOR_PID, UNIRANK_STORE_FD, UNIRANK_LINGER_FD, UNIRANK_DONE_FD,
     UNIRANK_TIMELINE, UNIRANK_TIMELINE_FILE, UNIRANK_FAULT_FILE and UNIRANK_NUMA_BINDING. A
     restarted attempt's workers get UNIRANK_RESTART_REASON (the wiring's; one in ``base`` is
-    dropped: it was another run's).
+    dropped: it was another run's), an elastic job's UNIRANK_ELASTIC=1 (the same).
     """
     if plan.master_port == 0:
         raise ValueError("the master port is not chosen yet: call Plan.with_port first")
     env = {k: v for k, v in base.items()
-           if k not in PRIVATE_VARIABLES and k != RESTART_REASON_VAR}
+           if k not in PRIVATE_VARIABLES and k not in (RESTART_REASON_VAR, ELASTIC_VAR)}
     env.update(_torchrun_environ(plan, worker, base, wiring.restart_count))
     if wiring.error_file is not None:
         env[ERROR_FILE_VAR] = wiring.error_file
@@ -169,6 +172,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
         env[SIGNALS_TO_HANDLE_VAR] = wiring.signals_to_handle
     if wiring.restart_reason is not None:
         env[RESTART_REASON_VAR] = wiring.restart_reason
+    if wiring.elastic:
+        env[ELASTIC_VAR] = "1"
     if wiring.unbuffered and "PYTHONUNBUFFERED" not in base:
         env["PYTHONUNBUFFERED"] = "1"
     env[INIT_TIMEOUT_VAR] = format_seconds(plan.init_timeout)

@@ -64,6 +64,8 @@ class RendezvousHelper:
         self._refusal: str | None = None
         #: when the last news came (time.monotonic()), until the next round read it
         self._news_at: float | None = None
+        #: the news that the rendezvous moved (``store moved to node ...``), until read
+        self._moved: str | None = None
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -84,7 +86,8 @@ class RendezvousHelper:
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         while '"event"' in line:  # news read too late to stop the workers: said only
             with contextlib.suppress(ValueError, TypeError, KeyError, OSError):
-                sys.stderr.write(f"unirank run: {json.loads(line)['event']}\n")
+                news = self._note(str(json.loads(line)["event"]))
+                sys.stderr.write(f"unirank run: {news}\n")
                 sys.stderr.flush()
             line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         try:
@@ -147,7 +150,19 @@ class RendezvousHelper:
         if isinstance(news, dict) and "error" in news:  # evicted: said at the next round
             self._refusal = line.decode(errors="replace")
             return str(news["error"])
-        return str(news.get("event") or line.decode(errors="replace"))
+        return self._note(str(news.get("event") or line.decode(errors="replace")))
+
+    def _note(self, news: str) -> str:
+        """``news``, kept where it says the rendezvous moved (:meth:`moved`)."""
+        if news.startswith("store moved"):
+            self._moved = news
+        return news
+
+    def moved(self) -> str | None:
+        """The news that the rendezvous moved since the last call (``store moved to node
+        node1 (10.0.0.1)``), once; None where it did not."""
+        news, self._moved = self._moved, None
+        return news
 
     def noticed_before(self, began: float) -> float | None:
         """Seconds from the last news (a node lost, joining...) to ``began`` (the next
