@@ -16,7 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _outputs import JOB_ENV
-from _pods import Cluster, injected, manifest
+from _pods import Cluster, Pod, injected, manifest
 from test_kubernetes import _need_namespaces
 
 pytestmark = pytest.mark.integration
@@ -81,19 +81,25 @@ def _resumes(log: str) -> list[tuple[int, int]]:
     return [r for i, r in enumerate(found) if i == 0 or found[i - 1] != r]
 
 
+def _elastic_pods(tmp_path: Path) -> tuple[Rounds, list[Pod], dict[str, str]]:
+    """The elastic PyTorchJob's pods, each told the rounds FIFO, the FIFO, and the environment
+    every pod adds (the job's variables, this interpreter's bin first on PATH)."""
+    _need_namespaces()
+    (tmp_path / "train.py").write_text(TRAIN)
+    rounds = Rounds(tmp_path / "rounds.fifo")
+    pods = [p.__class__(p.name, p.environ, [*p.command, str(tmp_path / "rounds.fifo")])
+            for p in injected(manifest("pytorchjob-elastic.yaml"))]
+    bindir = str(Path(sys.executable).parent)
+    extra = {**JOB_ENV, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return rounds, pods, extra
+
+
 @pytest.mark.parametrize("killed", [1, 0])
 def test_a_deleted_pod_started_again_rejoins(tmp_path: Path, killed: int) -> None:
     """Both pods meet (world 4); pod ``killed`` is deleted: the other goes on alone (world 2)
     from its checkpoint; the pod started again with the same name and variables rejoins, the
     world is 4 again, resumed from the checkpoint, and both pods end 0."""
-    _need_namespaces()
-    (tmp_path / "train.py").write_text(TRAIN)
-    rounds = Rounds(tmp_path / "rounds.fifo")
-    pods = injected(manifest("pytorchjob-elastic.yaml"))
-    pods = [p.__class__(p.name, p.environ, [*p.command, str(tmp_path / "rounds.fifo")])
-            for p in pods]
-    bindir = str(Path(sys.executable).parent)
-    extra = {**JOB_ENV, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    rounds, pods, extra = _elastic_pods(tmp_path)
     survivor = 1 - killed
     try:
         with Cluster(pods, tmp_path, extra=extra) as cluster:
@@ -126,14 +132,7 @@ def test_a_replaced_pod_0_joins_the_running_job(tmp_path: Path, address: str) ->
     finds nothing at the endpoint and serves a fresh rendezvous there; the running pod's server
     probes the endpoint and redirects it (rounds.follows): it joins the running job (it never
     trains alone: no second job), the world is 4 again and both pods end 0."""
-    _need_namespaces()
-    (tmp_path / "train.py").write_text(TRAIN)
-    rounds = Rounds(tmp_path / "rounds.fifo")
-    pods = injected(manifest("pytorchjob-elastic.yaml"))
-    pods = [p.__class__(p.name, p.environ, [*p.command, str(tmp_path / "rounds.fifo")])
-            for p in pods]
-    bindir = str(Path(sys.executable).parent)
-    extra = {**JOB_ENV, "PATH": f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    rounds, pods, extra = _elastic_pods(tmp_path)
     try:
         with Cluster(pods, tmp_path, extra=extra, own_network=True) as cluster:
             cluster.start(0)
