@@ -251,14 +251,11 @@ def run_signals(text: str | None, environ: Mapping[str, str]) -> tuple[tuple[int
     """
     from unirank.signals import FORWARDED, HANDLED, format_signals, parse_signals, stop_signals
 
-    default = format_signals(tuple(int(s) for s in HANDLED))
     if text is not None:
-        given = parse_signals(text, variable="--signals-to-handle",
-                              example="SIGTERM,SIGINT,SIGUSR1")
-        return given, text
-    given = tuple(int(s) for s in FORWARDED)
-    stops = (int(s) for s in stop_signals(environ))
-    return tuple(dict.fromkeys([*given, *stops])), default
+        return parse_signals(text, variable="--signals-to-handle",
+                             example="SIGTERM,SIGINT,SIGUSR1"), text
+    forwarded = (*(int(s) for s in FORWARDED), *(int(s) for s in stop_signals(environ)))
+    return tuple(dict.fromkeys(forwarded)), format_signals(tuple(int(s) for s in HANDLED))
 
 
 def engine_options(args: argparse.Namespace,
