@@ -17,15 +17,16 @@ Reads no environment variable itself: callers pass the text and say where it cam
 
 from __future__ import annotations
 
+import contextlib
 import signal
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from unirank.contract import STOP_SIGNALS_VAR
 from unirank.errors import ConfigError
 
 __all__ = ["DEFAULT_WARNING", "FAULT", "FORWARDED", "HANDLED", "HOSTS_STOP", "PID1_PASSED",
            "RANK_STOP", "REFUSED", "SHIELDED", "STOP_SIGNALS", "WARNING", "format_signals",
-           "keep_off_this_thread", "parse_signal", "parse_signals", "signal_word", "stop_signals"]
+           "keep_off_new_threads", "keep_off_this_thread", "parse_signal", "parse_signals", "signal_word", "stop_signals"]
 
 # -- the named signal sets: every part of unirank takes its set from here ---------------------
 #
@@ -181,3 +182,19 @@ def keep_off_this_thread() -> None:
     thread runs Python's handler only when the main thread next runs Python code: a main thread
     blocked in ``select`` or ``read`` would not wake up for it."""
     signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - _SYNCHRONOUS)
+
+
+@contextlib.contextmanager
+def keep_off_new_threads() -> Iterator[None]:
+    """Inside, the calling thread blocks every signal sent to the process, so that the threads
+    C code starts there inherit that mask (:func:`keep_off_this_thread`'s reason): torch's
+    thread pool at ``import torch`` and the TCPStore server's loop (``pt_tcpstore_uv``), which a
+    worker's bootstrap starts before the program runs, and which would otherwise sometimes take
+    a signal meant for the program's main thread. The mask is restored on the way out, where a
+    signal that came meanwhile is delivered. Keep inside only what returns at once."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK,
+                                      set(signal.valid_signals()) - _SYNCHRONOUS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

@@ -24,6 +24,7 @@ torch is imported only when a store is opened.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from typing import Any, NoReturn
 from unirank.contract import USE_AGENT_STORE_VAR
 from unirank.errors import ConfigError
 from unirank.exitcodes import INTERRUPTED
+from unirank.signals import keep_off_new_threads
 
 __all__ = ["JoinedStore", "StoreError", "hand_over", "interrupted", "open_store", "take_joined",
            "uses_agent_store"]
@@ -149,13 +151,16 @@ def open_store(
         # serves: torch's handshake then waits, for what is left of the timeout)
         connect = _await_listener(addr, port, rank=rank, timeout=timeout, served_by=served_by,
                                   hint=hint)
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+    with keep_off_new_threads():  # torch's import-time threads
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     try:
-        store = TCPStore(
-            addr, port, None, serve, timedelta(seconds=connect), wait_for_workers=False,
-            multi_tenant=multi_tenant, master_listen_fd=listen_fd, use_libuv=True,
-        )
+        # the server's loop thread (a client starts none, and may wait here)
+        with keep_off_new_threads() if serve else contextlib.nullcontext():
+            store = TCPStore(
+                addr, port, None, serve, timedelta(seconds=connect), wait_for_workers=False,
+                multi_tenant=multi_tenant, master_listen_fd=listen_fd, use_libuv=True,
+            )
         if connect != timeout:
             store.set_timeout(timedelta(seconds=timeout))
         return store

@@ -133,6 +133,38 @@ def test_signals_are_forwarded_to_every_worker(runner: Runner, sig: signal.Signa
     assert f"rank 1 got {sig.name}" in text
 
 
+_THREAD_MASKS = """
+import os, signal
+asked = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2]
+main = os.getpid()
+for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
+    with open(f"/proc/self/task/{tid}/status") as status:
+        blocked = int(next(l for l in status if l.startswith("SigBlk:")).split()[1], 16)
+    with open(f"/proc/self/task/{tid}/comm") as comm:
+        name = comm.read().strip()
+    taken = [s.name for s in asked if not blocked & (1 << (s - 1))]
+    print(f"rank {os.environ['RANK']} thread {name} main={tid == main} takes {taken}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("preload", [True, False])
+def test_threads_started_before_the_program_leave_its_signals_to_the_main_thread(
+        runner: Runner, preload: bool) -> None:
+    """Rank 0's store server thread and torch's import-time threads (started by the bootstrap
+    before the script, with ``--no-preload``) block the signals a program handles: a signal
+    the kernel hands to such a thread runs the program's handler only when the main thread
+    next runs Python code, so a main thread waiting in ``select`` slept through it."""
+    runner.script("masks.py", _THREAD_MASKS)
+    result = runner.run(["-n", "2", *([] if preload else ["--no-preload"]), "masks.py"])
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if " thread " in line]
+    assert any("pt_tcpstore_uv" in line for line in lines), lines  # the case that matters
+    for line in lines:
+        expected = "['SIGINT', 'SIGTERM', 'SIGHUP', 'SIGUSR1', 'SIGUSR2']" if "main=True" in line \
+            else "[]"
+        assert line.endswith(f"takes {expected}"), lines
+
+
 def test_sigint_stops_workers_with_130(runner: Runner) -> None:
     runner.script("sleeper.py", """
 import os, threading

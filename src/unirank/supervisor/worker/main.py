@@ -52,7 +52,10 @@ def _recorder(info: WorkerInfo, entered_at: float,
 
     recorder = Recorder(info.rank, info.node_name, info.timeline_start, preloaded)
     recorder.times["bootstrap"] = entered_at
-    import torch.distributed  # noqa: F401  (what the rendezvous imports first)
+    from unirank.signals import keep_off_new_threads
+
+    with keep_off_new_threads():  # torch's import-time threads
+        import torch.distributed  # noqa: F401  (what the rendezvous imports first)
 
     recorder.mark("torch")
     return recorder
