@@ -332,7 +332,8 @@ class Runner:
 
 def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
                timeout: float = TIMEOUT) -> list[str]:
-    """Read lines from ``stream`` until ``count`` of them contain ``contains``; fail on timeout
+    """Read lines from ``stream`` until ``contains`` was seen ``count`` times (two processes
+    sharing one pipe may write on one line: ``READY 1READY 0``); fail on timeout
     or end of stream. Returns every line read."""
     fd = stream.fileno()
     os.set_blocking(fd, False)
@@ -356,7 +357,6 @@ def read_lines(stream: IO[bytes], count: int, *, contains: str = "",
                 line, buffer = buffer.split(b"\n", 1)
                 text = line.decode(errors="replace")
                 lines.append(text)
-                if contains in text:
-                    found += 1
+                found += text.count(contains) if contains else 1
     os.set_blocking(fd, True)
     return lines

@@ -31,9 +31,23 @@ def _named(dispositions: dict[int, object]) -> dict[str, str]:
     return {str(s): names[h] for s, h in dispositions.items()}  # type: ignore[index]
 
 
+def _from_defaults(prepare: Callable[[], None]) -> Callable[[], None]:
+    """A child's set-up that puts every signal at its default, not at what this test process
+    inherited (a CI job started in the background ignores SIGINT and SIGQUIT), then runs
+    ``prepare``."""
+    def set_up() -> None:
+        for signum in signal.valid_signals():
+            if signum not in (signal.SIGKILL, signal.SIGSTOP):
+                signal.signal(signum, signal.SIG_DFL)
+        prepare()
+
+    return set_up
+
+
 def _exec_with(prepare: Callable[[], None]) -> dict[str, str]:
-    """What a new interpreter sees when its parent ran ``prepare`` before exec."""
-    out = subprocess.run([sys.executable, "-c", _REPORT], preexec_fn=prepare,
+    """What a new interpreter sees when its parent ran ``prepare`` (from the defaults) before
+    exec."""
+    out = subprocess.run([sys.executable, "-c", _REPORT], preexec_fn=_from_defaults(prepare),
                          capture_output=True, text=True, timeout=60, check=True).stdout
     found: dict[str, str] = json.loads(out)
     return found
@@ -65,7 +79,8 @@ def test_ignored_here_names_the_ignored_signals_but_python_s_own() -> None:
             "from unirank.supervisor.fork.dispositions import ignored_here\n"
             "signal.signal(signal.SIGUSR1, lambda *_: None)\n"
             "print(json.dumps(ignored_here()))")
-    out = subprocess.run([sys.executable, "-c", code], preexec_fn=_ignore_int_quit_catch_usr2,
+    out = subprocess.run([sys.executable, "-c", code],
+                         preexec_fn=_from_defaults(_ignore_int_quit_catch_usr2),
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert json.loads(out) == [signal.SIGINT, signal.SIGQUIT]
     assert signal.SIGPIPE not in ignored_here()
