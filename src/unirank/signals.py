@@ -26,7 +26,8 @@ from unirank.errors import ConfigError
 
 __all__ = ["DEFAULT_WARNING", "FAULT", "FORWARDED", "HANDLED", "HOSTS_STOP", "PID1_PASSED",
            "RANK_STOP", "REFUSED", "SHIELDED", "STOP_SIGNALS", "WARNING", "format_signals",
-           "keep_off_new_threads", "keep_off_this_thread", "parse_signal", "parse_signals", "signal_word", "stop_signals"]
+           "keep_off_new_threads", "keep_off_this_thread", "parse_signal", "parse_signals",
+           "signal_word", "stop_signals"]
 
 # -- the named signal sets: every part of unirank takes its set from here ---------------------
 #

@@ -31,22 +31,18 @@ CPU = {"PJRT_DEVICE": "CPU"}
 #: tests of pure code (launchers, planner, output, summary, host lists, ports), which torch's
 #: version cannot change, and the engine's own behaviour (signals, teardown, restarts, output
 #: routing), which is the same whatever the workers import.
+#: of tests/cli, the modules whose workers use torch beyond the bootstrap's store and group:
+#: collectives (hello, reduce), the program's own process group (run), the hang watcher and its
+#: flight recorder (on_hang). The rest of tests/cli proves the engine and the CLI, which import
+#: no torch: the same whatever torch the workers run (the main lane runs them)
 LOW_END_TESTS = ["tests/runtime", "tests/test_joincheck.py", "tests/test_errorfile.py",
                  "tests/supervisor/worker/test_bootstrap.py",
                  "tests/supervisor/worker/test_timeline.py",
-                 "tests/cli"]
+                 "tests/cli/test_hello.py", "tests/cli/test_reduce.py", "tests/cli/test_run.py",
+                 "tests/cli/test_on_hang_keyword.py"]
 #: tests under LOW_END_TESTS that prove only the engine or the CLI's parsing (a renamed one is
 #: simply run again: --deselect ignores ids it does not find)
 LOW_END_DESELECTED = [
-    # compares with the installed torchrun, whose options are torch 2.13's
-    "tests/cli/test_elastic.py::test_workers_get_exactly_torchrun_s_variables",
-    # compares with the installed torchrun's PET_* variables, torch 2.13's
-    "tests/cli/test_run_options.py::test_every_torchrun_option_reads_the_pet_variable_torchrun_reads",
-    "tests/cli/test_torchrun_compat.py::test_ranks_that_only_print_succeed_pinned_to_one_core",
-    "tests/cli/test_torchrun_compat.py::test_max_restarts_turns_a_first_attempt_failure_into_success",
-    "tests/cli/test_torchrun_compat.py::test_all_ranks_failing_together_exit_1_never_143",
-    "tests/cli/test_torchrun_compat.py::test_log_dir_and_redirects_write_torchrun_s_layout",
-    "tests/cli/test_torchrun_compat.py::test_tee_and_local_ranks_filter",
     "tests/cli/test_run.py::test_tag_output",
     "tests/cli/test_run.py::test_parent_never_imports_torch",
     "tests/cli/test_run.py::test_init_timeout_from_the_environment",
@@ -64,10 +60,7 @@ LOW_END_IGNORED = ["tests/runtime/test_idist_compat.py", "tests/runtime/test_idi
                    "tests/runtime/test_notebook.py",  # the notebook lane: not in that venv
                    # torch 2.13's own launcher tests, vendored for the pinned torch, against
                    # torch 2.13's torchrun (2.9's differs); and torchrun 2.13's defaults
-                   "tests/runtime/test_torchrun_suite.py", "tests/cli/test_torchrun_defaults.py",
-                   # the engine's and the rendezvous's behaviour (no torch in either): a lost,
-                   # frozen, stuck or replaced node, the same whatever the workers import
-                   "tests/cli/test_elastic_recovery.py"]
+                   "tests/runtime/test_torchrun_suite.py"]
 #: single tests of the same kind (they need Horovod or ignite in the Python that runs them)
 LOW_END_NEEDS_MAIN = [
     "tests/runtime/test_backends_horovod_xla.py::test_auto_picks_horovod_under_horovodrun_only",

@@ -7,17 +7,22 @@ subprocess per run and per mode, and their results are compared:
   and ``Parallel`` tests run here) and ``two_ranks`` (``WORLD_SIZE=2``, the ``distributed``
   tests on two pytest-xdist ranks with ``--dist=each``, as ignite's run_cpu_tests.sh does);
 - modes: ``ignite`` (ignite's own ``ignite.distributed``) and ``unirank`` (the same tests with
-  ``-p unirank_shim``, which points ``ignite.distributed`` at unirank).
+  ``-p unirank_shim``, which points ``ignite.distributed`` at unirank). ignite's results depend
+  only on the pinned ignite and torch, so they are recorded in tests/ignite_suite/reference.json
+  and run again only with ``UNIRANK_PEER_REFERENCE=1`` (check the recording) or
+  ``UNIRANK_REGEN_GOLDEN=1`` (rewrite it): see tests/_peer_reference.py.
 
 Every test that passes with ignite must pass with unirank, except the ones in
 :data:`NOT_APPLICABLE` (they reach ignite's private internals) and in :data:`KNOWN_FAILING`
 (unirank's gaps, each asserted to still fail, so that fixing one forces its removal).
 
-Cost: the module took 343 s on 2 cores (one process: 183 s with ignite, 75 s with unirank; two
-ranks: 42 s and 40 s), most of it the spawn, torchrun and horovod tests that start 4 processes.
+Cost: about 120 s on 2 cores with the recording (one process: 75 s with unirank; two ranks:
+40 s), 225 s more where ignite runs too (183 s and 42 s), most of it the spawn, torchrun and
+horovod tests that start 4 processes.
 
-Environment variables read: ``CI`` (through ``unavailable``: without pytest-xdist or with another
-ignite than the vendored tag, CI fails and elsewhere the tests skip); the subprocesses get this
+Environment variables read: ``UNIRANK_PEER_REFERENCE``, ``UNIRANK_REGEN_GOLDEN`` (above);
+``CI`` (through ``unavailable``: without pytest-xdist or with another ignite than the vendored
+tag, CI fails and elsewhere the tests skip); the subprocesses get this
 process's environment without launcher variables, with ``PYTHONPATH`` (unirank's source folder,
 then tests/ignite_suite), ``CUDA_VISIBLE_DEVICES=""`` and, for ``two_ranks``, ``WORLD_SIZE=2``.
 """
@@ -42,6 +47,7 @@ from pathlib import Path
 import pytest
 
 import unirank
+from _peer_reference import peer_results
 from _procs import launcher_free_environ
 from conftest import unavailable
 
@@ -56,6 +62,8 @@ FILES = ("utils/test_serial.py", "utils/test_native.py", "test_auto.py", "test_l
 SUITE_LOCK = "/tmp/unirank-ignite-suite.lock"
 #: one run of the suite takes about 3 minutes on 2 cores; a hang must not block CI longer
 RUN_TIMEOUT_S = 900.0
+#: ignite's results of each run (tests/_peer_reference.py)
+REFERENCE = SUITE / "reference.json"
 
 #: tests that reach ignite's private internals (``_model``'s own attributes, ignite's private
 #: classes): they cannot pass against another implementation; test id -> reason
@@ -232,9 +240,13 @@ def outcomes(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     _require_tools()
     name: str = request.param
     folder = tmp_path_factory.mktemp(f"ignite_suite_{name}")
-    ignite = run_suite(RUNS[name], "ignite", folder)
+    versions = {"pytorch-ignite": IGNITE_VERSION, "torch": metadata.version("torch").split("+")[0]}
+    recorded = f"(recorded in {REFERENCE.relative_to(SUITE.parent.parent)})"
+    ignite = Outcome(peer_results(REFERENCE, versions, name,
+                                  lambda: run_suite(RUNS[name], "ignite", folder).results),
+                     0.0, recorded)
     unirank_ = run_suite(RUNS[name], "unirank", folder)
-    print(f"{name}: ignite passes {len(ignite.passed())} in {ignite.seconds:.0f} s, unirank "
+    print(f"{name}: ignite passes {len(ignite.passed())}, unirank "
           f"{len(unirank_.passed() & ignite.passed())} of them in {unirank_.seconds:.0f} s")
     yield name, ignite, unirank_
 

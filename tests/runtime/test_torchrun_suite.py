@@ -1,12 +1,16 @@
 """torch's own tests of its launcher (vendored in tests/torchrun_suite, see its README.md), run
-with torchrun and with ``unirank run``: ``test/distributed/launcher/test_run.py`` (torchrun's),
-and ``launch_test.py`` with ``test/distributed/test_launcher.py`` (``torch.distributed.launch``'s).
+with ``unirank run`` and compared with torchrun's results:
+``test/distributed/launcher/test_run.py`` (torchrun's), and ``launch_test.py`` with
+``test/distributed/test_launcher.py`` (``torch.distributed.launch``'s).
 Every test of ``api_test.py`` and ``test_api.py`` (torchrun's Python API) is listed as not
 applicable, with the reason, and checked to be listed.
 
 Each file set runs in a pytest subprocess per mode, and the results are compared:
 
-- ``torchrun``: the tests as torch runs them (``torch.distributed.run.main`` is torchrun's);
+- ``torchrun``: the tests as torch runs them (``torch.distributed.run.main`` is torchrun's).
+  Its results depend only on the pinned torch, so they are recorded in
+  tests/torchrun_suite/reference.json and run again only with ``UNIRANK_PEER_REFERENCE=1``
+  (check the recording) or ``UNIRANK_REGEN_GOLDEN=1`` (rewrite it): see tests/_peer_reference.py;
 - ``unirank``: the same tests with ``-p unirank_torchrun_shim``, which points
   ``torch.distributed.run.main`` and ``torch.distributed.launch.main`` at ``python -m unirank
   run``.
@@ -17,15 +21,16 @@ test process, or start no launcher) and in :data:`KNOWN_FAILING` (unirank's gaps
 to still fail, so that fixing one forces its removal); a test of the launch files that fails
 with torchrun too is listed in :data:`FAIL_WITH_TORCHRUN`.
 
-Cost: test_run.py 85 s with torchrun and about 85 s with unirank on 2 shared cores (each test
-starts up to 4 workers); the launch files about 25 s for both modes. Of test_run.py's 18
-applicable tests, 18 pass with torchrun and 18 with unirank; of the launch files' 3, 2 pass with
-torchrun and the same 2 with unirank.
+Cost: test_run.py about 85 s with unirank on 2 shared cores (each test starts up to 4
+workers), as much again with torchrun when it runs; the launch files about 12 s per mode. Of
+test_run.py's 18 applicable tests, 18 pass with torchrun and 18 with unirank; of the launch
+files' 3, 2 pass with torchrun and the same 2 with unirank.
 
-Environment variables read: ``CI`` (through ``unavailable``: without ``expecttest``, which
-torch's test helpers import, CI fails and elsewhere the test skips); the subprocesses get this
-process's environment without launcher variables, with ``PYTHONPATH`` (unirank's source folder,
-then tests/torchrun_suite) and ``CUDA_VISIBLE_DEVICES=""``.
+Environment variables read: ``UNIRANK_PEER_REFERENCE``, ``UNIRANK_REGEN_GOLDEN`` (above);
+``CI`` (through ``unavailable``: without ``expecttest``, which torch's test helpers import,
+CI fails and elsewhere the test skips); the subprocesses get this process's environment without
+launcher variables, with ``PYTHONPATH`` (unirank's source folder, then tests/torchrun_suite)
+and ``CUDA_VISIBLE_DEVICES=""``.
 """
 
 from __future__ import annotations
@@ -36,11 +41,13 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
 import unirank
+from _peer_reference import peer_results
 from _procs import launcher_free_environ, unavailable
 
 pytestmark = pytest.mark.integration
@@ -50,6 +57,8 @@ SUITE = Path(__file__).resolve().parents[1] / "torchrun_suite"
 TEST_FILE = "test/distributed/launcher/test_run.py"
 #: one run of the suite takes about 3 minutes on 2 cores; a hang must not block CI longer
 RUN_TIMEOUT_S = 900.0
+#: torchrun's results of the vendored files (tests/_peer_reference.py)
+REFERENCE = SUITE / "reference.json"
 
 _AGENT = "mocks torchrun's agent (LocalElasticAgent), which unirank run replaces"
 #: tests that cannot reach another launcher: test name -> reason
@@ -155,6 +164,13 @@ def run_suite(mode: str, folder: Path, files: tuple[str, ...] = (TEST_FILE,)) ->
     return parse_junit(junit, qualified=len(files) > 1)
 
 
+def torchrun_results(part: str, folder: Path, files: tuple[str, ...]) -> dict[str, str]:
+    """torchrun's results of ``files``: recorded for the installed torch, or run again."""
+    torch_version = metadata.version("torch").split("+")[0]
+    return peer_results(REFERENCE, {"torch": torch_version}, part,
+                        lambda: run_suite("torchrun", folder, files))
+
+
 def test_the_listed_tests_exist() -> None:
     text = (SUITE / TEST_FILE).read_text()
     for name in (*NOT_APPLICABLE, *KNOWN_FAILING):
@@ -165,7 +181,7 @@ def test_every_applicable_test_that_passes_with_torchrun_passes_with_unirank(
         tmp_path: Path) -> None:
     if importlib.util.find_spec("expecttest") is None:
         unavailable("expecttest is not installed (torch's test helpers import it)")
-    torchrun = run_suite("torchrun", tmp_path)
+    torchrun = torchrun_results("test_run", tmp_path, (TEST_FILE,))
     ours = run_suite("unirank", tmp_path)
     applicable = sorted(n for n in torchrun if n not in NOT_APPLICABLE)
     passing = [n for n in applicable if torchrun[n] == "passed"]
@@ -199,7 +215,7 @@ def test_torchs_other_launcher_tests_pass_with_unirank_as_with_torchrun(tmp_path
     and are listed in FAIL_WITH_TORCHRUN."""
     if importlib.util.find_spec("expecttest") is None:
         unavailable("expecttest is not installed (torch's test helpers import it)")
-    torchrun = run_suite("torchrun", tmp_path, LAUNCH_FILES)
+    torchrun = torchrun_results("launch_files", tmp_path, LAUNCH_FILES)
     ours = run_suite("unirank", tmp_path, LAUNCH_FILES)
     assert sorted(n.split("::")[0] for n in torchrun) == sorted(
         f for f in LAUNCH_FILES for _ in _test_functions(f))

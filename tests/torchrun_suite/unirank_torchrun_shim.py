@@ -43,7 +43,10 @@ def main(args: Sequence[str] | None = None) -> None:
                               env=dict(os.environ), stdin=subprocess.DEVNULL,
                               capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
     except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"unirank run {' '.join(argv)} ran past {LAUNCH_TIMEOUT:g} s") from exc
+        said = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else \
+            exc.stderr or ""
+        raise RuntimeError(f"unirank run {' '.join(argv)} ran past {LAUNCH_TIMEOUT:g} s; its "
+                           f"stderr's end:\n{said[-3000:]}") from exc
     sys.stdout.write(proc.stdout)
     sys.stderr.write(proc.stderr)
     sys.stdout.flush()
