@@ -182,7 +182,12 @@ def keep_off_this_thread() -> None:
     threads), so that the kernel hands them to the main thread. A signal taken by another
     thread runs Python's handler only when the main thread next runs Python code: a main thread
     blocked in ``select`` or ``read`` would not wake up for it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, set(signal.valid_signals()) - _SYNCHRONOUS)
+    signal.pthread_sigmask(signal.SIG_BLOCK, _asynchronous())
+
+
+def _asynchronous() -> set[signal.Signals]:
+    """The signals sent to a process (every one a thread does not raise itself)."""
+    return set(signal.valid_signals()) - _SYNCHRONOUS
 
 
 @contextlib.contextmanager
@@ -193,8 +198,7 @@ def keep_off_new_threads() -> Iterator[None]:
     worker's bootstrap starts before the program runs, and which would otherwise sometimes take
     a signal meant for the program's main thread. The mask is restored on the way out, where a
     signal that came meanwhile is delivered. Keep inside only what returns at once."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK,
-                                      set(signal.valid_signals()) - _SYNCHRONOUS)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _asynchronous())
     try:
         yield
     finally:
