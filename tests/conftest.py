@@ -26,9 +26,10 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
@@ -39,6 +40,26 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _procs import Runner, free_port, launcher_free_environ, unavailable  # noqa: E402
 
+
+def _cache_bytecode(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Where ``PYTHONDONTWRITEBYTECODE`` is set, write the bytecode caches outside the tree
+    instead (``PYTHONPYCACHEPREFIX``, default ``$XDG_CACHE_HOME/unirank/pycache``), for this
+    process and every one it starts: without them each pytest process (every xdist worker, each
+    lane that runs pytest inside pytest) rewrites the asserts of every test module again (about
+    30 s of CPU), and each of the thousands of interpreters the tests start compiles unirank
+    again. The tree stays as clean as the setting asked. Reads ``PYTHONDONTWRITEBYTECODE``,
+    ``PYTHONPYCACHEPREFIX``, ``XDG_CACHE_HOME``, ``HOME``."""
+    if not environ.get("PYTHONDONTWRITEBYTECODE"):
+        return
+    cache_home = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    prefix = environ.get("PYTHONPYCACHEPREFIX") or os.path.join(cache_home, "unirank", "pycache")
+    del environ["PYTHONDONTWRITEBYTECODE"]
+    environ["PYTHONPYCACHEPREFIX"] = prefix
+    sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False
+
+
+_cache_bytecode()
 TESTBED = REPO_ROOT / "scripts" / "testbed"
 # ignite's own tests, run by tests/runtime/test_ignite_suite.py in their own pytest processes
 collect_ignore = ["ignite_suite", "torchrun_suite"]
@@ -448,14 +469,98 @@ def mpirun() -> list[str]:
     return prefix
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Give this pytest process a temporary folder of its own (``TMPDIR``, inherited by every
+    process a test starts): an xdist worker's folder lies inside the controller's, so the
+    workers' run folders, job files (``unirank stacks`` lists this node's jobs there) and
+    ``tmp_path`` never meet, and the controller removes the whole folder at the end of a run that
+    passed (:func:`pytest_sessionfinish`); a failed run's is kept for its logs, its path printed.
+    Names stay short: unix socket paths under it must fit 107 bytes."""
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:
+        folder = Path(tempfile.gettempdir()) / worker
+        folder.mkdir()
+    else:
+        folder = Path(tempfile.mkdtemp(prefix="unirank-tests-"))
+    os.environ["TMPDIR"] = str(folder)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    config.stash[_OWN_TMPDIR] = folder
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Remove the controller's temporary folder (see :func:`pytest_configure`) after a run that
+    passed."""
+    folder = session.config.stash.get(_OWN_TMPDIR, None)
+    if folder is None or hasattr(session.config, "workerinput"):
+        return
+    if exitstatus == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    else:
+        print(f"\nthe tests' temporary folder is kept for its logs: {folder}")
+
+
+_OWN_TMPDIR = pytest.StashKey[Path]()
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses the testbed ``slurm`` and every one that uses mpirun ``mpi``."""
+    """Mark every test that uses the testbed ``slurm`` and every one that uses mpirun ``mpi``;
+    put the Slurm jobs in one xdist group; order the run (:func:`_tier`)."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "slurm_testbed" in names and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
         if "mpirun" in names and item.get_closest_marker("mpi") is None:
             item.add_marker(pytest.mark.mpi)
+        group = _xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+        if _tier(item) == 0 and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(LONG_TEST_TIMEOUT_S))
+    items.sort(key=_tier)  # stable: within a tier, the files' own order
+
+
+#: the per-test timeout (pytest-timeout) of :data:`LONG_TESTS` and the Slurm group; every other
+#: test has pyproject.toml's ``timeout``, so that a stuck test fails naming itself
+LONG_TEST_TIMEOUT_S = 1800
+#: the xdist group of the tests that submit Slurm jobs: the testbed's two nodes (4 cores and 2
+#: GPUs each) hold one test's jobs at a time, and a test that waits for its job to start must
+#: not wait behind another test's (README's command runs ``--dist loadgroup``)
+SLURM_GROUP = "slurm-testbed"
+#: the tests that take minutes on their own (pytest inside pytest, the peers' suites): started
+#: first, so that a parallel run never ends waiting for one of them alone
+LONG_TESTS = ("test_unirank_passes_its_unit_tests_on_torch_2_9",
+              "test_the_suites_pass_without_the_fork_server", "test_ignite_suite",
+              "test_torchrun_suite")
+
+
+def _needs_the_slurm_queue(item: pytest.Item) -> bool:
+    """A test that submits Slurm jobs (not one that only reaches the testbed's sshds)."""
+    names = getattr(item, "fixturenames", ())
+    return "slurm_testbed" in names and "ssh_testbed" not in names
+
+
+def _xdist_group(item: pytest.Item) -> str:
+    """The xdist group that ``item`` must share a worker with, or "": the Slurm queue's, or its
+    module's where it uses a module-scoped fixture (set up once for the module, as in a serial
+    run: ignite's suite, a trained model, a preempted job)."""
+    if _needs_the_slurm_queue(item):
+        return SLURM_GROUP
+    info = getattr(item, "_fixtureinfo", None)
+    for defs in (info.name2fixturedefs.values() if info else ()):
+        if any(fixturedef.scope == "module" for fixturedef in defs):
+            return f"module:{item.nodeid.split('::')[0]}"
+    return ""
+
+
+def _tier(item: pytest.Item) -> int:
+    """The run's order, one tier after another: 0 the Slurm group and the long tests (each one
+    unit that a worker runs alone: started first, they do not end the run late), 1 the pure
+    tests (no ``integration`` marker: seconds in all, their failures seen first), 2 the tests
+    that start real processes."""
+    if _needs_the_slurm_queue(item) or any(name in item.nodeid for name in LONG_TESTS):
+        return 0
+    return 2 if item.get_closest_marker("integration") else 1
 
 
 @pytest.hookimpl(hookwrapper=True)
