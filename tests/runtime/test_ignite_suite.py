@@ -13,8 +13,10 @@ subprocess per run and per mode, and their results are compared:
   ``UNIRANK_REGEN_GOLDEN=1`` (rewrite it): see tests/_peer_reference.py.
 
 Every test that passes with ignite must pass with unirank, except the ones in
-:data:`NOT_APPLICABLE` (they reach ignite's private internals) and in :data:`KNOWN_FAILING`
-(unirank's gaps, each asserted to still fail, so that fixing one forces its removal).
+:data:`NOT_APPLICABLE` (they reach ignite's private internals), in :data:`KNOWN_FAILING`
+(unirank's gaps, each asserted to still fail, so that fixing one forces its removal) and in
+:data:`DIFFERS` (a meaning unirank changes on purpose: each must fail with the one failure
+that says so).
 
 Cost: about 120 s on 2 cores with the recording (one process: 75 s with unirank; two ranks:
 40 s), 225 s more where ignite runs too (183 s and 42 s), most of it the spawn, torchrun and
@@ -92,6 +94,19 @@ NOT_APPLICABLE: dict[str, str] = {
 #: tests that pass with ignite and still fail with unirank, by run; test id -> why (the
 #: behaviour to fix). Each one is asserted to still fail with unirank.
 KNOWN_FAILING: dict[str, dict[str, str]] = {"one_process": {}, "two_ranks": {}}
+
+#: tests that assert a meaning unirank changes on purpose (docs/ignite.md, "Where the meaning
+#: differs"), by run; test id -> (why, the text of the failure they must end with: the
+#: assertions before it still run and pass)
+DIFFERS: dict[str, dict[str, tuple[str, str]]] = {
+    "one_process": {},
+    "two_ranks": {
+        "utils/test_native.py::test_idist_broadcast_gloo": (
+            "asserts, after its broadcasts, that broadcast([0, 1, 2]) is a TypeError: "
+            "unirank's broadcast takes any picklable object, as all_gather does",
+            "DID NOT RAISE <class 'TypeError'>"),
+    },
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -266,7 +281,7 @@ def test_what_passes_with_ignite_passes_with_unirank(outcomes: tuple[str, Outcom
                                                      ) -> None:
     """Every test passing with ignite passes with unirank, but the listed exceptions."""
     name, ignite, uni = outcomes
-    excused = NOT_APPLICABLE.keys() | KNOWN_FAILING[name].keys()
+    excused = NOT_APPLICABLE.keys() | KNOWN_FAILING[name].keys() | DIFFERS[name].keys()
     broken = sorted(t for t in ignite.passed() - uni.passed() if t not in excused)
     assert not broken, f"{name}: pass with ignite, not with unirank: {broken}\n{uni.log[-6000:]}"
 
@@ -277,6 +292,19 @@ def test_known_failing_still_fail(outcomes: tuple[str, Outcome, Outcome]) -> Non
     name, ignite, uni = outcomes
     stale = sorted(t for t in KNOWN_FAILING[name] if t not in ignite.passed() or t in uni.passed())
     assert not stale, f"{name}: remove from KNOWN_FAILING (passes with unirank, or gone): {stale}"
+
+
+def test_the_meaning_differs_where_said(outcomes: tuple[str, Outcome, Outcome]) -> None:
+    """Each DIFFERS entry passes with ignite and fails with unirank at the one check whose
+    meaning differs (its failure text is in unirank's report), not earlier."""
+    name, ignite, uni = outcomes
+    for test, (_, failure) in DIFFERS[name].items():
+        assert test in ignite.passed() and uni.results.get(test) == "failed", test
+        function = test.rpartition("::")[2]
+        said = [line for line in uni.log.splitlines()
+                if line.startswith("FAILED") and function in line]
+        assert said and all(failure in line for line in said), (
+            f"{name}: {test} must fail with {failure!r}: {said}\n{uni.log[-6000:]}")
 
 
 def test_not_applicable_are_real_tests(outcomes: tuple[str, Outcome, Outcome]) -> None:
