@@ -119,7 +119,7 @@ def wrong_samples(text: str, samples: tuple[Sample, ...] = SAMPLES) -> list[str]
     """Each code line of ``text`` that is a sample of one of ``samples`` but not the line the
     code prints: ``line N: shown / printed``."""
     wrong: list[str] = []
-    for number, line in code_lines(text):
+    for number, line in code_lines(text):  # a line may be indented (a block in a list)
         for sample in samples:
             if sample.fixed() not in line:
                 continue
@@ -144,10 +144,12 @@ def test_a_stale_sample_is_found() -> None:
             "unirank run: got SIGTERM: forwarded to the workers; SIGKILL in 1 s (SIGTERM again "
             "to kill now)\n"
             "unirank run: got SIGINT: forwarded to the workers; SIGKILL in "
-            f"{grace} s (SIGINT again to kill now)\n```\n")
+            f"{grace} s (SIGINT again to kill now)\n"
+            "[rank0]: x; stopping the workers: SIGTERM now, SIGKILL after a while\n```\n")
     wrong = wrong_samples(text)
-    assert [w.split(" (", 1)[0] for w in wrong] == ["line 3", "line 6"], wrong
+    assert [w.split(" (", 1)[0] for w in wrong] == ["line 3", "line 6", "line 8"], wrong
     assert f"SIGKILL after {grace} s'" in wrong[0]
+    assert "is not its shape" in wrong[2]
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
