@@ -2,7 +2,8 @@
 
 Every relative link in README.md and docs/*.md must point to a file or folder that exists and,
 when it has one, to a heading anchor of that Markdown file (GitHub's slugs). README must give the
-exact test command that CI (.ci/run) runs, and link every page of docs/.
+exact test command that CI (.ci/run) runs, and link every page of docs/. No page shows a path of
+the machine it was written on (:func:`machine_paths` says the rule).
 """
 
 from __future__ import annotations
@@ -116,3 +117,40 @@ def test_readme_links_every_docs_page() -> None:
     targets = {t.partition("#")[0] for t in links((ROOT / "README.md").read_text("utf-8"))}
     missing = [p.name for p in PAGES[1:] if f"docs/{p.name}" not in targets]
     assert not missing, f"README.md does not link: {', '.join(missing)}"
+
+
+#: absolute paths of the machine a page was written on: a superuser's or a named user's home
+#: (but ``/home/me/``), this workspace's ``/work/``, pytest's temporary folders
+_MACHINE_PATH = re.compile(
+    r"(?<![\w.~-])(?:/root/|/work/|/tmp/pytest|/Users/(?!me/)[\w.-]+/|/home/(?!me/)[\w.-]+/)")
+
+
+def machine_paths(text: str) -> list[str]:
+    """``line N: path`` for every absolute machine path of a page (prose and code alike).
+
+    The rule: a page shows no path of the machine it was written on. ``/home/me/`` is the one
+    home a page may show, standing for the reader's (``/home/me/venv/bin/python``: the
+    interpreter of your own environment); ``/tmp/<name>`` folders a page made up for an example
+    (``/tmp/hangdoc``) and the folders unirank itself makes (``/tmp/unirank-run-...``) are
+    illustrative; system paths (``/usr/lib/python3.11``, ``/etc/hosts``) are the same
+    everywhere. Forbidden: ``/root/``, ``/work/``, ``/tmp/pytest...``, ``/home/<user>/`` and
+    ``/Users/<user>/`` other than ``me``."""
+    found: list[str] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        found += [f"line {number}: {m.group(0)}" for m in _MACHINE_PATH.finditer(line)]
+    return found
+
+
+def test_machine_paths_are_found() -> None:
+    text = ("run /home/me/venv/bin/python\n"
+            "  File \"/root/.pyenv/versions/3.11.7/lib/python3.11/threading.py\"\n"
+            "see /work/shared/facts.md, /tmp/pytest-of-root/x and /home/alice/proj\n"
+            "/tmp/hangdoc/train.py, /usr/lib/python3.11/threading.py, ~/root/x, a/work/b\n")
+    assert machine_paths(text) == ["line 2: /root/", "line 3: /work/", "line 3: /tmp/pytest",
+                                   "line 3: /home/alice/"]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_machine_paths(page: Path) -> None:
+    found = machine_paths(page.read_text(encoding="utf-8"))
+    assert not found, f"{page.relative_to(ROOT)} shows a machine's own path: " + "; ".join(found)

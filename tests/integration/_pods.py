@@ -39,15 +39,21 @@ def manifest(name: str) -> list[dict[str, Any]]:
     return list(yaml.safe_load_all((MANIFESTS / name).read_text()))
 
 
-def containers(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Every container of a PyTorchJob's replica specs or a TrainingRuntime's replicated jobs."""
+def pod_specs(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The pod spec of each of a PyTorchJob's replica specs or a TrainingRuntime's replicated
+    jobs."""
     spec = doc["spec"]
     if doc["kind"] == "PyTorchJob":
         templates = [r["template"] for r in spec["pytorchReplicaSpecs"].values()]
     else:
         templates = [j["template"]["spec"]["template"] for j in
                      spec["template"]["spec"]["replicatedJobs"]]
-    return [c for t in templates for c in t["spec"]["containers"]]
+    return [t["spec"] for t in templates]
+
+
+def containers(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Every container of a PyTorchJob's replica specs or a TrainingRuntime's replicated jobs."""
+    return [c for spec in pod_specs(doc) for c in spec["containers"]]
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ from _procs import unavailable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _outputs import EXAMPLES, JOB_ENV, check_world, parse_reduce
-from _pods import MANIFESTS, Pod, containers, injected, manifest, run_pods
+from _pods import MANIFESTS, Pod, containers, injected, manifest, pod_specs, run_pods
+
+from unirank.contract import DEFAULT_GRACE_PERIOD
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "kubernetes.md"
@@ -51,6 +53,20 @@ def test_docs_show_every_manifest_verbatim() -> None:
         assert marker in text, f"docs/kubernetes.md does not show {path.name}"
         shown = text.split(marker, 1)[1].split("```", 1)[0]
         assert shown == path.read_text(), f"docs/kubernetes.md shows another {path.name}"
+
+
+def test_pods_outlive_unirank_grace_period() -> None:
+    """Every pod of the manifests gives ``unirank run`` more time than its grace period (a
+    pod's stop: SIGTERM, then the kubelet's SIGKILL after ``terminationGracePeriodSeconds``,
+    30 s when unset): the workers' SIGKILL and the failure summary come before the kubelet's."""
+    for name in ("trainjob.yaml", "pytorchjob.yaml", "pytorchjob-elastic.yaml"):
+        specs = [s for d in manifest(name) if d["kind"] != "TrainJob" for s in pod_specs(d)]
+        assert specs, name
+        for spec in specs:
+            given = spec.get("terminationGracePeriodSeconds", 30)
+            assert given >= DEFAULT_GRACE_PERIOD + 30, (
+                f"{name}: terminationGracePeriodSeconds {given} leaves unirank run's grace "
+                f"period ({DEFAULT_GRACE_PERIOD:g} s) less than 30 s of margin")
 
 
 def test_manifests_run_unirank_with_the_operators_variables() -> None:

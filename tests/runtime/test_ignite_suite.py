@@ -13,8 +13,10 @@ subprocess per run and per mode, and their results are compared:
   ``UNIRANK_REGEN_GOLDEN=1`` (rewrite it): see tests/_peer_reference.py.
 
 Every test that passes with ignite must pass with unirank, except the ones in
-:data:`NOT_APPLICABLE` (they reach ignite's private internals) and in :data:`KNOWN_FAILING`
-(unirank's gaps, each asserted to still fail, so that fixing one forces its removal).
+:data:`NOT_APPLICABLE` (they reach ignite's private internals), in :data:`KNOWN_FAILING`
+(unirank's gaps, each asserted to still fail, so that fixing one forces its removal) and in
+:data:`DIFFERS` (a meaning unirank changes on purpose: each must fail with the one failure
+that says so).
 
 Cost: about 120 s on 2 cores with the recording (one process: 75 s with unirank; two ranks:
 40 s), 225 s more where ignite runs too (183 s and 42 s), most of it the spawn, torchrun and
@@ -93,6 +95,19 @@ NOT_APPLICABLE: dict[str, str] = {
 #: behaviour to fix). Each one is asserted to still fail with unirank.
 KNOWN_FAILING: dict[str, dict[str, str]] = {"one_process": {}, "two_ranks": {}}
 
+#: tests that assert a meaning unirank changes on purpose (docs/ignite.md, "Where the meaning
+#: differs"), by run; test id -> (why, the text of the failure they must end with: the
+#: assertions before it still run and pass)
+DIFFERS: dict[str, dict[str, tuple[str, str]]] = {
+    "one_process": {},
+    "two_ranks": {
+        "utils/test_native.py::test_idist_broadcast_gloo": (
+            "asserts, after its broadcasts, that broadcast([0, 1, 2]) is a TypeError: "
+            "unirank's broadcast takes any picklable object, as all_gather does",
+            "DID NOT RAISE <class 'TypeError'>"),
+    },
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class Run:
@@ -118,6 +133,8 @@ class Outcome:
     results: dict[str, str]
     seconds: float
     log: str
+    #: test id -> the failure messages of its reports (run here only: not recorded)
+    failures: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     def passed(self) -> set[str]:
         """The ids of the tests that passed."""
@@ -147,6 +164,16 @@ def parse_junit(path: Path) -> dict[str, str]:
     for test, seen in results.items():
         merged[test] = next((r for r in ("failed", "passed") if r in seen), "skipped")
     return merged
+
+
+def failure_messages(path: Path) -> dict[str, list[str]]:
+    """Test id -> the messages of its failed reports, from a junit file."""
+    messages: dict[str, list[str]] = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for failure in (case.find("failure"), case.find("error")):
+            if failure is not None:
+                messages.setdefault(_test_id(case), []).append(failure.get("message", ""))
+    return messages
 
 
 def _unirank_src() -> str:
@@ -216,7 +243,7 @@ def run_suite(run: Run, mode: str, folder: Path) -> Outcome:
             pytest.fail(f"{mode} run did not end in {RUN_TIMEOUT_S} s:\n{log[-4000:]}")
     if proc.returncode not in (0, 1) or not junit.exists():
         pytest.fail(f"{mode} run ended with status {proc.returncode}:\n{log[-4000:]}")
-    return Outcome(parse_junit(junit), time.monotonic() - start, log)
+    return Outcome(parse_junit(junit), time.monotonic() - start, log, failure_messages(junit))
 
 
 def _require_ignite() -> None:
@@ -266,7 +293,7 @@ def test_what_passes_with_ignite_passes_with_unirank(outcomes: tuple[str, Outcom
                                                      ) -> None:
     """Every test passing with ignite passes with unirank, but the listed exceptions."""
     name, ignite, uni = outcomes
-    excused = NOT_APPLICABLE.keys() | KNOWN_FAILING[name].keys()
+    excused = NOT_APPLICABLE.keys() | KNOWN_FAILING[name].keys() | DIFFERS[name].keys()
     broken = sorted(t for t in ignite.passed() - uni.passed() if t not in excused)
     assert not broken, f"{name}: pass with ignite, not with unirank: {broken}\n{uni.log[-6000:]}"
 
@@ -277,6 +304,17 @@ def test_known_failing_still_fail(outcomes: tuple[str, Outcome, Outcome]) -> Non
     name, ignite, uni = outcomes
     stale = sorted(t for t in KNOWN_FAILING[name] if t not in ignite.passed() or t in uni.passed())
     assert not stale, f"{name}: remove from KNOWN_FAILING (passes with unirank, or gone): {stale}"
+
+
+def test_the_meaning_differs_where_said(outcomes: tuple[str, Outcome, Outcome]) -> None:
+    """Each DIFFERS entry passes with ignite and fails with unirank at the one check whose
+    meaning differs (its failure text is in unirank's report), not earlier."""
+    name, ignite, uni = outcomes
+    for test, (_, failure) in DIFFERS[name].items():
+        assert test in ignite.passed() and uni.results.get(test) == "failed", test
+        said = uni.failures.get(test, [])
+        assert said and all(failure in message for message in said), (
+            f"{name}: {test} must fail with {failure!r}, not {said}\n{uni.log[-6000:]}")
 
 
 def test_not_applicable_are_real_tests(outcomes: tuple[str, Outcome, Outcome]) -> None:

@@ -89,6 +89,8 @@ def test_broadcast_and_barrier_serial(serial: DistEnv) -> None:
     assert ur.broadcast(data) is data
     assert ur.broadcast("text", src=0) == "text"
     assert ur.broadcast(2.5) == 2.5
+    table = {"k": [1, (2, 3)]}
+    assert ur.broadcast(table, src=0) is table  # any picklable object, as it is
     ur.barrier()  # returns at once
 
 

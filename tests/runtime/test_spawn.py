@@ -68,6 +68,10 @@ def test_spawned_workers_run_every_collective(tmp_path: Path) -> None:
         assert r["gather_obj"] == [{"rank": i, "tuple": [i, "x"]} for i in range(3)]
         assert r["bcast_tensor"] == [1.0]
         assert (r["bcast_number"], r["bcast_str"], r["bcast_path"]) == (7, "from 1", "/who1")
+        # any picklable object, as all_gather (a dict; an object of the script's own class)
+        assert r["bcast_dict"] == {"from": 1, "list": [1, [1]]}  # JSON made the tuple a list
+        assert r["bcast_dict_safe"] == {"from": 2}
+        assert r["bcast_obj"] == {"x": 2, "tag": "p2"}
         assert r["only_zero"] == ("ran" if rank == 0 else None)
         # one_rank_first: rank 0 saw an empty folder, the others saw rank 0's file
         if rank == 0:

@@ -5,10 +5,12 @@
   ``AND``/``OR`` of integer tensors (strings, any case, or ``dist.ReduceOp``).
 * :func:`all_gather` of a tensor concatenates along dim 0 (0-d tensors are stacked); of anything
   else (number, str, picklable object) returns the list of every rank's value, in rank order.
-* :func:`broadcast` of a tensor fills it in place from ``src``; of a number, ``str`` or
-  ``pathlib.Path`` returns ``src``'s value (the other ranks' values are ignored); other types
-  are a TypeError, as in ignite. ``safe_mode=True`` lets the other ranks pass anything
-  (``None``) even when ``src`` broadcasts a tensor.
+* :func:`broadcast` of a tensor fills it in place from ``src``; of anything else picklable (a
+  number, ``str``, ``pathlib.Path``, dict, list, an object of the program's own class) returns
+  ``src``'s value (the other ranks' values are ignored), as :func:`all_gather` takes any
+  picklable object (ignite's ``broadcast`` refuses the types past ``pathlib.Path`` with a
+  TypeError). ``safe_mode=True`` lets the other ranks pass anything (``None``) even when
+  ``src`` broadcasts a tensor.
 
 Objects and strings travel pickled in byte tensors (:mod:`unirank.runtime.objects`): no
 collective needs numpy.
@@ -24,9 +26,7 @@ backend is not a torch.distributed group (Horovod, XLA), its entry's
 
 from __future__ import annotations
 
-import numbers
 import warnings
-from pathlib import PurePath
 from typing import Any, TypeVar, cast
 
 import torch
@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from unirank.runtime import backends, groups, objects, state
 
-__all__ = ["BROADCAST_TYPES", "REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
+__all__ = ["REDUCE_OPS", "all_gather", "all_reduce", "barrier", "broadcast"]
 
 T = TypeVar("T")
 
@@ -206,16 +206,9 @@ def all_gather(tensor: Any, group: Any = None) -> Any:
     return objects.all_gather_objects(data, group)
 
 
-#: what ignite's ``broadcast`` takes (and ``None`` on ranks other than ``src``, in safe mode)
-BROADCAST_TYPES = (torch.Tensor, numbers.Number, str, PurePath)
-
-
 def _check_broadcast(data: Any, src: int, safe_mode: bool) -> None:
-    """ignite's checks: one of :data:`BROADCAST_TYPES` (TypeError), ``None`` only on a rank
-    other than ``src`` with ``safe_mode`` (ValueError)."""
-    if data is not None and not isinstance(data, BROADCAST_TYPES):
-        raise TypeError(f"Unhandled input type {type(data)}: broadcast takes a tensor, a number, "
-                        "a str or a pathlib.Path")
+    """ignite's checks of ``None``: only on a rank other than ``src`` with ``safe_mode``
+    (ValueError)."""
     if data is None:
         if state.get_rank() == src:
             raise ValueError("Source data can not be None")
@@ -240,14 +233,14 @@ def _placeholder(data: Any, src: int, group: Any) -> Any:
 
 
 def broadcast(tensor: T, src: int = 0, safe_mode: bool = False, *, group: Any = None) -> T:
-    """``src``'s ``tensor`` on every rank: a tensor (filled in place and returned), a number, a
-    ``str`` or a ``pathlib.Path`` (the value as ``src`` has it: a number keeps its type).
-    Other types are a TypeError, as in ignite. Ranks other than ``src`` pass a placeholder of
-    the same type (a tensor of the same shape and dtype), unless ``safe_mode=True``: then they
-    may pass anything (``None``), at the cost of one more broadcast. ``None`` on ``src``, or
-    elsewhere without ``safe_mode``, is a ValueError (serially too). ``group``: see this
-    module's docstring (``src`` is a global rank); a rank outside it gets ``tensor`` back as it
-    is."""
+    """``src``'s ``tensor`` on every rank: a tensor (filled in place and returned), or any
+    picklable object (the value as ``src`` has it, pickled: a number keeps its type, a dict or
+    an object of the program's own class comes back equal). Ranks other than ``src`` pass a
+    placeholder of the same kind (a tensor of the same shape and dtype; for an object, any
+    value that is not a tensor), unless ``safe_mode=True``: then they may pass anything
+    (``None``), at the cost of one more broadcast. ``None`` on ``src``, or elsewhere without
+    ``safe_mode``, is a ValueError (serially too). ``group``: see this module's docstring
+    (``src`` is a global rank); a rank outside it gets ``tensor`` back as it is."""
     data: Any = tensor
     if not _active():
         if data is None:

@@ -5,12 +5,14 @@ Usage: python collectives_job.py N DIR   (DIR: an empty folder for the one_rank_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
 
 import torch
+from shared_types import Point
 
 import unirank as ur
 
@@ -50,6 +52,10 @@ def body(local_rank: int, folder: str) -> None:
         "bcast_number": ur.broadcast(rank * 7, src=1),
         "bcast_str": ur.broadcast(f"from {rank}", src=1),
         "bcast_path": str(ur.broadcast(Path(f"/who{rank}"), src=1)),
+        "bcast_dict": ur.broadcast({"from": rank, "list": [rank, (rank,)]}, src=1),
+        "bcast_dict_safe": ur.broadcast({"from": rank} if rank == 2 else None, src=2,
+                                        safe_mode=True),
+        "bcast_obj": dataclasses.asdict(ur.broadcast(Point(rank, f"p{rank}"), src=2)),
         "only_zero": ur.one_rank_only()(lambda: "ran")(),
         "seen_first": seen_first,
     }
