@@ -503,9 +503,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 _OWN_TMPDIR = pytest.StashKey[Path]()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses the testbed ``slurm`` and every one that uses mpirun ``mpi``;
-    put the Slurm jobs in one xdist group; order the run (:func:`_tier`)."""
+    put the Slurm jobs in one xdist group; order the run (:func:`_tier`). First: xdist reads the
+    groups in its own hook."""
     for item in items:
         names = getattr(item, "fixturenames", ())
         if "slurm_testbed" in names and item.get_closest_marker("slurm") is None:
