@@ -448,6 +448,22 @@ def mpirun() -> list[str]:
     return prefix
 
 
+@pytest.fixture(scope="session")
+def tmux() -> str:
+    """The path of tmux (a real terminal emulator, with a scrollback); installs it as root
+    when it is missing (``scripts/testbed install``).
+
+    Fails in CI and skips elsewhere when tmux cannot be had.
+    """
+    if shutil.which("tmux") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        _testbed("install", TESTBED_START_TIMEOUT_S, _default_log_dir())
+    exe = shutil.which("tmux")
+    if exe is None:
+        unavailable("tmux not found: install it (apt-get install tmux, or scripts/testbed "
+                    "install as root)")
+    return exe
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that uses the testbed ``slurm`` and every one that uses mpirun ``mpi``."""
     for item in items:
