@@ -75,7 +75,8 @@ class Tmux:
         rc = self.folder / f"{name}.rc"
         script = self.folder / f"{name}.sh"
         script.write_text(
-            f"cd {_quote(self.folder)}\nclear\n{' '.join(map(_quote, command))}\n"
+            f"cd {_quote(self.folder)}\nprintf '\\033[H\\033[2J'\n"  # the top left, as clear
+            f"{' '.join(map(_quote, command))}\n"
             f"echo $? > {_quote(rc)}\n"
             f"{_quote(self.exe)} -L {self.socket} wait-for -S {name}\n")
         self._tmux("new-session", "-d", "-s", name, "-x", str(columns), "-y", str(ROWS),
