@@ -2,8 +2,10 @@
 
 It knows what :mod:`unirank.supervisor.console` and tqdm write: printable text (wrapping at the
 last column), ``\\r``, ``\\n`` (a pty's ONLCR: back to the first column too), ``\\x1b[nA`` and
-``\\x1b[nB`` (up, down), ``\\x1b[K`` (erase to the end of the row), ``\\x1b[J`` (erase to the
-end of the screen); other escape sequences (colours) are ignored.
+``\\x1b[nB`` (up, down), ``\\x1b[K`` (erase to the end of the row; ``\\x1b[2K``: the whole
+row), ``\\x1b[J`` (erase to the end of the screen); other escape sequences (colours) are
+ignored. It has no screen height, so none of a real terminal's scrollback rules: what tmux keeps
+is counted by tests/supervisor/test_bars_in_tmux.py.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def screen(data: bytes, width: int = 80) -> list[str]:
                 row = max(0, row - count)
             elif match[2] == "B":
                 row += count
+            elif match[2] == "K" and match[1] == "2":
+                rows[row].clear()
             elif match[2] == "K":
                 del rows[row][col:]
             elif match[2] == "J":

@@ -7,10 +7,12 @@
 - ``mpirun`` (session): the command prefix for Open MPI's ``mpirun``.
 - ``ssh_testbed`` (session): ``unirank run --hosts``'s ssh options for the testbed's two nodes
   (one sshd each, started by ``scripts/testbed``).
+- ``tmux`` (session): the path of tmux, a real terminal emulator (installed by ``scripts/testbed
+  install`` as root when missing).
 
-Rule (DEVELOPERS.md): with ``CI=true`` a testbed or mpirun that cannot be had is a test failure;
-elsewhere (no root, no apt) the tests skip with a one-line reason (``unavailable`` and ``in_ci``
-of tests/_procs.py).
+Rule (DEVELOPERS.md): with ``CI=true`` a testbed, mpirun or tmux that cannot be had is a test
+failure; elsewhere (no root, no apt) the tests skip with a one-line reason (``unavailable`` and
+``in_ci`` of tests/_procs.py).
 
 Environment variables read: ``CI``, ``UNIRANK_TESTBED_LOGS`` (log folder of the testbed), and the
 caller's environment, from which launcher variables (``SLURM_*``, ``OMPI_*``, ...) are removed
@@ -467,6 +469,22 @@ def mpirun() -> list[str]:
     if os.geteuid() == 0:
         prefix.insert(1, "--allow-run-as-root")
     return prefix
+
+
+@pytest.fixture(scope="session")
+def tmux() -> str:
+    """The path of tmux (a real terminal emulator, with a scrollback); installs it as root
+    when it is missing (``scripts/testbed install``).
+
+    Fails in CI and skips elsewhere when tmux cannot be had.
+    """
+    if shutil.which("tmux") is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        _testbed("install", TESTBED_START_TIMEOUT_S, _default_log_dir())
+    exe = shutil.which("tmux")
+    if exe is None:
+        unavailable("tmux not found: install it (apt-get install tmux, or scripts/testbed "
+                    "install as root)")
+    return exe
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -96,6 +96,22 @@ def test_a_log_receives_the_golden_bytes(name: str) -> None:
     assert b"\x1b" not in written and b"\r" not in written
 
 
+@pytest.mark.parametrize("name", sorted(_SCENARIOS))
+def test_a_terminal_is_never_sent_an_erase_below(name: str) -> None:
+    """tmux takes ``\\x1b[J`` at the top left for a clear screen and keeps the screen in its
+    scrollback: a bar drawn on the first row would leave a line there at every redraw (issue
+    44; tests/supervisor/test_bars_in_tmux.py counts them in tmux itself)."""
+    assert b"\x1b[J" not in b"".join(_terminal(name))
+    assert b"\x1b[2K" in b"".join(_terminal(name))
+
+
+def test_a_shorter_block_leaves_no_row_of_the_longer_one() -> None:
+    view = TerminalView(80)
+    out = view.update(0, "", [], ["bar 0"]) + view.update(2, "", [], ["bar 1"])
+    out += view.update(0, "", ["bar 0 done"], []) + view.update(2, "", [], ["bar 1 again"])
+    assert screen(out) == ["bar 0 done", "bar 1 again"]
+
+
 def test_two_bars_redraw_in_place_below_the_lines_and_their_final_states_stay() -> None:
     writes = _terminal("two_bars")
     seen = b""
