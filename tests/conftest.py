@@ -7,6 +7,8 @@
 - ``mpirun`` (session): the command prefix for Open MPI's ``mpirun``.
 - ``ssh_testbed`` (session): ``unirank run --hosts``'s ssh options for the testbed's two nodes
   (one sshd each, started by ``scripts/testbed``).
+- ``own_tmpdir`` (session, autouse; tests/_tmpcheck.py): TMPDIR is a fresh folder of the
+  session's, checked at the end for what unirank runs left there (fails with ``CI=true``).
 
 Rule (DEVELOPERS.md): with ``CI=true`` a testbed or mpirun that cannot be had is a test failure;
 elsewhere (no root, no apt) the tests skip with a one-line reason (``unavailable`` and ``in_ci``
@@ -38,6 +40,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # shared test helpers (tests/_procs.py) are importable from every test module
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _procs import Runner, free_port, launcher_free_environ, unavailable  # noqa: E402
+
+# the session's own TMPDIR, checked at the end for what runs left (tests/_tmpcheck.py)
+from _tmpcheck import own_tmpdir, pytest_sessionfinish  # noqa: E402, F401
 
 TESTBED = REPO_ROOT / "scripts" / "testbed"
 # ignite's own tests, run by tests/runtime/test_ignite_suite.py in their own pytest processes

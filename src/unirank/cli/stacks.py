@@ -34,20 +34,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "watcher's intervals and 3 s)")
 
 
-def _pick(job: str | None) -> dict[str, object]:
-    from unirank.hang.jobs import find_jobs, jobs_dir
+def _pick(job: str | None, named: bool = False) -> dict[str, object]:
+    """The job to ask: the one running job (of ``job``, where given); else, where the user
+    ``named`` the job, the one job file of it that cannot be checked (written in another PID
+    namespace: its store answers, or the job is gone). Never counts an unchecked file as a
+    running job."""
+    from unirank.hang.jobs import jobs_dir, scan_jobs
 
-    found = find_jobs(job)
+    found, unchecked = scan_jobs(job)
     if len(found) == 1:
         return found[0]
-    if not found:
-        raise ConfigError(f"no running unirank job{'' if job is None else ' ' + repr(job)} "
-                          f"on this node (no live job file in {jobs_dir()})",
-                          hint="run this on a node of the job, whose hang detector is on "
-                          "(not --hang-report-after off)")
-    ids = ", ".join(str(j["run_id"]) for j in found)
-    raise ConfigError(f"several unirank jobs run on this node: {ids}", variable="--job",
-                      value=job, hint="name one with --job ID")
+    if len(found) > 1:
+        ids = ", ".join(str(j["run_id"]) for j in found)
+        raise ConfigError(f"several unirank jobs run on this node: {ids}", variable="--job",
+                          value=job, hint="name one with --job ID")
+    if named and len(unchecked) == 1:
+        return unchecked[0]
+    label = "" if job is None else " " + repr(job)
+    if unchecked:
+        ids = ", ".join(str(j["run_id"]) for j in unchecked)
+        raise ConfigError(
+            f"no running unirank job{label} that this shell can check on this node; job "
+            f"files written in another PID namespace (a container) name: {ids}",
+            hint="run unirank stacks inside the job's container, or name one with --job ID")
+    raise ConfigError(f"no running unirank job{label} on this node (no live job file in "
+                      f"{jobs_dir()})", hint="run this on a node of the job, whose hang "
+                      "detector is on (not --hang-report-after off)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -56,7 +68,8 @@ def main(args: argparse.Namespace) -> int:
     from unirank.launchers import slurm_vars
 
     job_id = args.job or slurm_vars.job_id(os.environ)[0]
-    job = _pick(job_id) if args.job or _has(job_id) else _pick(None)
+    job = (_pick(job_id, named=bool(args.job)) if args.job or _has(job_id)
+           else _pick(None))
     interval = float(str(job.get("interval", 5.0)))
     timeout = (parse_seconds(str(args.timeout), "--timeout") if args.timeout is not None
                else 2 * interval + 3)
