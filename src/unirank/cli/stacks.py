@@ -6,7 +6,10 @@ written by the hang watcher of the node's first rank) says where the job's store
 command asks every rank's watcher for its stacks through the store (the same request as the
 hang report's), waits for them a bounded time, and prints them with each rank's collective
 progress. ``--job ID`` picks one of several jobs (a run id, or a Slurm job id); in a Slurm
-job's shell the job's id is the default. Needs the hang detector on (its default).
+job's shell the job's id is the default. Needs the hang detector on (its default). A job file
+written in another PID namespace (a container's, seen from the host) cannot be checked here
+(:mod:`unirank.owner`): it never counts as a running job; where only such files are found the
+error names them, and ``--job ID`` naming one asks its store.
 
 Reads: SLURM_JOB_ID (through :mod:`unirank.launchers.slurm_vars`), TMPDIR.
 """
