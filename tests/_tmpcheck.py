@@ -84,6 +84,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         lines.append(f"LEFT BEHIND by the tests' runs: {', '.join(left)}")
         if in_ci() and exitstatus == pytest.ExitCode.OK:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-    if reporter is not None and (kept or left):
+    if reporter is not None and (swept or kept or left):
         for line in lines:
-            reporter.write_line(line, red=bool(left), yellow=not left)
+            reporter.write_line(line, red=bool(left), yellow=bool(kept) and not left)

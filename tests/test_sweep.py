@@ -116,3 +116,17 @@ def test_an_owned_folder_names_its_maker(tmp: Path) -> None:
     assert os.path.basename(path).startswith("unirank-run-")
     assert sweep.read_owner(path) == own.owner_of().to_record()
     assert sweep.sweep() == [] and os.path.isdir(path)
+
+
+def test_the_sessions_check_names_what_a_sweep_leaves(tmp: Path) -> None:
+    """tests/_tmpcheck.py: what the sweep removes is counted, a dead run's folder with a report
+    is kept, a live owner's entry is a leftover."""
+    from _tmpcheck import leftovers
+
+    mine = own.owner_of().to_record()
+    gone = {**mine, "start": mine["start"] + 1}
+    _owned(tmp, "unirank-run-dead", gone)
+    report = _owned(tmp, "unirank-run-report", gone)
+    (report / "attempt_0" / "0" / "error.json").write_text("{}")
+    _owned(tmp, "unirank-run-leaked", mine)
+    assert leftovers(tmp) == (1, ["unirank-run-report"], ["unirank-run-leaked"])

@@ -12,7 +12,7 @@
 
 Without ``--log-dir`` the run's folder is a temporary one, ``<tmp>/unirank-run-XXXX`` with its
 owner's ``owner.json`` (:func:`make_temporary_run_folder`), removed when the run ends unless
-it holds hang reports (:func:`end_temporary_run_folder`); what a run killed by SIGKILL left is
+it holds hang reports (:func:`end_run_folder`); what a run killed by SIGKILL left is
 swept by a later run (the rule: :mod:`unirank.sweep`).
 
 A run never reuses a folder: like torchrun's, it is made with a random suffix after the run
@@ -40,7 +40,7 @@ from unirank.contract import ATTEMPT_DIR_VAR, ERROR_FILE_VAR
 from unirank.hang import HANG_FOLDER, WAITING_MARK
 
 __all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of",
-           "end_temporary_run_folder", "make_run_folder", "make_temporary_run_folder"]
+           "end_run_folder", "make_run_folder", "make_temporary_run_folder"]
 
 #: the duplicate filters' copies of stdout (1) and stderr (2), in the attempt's folder
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
@@ -121,13 +121,14 @@ def make_temporary_run_folder() -> RunFolder:
     return RunFolder(make_owned_folder(RUN_PREFIX))
 
 
-def end_temporary_run_folder(root: RunFolder) -> bool:
-    """At the run's end: remove its temporary folder unless it holds hang reports, then sweep
-    what the run's killed workers left (their job files); whether the folder is kept."""
+def end_run_folder(root: RunFolder, temporary: bool) -> bool:
+    """At the run's end: remove its ``temporary`` folder unless it holds hang reports, then
+    sweep what the run's killed workers left (their job files: :func:`unirank.sweep.sweep`);
+    whether a temporary folder is kept for its reports."""
     from unirank.sweep import sweep
 
-    kept = root.has_hang_reports()
-    if not kept:
+    kept = temporary and root.has_hang_reports()
+    if temporary and not kept:
         shutil.rmtree(root.path, ignore_errors=True)
     sweep()
     return kept

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from unirank.hang.jobs import sweep_jobs
-from unirank.owner import Here, here, owner_of, should_sweep, state_of_record
+from unirank.owner import DEAD, Here, here, owner_of, should_sweep, state_of_record
 
 __all__ = ["OWNER_FILE", "PARALLEL_PREFIX", "PREFIXES", "RDZV_PREFIX", "RUN_PREFIX",
            "make_owned_folder", "read_owner", "sweep"]
@@ -92,7 +92,8 @@ def _sweep_folder(path: str, spot: Here, now: float) -> bool:
         return False  # another user's: theirs to sweep
     record = read_owner(path)
     state = None if record is None else state_of_record(record, spot)
-    holds = not os.path.basename(path).startswith(PARALLEL_PREFIX) and _holds_report(path)
+    holds = (state == DEAD and not os.path.basename(path).startswith(PARALLEL_PREFIX)
+             and _holds_report(path))  # asked only where the answer counts
     if not should_sweep(state, holds, now - info.st_mtime):
         return False
     shutil.rmtree(path, ignore_errors=True)
@@ -100,8 +101,9 @@ def _sweep_folder(path: str, spot: Here, now: float) -> bool:
 
 
 def sweep(now: float | None = None) -> list[str]:
-    """Remove what the rule (:func:`unirank.owner.should_sweep`) says nobody needs from this user's temporary
-    folder: owned folders and job files; the paths removed."""
+    """Remove from the temporary folder what the rule (:func:`unirank.owner.should_sweep`)
+    says nobody needs: this user's owned folders and job files; the paths removed. ``now``:
+    the time to measure ages from (default: now)."""
     now = time.time() if now is None else now
     spot = here()
     tmp = tempfile.gettempdir()

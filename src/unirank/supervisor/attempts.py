@@ -51,13 +51,8 @@ from unirank.hang import HANG_VERDICT, ON_HANG_ASKED
 from unirank.launchers import slurm_vars
 from unirank.owner import KEEP_DAYS
 from unirank.resolve import require_own
-from unirank.runfolder import (
-    AttemptFolder,
-    RunFolder,
-    end_temporary_run_folder,
-    make_run_folder,
-    make_temporary_run_folder,
-)
+from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
+from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.signals import FORWARDED, format_signals
 from unirank.supervisor.engine import (
     Supervisor,
@@ -300,7 +295,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             reason = why.to_value(attempt, before.world_size)
     finally:
         # a temporary folder in which a hang report was written (which a report named) is kept
-        if not keep and end_temporary_run_folder(root):
+        if end_run_folder(root, temporary=not keep):
             os.write(err_fd, f"{options.prog}: hang reports kept in {root.path} (removed by "
                      f"a later run {KEEP_DAYS:g} days after this one)\n".encode())
 
@@ -378,7 +373,7 @@ def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[RunFolde
                               variable="--log-dir", value=out.log_dir,
                               hint="give a folder this user can write") from None
     else:
-        root = make_temporary_run_folder()
+        root = temporary_run_folder()
     if out.writes_files:
         os.write(err_fd, f"{options.prog}: log files in {root.path}\n".encode())
     return root, bool(out.log_dir) or out.writes_files
