@@ -40,8 +40,8 @@ def _safe(run_id: str) -> str:
 
 
 def announce(job: Mapping[str, Any]) -> str | None:
-    """Write ``job``'s file for this process (atomically) with this pid; its path, or None
-    where it cannot."""
+    """Write ``job``'s file for this process (atomically) with this process named as its owner
+    (:func:`unirank.owner.owner_of`); its path, or None where it cannot."""
     folder = jobs_dir()
     path = os.path.join(folder, f"{_safe(str(job['run_id']))}.{os.getpid()}.json")
     record = {**job, **owner_of().to_record()}
@@ -71,7 +71,7 @@ def withdraw(path: str | None) -> None:
 
 def _records(spot: Here) -> list[tuple[str, dict[str, Any], OwnerState]]:
     """Every job file's run id, contents and owner state; the files that
-    :func:`unirank.sweep.should_sweep` gives up (their owner provably gone) are removed
+    :func:`unirank.owner.should_sweep` gives up (their owner provably gone) are removed
     instead."""
     folder = jobs_dir()
     now = time.time()
