@@ -24,7 +24,8 @@ worker that torchrun started is not told, and :func:`attempt_folder_of` reads to
 layout from its error file's path instead, only where the path has that shape.
 
 Reads (:func:`attempt_folder_of`, from the mapping it is given): UNIRANK_ATTEMPT_DIR,
-TORCHELASTIC_ERROR_FILE.
+TORCHELASTIC_ERROR_FILE; TMPDIR (:func:`make_temporary_run_folder`, :func:`end_run_folder`:
+through :func:`tempfile.gettempdir`).
 """
 
 from __future__ import annotations
