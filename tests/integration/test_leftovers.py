@@ -1,7 +1,8 @@
 """Nothing of a run stays in the temporary folder (the rule: :mod:`unirank.sweep`): real
 ``unirank run`` processes, each with a temporary folder of the test's own (TMPDIR).
 
-- a run that ends (normally, failed after a restart, or on SIGTERM) removes what it made;
+- a run that ends (normally, failed after a restart, on SIGTERM or SIGINT) removes what it
+  made;
 - a c10d run leaves no rendezvous log;
 - a run whose launcher is SIGKILLed leaves its folder and job file, and the next run sweeps
   them;
@@ -63,13 +64,16 @@ def test_runs_that_end_leave_nothing(runner: Runner, tmp: Path) -> None:
         assert _entries(tmp) == [], (args, result.stderr)
 
 
-def test_a_run_stopped_by_sigterm_leaves_nothing(runner: Runner, tmp: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_run_stopped_by_a_signal_leaves_nothing(runner: Runner, tmp: Path,
+                                                  signum: signal.Signals) -> None:
+    """SIGTERM (scancel's first signal, a container's stop) and Ctrl-C's SIGINT."""
     script = runner.script("w.py", WAITS)
     proc = runner.start(["--nproc-per-node", "2", str(script)],
                         env={"TMPDIR": str(tmp), "WAIT": "1"})
     assert proc.stdout is not None
     runner.read_lines(proc.stdout, 2, contains="READY")
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     proc.communicate(timeout=60)
     assert _entries(tmp) == []
 
