@@ -130,3 +130,18 @@ def test_the_sessions_check_names_what_a_sweep_leaves(tmp: Path) -> None:
     (report / "attempt_0" / "0" / "error.json").write_text("{}")
     _owned(tmp, "unirank-run-leaked", mine)
     assert leftovers(tmp) == (1, ["unirank-run-report"], ["unirank-run-leaked"])
+
+
+def test_a_zombie_owner_is_dead() -> None:
+    """A process that ended and that its parent has not reaped yet runs no more."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        started = own.seen_start(child.pid)
+        assert started is not None and started >= 0
+        assert child.stdin is not None
+        child.stdin.close()
+        os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped
+        assert own.seen_start(child.pid) is None
+    finally:
+        child.wait()

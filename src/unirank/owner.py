@@ -138,11 +138,13 @@ def _read(path: str) -> str:
 
 def seen_start(pid: int) -> int | None:
     """The start time of the process ``pid`` of this namespace (clock ticks after boot); None
-    where none runs; :data:`NO_START` where one runs whose start time cannot be read."""
+    where none runs (a zombie has ended: it runs no more); :data:`NO_START` where one runs
+    whose start time cannot be read."""
     stat = _read(f"/proc/{pid}/stat")
     if stat:
         with contextlib.suppress(IndexError, ValueError):
-            return int(stat.rsplit(")", 1)[1].split()[19])  # after the name: field 3 on
+            fields = stat.rsplit(")", 1)[1].split()  # after the name: field 3 on
+            return None if fields[0] in ("Z", "X") else int(fields[19])
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
