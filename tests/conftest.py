@@ -9,6 +9,8 @@
   (one sshd each, started by ``scripts/testbed``).
 - ``tmux`` (session): the path of tmux, a real terminal emulator (installed by ``scripts/testbed
   install`` as root when missing).
+- TMPDIR (tests/_tmpcheck.py): each pytest process (each xdist worker) has a folder of its own,
+  checked at the end for what unirank runs left there (fails with ``CI=true``) and removed.
 
 Rule (DEVELOPERS.md): with ``CI=true`` a testbed, mpirun or tmux that cannot be had is a test
 failure; elsewhere (no root, no apt) the tests skip with a one-line reason (``unavailable`` and
@@ -28,7 +30,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
@@ -62,6 +63,9 @@ def _cache_bytecode(environ: MutableMapping[str, str] = os.environ) -> None:
 
 
 _cache_bytecode()
+# each pytest process's own TMPDIR, checked at the end for what runs left (tests/_tmpcheck.py)
+from _tmpcheck import pytest_configure, pytest_sessionfinish  # noqa: E402, F401
+
 TESTBED = REPO_ROOT / "scripts" / "testbed"
 # ignite's own tests, run by tests/runtime/test_ignite_suite.py in their own pytest processes
 collect_ignore = ["ignite_suite", "torchrun_suite"]
@@ -485,40 +489,6 @@ def tmux() -> str:
         unavailable("tmux not found: install it (apt-get install tmux, or scripts/testbed "
                     "install as root)")
     return exe
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    """Give this pytest process a temporary folder of its own (``TMPDIR``, inherited by every
-    process a test starts): an xdist worker's folder lies inside the controller's, so the
-    workers' run folders, job files (``unirank stacks`` lists this node's jobs there) and
-    ``tmp_path`` never meet, and the controller removes the whole folder at the end of a run that
-    passed (:func:`pytest_sessionfinish`); a failed run's is kept for its logs, its path printed.
-    Names stay short: unix socket paths under it must fit 107 bytes."""
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker:
-        folder = Path(tempfile.gettempdir()) / worker
-        folder.mkdir()
-    else:
-        folder = Path(tempfile.mkdtemp(prefix="unirank-tests-"))
-    os.environ["TMPDIR"] = str(folder)
-    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
-    config.stash[_OWN_TMPDIR] = folder
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Remove the controller's temporary folder (see :func:`pytest_configure`) after a run that
-    passed."""
-    folder = session.config.stash.get(_OWN_TMPDIR, None)
-    if folder is None or hasattr(session.config, "workerinput"):
-        return
-    if exitstatus == 0:
-        shutil.rmtree(folder, ignore_errors=True)
-    else:
-        print(f"\nthe tests' temporary folder is kept for its logs: {folder}")
-
-
-_OWN_TMPDIR = pytest.StashKey[Path]()
 
 
 @pytest.hookimpl(tryfirst=True)

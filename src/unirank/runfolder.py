@@ -10,6 +10,11 @@
             ranks-waiting                       the hang detector's mark (hang.WAITING_MARK)
             hang/report-<n>.txt, .json          rank 0's hang reports (hang.HANG_FOLDER)
 
+Without ``--log-dir`` the run's folder is a temporary one, ``<tmp>/unirank-run-XXXX`` with its
+owner's ``owner.json`` (:func:`make_temporary_run_folder`), removed when the run ends unless
+it holds hang reports (:func:`end_run_folder`); what a run killed by SIGKILL left is
+swept by a later run (the rule: :mod:`unirank.sweep`).
+
 A run never reuses a folder: like torchrun's, it is made with a random suffix after the run
 id (``tempfile.mkdtemp``), so that a run started again with the same ``--log-dir`` and run id
 (a requeued Slurm job keeps its id; the c10d rendezvous's default id is ``none``) keeps every
@@ -19,13 +24,15 @@ worker that torchrun started is not told, and :func:`attempt_folder_of` reads to
 layout from its error file's path instead, only where the path has that shape.
 
 Reads (:func:`attempt_folder_of`, from the mapping it is given): UNIRANK_ATTEMPT_DIR,
-TORCHELASTIC_ERROR_FILE.
+TORCHELASTIC_ERROR_FILE; TMPDIR (:func:`make_temporary_run_folder`, :func:`end_run_folder`:
+through :func:`tempfile.gettempdir`).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +40,8 @@ from dataclasses import dataclass
 from unirank.contract import ATTEMPT_DIR_VAR, ERROR_FILE_VAR
 from unirank.hang import HANG_FOLDER, WAITING_MARK
 
-__all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of", "make_run_folder"]
+__all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of",
+           "end_run_folder", "make_run_folder", "make_temporary_run_folder"]
 
 #: the duplicate filters' copies of stdout (1) and stderr (2), in the attempt's folder
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
@@ -103,6 +111,28 @@ def make_run_folder(log_dir: str, run_id: str) -> RunFolder:
     os.makedirs(log_dir, exist_ok=True)
     safe = run_id.replace(os.sep, "_") or "run"
     return RunFolder(tempfile.mkdtemp(prefix=f"{safe}_", dir=log_dir))
+
+
+def make_temporary_run_folder() -> RunFolder:
+    """A new run's folder in the temporary folder, owned by this process, once what earlier
+    runs left there is swept (:func:`unirank.sweep.sweep`). OSError when it cannot be made."""
+    from unirank.sweep import RUN_PREFIX, make_owned_folder, sweep
+
+    sweep()
+    return RunFolder(make_owned_folder(RUN_PREFIX))
+
+
+def end_run_folder(root: RunFolder, temporary: bool) -> bool:
+    """At the run's end: remove its ``temporary`` folder unless it holds hang reports, then
+    sweep what the run's killed workers left (their job files: :func:`unirank.sweep.sweep`);
+    whether a temporary folder is kept for its reports."""
+    from unirank.sweep import sweep
+
+    kept = temporary and root.has_hang_reports()
+    if temporary and not kept:
+        shutil.rmtree(root.path, ignore_errors=True)
+    sweep()
+    return kept
 
 
 def attempt_folder_of(environ: Mapping[str, str]) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from unirank import owner
 from unirank.hang import jobs
 
 
@@ -60,3 +61,37 @@ def test_a_job_announced_twice_on_a_node_is_found_once_and_outlives_its_first_wr
         other.stdin.close()
         other.wait(timeout=30)
     assert jobs.find_jobs() == []
+
+
+def _write(name: str, record: dict[str, object]) -> Path:
+    os.makedirs(jobs.jobs_dir(), exist_ok=True)
+    path = Path(jobs.jobs_dir()) / name
+    path.write_text(json.dumps(record))
+    return path
+
+
+def test_a_reused_pid_is_no_running_job_and_its_file_goes() -> None:
+    """The pid runs (this process), but started at another time: the writer is gone."""
+    mine = owner.owner_of().to_record()
+    stale = _write("old.1.json", {"run_id": "old", **mine, "start": mine["start"] + 1})
+    assert jobs.scan_jobs() == ([], []) and not stale.exists()
+
+
+def test_a_file_of_another_pid_namespace_is_unchecked_not_running_and_kept() -> None:
+    """A container's PID 1 wrote it: pid 1 runs here too (init), and means another process."""
+    mine = owner.owner_of().to_record()
+    boxed = _write("box.1.json", {"run_id": "box", **mine, "pid": 1, "pidns": "pid:[1]"})
+    path = jobs.announce({"run_id": "live", "master_addr": "node1", "master_port": 29500})
+    live, unchecked = jobs.scan_jobs()
+    assert [j["run_id"] for j in live] == ["live"] and [j["run_id"] for j in unchecked] == ["box"]
+    assert jobs.scan_jobs("box") == ([], unchecked)
+    jobs.withdraw(path)
+    assert jobs.sweep_jobs() == [] and boxed.exists()
+
+
+def test_the_sweep_removes_dead_files_and_the_empty_folder() -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    stale = _write("old.json", {"run_id": "old", "pid": int(gone.stdout)})
+    assert jobs.sweep_jobs() == [str(stale), jobs.jobs_dir()]
+    assert not os.path.exists(jobs.jobs_dir())

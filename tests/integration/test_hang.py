@@ -197,6 +197,11 @@ def test_broadcast_against_all_reduce_ends_the_job_with_the_hang_timeout(
                      rf"mismatch: rank 1 \(\S+\) called broadcast #2 \(float32\[4\], "
                      rf"mismatch.py:{line_of(MISMATCH, 'mismatched')}\), ranks 0, 2 ", err,
                      re.M), err
+    # without --log-dir the run's temporary folder is kept for its reports, and named
+    kept = re.search(r"^unirank run: hang reports kept in (\S+) \(removed by a later run 7 days "
+                     r"after this one\)$", err, re.M)
+    assert kept and (Path(kept[1]) / "attempt_0" / "hang" / "report-1.txt").exists(), err
+    shutil.rmtree(kept[1])
 
 
 def test_a_rank_blocked_in_its_own_code_is_named_with_its_stack(runner: Runner) -> None:

@@ -6,7 +6,10 @@ written by the hang watcher of the node's first rank) says where the job's store
 command asks every rank's watcher for its stacks through the store (the same request as the
 hang report's), waits for them a bounded time, and prints them with each rank's collective
 progress. ``--job ID`` picks one of several jobs (a run id, or a Slurm job id); in a Slurm
-job's shell the job's id is the default. Needs the hang detector on (its default).
+job's shell the job's id is the default. Needs the hang detector on (its default). A job file
+written in another PID namespace (a container's, seen from the host) cannot be checked here
+(:mod:`unirank.owner`): it never counts as a running job; where only such files are found the
+error names them, and ``--job ID`` naming one asks its store.
 
 Reads: SLURM_JOB_ID (through :mod:`unirank.launchers.slurm_vars`), TMPDIR.
 """
@@ -34,20 +37,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "watcher's intervals and 3 s)")
 
 
-def _pick(job: str | None) -> dict[str, object]:
-    from unirank.hang.jobs import find_jobs, jobs_dir
+def _pick(job: str | None, named: bool = False) -> dict[str, object]:
+    """The job to ask: the one running job (of ``job``, where given); else, where the user
+    ``named`` the job, the one job file of it that cannot be checked (written in another PID
+    namespace: its store answers, or the job is gone). Never counts an unchecked file as a
+    running job."""
+    from unirank.hang.jobs import jobs_dir, scan_jobs
 
-    found = find_jobs(job)
+    found, unchecked = scan_jobs(job)
     if len(found) == 1:
         return found[0]
-    if not found:
-        raise ConfigError(f"no running unirank job{'' if job is None else ' ' + repr(job)} "
-                          f"on this node (no live job file in {jobs_dir()})",
-                          hint="run this on a node of the job, whose hang detector is on "
-                          "(not --hang-report-after off)")
-    ids = ", ".join(str(j["run_id"]) for j in found)
-    raise ConfigError(f"several unirank jobs run on this node: {ids}", variable="--job",
-                      value=job, hint="name one with --job ID")
+    if len(found) > 1:
+        ids = ", ".join(str(j["run_id"]) for j in found)
+        raise ConfigError(f"several unirank jobs run on this node: {ids}", variable="--job",
+                          value=job, hint="name one with --job ID")
+    if named and len(unchecked) == 1:
+        return unchecked[0]
+    label = "" if job is None else " " + repr(job)
+    if unchecked:
+        ids = ", ".join(str(j["run_id"]) for j in unchecked)
+        raise ConfigError(
+            f"no running unirank job{label} that this shell can check on this node; job "
+            f"files written in another PID namespace (a container) name: {ids}",
+            hint="run unirank stacks inside the job's container, or name one with --job ID")
+    raise ConfigError(f"no running unirank job{label} on this node (no live job file in "
+                      f"{jobs_dir()})", hint="run this on a node of the job, whose hang "
+                      "detector is on (not --hang-report-after off)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -56,7 +71,8 @@ def main(args: argparse.Namespace) -> int:
     from unirank.launchers import slurm_vars
 
     job_id = args.job or slurm_vars.job_id(os.environ)[0]
-    job = _pick(job_id) if args.job or _has(job_id) else _pick(None)
+    job = (_pick(job_id, named=bool(args.job)) if args.job or _has(job_id)
+           else _pick(None))
     interval = float(str(job.get("interval", 5.0)))
     timeout = (parse_seconds(str(args.timeout), "--timeout") if args.timeout is not None
                else 2 * interval + 3)

@@ -1,12 +1,16 @@
 """Where a running job's store is, for ``unirank stacks`` in another shell of the same node.
 
 The hang watcher of each node's first local rank writes ``<tmp>/unirank-<uid>/<run id>.<pid>.json``
-(the run id, the store's address and port, the world size, the watcher's interval, its pid)
-when it starts, and removes it when it stops. Each writer has a file of its own, so that where
-several processes of a node are its first local rank (``--virtual-local-rank``: every worker
-sees ``LOCAL_RANK=0``) the first to end does not hide the job from the others; :func:`find_jobs`
-gives each run id once. A file whose pid is gone (a rank killed by a signal cannot remove it) is
-stale, and :func:`find_jobs` removes it.
+(the run id, the store's address and port, the world size, the watcher's interval, and its
+owner: the writer named uniquely across PID namespaces, :mod:`unirank.owner`) when it starts,
+and removes it when it stops. Each writer has a file of its own, so that where several
+processes of a node are its first local rank (``--virtual-local-rank``: every worker sees
+``LOCAL_RANK=0``) the first to end does not hide the job from the others; :func:`scan_jobs`
+gives each run id once. A file whose owner is provably gone (a rank killed by a signal cannot
+remove it) is stale: :func:`scan_jobs` and :func:`sweep_jobs` (every ``unirank run``'s start
+and end, :mod:`unirank.sweep`) remove it. A file whose owner cannot be checked here (written in
+another PID namespace: a container) is neither removed nor taken as a running job: it is
+"unchecked".
 
 Reads: TMPDIR (through :func:`tempfile.gettempdir`).
 """
@@ -17,10 +21,13 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["announce", "find_jobs", "jobs_dir", "withdraw"]
+from unirank.owner import ALIVE, Here, OwnerState, here, owner_of, should_sweep, state_of_record
+
+__all__ = ["announce", "find_jobs", "jobs_dir", "scan_jobs", "sweep_jobs", "withdraw"]
 
 
 def jobs_dir() -> str:
@@ -33,19 +40,24 @@ def _safe(run_id: str) -> str:
 
 
 def announce(job: Mapping[str, Any]) -> str | None:
-    """Write ``job``'s file for this process (atomically) with this pid; its path, or None
-    where it cannot."""
+    """Write ``job``'s file for this process (atomically) with this process named as its owner
+    (:func:`unirank.owner.owner_of`); its path, or None where it cannot."""
     folder = jobs_dir()
     path = os.path.join(folder, f"{_safe(str(job['run_id']))}.{os.getpid()}.json")
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        temporary = f"{path}.tmp"
-        with open(temporary, "w", encoding="utf-8") as fh:
-            json.dump({**job, "pid": os.getpid()}, fh)
-        os.replace(temporary, path)
-    except OSError:
-        return None
-    return path
+    record = {**job, **owner_of().to_record()}
+    for _ in range(2):  # a sweep may remove the empty folder between makedirs and open
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            temporary = f"{path}.tmp"
+            with open(temporary, "w", encoding="utf-8") as fh:
+                json.dump(record, fh)
+            os.replace(temporary, path)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        return path
+    return None
 
 
 def withdraw(path: str | None) -> None:
@@ -57,32 +69,67 @@ def withdraw(path: str | None) -> None:
             os.unlink(path)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+def _records(spot: Here) -> list[tuple[str, dict[str, Any], OwnerState]]:
+    """Every job file's run id, contents and owner state; the files that
+    :func:`unirank.owner.should_sweep` gives up (their owner provably gone) are removed
+    instead."""
+    folder = jobs_dir()
+    now = time.time()
+    found = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(folder)):
+            if not name.endswith(".json"):
+                continue
+            path = os.path.join(folder, name)
+            with contextlib.suppress(OSError, ValueError):
+                with open(path, encoding="utf-8") as fh:
+                    data = json.load(fh)
+                state = state_of_record(data, spot) if isinstance(data, dict) else None
+                if should_sweep(state, False, now - os.stat(path).st_mtime):
+                    os.unlink(path)
+                    continue
+                if state is None:
+                    continue  # names no owner: not a job (removed once old)
+                found.append((str(data.get("run_id", "")), data, state))
+    return found
+
+
+def _matches(run_id: str, job: str | None) -> bool:
+    return job is None or run_id == job or run_id.startswith(f"{job}.")
+
+
+def scan_jobs(job: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The running jobs of this node (their files' contents) and the unchecked ones (written in
+    another PID namespace, or by an older unirank whose pid still runs), each once per run id,
+    by run id; with ``job``, those whose run id is it or starts with ``job.`` (a Slurm job id
+    without its step). Stale files are removed."""
+    live: dict[str, dict[str, Any]] = {}
+    unchecked: dict[str, dict[str, Any]] = {}
+    for run_id, data, state in _records(here()):
+        if _matches(run_id, job):
+            (live if state == ALIVE else unchecked).setdefault(run_id, data)
+    return list(live.values()), [d for r, d in unchecked.items() if r not in live]
 
 
 def find_jobs(job: str | None = None) -> list[dict[str, Any]]:
-    """The running jobs of this node (their files' contents), once per run id, by run id; with
-    ``job``, those whose run id is it or starts with ``job.`` (a Slurm job id without its step).
-    Stale files are removed."""
-    found: dict[str, dict[str, Any]] = {}
+    """The running jobs of this node (:func:`scan_jobs`'s first list)."""
+    return scan_jobs(job)[0]
+
+
+def sweep_jobs(spot: Here | None = None) -> list[str]:
+    """Remove the job files whose owner is provably gone, and the folder once it is empty;
+    the paths removed."""
+    folder = jobs_dir()
+    before = set(_names(folder))
+    _records(spot or here())
+    removed = [os.path.join(folder, n) for n in sorted(before - set(_names(folder)))]
     with contextlib.suppress(OSError):
-        for name in sorted(os.listdir(jobs_dir())):
-            if not name.endswith(".json"):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                with open(os.path.join(jobs_dir(), name), encoding="utf-8") as fh:
-                    data = json.load(fh)
-                run_id = str(data.get("run_id", ""))
-                if not _alive(int(data.get("pid", 0)) or -1):
-                    os.unlink(os.path.join(jobs_dir(), name))
-                    continue
-                if job is None or run_id == job or run_id.startswith(f"{job}."):
-                    found.setdefault(run_id, data)
-    return list(found.values())
+        os.rmdir(folder)  # only where empty (an announce that loses this race writes again)
+        removed.append(folder)
+    return removed
+
+
+def _names(folder: str) -> list[str]:
+    with contextlib.suppress(OSError):
+        return os.listdir(folder)
+    return []

@@ -41,7 +41,6 @@ import re
 import shutil
 import signal
 import sys
-import tempfile
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -349,10 +348,11 @@ class Parallel:
     def _spawn(self, plan: Plan, call: Call) -> list[Any]:
         from unirank.supervisor.attempts import EngineOptions, run_plan
         from unirank.supervisor.output import TAG_TEMPLATE, OutputOptions
+        from unirank.sweep import PARALLEL_PREFIX, make_owned_folder
 
         on_hang = resolve_on_hang(self._on_hang, os.environ, elastic=False,
                                   restarts=plan.max_restarts, option="on_hang")
-        folder = tempfile.mkdtemp(prefix="unirank-parallel-")
+        folder = make_owned_folder(PARALLEL_PREFIX)  # a killed caller's: swept (unirank.sweep)
         path = os.path.join(folder, "call.pickle")
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None),

@@ -9,7 +9,8 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   worker as its own interpreter when the server cannot serve (saying why once);
 * makes the run's folder, ``<log_dir>/<run_id>_<random>``, a new one each run, so that no run
   deletes an earlier run's logs (a temporary one, removed at the end, unless some stream goes
-  to a log file; every path: :mod:`unirank.runfolder`), and in it torchrun's
+  to a log file or a hang report was written; a SIGKILLed run's is swept by a later run:
+  :mod:`unirank.sweep`; every path: :mod:`unirank.runfolder`), and in it torchrun's
   ``attempt_<n>/<local_rank>/`` with each
   worker's ``error.json``, its ``fault.txt`` (the Python stack of a fatal signal, written by
   the worker's faulthandler: :mod:`.worker.faults`) and its ``--redirects`` / ``--tee`` log files
@@ -36,9 +37,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -50,8 +49,10 @@ from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.hang import HANG_VERDICT, ON_HANG_ASKED
 from unirank.launchers import slurm_vars
+from unirank.owner import KEEP_DAYS
 from unirank.resolve import require_own
-from unirank.runfolder import AttemptFolder, RunFolder, make_run_folder
+from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
+from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.signals import FORWARDED, format_signals
 from unirank.supervisor.engine import (
     Supervisor,
@@ -294,8 +295,9 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             reason = why.to_value(attempt, before.world_size)
     finally:
         # a temporary folder in which a hang report was written (which a report named) is kept
-        if not keep and not root.has_hang_reports():
-            shutil.rmtree(root.path, ignore_errors=True)
+        if end_run_folder(root, temporary=not keep):
+            os.write(err_fd, f"{options.prog}: hang reports kept in {root.path} (removed by "
+                     f"a later run {KEEP_DAYS:g} days after this one)\n".encode())
 
 
 def _hang_timeout(result: RunResult) -> bool:
@@ -371,7 +373,7 @@ def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[RunFolde
                               variable="--log-dir", value=out.log_dir,
                               hint="give a folder this user can write") from None
     else:
-        root = RunFolder(tempfile.mkdtemp(prefix="unirank-run-"))
+        root = temporary_run_folder()
     if out.writes_files:
         os.write(err_fd, f"{options.prog}: log files in {root.path}\n".encode())
     return root, bool(out.log_dir) or out.writes_files

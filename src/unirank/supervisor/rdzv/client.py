@@ -1,9 +1,12 @@
 """The parent's side of the dynamic rendezvous: start the helper (:mod:`.agent`), read its
 answer with a deadline, end it. No torch here.
 
-The helper's stderr goes to a temporary file, kept and named in the error when the helper
-fails on its own (not a refusal). Reads no environment variable; the helper's environment is
-the mapping it is given.
+The helper's stderr goes to ``helper.log`` in a temporary folder of this process's
+(``unirank-rdzv-XXXX``, :func:`unirank.sweep.make_owned_folder`), kept and named in the error
+when the helper fails on its own (not a refusal) and wrote something, else removed at
+:meth:`RendezvousHelper.close`; one that a SIGKILLed run left is swept by a later run
+(:mod:`unirank.sweep`). Reads TMPDIR (through :func:`tempfile.gettempdir`); the helper's
+environment is the mapping it is given.
 """
 
 from __future__ import annotations
@@ -12,15 +15,16 @@ import contextlib
 import json
 import os
 import selectors
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Mapping
 
 from unirank.errors import ConfigError
 from unirank.supervisor.helper import start_helper
 from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to_line
+from unirank.sweep import RDZV_PREFIX, make_owned_folder
 
 __all__ = ["ANSWER_MARGIN", "RendezvousHelper"]
 
@@ -53,7 +57,9 @@ class RendezvousHelper:
 
     def __init__(self, spec: RdzvSpec, environ: Mapping[str, str]) -> None:
         self.spec = spec
-        fd, self.log_path = tempfile.mkstemp(prefix="unirank-rdzv-", suffix=".log")
+        self._folder = make_owned_folder(RDZV_PREFIX)
+        self.log_path = os.path.join(self._folder, "helper.log")
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             self._proc = _spawn(environ, fd)
         finally:
@@ -182,6 +188,7 @@ class RendezvousHelper:
             self._proc.wait()
         if self._proc.stdout is not None:
             self._proc.stdout.close()
-        if not self._keep_log:
-            with contextlib.suppress(OSError):
-                os.unlink(self.log_path)
+        with contextlib.suppress(OSError):
+            if self._keep_log and os.path.getsize(self.log_path) > 0:
+                return
+        shutil.rmtree(self._folder, ignore_errors=True)
