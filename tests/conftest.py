@@ -521,7 +521,7 @@ SLURM_GROUP = "slurm-testbed"
 #: first, so that a parallel run never ends waiting for one of them alone
 LONG_TESTS = ("test_unirank_passes_its_unit_tests_on_torch_2_9",
               "test_the_suites_pass_without_the_fork_server", "test_ignite_suite",
-              "test_torchrun_suite")
+              "test_torchrun_suite", "test_ray_train_function_trains_to_the_unirank_run_loss")
 
 
 def _needs_the_slurm_queue(item: pytest.Item) -> bool:

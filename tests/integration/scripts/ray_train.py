@@ -3,9 +3,12 @@ tests/integration/test_ray.py: under ``unirank run -n 2`` (this file as the prog
 Ray Train ``TorchTrainer``'s function on a Ray cluster (``--ray ADDRESS``), where Ray starts the
 process group before the function runs and ``ur.init()`` must adopt it.
 
-Each rank writes ``OUT/rank<R>.json``: its rank, world, device, launcher, node rank, whether the
-group existed before ``ur.init()``, whether the hang watcher runs, what ``ur.print0`` printed
+Each rank writes ``OUT/rank<R>.json``: its rank, world, device, launcher, node rank, the master
+address (``MASTER_ADDR`` as the launcher set it, and as ``ur.dist_env()`` detected it), whether
+the group existed before ``ur.init()``, whether the hang watcher runs, what ``ur.print0`` printed
 there, and the final loss (the mean of the ranks' losses, an all_reduce).
+
+Environment variables read: ``MASTER_ADDR`` (recorded as set).
 
 Usage: ray_train.py OUT                    (under unirank run -n 2)
        ray_train.py OUT --ray HOST:PORT    (drives a TorchTrainer of 2 workers, 1 CPU each)
@@ -16,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -54,6 +58,7 @@ def train_fn(config: dict[str, Any]) -> None:
     record = {"rank": rank, "world": world, "device": str(ur.device()),
               "launcher": env.launcher, "node_rank": env.node_rank,
               "local_rank": env.local_rank, "local_world_size": env.local_world_size,
+              "MASTER_ADDR": os.environ.get("MASTER_ADDR"), "master_addr": env.master_addr,
               "group_existed": existed, "watcher": watcher.running() is not None,
               "printed": printed.getvalue(), "loss": final}
     Path(config["out"], f"rank{rank}.json").write_text(json.dumps(record))
