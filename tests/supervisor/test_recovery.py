@@ -145,7 +145,7 @@ def test_the_summary_s_attempt_line_says_the_node_change_first() -> None:
     same = RunResult((_exit(0, -15),), world_changed=moved, nodes_changed=moved)
     text = format_summary(RunResult((_exit(0, 0),), attempts=(lost, evicted, same)))
     assert text.splitlines() == [
-        "unirank run: succeeded after 3 restart(s)",
+        "unirank run: succeeded after 3 restarts",
         "  attempt 0: node lost: nodeB (rank 0 (local rank 0) on node nodeA: exit code 1: "
         "RuntimeError: Connection closed by peer)",
         "  attempt 1: node evicted: rank 1 never entered all_reduce #6 (node nodeB asked for "

@@ -168,7 +168,7 @@ def test_a_world_change_names_the_node_and_fails_only_if_workers_did() -> None:
     assert done.exit_code == 0
     after = RunResult(exits=(WorkerExit(0, 0, "n1", 0),), attempts=(stopped,))
     assert format_summary(after).splitlines() == [
-        "unirank run: succeeded after 1 restart(s)", f"  attempt 0: {lost}"]
+        "unirank run: succeeded after 1 restart", f"  attempt 0: {lost}"]
 
 
 def test_a_worker_killed_by_a_signal_was_killed_not_ended_with_it() -> None:

@@ -25,6 +25,7 @@ from unirank.doctor.quiet import without_cpp_frames
 from unirank.doctor.result import FAIL, SKIP, Check, emit, failed
 from unirank.errors import ConfigError
 from unirank.supervisor.plan import IN_PLACE
+from unirank.words import counted
 
 if TYPE_CHECKING:
     from unirank.supervisor.plan import Plan
@@ -70,7 +71,7 @@ def _spawn_header(plan: Plan, node: str, timeout: float) -> list[str]:
         where = f"rank {ranks[0]} of {plan.world_size} (in place)"
     else:
         span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
-        where = f"{len(ranks)} spawned rank(s), {span} of {plan.world_size},"
+        where = f"{counted(len(ranks), 'spawned rank')}, {span} of {plan.world_size},"
     return [f"unirank doctor: {where} on {node}; group check: "
             f"{_group(timeout, plan.world_size)}"]
 

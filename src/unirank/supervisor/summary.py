@@ -11,6 +11,7 @@ from unirank.exitcodes import killed_by
 from unirank.hang.render import uneven_ended
 from unirank.joincheck import format_ranks
 from unirank.supervisor.deathcause import FAULT_HEAD, OomVerdict
+from unirank.words import counted
 
 __all__ = [
     "OutputTail",
@@ -306,7 +307,7 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
     if result.exit_code == 0:
         if not result.attempts:
             return ""
-        lines = [f"{prog}: succeeded after {len(result.attempts)} restart(s)"]
+        lines = [f"{prog}: succeeded after {counted(len(result.attempts), 'restart')}"]
         lines += [_attempt_line(i, r) for i, r in enumerate(result.attempts)]
         return "\n".join(lines) + "\n"
     out: list[str] = []
@@ -342,7 +343,7 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
     if others:
         out.append(_others_line(others, first))
     if result.attempts:
-        out.append(f"  earlier attempts ({len(result.attempts)} restart(s)):")
+        out.append(f"  earlier attempts ({counted(len(result.attempts), 'restart')}):")
         out.extend(_attempt_line(i, r) for i, r in enumerate(result.attempts))
     if result.unreaped:
         out.append(
