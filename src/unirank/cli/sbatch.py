@@ -42,7 +42,8 @@ def _command_options(parser: argparse.ArgumentParser) -> None:
     add("--submit", action="store_true", help="submit the script with sbatch")
     add("--parsable", action="store_true", help="with --submit: print the job id alone")
     add("--follow", action="store_true",
-        help="with --submit: stream the job's output until it ends; exit with its exit code")
+        help="with --submit: stream the job's output until it ends; exit with its exit code "
+        "(130 when Ctrl-C detached from the job, which goes on)")
     add("-m", "--module", action="store_true", help="run MODULE as python -m does")
 
 
