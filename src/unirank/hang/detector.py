@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from unirank.contract import HangSettings
+from unirank.contract import HangSettings, shown_setting
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.hang.detect import Hang, blamed, find_hangs, verdict
@@ -90,19 +90,21 @@ class Detector:
         for hang in hangs:
             nodes.update({r: n for r, n in hang.nodes.items() if n})
         files = self._dump_files(decision.number)
-        limit = self.watcher.settings.timeout
-        last = (f"ending the job (--hang-timeout {limit:g} s, exit code {HANG_TIMEOUT})"
-                if decision.ending else "")
+        settings = self.watcher.settings
+        limit, names = settings.timeout, settings.names
+        last = (f"ending the job ({shown_setting(names[1], limit or 0.0)}, exit code "
+                f"{HANG_TIMEOUT})" if decision.ending else "")
         if decision.full:
             self.first_stacks = stacks
         full = render_report(hangs, stacks, unanswered=missing, number=decision.number,
                              report_after=self.report_after, nodes=nodes,
                              answer_timeout=self.answer_timeout, dump_files=files,
-                             ending=last)
+                             ending=last, after_name=names[0])
         text = full if decision.full else render_report(
             hangs, stacks, unanswered=missing, number=decision.number,
             report_after=self.report_after, nodes=nodes, answer_timeout=self.answer_timeout,
-            dump_files=files, ending=last, since=(1, changed_ranks(self.first_stacks, stacks)))
+            dump_files=files, ending=last, since=(1, changed_ranks(self.first_stacks, stacks)),
+            after_name=names[0])
         self._write_dump(files, full, stacks, hangs)
         text, self.standby_note = self.standby_note + text, ""
         with contextlib.suppress(OSError):
@@ -111,8 +113,8 @@ class Detector:
             found = verdict(hangs[0])
             self.watcher.write_verdict(found)  # here before any rank ends
             self.watcher.exit_for_timeout(self.store, Ending(
-                timeout_message(hangs, limit or 0.0), blamed(hangs[0]), self.watcher.rank,
-                found))
+                timeout_message(hangs, limit or 0.0, names[1]), blamed(hangs[0]),
+                self.watcher.rank, found))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has

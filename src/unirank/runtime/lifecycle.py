@@ -125,7 +125,7 @@ def hang_settings(report_after: str | float | None, timeout: str | float | None,
     if report_after is None and timeout is None:
         return None
     return contract.resolve_hang(report_after, timeout, environ,
-                                 names=("hang_report_after", "hang_timeout"))
+                                 names=contract.HANG_KEYWORDS)
 
 
 def ask_on_hang(on_hang: str | None, environ: Mapping[str, str]) -> None:

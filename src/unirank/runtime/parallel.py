@@ -48,7 +48,7 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from unirank.contract import resolve_init_timeout, resolve_on_hang
+from unirank.contract import HANG_KEYWORDS, resolve_hang, resolve_init_timeout, resolve_on_hang
 from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
 from unirank.runtime.helpers import ignite_logger
@@ -356,7 +356,9 @@ class Parallel:
         path = os.path.join(folder, "call.pickle")
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None),
-            hang=self._hang_settings, on_hang=on_hang)
+            hang=self._hang_settings or resolve_hang(None, None, os.environ,
+                                                     names=HANG_KEYWORDS),
+            on_hang=on_hang)
         server = None
         ran = False
         try:
