@@ -86,8 +86,8 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
                  "MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late",
             addr_source=master_addr_source(env.sources), environ=environ,
         )
-    except StoreError as exc:
-        raise InitError(str(exc)) from exc
+    except StoreError as exc:  # its one line says it all: no chained traceback repeating it
+        raise InitError(str(exc)) from None
 
 
 def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
