@@ -196,6 +196,18 @@ def test_refusals_name_what_disagrees(request_: LaunchRequest, outer: DistEnv,
         assert word in message
 
 
+def test_a_stacked_node_is_master_localhost_whatever_master_addr_is_exported() -> None:
+    """torchrun's one-node rendezvous at localhost:0 (``stacked``): its workers see localhost
+    with or without an exported MASTER_ADDR; the static rendezvous keeps 127.0.0.1, and a
+    given address wins over both."""
+    for environ in ({}, {"MASTER_ADDR": "127.0.0.1"}, {"MASTER_ADDR": "elsewhere"}):
+        outer = local(environ)
+        assert plan(req(nproc_per_node=2, stacked=True), outer).master_addr == "localhost"
+        assert plan(req(nproc_per_node=2), outer).master_addr == "127.0.0.1"
+        assert plan(req(nproc_per_node=2, stacked=True, master_addr="h"), outer).master_addr \
+            == "h"
+
+
 def test_per_node_plan_names_nodes_and_run_id() -> None:
     p = plan(req(RUN, nproc_per_node=4), slurm_per_node(node_rank=1, nodes=3))
     assert p.hosts == ("n0", "n1", "n2") and p.node_name == "n1"

@@ -121,6 +121,11 @@ class LaunchRequest:
     role: str = "default"
     spawn_default: int | None = 1
     virtual_local_rank: bool = False
+    #: torchrun's one-node rendezvous at ``localhost:0`` (``unirank run`` given no ``--nnodes``
+    #: above 1, ``--master-port`` nor ``--rdzv-endpoint``): a node of its own is master
+    #: ``localhost``, whatever MASTER_ADDR the shell exports, as torchrun's workers see; else
+    #: ``127.0.0.1``, torchrun's ``--master-addr`` default
+    stacked: bool = False
 
 
 @dataclass(frozen=True)
@@ -462,13 +467,15 @@ def _without_launcher(request: LaunchRequest, outer: DistEnv,
 
 def _one_node_master(request: LaunchRequest, outer: DistEnv,
                      environ: Mapping[str, str]) -> tuple[str, int]:
-    """Rule 5 on one node: ``master_addr``, else ``127.0.0.1`` (never an inherited
-    MASTER_ADDR); the port given (MASTER_PORT too, but not a torchrun agent's of one worker,
+    """Rule 5 on one node: ``master_addr``, else ``localhost`` for a stacked run
+    (:attr:`LaunchRequest.stacked`), else ``127.0.0.1`` (never an inherited MASTER_ADDR); the
+    port given (MASTER_PORT too, but not a torchrun agent's of one worker,
     which it serves itself), else 0: a free one. Reads: TORCHELASTIC_USE_AGENT_STORE."""
     given_port = outer.master_port if outer.master_port_given else None
     if uses_agent_store(environ):
         given_port = None
-    return request.master_addr or "127.0.0.1", request.master_port or given_port or 0
+    default = "localhost" if request.stacked else "127.0.0.1"
+    return request.master_addr or default, request.master_port or given_port or 0
 
 
 def _node_rank_without_launcher(request: LaunchRequest, nnodes: int) -> int:
