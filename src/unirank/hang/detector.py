@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 from unirank.contract import HangSettings, shown_setting
 from unirank.exitcodes import HANG_TIMEOUT
-from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.hang.detect import Hang, blamed, find_hangs, verdict
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.render import changed_ranks, render_report, timeout_message
 from unirank.hang.schedule import Decision, Schedule, decide
+from unirank.runfolder import AttemptFolder
 
 
 class Watcher(Protocol):
@@ -117,13 +117,14 @@ class Detector:
                 self.watcher.rank, found))
 
     def _mark_waiting(self, waiting: bool) -> None:
-        """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has
+        """Keep the attempt folder's waiting mark
+        (:attr:`unirank.runfolder.AttemptFolder.waiting_mark`) while some rank has
         waited one interval (the supervisor's sign to ask for the report at a stop); at every
         look, so that a standby's mark does not outlive its duty."""
         folder = self.watcher.attempt_folder()
         if not folder:
             return
-        path = os.path.join(folder, WAITING_MARK)
+        path = AttemptFolder(folder).waiting_mark
         with contextlib.suppress(OSError):
             if not waiting:
                 os.unlink(path)
@@ -135,9 +136,7 @@ class Detector:
         folder = self.watcher.attempt_folder()
         if not folder:
             return []
-        folder = os.path.join(folder, HANG_FOLDER)
-        stem = os.path.join(folder, f"report-{number}")
-        return [f"{stem}.txt", f"{stem}.json"]
+        return AttemptFolder(folder).hang_reports(number)
 
     def _write_dump(self, files: list[str], text: str,
                     stacks: Mapping[int, list[dict[str, Any]]], hangs: list[Hang]) -> None:

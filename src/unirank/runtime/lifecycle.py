@@ -140,13 +140,13 @@ def ask_on_hang(on_hang: str | None, environ: Mapping[str, str]) -> None:
     """
     if on_hang is None:
         return
-    from unirank.hang import ON_HANG_ASKED
-
     choice = contract.resolve_on_hang(on_hang, {}, restarts=0, option="on_hang",
                                       elastic=environ.get(contract.ELASTIC_VAR) == "1")
     folder = environ.get(contract.ATTEMPT_DIR_VAR)
     if folder:
-        path = os.path.join(folder, ON_HANG_ASKED)
+        from unirank.runfolder import AttemptFolder
+
+        path = AttemptFolder(folder).on_hang_asked
         with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as fh:
             fh.write(choice + "\n")
 
