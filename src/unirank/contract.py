@@ -193,8 +193,9 @@ FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
 ATTEMPT_DIR_VAR = "UNIRANK_ATTEMPT_DIR"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
-#: ``NAME,NAME``: how the two hang settings were given (:data:`HANG_KEYWORDS` for
-#: ``ur.launch(hang_timeout=6)``, a variable's name...), where not :data:`HANG_OPTIONS`
+#: ``NAME,NAME``: how the two hang settings were given (:data:`HANG_OPTIONS`,
+#: :data:`HANG_KEYWORDS` for ``ur.launch(hang_timeout=6)``, a variable's name), what the
+#: workers' reports call them
 HANG_NAMES_VAR = "UNIRANK_HANG_NAMES"
 #: the hang detector's settings are user-facing (``unirank run`` and :func:`unirank.init` read
 #: them), but in a worker that ``unirank run`` starts its bootstrap reads them and removes them
@@ -264,8 +265,7 @@ class HangSettings:
                HANG_INTERVAL_VAR: format_seconds(self.interval)}
         if self.timeout is not None:
             env[HANG_TIMEOUT_VAR] = format_seconds(self.timeout)
-        if self.names != HANG_OPTIONS:
-            env[HANG_NAMES_VAR] = ",".join(self.names)
+        env[HANG_NAMES_VAR] = ",".join(self.names)  # else the workers would name the variables
         return env
 
 

@@ -308,4 +308,5 @@ def test_private_variables_are_the_bootstrap_s() -> None:
                                       "UNIRANK_DONE_FD", "UNIRANK_TIMELINE",
                                       "UNIRANK_TIMELINE_FILE", "UNIRANK_FAULT_FILE",
                                       "UNIRANK_NUMA_BINDING", "UNIRANK_HANG_REPORT_AFTER",
-                                      "UNIRANK_HANG_TIMEOUT", "UNIRANK_HANG_INTERVAL"}
+                                      "UNIRANK_HANG_TIMEOUT", "UNIRANK_HANG_INTERVAL",
+                                      "UNIRANK_HANG_NAMES"}
