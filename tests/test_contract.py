@@ -117,3 +117,16 @@ def test_the_hang_settings_keep_how_they_were_given_into_the_workers() -> None:
     assert resolve_hang(None, None, exported.environ()).names == exported.names
     assert given_as("UNIRANK_HANG_TIMEOUT") == "UNIRANK_HANG_TIMEOUT"
 
+
+def test_one_reading_of_every_on_off_variable() -> None:
+    from unirank.contract import flag
+
+    assert [flag({"V": v}, "V") for v in ("1", "yes", "true", " 2 ")] == [True] * 4
+    assert [flag({"V": v}, "V") for v in ("", "0", " 0 ", "  ")] == [False] * 4
+    assert flag({}, "V") is False
+    src = (SRC / "contract.py").read_text()
+    assert "THE reading of unirank's on/off variables" in src
+    others = [p.name for p in SRC.rglob("*.py") if p.name != "contract.py"
+              and re.search(r'not in \("", "0"\)|_VAR(?:\)|, "")\)?(?:\.strip\(\))? == "1"',
+                            p.read_text())]
+    assert others == []

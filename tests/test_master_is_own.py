@@ -184,3 +184,11 @@ def test_a_torchrun_style_rank_0_refuses_in_init() -> None:
     assert result.returncode != 0
     _assert_refused(result, "helloworld.py: error: ", "MASTER_ADDR")
 
+
+def test_the_forwarded_flag_reads_as_every_on_off_variable() -> None:
+    """UNIRANK_MASTER_FORWARDED is read by :func:`unirank.contract.flag`, as
+    UNIRANK_NO_PRELOAD and UNIRANK_NO_SRUN are: anything but "" or "0" turns it on."""
+    for on in ("1", "yes", "true", " 1 "):
+        assert _refusal(FOREIGN, {"UNIRANK_MASTER_FORWARDED": on}, IFACES) == "", on
+    for off in ("", "0", " 0 "):
+        assert _refusal(FOREIGN, {"UNIRANK_MASTER_FORWARDED": off}, IFACES) != "", off

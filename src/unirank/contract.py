@@ -81,6 +81,7 @@ __all__ = [
     "UNINTERRUPTIBLE_TIMEOUT_VAR",
     "USE_AGENT_STORE_VAR",
     "HangSettings",
+    "flag",
     "format_seconds",
     "given_as",
     "on_hang_now",
@@ -203,6 +204,15 @@ PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
                      TIMELINE_FILE_VAR, FAULT_FILE_VAR, NUMA_BINDING_VAR, HANG_REPORT_AFTER_VAR,
                      HANG_TIMEOUT_VAR, HANG_INTERVAL_VAR, HANG_NAMES_VAR)
+
+
+def flag(environ: Mapping[str, str], name: str) -> bool:
+    """THE reading of unirank's on/off variables (UNIRANK_NO_PRELOAD, UNIRANK_NO_SRUN,
+    UNIRANK_MASTER_FORWARDED, UNIRANK_ELASTIC, UNIRANK_SRUN_REEXEC): on when set to anything
+    but ``""`` or ``0`` (spaces around it ignored), so ``1``, ``yes`` and ``true`` all turn it
+    on. torchrun's own (TORCHELASTIC_ENABLE_FILE_TIMER: ``1``; TORCHELASTIC_USE_AGENT_STORE:
+    ``True``) keep torchrun's reading."""
+    return environ.get(name, "").strip() not in ("", "0")
 
 
 def format_seconds(value: float) -> str:

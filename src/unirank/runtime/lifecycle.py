@@ -141,7 +141,7 @@ def ask_on_hang(on_hang: str | None, environ: Mapping[str, str]) -> None:
     if on_hang is None:
         return
     choice = contract.resolve_on_hang(on_hang, {}, restarts=0, option="on_hang",
-                                      elastic=environ.get(contract.ELASTIC_VAR) == "1")
+                                      elastic=contract.flag(environ, contract.ELASTIC_VAR))
     folder = environ.get(contract.ATTEMPT_DIR_VAR)
     if folder:
         from unirank.runfolder import AttemptFolder
