@@ -310,3 +310,22 @@ def test_private_variables_are_the_bootstrap_s() -> None:
                                       "UNIRANK_NUMA_BINDING", "UNIRANK_HANG_REPORT_AFTER",
                                       "UNIRANK_HANG_TIMEOUT", "UNIRANK_HANG_INTERVAL",
                                       "UNIRANK_HANG_NAMES"}
+
+
+def test_the_run_id_has_one_home() -> None:
+    """The request's, else the launcher's job and step, else the caller's fallback, else a
+    fresh uuid4 (unirank run's one-node rendezvous and Parallel alike); and the backends a
+    command offers are one tuple."""
+    import uuid
+
+    from unirank.bench.config import BACKENDS as BENCH
+    from unirank.gpus import COMMAND_BACKENDS
+    from unirank.sbatch.spec import BACKENDS as SBATCH
+
+    fresh = make_plan(req(nproc_per_node=1), LOCAL, {}).run_id
+    assert str(uuid.UUID(fresh)) == fresh
+    assert make_plan(req(nproc_per_node=1), LOCAL, {}).run_id != fresh
+    assert plan(req(nproc_per_node=1)).run_id == "rid"
+    assert plan(req(nproc_per_node=1, run_id="mine")).run_id == "mine"
+    assert plan(PARALLEL, slurm_per_node(0)).run_id == "4242.0"
+    assert BENCH is COMMAND_BACKENDS and SBATCH is COMMAND_BACKENDS

@@ -24,6 +24,7 @@ from unirank.doctor.facts import Facts, gather
 from unirank.doctor.quiet import without_cpp_frames
 from unirank.doctor.result import FAIL, SKIP, Check, emit, failed
 from unirank.errors import ConfigError
+from unirank.gpus import COMMAND_BACKENDS
 from unirank.supervisor.plan import IN_PLACE
 from unirank.words import counted
 
@@ -41,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``-n``, ``--backend``, ``--json``, ``--timeout``."""
     parser.add_argument("-n", "--nproc-per-node", dest="nproc_per_node", type=int, default=None,
                         metavar="N", help="spawn N local ranks and check them as a group")
-    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+    parser.add_argument("--backend", default="auto", choices=COMMAND_BACKENDS,
                         help="the backend the job will use (nccl needs a GPU per rank)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",

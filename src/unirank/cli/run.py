@@ -138,7 +138,6 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
                   server: ForkServer | None) -> RunResult:
     """Plan this node's workers, then start and supervise them."""
     from dataclasses import replace
-    from uuid import uuid4
 
     from unirank.cli import elastic
     from unirank.cli.elastic import DEFAULT_RUN_ID
@@ -152,7 +151,7 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
     # at localhost:0 it starts on one node (which the plan's master, localhost, follows too)
     try:
         plan = make_plan(request, outer, environ,
-                         run_id_fallback=str(uuid4()) if request.stacked else DEFAULT_RUN_ID)
+                         run_id_fallback=None if request.stacked else DEFAULT_RUN_ID)
     except ConfigError as exc:
         _refuse(exc.renamed(_OPTION_NAMES), request, outer, environ)
     plan = replace(plan, master_source=_master_source(args, plan.master_source))

@@ -42,7 +42,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
@@ -274,8 +273,7 @@ class Parallel:
         timeout = resolve_init_timeout(self.init_timeout, os.environ, option=self._timeout_keyword)
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
                                 **self._request)  # type: ignore[arg-type]
-        plan = make_plan(request, env, os.environ,
-                         run_id_fallback=env.job_id or f"unirank-{uuid.uuid4().hex[:12]}")
+        plan = make_plan(request, env, os.environ)
         self.plan = plan
         in_place = plan.mode == IN_PLACE
         wants_group = in_place and (plan.world_size > 1 or self.backend is not None)

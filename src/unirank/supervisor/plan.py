@@ -66,6 +66,7 @@ keep the master rules from importing the planner that imports them.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -276,12 +277,14 @@ def _agree(name: str, given: int | None, known: int, outer: DistEnv, what: str) 
     return known
 
 
-def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str) -> str:
+def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str | None) -> str:
+    """THE run id: the request's, else the launcher's job (and step), else ``fallback``, else a
+    fresh uuid4 (torchrun's for its one-node rendezvous)."""
     if request.run_id:
         return request.run_id
     if outer.job_id and not request.standalone:
         return outer.job_id if not outer.step_id else f"{outer.job_id}.{outer.step_id}"
-    return fallback
+    return fallback or str(uuid.uuid4())
 
 
 def _master_of_launcher(request: LaunchRequest, outer: DistEnv) -> tuple[str, int]:
@@ -378,14 +381,15 @@ def make_plan(
     outer: DistEnv,
     environ: Mapping[str, str],
     *,
-    run_id_fallback: str,
+    run_id_fallback: str | None = None,
     assignment: Assignment | None = None,
 ) -> Plan:
     """Lay out the world and this process's workers (see the module docstring for the rules).
 
     ``outer`` is what :func:`unirank.launchers.detect` found around this process (its
     ``node_name`` names this node to the workers); ``run_id_fallback`` becomes
-    TORCHELASTIC_RUN_ID when neither the request nor the launcher gives one; ``assignment``
+    TORCHELASTIC_RUN_ID when neither the request nor the launcher gives one (None: a fresh
+    uuid4); ``assignment``
     is this node's place after a dynamic rendezvous (rule 0).
 
     Reads: TORCHELASTIC_USE_AGENT_STORE (only without an outer launcher).
