@@ -7,8 +7,8 @@ a view turns them into what one sink (a terminal, a pipe, a log file) receives:
 
 * :class:`TerminalView` -- a terminal, as docker compose, cargo or pip draw their bars: finished
   lines from any stream scroll up above a block of live rows at the bottom, one per bar, in
-  stream order, which is redrawn in place (``\\r``, ``\\x1b[nA``, ``\\x1b[2K`` row by row) and
-  never repeated. A live row is cut to the terminal's width so that it never wraps; a bar's final
+  stream order, which is redrawn in place (``\\r``, ``\\x1b[nA``, ``\\x1b[J``) and never
+  repeated. A live row is cut to the terminal's width so that it never wraps; a bar's final
   state (tqdm ends it with ``\\n``) is a finished line and stays on screen.
 * :class:`LogView` -- a pipe or a file: no escape sequence at all; finished lines as they are; a
   live row as a line of its own when it first shows, then at most every
@@ -103,16 +103,11 @@ class TerminalView:
         return _encode(text)
 
     def _clear(self) -> str:
-        """Blank the live block row by row and go back to its first column: erase-line
-        (``\\x1b[2K``), never erase-below (``\\x1b[J``), which tmux (``scroll-on-clear``)
-        takes for a clear screen when the block starts at the top left, and pushes the screen
-        into its scrollback -- a line of scrollback for every redraw."""
         if not self._drawn:
             return ""
-        below = self._drawn - 1
-        up = f"\x1b[{below}A" if below else ""
+        up = f"\x1b[{self._drawn - 1}A" if self._drawn > 1 else ""
         self._drawn = 0
-        return f"\r{up}\x1b[2K" + "\x1b[B\x1b[2K" * below + up
+        return f"\r{up}\x1b[J"
 
     def _draw(self) -> str:
         rows = [fit(row, self.width) for key in sorted(self._live) for row in self._live[key]]

@@ -282,7 +282,8 @@ def _before_fault(first: WorkerExit) -> list[str]:
 
 def _others_line(others: list[WorkerExit], first: WorkerExit | None) -> str:
     """``  other workers: rank 0: ok; ranks 2-3: killed by SIGTERM (signal 15), stopped by
-    the teardown``; a rank that ended 0 after fewer collectives than the root cause called
+    the teardown`` (``  workers: ...`` where no worker failed first: a forwarded stop, a
+    world change); a rank that ended 0 after fewer collectives than the root cause called
     (its error's :func:`~unirank.hang.render.uneven_line`) is not called ok."""
     fewer = uneven_ended(first.error) if first is not None else {}
     by_state: dict[str, list[int]] = {}
@@ -295,7 +296,7 @@ def _others_line(others: list[WorkerExit], first: WorkerExit | None) -> str:
                      f"rank {first.rank}")
         by_state.setdefault(state, []).append(worker.rank)
     states = "; ".join(f"{format_ranks(ranks)}: {state}" for state, ranks in by_state.items())
-    return f"  other workers: {states}"
+    return f"  {'workers' if first is None else 'other workers'}: {states}"
 
 
 def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
