@@ -88,3 +88,45 @@ def test_resolve_init_timeout_order_and_errors() -> None:
     with pytest.raises(ConfigError) as info:
         resolve_init_timeout("x", {}, option="timeout")
     assert info.value.variable == "timeout"
+
+
+def test_the_hang_settings_keep_how_they_were_given_into_the_workers() -> None:
+    """``ur.launch(hang_timeout=6)``: the keywords travel with the settings (through the
+    worker's variables) so that the hang report names ``hang_timeout=``, not ``--hang-timeout``;
+    a value read from a variable is named by the variable; ``unirank run``'s options stay
+    options in its workers."""
+    from unirank.contract import (
+        HANG_KEYWORDS,
+        HANG_OPTIONS,
+        given_as,
+        resolve_hang,
+        shown_setting,
+    )
+
+    keywords = resolve_hang(None, 6, {}, names=HANG_KEYWORDS)
+    worker = resolve_hang(None, None, keywords.environ())
+    assert worker.names == HANG_KEYWORDS and worker.timeout == 6
+    assert shown_setting(worker.names[1], 6) == "hang_timeout=6"
+    assert given_as(worker.names[1]) == "hang_timeout="
+    options = resolve_hang(None, 6, {})
+    assert options.names == HANG_OPTIONS
+    assert resolve_hang(None, None, options.environ()).names == HANG_OPTIONS
+    assert shown_setting(options.names[1], 6) == "--hang-timeout 6 s"
+    exported = resolve_hang(None, None, {"UNIRANK_HANG_TIMEOUT": "6"})
+    assert exported.names == ("--hang-report-after", "UNIRANK_HANG_TIMEOUT")
+    assert resolve_hang(None, None, exported.environ()).names == exported.names
+    assert given_as("UNIRANK_HANG_TIMEOUT") == "UNIRANK_HANG_TIMEOUT"
+
+
+def test_one_reading_of_every_on_off_variable() -> None:
+    from unirank.contract import flag
+
+    assert [flag({"V": v}, "V") for v in ("1", "yes", "true", " 2 ")] == [True] * 4
+    assert [flag({"V": v}, "V") for v in ("", "0", " 0 ", "  ")] == [False] * 4
+    assert flag({}, "V") is False
+    src = (SRC / "contract.py").read_text()
+    assert "THE reading of unirank's on/off variables" in src
+    others = [p.name for p in SRC.rglob("*.py") if p.name != "contract.py"
+              and re.search(r'not in \("", "0"\)|_VAR(?:\)|, "")\)?(?:\.strip\(\))? == "1"',
+                            p.read_text())]
+    assert others == []

@@ -71,3 +71,34 @@ def test_a_rerun_with_the_same_log_dir_and_run_id_keeps_the_earlier_run_s_logs(
         assert f"unirank run: log files in {logs}/same_" in result.stderr, result.stderr
     found = sorted(p.read_text() for p in logs.glob("same_*/attempt_0/0/stdout.log"))
     assert found == ["run first\n", "run second\n"]
+
+
+def test_every_attempt_file_is_named_in_runfolder_only() -> None:
+    """The hang detector's files are AttemptFolder's paths; their names are spelt nowhere else
+    in src/, and runfolder needs nothing of the hang package for them."""
+    import ast
+    from pathlib import Path
+
+    from unirank.runfolder import AttemptFolder
+
+    folder = AttemptFolder("/r/attempt_0")
+    assert folder.waiting_mark == "/r/attempt_0/ranks-waiting"
+    assert folder.hang_verdict == "/r/attempt_0/hang-verdict.json"
+    assert folder.on_hang_asked == "/r/attempt_0/on-hang"
+    assert folder.hang_reports(2) == ["/r/attempt_0/hang/report-2.txt",
+                                      "/r/attempt_0/hang/report-2.json"]
+    src = Path(__file__).resolve().parents[1] / "src" / "unirank"
+    names = {"ranks-waiting", "hang-verdict.json", "on-hang", "hang"}
+    elsewhere = []
+    for path in src.rglob("*.py"):
+        if path.name == "runfolder.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "join":
+                spelt = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                elsewhere += [f"{path.name}: {s}" for s in spelt if s in names]
+            if isinstance(node, ast.Constant) and node.value in names - {"hang", "on-hang"}:
+                elsewhere.append(f"{path.name}: {node.value}")
+    assert elsewhere == []
+    runfolder = (src / "runfolder.py").read_text()
+    assert "from unirank.hang" not in runfolder

@@ -44,6 +44,9 @@ __all__ = [
     "EXIT_TIMEOUT_VAR",
     "FAULT_FILE_VAR",
     "HANG_INTERVAL_VAR",
+    "HANG_KEYWORDS",
+    "HANG_NAMES_VAR",
+    "HANG_OPTIONS",
     "HANG_REPORT_AFTER_VAR",
     "HANG_TIMEOUT_VAR",
     "INIT_TIMEOUT_VAR",
@@ -78,12 +81,15 @@ __all__ = [
     "UNINTERRUPTIBLE_TIMEOUT_VAR",
     "USE_AGENT_STORE_VAR",
     "HangSettings",
+    "flag",
     "format_seconds",
+    "given_as",
     "on_hang_now",
     "parse_seconds",
     "resolve_hang",
     "resolve_init_timeout",
     "resolve_on_hang",
+    "shown_setting",
 ]
 
 # -- torchrun's variables ---------------------------------------------------------------------
@@ -150,6 +156,10 @@ ELASTIC_VAR = "UNIRANK_ELASTIC"
 #: seconds between two progress records of a rank (default: a quarter of the report delay,
 #: 0.25 to 5 s)
 HANG_INTERVAL_VAR = "UNIRANK_HANG_INTERVAL"
+#: the names unirank run gives the two hang settings, and the keywords of ``ur.init``,
+#: ``ur.Parallel`` and ``ur.launch``: a report names a setting as it was given
+HANG_OPTIONS = ("--hang-report-after", "--hang-timeout")
+HANG_KEYWORDS = ("hang_report_after", "hang_timeout")
 #: the default of UNIRANK_HANG_REPORT_AFTER
 DEFAULT_HANG_REPORT_AFTER = 60.0
 #: the default of UNIRANK_MAX_REQUEUES
@@ -184,12 +194,25 @@ FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
 ATTEMPT_DIR_VAR = "UNIRANK_ATTEMPT_DIR"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
+#: ``NAME,NAME``: how the two hang settings were given (:data:`HANG_OPTIONS`,
+#: :data:`HANG_KEYWORDS` for ``ur.launch(hang_timeout=6)``, a variable's name), what the
+#: workers' reports call them
+HANG_NAMES_VAR = "UNIRANK_HANG_NAMES"
 #: the hang detector's settings are user-facing (``unirank run`` and :func:`unirank.init` read
 #: them), but in a worker that ``unirank run`` starts its bootstrap reads them and removes them
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER_NODE_VAR,
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
                      TIMELINE_FILE_VAR, FAULT_FILE_VAR, NUMA_BINDING_VAR, HANG_REPORT_AFTER_VAR,
-                     HANG_TIMEOUT_VAR, HANG_INTERVAL_VAR)
+                     HANG_TIMEOUT_VAR, HANG_INTERVAL_VAR, HANG_NAMES_VAR)
+
+
+def flag(environ: Mapping[str, str], name: str) -> bool:
+    """THE reading of unirank's on/off variables (UNIRANK_NO_PRELOAD, UNIRANK_NO_SRUN,
+    UNIRANK_MASTER_FORWARDED, UNIRANK_ELASTIC, UNIRANK_SRUN_REEXEC): on when set to anything
+    but ``""`` or ``0`` (spaces around it ignored), so ``1``, ``yes`` and ``true`` all turn it
+    on. torchrun's own (TORCHELASTIC_ENABLE_FILE_TIMER: ``1``; TORCHELASTIC_USE_AGENT_STORE:
+    ``True``) keep torchrun's reading."""
+    return environ.get(name, "").strip() not in ("", "0")
 
 
 def format_seconds(value: float) -> str:
@@ -241,6 +264,9 @@ class HangSettings:
     timeout: float | None = None
     #: seconds between two progress records of a rank
     interval: float = 5.0
+    #: the names ``report_after`` and ``timeout`` were given by: :data:`HANG_OPTIONS`,
+    #: :data:`HANG_KEYWORDS` or a variable's name; what the reports name them
+    names: tuple[str, str] = HANG_OPTIONS
 
     def environ(self) -> dict[str, str]:
         """These settings as the worker's variables (what :func:`resolve_hang` reads back)."""
@@ -249,7 +275,22 @@ class HangSettings:
                HANG_INTERVAL_VAR: format_seconds(self.interval)}
         if self.timeout is not None:
             env[HANG_TIMEOUT_VAR] = format_seconds(self.timeout)
+        env[HANG_NAMES_VAR] = ",".join(self.names)  # else the workers would name the variables
         return env
+
+
+def given_as(name: str) -> str:
+    """A setting's name as the user gave it: ``--hang-timeout`` (an option), ``hang_timeout=``
+    (a keyword), ``UNIRANK_HANG_TIMEOUT`` (a variable)."""
+    return name if name.startswith("-") or name.isupper() else f"{name}="
+
+
+def shown_setting(name: str, seconds: float) -> str:
+    """A setting and its value as the user gave them: ``--hang-timeout 6 s``, ``hang_timeout=6``,
+    ``UNIRANK_HANG_TIMEOUT=6``."""
+    if name.startswith("-"):
+        return f"{name} {seconds:g} s"
+    return f"{name}={seconds:g}"
 
 
 def _off_or_seconds(given: str | float | None, environ: Mapping[str, str], variable: str,
@@ -270,7 +311,7 @@ def _off_or_seconds(given: str | float | None, environ: Mapping[str, str], varia
 
 def resolve_hang(report_after: str | float | None = None, timeout: str | float | None = None,
                  environ: Mapping[str, str] | None = None, *,
-                 names: tuple[str, str] = ("--hang-report-after", "--hang-timeout")
+                 names: tuple[str, str] = HANG_OPTIONS
                  ) -> HangSettings:
     """The hang detector's settings: the options given (``--hang-report-after``,
     ``--hang-timeout``, or the keywords ``hang_report_after=``, ``hang_timeout=`` of
@@ -286,6 +327,7 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
     if not given:
         after = DEFAULT_HANG_REPORT_AFTER
     limit, _ = _off_or_seconds(timeout, environ, HANG_TIMEOUT_VAR, names[1])
+    shown = _hang_names(environ, names, report_after is None, timeout is None)
     text = environ.get(HANG_INTERVAL_VAR, "")
     if text.strip():
         interval = parse_seconds(text, HANG_INTERVAL_VAR)
@@ -297,7 +339,22 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
         after = limit  # the hang must be seen (and reported) by the time it ends the job
         if not text.strip():  # and the job ended soon after: every rank ends within 2 looks
             interval = min(5.0, max(0.25, after / 8))
-    return HangSettings(after, limit, interval)
+    return HangSettings(after, limit, interval, shown)
+
+
+def _hang_names(environ: Mapping[str, str], names: tuple[str, str], after_from_variable: bool,
+                timeout_from_variable: bool) -> tuple[str, str]:
+    """What the reports call the two settings: UNIRANK_HANG_NAMES (the supervisor's word on how
+    they were given), else per setting the variable's name where it was read from a variable
+    that is set, else ``names``."""
+    carried = environ.get(HANG_NAMES_VAR, "").split(",")
+    if len(carried) == 2 and all(carried):
+        return carried[0], carried[1]
+    after = HANG_REPORT_AFTER_VAR if after_from_variable and \
+        environ.get(HANG_REPORT_AFTER_VAR, "").strip() else names[0]
+    limit = HANG_TIMEOUT_VAR if timeout_from_variable and \
+        environ.get(HANG_TIMEOUT_VAR, "").strip() else names[1]
+    return after, limit
 
 
 def resolve_on_hang(given: str | None, environ: Mapping[str, str], *, elastic: bool,

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from unirank.launchers.slurm_vars import GPUS_PER_TASK, TRES_BIND
 
 __all__ = [
+    "COMMAND_BACKENDS",
     "NVIDIA_PROC_DIR",
     "VISIBLE_DEVICES_VAR",
     "count_visible_devices",
@@ -46,6 +47,9 @@ __all__ = [
 
 #: the variable that lists the GPUs a process sees
 VISIBLE_DEVICES_VAR = "CUDA_VISIBLE_DEVICES"
+#: the process-group backends a command's ``--backend`` offers (``unirank sbatch``, ``bench``,
+#: ``doctor``): ``auto`` picks nccl exactly where it fits (:func:`nccl_fits`), else gloo
+COMMAND_BACKENDS = ("auto", "gloo", "nccl")
 #: one entry per GPU the NVIDIA driver knows on this node
 NVIDIA_PROC_DIR = "/proc/driver/nvidia/gpus"
 

@@ -162,13 +162,14 @@ def require_own(host: str, *, source: str, environ: Mapping[str, str],
     ``ifaces``: this host's interfaces (default :func:`unirank.hostaddrs.interfaces`). A name
     that does not resolve within ``timeout`` is left to :func:`require_resolvable`.
 
-    Reads: UNIRANK_MASTER_FORWARDED (from ``environ``; ``1`` skips the check, for an address
+    Reads: UNIRANK_MASTER_FORWARDED (from ``environ``; on, :func:`unirank.contract.flag`,
+    it skips the check, for an address
     forwarded to this host: NAT, a virtual or cloud public address).
     """
     from unirank import hostaddrs
-    from unirank.contract import MASTER_FORWARDED_VAR
+    from unirank.contract import MASTER_FORWARDED_VAR, flag
 
-    if environ.get(MASTER_FORWARDED_VAR, "").strip() == "1":
+    if flag(environ, MASTER_FORWARDED_VAR):
         return
 
     addresses = _addresses(host, timeout) if host else None

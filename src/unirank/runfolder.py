@@ -7,8 +7,10 @@
             <local_rank>/stdout.log, stderr.log --redirects / --tee
             filtered_stdout.log, filtered_stderr.log   the duplicate filters' copies
             timeline.json                       rank 0's end-of-run records
-            ranks-waiting                       the hang detector's mark (hang.WAITING_MARK)
-            hang/report-<n>.txt, .json          rank 0's hang reports (hang.HANG_FOLDER)
+            ranks-waiting                       the hang detector's mark
+            hang-verdict.json                   the verdict of a hang that ended the job
+            on-hang                             the program's on_hang= keyword
+            hang/report-<n>.txt, .json          rank 0's hang reports
 
 Without ``--log-dir`` the run's folder is a temporary one, ``<tmp>/unirank-run-XXXX`` with its
 owner's ``owner.json`` (:func:`make_temporary_run_folder`), removed when the run ends unless
@@ -38,13 +40,29 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from unirank.contract import ATTEMPT_DIR_VAR, ERROR_FILE_VAR
-from unirank.hang import HANG_FOLDER, WAITING_MARK
 
 __all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of",
            "end_run_folder", "make_run_folder", "make_temporary_run_folder"]
 
 #: the duplicate filters' copies of stdout (1) and stderr (2), in the attempt's folder
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
+#: the folder (next to the ranks' ``<local rank>/error.json``) where rank 0's hang detector
+#: writes every report with every rank's stacks, as text and JSON (kept after the run)
+_HANG_FOLDER = "hang"
+#: the file the hang detector keeps while some rank has waited in a collective for one
+#: interval or more that another has not entered: the supervisor asks for the report at a stop
+#: signal only then, so that a plain Ctrl-C is forwarded at once
+_WAITING_MARK = "ranks-waiting"
+#: where the detector's rank (rank 0) writes the verdict of a hang that ends the job
+#: (``--hang-timeout``), and every rank again as it ends (the verdict travels in the
+#: :class:`~unirank.hang.ending.Ending`, so every node has it): ``{"never_entered": [ranks],
+#: "call": "all_reduce #12"}``, what the supervisor's ``--on-hang evict`` reads
+#: (:func:`unirank.hang.detect.verdict`)
+_HANG_VERDICT = "hang-verdict.json"
+#: where the program's ranks write the ``on_hang=`` keyword of :func:`unirank.init` /
+#: ``Parallel`` (one word, ``exit``, ``restart`` or ``evict``): what the supervisor does at
+#: that attempt's hang timeout (:func:`unirank.contract.on_hang_now`)
+_ON_HANG_ASKED = "on-hang"
 #: torchrun's error file: ``attempt_<n>/<local rank>/error.json``
 _TORCHRUN_ERROR_FILE = re.compile(r"(?P<attempt>.*/attempt_\d+)/\d+/error\.json")
 
@@ -79,11 +97,24 @@ class AttemptFolder:
 
     @property
     def waiting_mark(self) -> str:
-        return os.path.join(self.path, WAITING_MARK)
+        return os.path.join(self.path, _WAITING_MARK)
 
     @property
     def hang_folder(self) -> str:
-        return os.path.join(self.path, HANG_FOLDER)
+        return os.path.join(self.path, _HANG_FOLDER)
+
+    def hang_reports(self, number: int) -> list[str]:
+        """Rank 0's hang report ``number``: its text and its JSON."""
+        stem = os.path.join(self.hang_folder, f"report-{number}")
+        return [f"{stem}.txt", f"{stem}.json"]
+
+    @property
+    def hang_verdict(self) -> str:
+        return os.path.join(self.path, _HANG_VERDICT)
+
+    @property
+    def on_hang_asked(self) -> str:
+        return os.path.join(self.path, _ON_HANG_ASKED)
 
 
 @dataclass(frozen=True)

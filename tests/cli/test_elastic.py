@@ -265,7 +265,7 @@ def test_a_lost_node_s_survivor_restarts_at_the_world_left(runner: Runner,
     assert code == 0, err
     assert "unirank run: rendezvous round 1: node rank 0 of 1, 2 workers in all (left: nodeB)" \
         in err, err
-    assert "unirank run: succeeded after 1 restart(s)" in err, err
+    assert "unirank run: succeeded after 1 restart" in err, err
     restarted = [line for line in out.splitlines() if " restart 1 " in line]
     assert {line.split(" world ")[1].split()[0] for line in restarted} == {"2"}, out
     assert sum(" step 29 " in f" {line} " for line in restarted) == 2, out
@@ -318,7 +318,7 @@ def test_a_node_joining_a_running_job_is_admitted_at_the_next_round(runner: Runn
     second = _node(runner, args, OTHER, "nodeB", target)
     (code_a, out_a, err_a), (code_b, out_b, err_b) = _ended(first), _ended(second)
     assert (code_a, code_b) == (0, 0), err_a + err_b
-    assert "unirank run: 1 node(s) wait to join; stopping the workers" in err_a, err_a
+    assert "unirank run: 1 node waiting to join; stopping the workers" in err_a, err_a
     assert "node rank 0 of 2, 4 workers in all (joined: nodeB)" in err_a, err_a
     assert "elastic state: node joined; lost []; joined ['nodeB']; world 2 -> 4" in out_a, out_a
     restarted = [line for line in out_a.splitlines() if " restart 1 " in line]

@@ -140,7 +140,7 @@ def test_the_endpoint_s_node_killed_the_other_goes_on_alone(runner: Runner,
     job.close()
     assert second.returncode == 0, err
     assert "unirank run: store moved to node " in err, err
-    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert "rendezvous round 1: node rank 0 of 1, 1 worker in all" in err, err
     assert "  attempt 0: store moved to node " in err, err  # the summary
     assert "state restart 1 of 3 (store moved to node " in out, out  # ur.elastic_state()
     assert _worlds(out, 1) == {"1"}, out
@@ -161,8 +161,8 @@ def test_a_killed_node_started_again_brings_the_world_back(runner: Runner,
     job.close()
     assert (first.returncode, again.returncode) == (0, 0), err_a + err_b
     # its workers may fail on their lost peer before the news: either way, B left
-    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all (left: " in err_a, err_a
-    assert "1 node(s) wait to join" in err_a, err_a
+    assert "rendezvous round 1: node rank 0 of 1, 1 worker in all (left: " in err_a, err_a
+    assert "1 node waiting to join" in err_a, err_a
     assert "state restart 1 of 3 (node lost: " in out_a, out_a
     assert "  attempt 0: node lost: " in err_a, err_a
     assert _worlds(out_a, 1) == {"1"}, out_a
@@ -195,7 +195,7 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
     assert said[0].startswith(f"unirank run: error: node evicted: rank {rank} never entered "
                               "all_reduce #"), err_evicted
     assert said[0] == err_evicted.strip().splitlines()[-1], err_evicted
-    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert "rendezvous round 1: node rank 0 of 1, 1 worker in all" in err, err
     # the survivor's summary says the eviction in the same words, whichever node hung
     assert f"  attempt 0: node evicted: rank {rank} never entered all_reduce #" in err, err
     assert f"state restart 1 of 3 (node evicted: rank {rank} never entered all_reduce #" \
@@ -224,7 +224,7 @@ def test_the_endpoint_s_node_started_again_joins_the_running_job(runner: Runner,
     job.close()
     assert (again.returncode, second.returncode) == (0, 0), err_a + err_b
     assert "unirank run: store moved to node " in err_b, err_b
-    assert "1 node(s) wait to join" in err_b, err_b
+    assert "1 node waiting to join" in err_b, err_b
     assert "node rank 0 of 2, 2 workers in all" in err_b, err_b
     assert {line.split(" world ")[1].split()[0] for line in out_a.splitlines()
             if line.startswith("step ")} == {"2"}, out_a

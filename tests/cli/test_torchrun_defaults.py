@@ -1,8 +1,8 @@
 """torchrun's defaults with real processes, each checked by hand against torchrun 2.13: two
 "pods" given only Kubeflow Trainer v2's ``PET_*`` variables run the bare ``unirank run x.py``
 and form one world of 4 on loopback, and the command line wins over them; the run id and
-MASTER_ADDR of one node; SIGHUP forwarded; ``--rdzv-endpoint localhost:0``; ``--logs-specs``
-refused with exit 1.
+MASTER_ADDR of one node (an exported MASTER_ADDR changes nothing there); SIGHUP forwarded;
+``--rdzv-endpoint localhost:0``; ``--logs-specs`` refused with exit 1.
 
 Environment variables read: the caller's environment, from which launcher variables (PET_*
 too) are removed (:func:`_procs.launcher_free_environ`).
@@ -87,6 +87,18 @@ def test_one_node_gets_torchrun_s_run_id_master_addr_and_signals(runner: Runner)
     static = runner.run(["-n", "2", "--master-port", str(free_port()), "env.py"])
     assert {(e["MASTER_ADDR"], e["TORCHELASTIC_RUN_ID"]) for e in _envs(static.stdout)} == {
         ("127.0.0.1", "none")}
+
+
+def test_an_exported_master_addr_does_not_change_one_node_s_master(runner: Runner) -> None:
+    """torchrun 2.13, ``torchrun --nproc-per-node 2 env.py`` with MASTER_ADDR=127.0.0.1 or
+    MASTER_ADDR=myhost.example exported, checked by hand: its workers see
+    MASTER_ADDR=localhost all the same (its one-node rendezvous is at localhost:0; it reads no
+    MASTER_ADDR). So do unirank run's, from one pass of the planner."""
+    runner.script("env.py", ENV)
+    for exported in ("127.0.0.1", "myhost.example"):
+        result = runner.run(["-n", "2", "env.py"], env={"MASTER_ADDR": exported})
+        assert result.returncode == 0, result.stderr
+        assert [e["MASTER_ADDR"] for e in _envs(result.stdout)] == ["localhost"] * 2, exported
 
 
 def test_rdzv_endpoint_localhost_0_takes_a_free_port(runner: Runner) -> None:

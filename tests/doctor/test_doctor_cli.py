@@ -109,12 +109,12 @@ def test_two_spawned_ranks_are_healthy() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = checks(proc)
     assert rows["group"]["status"] == "OK"
-    assert rows["group"]["detail"].startswith("2 ranks on 1 node(s) (")
+    assert rows["group"]["detail"].startswith("2 ranks on 1 node (")
     assert f") joined a gloo group on port {port} in " in rows["group"]["detail"]
     assert rows["master port"]["detail"].split(" ")[0] == str(port)
     assert rows["same versions"]["status"] == "OK"
     header = json.loads(proc.stdout)["header"]
-    assert header[0].startswith("unirank doctor: 2 spawned rank(s), ranks 0-1 of 2, on "), header
+    assert header[0].startswith("unirank doctor: 2 spawned ranks, ranks 0-1 of 2, on "), header
     assert header[0].endswith("; group check: gloo group of 2, timeout 15 s"), header
 
 
@@ -141,7 +141,7 @@ def test_under_unirank_run_two_ranks_are_healthy(runner: Runner) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = checks(proc)
     assert [name for name, row in rows.items() if row["status"] != "OK"] == [], proc.stdout
-    assert rows["group"]["detail"].startswith("2 ranks on 1 node(s) "), proc.stdout
+    assert rows["group"]["detail"].startswith("2 ranks on 1 node "), proc.stdout
 
 
 def test_a_rank_that_never_answers_is_named() -> None:

@@ -313,7 +313,7 @@ def test_a_joining_node_resumes_the_run_from_its_step_at_the_larger_world(
     try:
         second = _node(runner, "127.0.1.1", "nodeB", port, target, stdout=subprocess.PIPE)
         assert first.stderr is not None
-        seen = read_lines(first.stderr, 1, contains="node(s) wait to join", timeout=120)
+        seen = read_lines(first.stderr, 1, contains="waiting to join", timeout=120)
     finally:
         for pid in held:
             with contextlib.suppress(ProcessLookupError):

@@ -43,7 +43,7 @@ def test_two_nodes_are_healthy(slurm_testbed: SlurmTestbed) -> None:
     rows = {row["name"]: row for row in data["checks"]}
     assert data["ok"] is True, proc.stdout
     assert rows["group"]["status"] == "OK"
-    assert "2 ranks on 2 node(s) (node1, node2)" in rows["group"]["detail"]
+    assert "2 ranks on 2 nodes (node1, node2)" in rows["group"]["detail"]
     assert rows["world size"]["status"] == "OK"
 
 

@@ -121,7 +121,7 @@ def test_a_hang_under_mpirun_is_reported(mpirun: list[str], tmp_path: Path) -> N
                      rf"mpi.py:{line_of(MPI, 'never enters')}\) since \d+ s; rank 1 \(\1\) has "
                      rf"not entered it: its main thread is in load_next_batch "
                      rf"\(mpi.py:{line_of(MPI, 'blocks forever')}\)$", err, re.M), err
-    assert "ending the job (--hang-timeout 4 s, exit code 86)" in err, err
+    assert "ending the job (hang_timeout=4, exit code 86)" in err, err
     assert ended.returncode != 0, err
 
 

@@ -2,7 +2,8 @@
 ``Parallel`` (keywords only), over the variables: real runs where a rank blocks forever in its
 own code and the keywords' ``hang_timeout`` ends the job with exit code 86 (``unirank run``,
 whose bootstrap's watcher takes ``ur.init``'s keywords; torchrun, where ``ur.init`` starts it;
-a ``Parallel`` spawn); bad values are refused with one line naming the keyword."""
+a ``Parallel`` spawn); the reports name the keywords, not ``unirank run``'s options; bad values
+are refused with one line naming the keyword."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_ur_init_keywords_win_over_unirank_runs_settings(runner: Runner) -> None
     ended = runner.run(["-n", "2", "blocked.py"])
     err = ended.stderr
     assert WAVEFRONT.search(err), err
-    assert "ending the job (--hang-timeout 2 s, exit code 86)" in err, err
+    assert "ending the job (hang_timeout=2, exit code 86)" in err, err
     assert ended.returncode == 86, err
 
 
@@ -81,7 +82,7 @@ def test_ur_init_keywords_under_torchrun(runner: Runner) -> None:
     _, err_bytes = proc.communicate(timeout=90)
     err = err_bytes.decode()
     assert WAVEFRONT.search(err), err
-    assert "ending the job (--hang-timeout 2 s, exit code 86)" in err, err
+    assert "ending the job (hang_timeout=2, exit code 86)" in err, err
     assert proc.returncode != 0, err
 
 
@@ -93,3 +94,8 @@ def test_parallel_keywords_reach_the_spawned_workers(tmp_path: Path) -> None:
     assert WAVEFRONT.search(ended.stderr), ended.stderr
     # the rank blocked in its own code is blamed, not rank 0 that waits for it
     assert ended.stdout == "failed 1 86\n", ended.stdout + ended.stderr
+    # the report names the settings as they were given: keywords, not unirank run's options
+    assert "ranks have waited in a collective for" in ended.stderr, ended.stderr
+    assert "(hang_report_after=1)\n" in ended.stderr, ended.stderr
+    assert "  ending the job (hang_timeout=2, exit code 86)\n" in ended.stderr, ended.stderr
+    assert "--hang" not in ended.stderr, ended.stderr

@@ -118,7 +118,7 @@ def test_a_deleted_pod_started_again_rejoins(tmp_path: Path, killed: int) -> Non
     resumes = _resumes(logs[0])
     assert [w for _, w in resumes] == [4, 2, 4], out
     assert 0 == resumes[0][0] < resumes[1][0] < resumes[2][0], out
-    assert "1 node(s) wait to join" in logs[0], out
+    assert "1 node waiting to join" in logs[0], out
     assert {line.split(" world ")[1].split()[0] for line in logs[1].splitlines()
             if line.startswith("step ")} == {"4"}, out
 

@@ -274,5 +274,5 @@ def test_an_elastic_host_list_survives_a_lost_host(runner: Runner, ssh_testbed: 
     assert proc.returncode == 0, err
     assert f"unirank run: host {lost} is lost: its unirank run ended with exit code " in err, err
     assert lost == "node2" or "unirank run: store moved to node node2" in err, err
-    assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    assert "rendezvous round 1: node rank 0 of 1, 1 worker in all" in err, err
     assert "step 59 rank 0 world 1 restart 1" in out.splitlines(), out

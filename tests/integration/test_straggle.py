@@ -70,7 +70,7 @@ def test_the_rank_with_ten_times_the_work_is_named(runner: Runner, tmp_path: Pat
     records = {r["rank"]: r for r in json.loads(raw.read_text())}
     assert all(r["collectives"]["samples"] > 0 and r["watcher"]["ticks"] > 0
                for r in records.values())
-    table = result.stderr[result.stderr.index("start-up timeline of 3 rank(s)"):]
+    table = result.stderr[result.stderr.index("start-up timeline of 3 ranks"):]
     assert re.search(r"^  in collectives \(%\) .* rank 2 on \S+ \(least\)$", table, re.M)
 
 

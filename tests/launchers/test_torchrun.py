@@ -77,7 +77,8 @@ def test_torchrun_nnodes_disagreeing_with_srun_tasks_is_named() -> None:
     with pytest.raises(ConfigError) as info:
         detect(environ, argv=[])
     assert str(info.value).startswith("SLURM_STEP_NUM_TASKS='2'")
-    assert "1 node(s)" in str(info.value)
+    assert "torchrun runs 1 node (GROUP_WORLD_SIZE / --nnodes) but srun started 2 torchrun tasks" \
+        in str(info.value)
 
 
 def test_c10d_rendezvous_may_order_nodes_freely() -> None:

@@ -191,7 +191,8 @@ def test_missing_rank_is_named_within_the_init_timeout() -> None:
 
 
 def test_unreachable_store_is_a_clear_error() -> None:
-    """Rank 1 of a world whose agent store (TORCHELASTIC_USE_AGENT_STORE) never comes up."""
+    """Rank 1 of a world whose agent store (TORCHELASTIC_USE_AGENT_STORE) never comes up: one
+    line says so, once."""
     env = {
         "RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
         "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
@@ -208,6 +209,8 @@ def test_unreachable_store_is_a_clear_error() -> None:
     assert last.startswith("unirank.runtime.lifecycle.InitError: rank 1 could not reach the "
                            "rendezvous store at 127.0.0.1:")
     assert "within 2 s" in last
+    # once: not again above as the StoreError it was made from ("direct cause")
+    assert proc.stderr.count("could not reach the rendezvous store") == 1, proc.stderr
 
 
 def test_user_created_group_is_used_under_torchrun() -> None:

@@ -10,10 +10,13 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from unirank.exitcodes import INTERRUPTED
 from unirank.launchers import detect
 from unirank.sbatch.commands import JobInfo, exit_status, parse_sacct, parse_scontrol
 from unirank.sbatch.follow import FileStream, Interrupt, _ask, failed_tasks
@@ -137,3 +140,36 @@ def test_a_preempted_job_that_may_be_requeued_is_not_done() -> None:
     final = parse_scontrol(SCONTROL.replace("FAILED", "PREEMPTED").replace("Requeue=1",
                                                                           "Requeue=0"))
     assert final is not None and final.done
+
+
+def _fake_slurm(bin_dir: Path, log: Path) -> None:
+    """``sbatch`` that answers job 7, and ``scontrol`` that shows it RUNNING with ``log`` as its
+    output, then presses Ctrl-C on its caller (SIGINT to the parent, as a terminal would)."""
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text("#!/bin/sh\ncat >/dev/null\necho 7\n")
+    record = SCONTROL.replace("JobId=15", "JobId=7").replace("JobState=FAILED", "JobState=RUNNING")
+    record = record.replace("/work/logs/train-15.out", str(log)).replace("/work/logs/train-15.err",
+                                                                         str(log))
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho '{record}'\nkill -INT $PPID\n")
+    for name in ("sbatch", "scontrol"):
+        (bin_dir / name).chmod(0o755)
+
+
+def test_a_detach_by_ctrl_c_exits_130_and_says_how_to_follow_again(tmp_path: Path) -> None:
+    """The real ``unirank sbatch --submit --follow`` against fake sbatch and scontrol (no Slurm
+    here): Ctrl-C without a terminal detaches; the exit is 130, not 0, so ``... --follow &&
+    next`` stops there, and the last line says the job goes on and how to follow it again."""
+    log = tmp_path / "train-7.out"
+    log.write_text("step 1\n")
+    (tmp_path / "train.py").write_text("")
+    _fake_slurm(tmp_path / "bin", log)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-m", "unirank", "sbatch", "-N", "1", "--submit",
+                           "--follow", "train.py"], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=120)
+    assert done.returncode == INTERRUPTED, (done.returncode, done.stderr)
+    assert done.stdout.startswith("Submitted batch job 7\n"), done.stdout
+    assert "step 1" in done.stdout + done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"unirank sbatch: detached; job 7 keeps running: tail -f {log} follows its output, "
+        "scancel 7 stops it"), done.stderr

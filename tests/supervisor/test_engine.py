@@ -88,7 +88,7 @@ def test_a_failure_stops_the_others_with_sigterm_and_is_blamed(tmp_path: Path) -
     stopped = {e.rank: e.stopped for e in result.exits}
     assert stopped == {0: True, 1: False}
     assert ("unirank run: rank 1 (local rank 1) on node n1 ended with exit code 3; stopping the "
-            f"other 1 worker(s): SIGTERM now, SIGKILL after {GRACE} s") in console
+            f"other 1 worker: SIGTERM now, SIGKILL after {GRACE} s") in console
     assert result.stop_signal is None and not result.unreaped
 
 

@@ -196,6 +196,18 @@ def test_refusals_name_what_disagrees(request_: LaunchRequest, outer: DistEnv,
         assert word in message
 
 
+def test_a_stacked_node_is_master_localhost_whatever_master_addr_is_exported() -> None:
+    """torchrun's one-node rendezvous at localhost:0 (``stacked``): its workers see localhost
+    with or without an exported MASTER_ADDR; the static rendezvous keeps 127.0.0.1, and a
+    given address wins over both."""
+    for environ in ({}, {"MASTER_ADDR": "127.0.0.1"}, {"MASTER_ADDR": "elsewhere"}):
+        outer = local(environ)
+        assert plan(req(nproc_per_node=2, stacked=True), outer).master_addr == "localhost"
+        assert plan(req(nproc_per_node=2), outer).master_addr == "127.0.0.1"
+        assert plan(req(nproc_per_node=2, stacked=True, master_addr="h"), outer).master_addr \
+            == "h"
+
+
 def test_per_node_plan_names_nodes_and_run_id() -> None:
     p = plan(req(RUN, nproc_per_node=4), slurm_per_node(node_rank=1, nodes=3))
     assert p.hosts == ("n0", "n1", "n2") and p.node_name == "n1"
@@ -296,4 +308,24 @@ def test_private_variables_are_the_bootstrap_s() -> None:
                                       "UNIRANK_DONE_FD", "UNIRANK_TIMELINE",
                                       "UNIRANK_TIMELINE_FILE", "UNIRANK_FAULT_FILE",
                                       "UNIRANK_NUMA_BINDING", "UNIRANK_HANG_REPORT_AFTER",
-                                      "UNIRANK_HANG_TIMEOUT", "UNIRANK_HANG_INTERVAL"}
+                                      "UNIRANK_HANG_TIMEOUT", "UNIRANK_HANG_INTERVAL",
+                                      "UNIRANK_HANG_NAMES"}
+
+
+def test_the_run_id_has_one_home() -> None:
+    """The request's, else the launcher's job and step, else the caller's fallback, else a
+    fresh uuid4 (unirank run's one-node rendezvous and Parallel alike); and the backends a
+    command offers are one tuple."""
+    import uuid
+
+    from unirank.bench.config import BACKENDS as BENCH
+    from unirank.gpus import COMMAND_BACKENDS
+    from unirank.sbatch.spec import BACKENDS as SBATCH
+
+    fresh = make_plan(req(nproc_per_node=1), LOCAL, {}).run_id
+    assert str(uuid.UUID(fresh)) == fresh
+    assert make_plan(req(nproc_per_node=1), LOCAL, {}).run_id != fresh
+    assert plan(req(nproc_per_node=1)).run_id == "rid"
+    assert plan(req(nproc_per_node=1, run_id="mine")).run_id == "mine"
+    assert plan(PARALLEL, slurm_per_node(0)).run_id == "4242.0"
+    assert BENCH is COMMAND_BACKENDS and SBATCH is COMMAND_BACKENDS

@@ -90,7 +90,7 @@ def test_a_new_round_after_news_says_how_long_the_workers_took_to_stop() -> None
     after = Assignment(node_rank=0, nnodes=1, ranks_per_node=(1,), hosts=("a",),
                        master_addr="a", master_port=1, round=1)
     assert elastic.describe_round(before, after, 0.04, 0.21) == \
-        "rendezvous round 1: node rank 0 of 1, 1 workers in all (left: b), the workers " \
+        "rendezvous round 1: node rank 0 of 1, 1 worker in all (left: b), the workers " \
         "stopped 0.2 s after the news, after 0.0 s of rendezvous"
 
 

@@ -19,7 +19,7 @@ from unirank.contract import ELASTIC_VAR, on_hang_now
 from unirank.elasticstate import RestartReason
 from unirank.errors import ConfigError
 from unirank.exitcodes import HANG_TIMEOUT
-from unirank.hang import ON_HANG_ASKED
+from unirank.runfolder import AttemptFolder
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.recovery import Recovery, format_recovery, restart_line_waits
 from unirank.supervisor.restartreason import evicted_why, restart_reason
@@ -145,7 +145,7 @@ def test_the_summary_s_attempt_line_says_the_node_change_first() -> None:
     same = RunResult((_exit(0, -15),), world_changed=moved, nodes_changed=moved)
     text = format_summary(RunResult((_exit(0, 0),), attempts=(lost, evicted, same)))
     assert text.splitlines() == [
-        "unirank run: succeeded after 3 restart(s)",
+        "unirank run: succeeded after 3 restarts",
         "  attempt 0: node lost: nodeB (rank 0 (local rank 0) on node nodeA: exit code 1: "
         "RuntimeError: Connection closed by peer)",
         "  attempt 1: node evicted: rank 1 never entered all_reduce #6 (node nodeB asked for "
@@ -177,11 +177,11 @@ def test_init_s_on_hang_is_written_in_the_attempt_folder(tmp_path: Path) -> None
     from unirank.runtime.lifecycle import ask_on_hang
 
     ask_on_hang(" Exit ", {"UNIRANK_ATTEMPT_DIR": str(tmp_path)})
-    assert (tmp_path / ON_HANG_ASKED).read_text() == "exit\n"
+    assert Path(AttemptFolder(str(tmp_path)).on_hang_asked).read_text() == "exit\n"
     ask_on_hang("evict", {"UNIRANK_ATTEMPT_DIR": str(tmp_path), ELASTIC_VAR: "1"})
-    assert (tmp_path / ON_HANG_ASKED).read_text() == "evict\n"
+    assert Path(AttemptFolder(str(tmp_path)).on_hang_asked).read_text() == "evict\n"
     ask_on_hang(None, {"UNIRANK_ATTEMPT_DIR": str(tmp_path)})  # not given: left alone
-    assert (tmp_path / ON_HANG_ASKED).read_text() == "evict\n"
+    assert Path(AttemptFolder(str(tmp_path)).on_hang_asked).read_text() == "evict\n"
     ask_on_hang("restart", {})  # no unirank supervisor: nothing to write, no error
 
 
@@ -197,7 +197,7 @@ def test_a_bad_on_hang_keyword_is_one_line_naming_the_keyword(
         ask_on_hang(value, {**environ, "UNIRANK_ATTEMPT_DIR": str(tmp_path)})
     assert (caught.value.variable, caught.value.value) == ("on_hang", value)
     assert words in caught.value.message
-    assert not (tmp_path / ON_HANG_ASKED).exists()
+    assert not Path(AttemptFolder(str(tmp_path)).on_hang_asked).exists()
 
 
 def test_parallel_and_launch_refuse_a_bad_on_hang_before_any_worker() -> None:

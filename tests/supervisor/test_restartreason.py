@@ -33,7 +33,7 @@ def test_a_world_change_with_a_node_gone_is_a_lost_node_named() -> None:
 
 
 def test_a_world_change_with_a_node_more_is_a_joined_node() -> None:
-    result = RunResult((_exit(0, -15),), world_changed="1 node(s) wait to join")
+    result = RunResult((_exit(0, -15),), world_changed="1 node waiting to join")
     reason = restart_reason(result, _plan("nodeA"), _plan("nodeA", "nodeB"))
     assert (reason.kind, reason.joined_nodes) == ("node joined", ("nodeB",))
 

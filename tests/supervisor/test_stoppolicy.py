@@ -171,7 +171,7 @@ def test_the_first_failure_stops_the_others_with_sigterm_and_says_who() -> None:
                               now=NOW)
     assert action.stop == TERM and action.state.failed
     assert action.state.deadline == NOW + 30.0
-    assert action.say == (f"{WHO}; stopping the other 3 worker(s): SIGTERM now, SIGKILL after "
+    assert action.say == (f"{WHO}; stopping the other 3 workers: SIGTERM now, SIGKILL after "
                           "30 s")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,20 @@ def test_why_a_worker_died_reads_as_the_golden_file(name: str) -> None:
     assert text == path.read_text()
 
 
+def test_a_forwarded_stop_lists_the_workers_with_no_other_before_them() -> None:
+    """Ctrl-C forwarded to the workers, which saved and ended 0: no worker failed first, so
+    the list is of the workers, not of "other" ones (``forwarded_stop.txt``;
+    ``UNIRANK_REGEN_GOLDEN=1`` writes it)."""
+    result = RunResult(exits=(WorkerExit(0, 0, "node1", 0), WorkerExit(1, 1, "node1", 0),
+                              WorkerExit(2, 2, "node1", -15, stopped=True)),
+                       stop_signal=int(signal.SIGINT))
+    path, text = GOLDEN / "forwarded_stop.txt", format_summary(result)
+    if os.environ.get("UNIRANK_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text()
+    assert "other" not in text
+
+
 def test_a_world_change_names_the_node_and_fails_only_if_workers_did() -> None:
     lost = "node n2 (10.0.0.2) is lost: no beat for 5 s"
     stopped = RunResult(exits=(WorkerExit(0, 0, "n1", -15, stopped=True),
@@ -162,13 +177,13 @@ def test_a_world_change_names_the_node_and_fails_only_if_workers_did() -> None:
     assert stopped.exit_code == 1
     first, other = format_summary(stopped).splitlines()
     assert first == f"unirank run: FAILED (exit code 1): {lost}"
-    assert other == "  other workers: ranks 0-1: killed by SIGTERM (signal 15), stopped by " \
+    assert other == "  workers: ranks 0-1: killed by SIGTERM (signal 15), stopped by " \
         "the teardown"
     done = RunResult(exits=(WorkerExit(0, 0, "n1", 0),), world_changed=lost)
     assert done.exit_code == 0
     after = RunResult(exits=(WorkerExit(0, 0, "n1", 0),), attempts=(stopped,))
     assert format_summary(after).splitlines() == [
-        "unirank run: succeeded after 1 restart(s)", f"  attempt 0: {lost}"]
+        "unirank run: succeeded after 1 restart", f"  attempt 0: {lost}"]
 
 
 def test_a_worker_killed_by_a_signal_was_killed_not_ended_with_it() -> None:

@@ -62,10 +62,10 @@ def run_layout(argv: list[str], base: dict[str, str],
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(argv)
-    request = build_request(args, base)
     outer = detect(base, ["unirank"], hostname="host")
+    request = build_request(args, base, outer=outer)
     plan = make_plan(request, outer, base, run_id_fallback="run-id", assignment=assignment)
-    return Layout(plan, target_of(args), engine_options(args), base)
+    return Layout(plan, target_of(args), engine_options(args, outer=outer), base)
 
 
 def parallel_layout(tmp: Path) -> Layout:

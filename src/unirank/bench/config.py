@@ -8,11 +8,12 @@ from typing import Optional
 from unirank.bench.ops import DTYPES, OP_NAMES
 from unirank.bench.sizes import parse_size, sweep
 from unirank.errors import ConfigError
+from unirank.gpus import COMMAND_BACKENDS
 
 __all__ = ["BACKENDS", "BenchConfig", "choose", "make_config", "whole_number"]
 
 #: the process-group backends ``unirank bench`` measures
-BACKENDS = ("auto", "gloo", "nccl")
+BACKENDS = COMMAND_BACKENDS
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ from unirank.doctor.facts import Facts, gather
 from unirank.doctor.quiet import without_cpp_frames
 from unirank.doctor.result import FAIL, SKIP, Check, emit, failed
 from unirank.errors import ConfigError
+from unirank.gpus import COMMAND_BACKENDS
 from unirank.supervisor.plan import IN_PLACE
+from unirank.words import counted
 
 if TYPE_CHECKING:
     from unirank.supervisor.plan import Plan
@@ -40,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """``-n``, ``--backend``, ``--json``, ``--timeout``."""
     parser.add_argument("-n", "--nproc-per-node", dest="nproc_per_node", type=int, default=None,
                         metavar="N", help="spawn N local ranks and check them as a group")
-    parser.add_argument("--backend", default="auto", choices=("auto", "gloo", "nccl"),
+    parser.add_argument("--backend", default="auto", choices=COMMAND_BACKENDS,
                         help="the backend the job will use (nccl needs a GPU per rank)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
@@ -70,7 +72,7 @@ def _spawn_header(plan: Plan, node: str, timeout: float) -> list[str]:
         where = f"rank {ranks[0]} of {plan.world_size} (in place)"
     else:
         span = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {ranks[0]}-{ranks[-1]}"
-        where = f"{len(ranks)} spawned rank(s), {span} of {plan.world_size},"
+        where = f"{counted(len(ranks), 'spawned rank')}, {span} of {plan.world_size},"
     return [f"unirank doctor: {where} on {node}; group check: "
             f"{_group(timeout, plan.world_size)}"]
 

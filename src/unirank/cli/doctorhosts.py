@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from unirank.doctor.result import FAIL, OK, Check, emit, failed
 from unirank.supervisor.ssh.preflight import HostFacts, Refusal
+from unirank.words import counted
 
 __all__ = ["add_host_arguments", "host_rows", "main_hosts"]
 
@@ -59,7 +60,7 @@ def main_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     results = check_hosts(names, ssh_options(args.ssh_option), os.getcwd(), sys.executable,
                           environ.get("PYTHONPATH"), local_versions(platform.python_version()))
     rows = host_rows(results)
-    code = emit(rows, [f"unirank doctor: {len(names)} host(s) over ssh"], args.json)
+    code = emit(rows, [f"unirank doctor: {counted(len(names), 'host')} over ssh"], args.json)
     if failed(rows):
         return code
     command = [sys.executable, "-m", "unirank", "run", "--hosts",

@@ -27,6 +27,7 @@ from unirank.errors import ConfigError
 from unirank.supervisor.rdzv.client import RendezvousHelper
 from unirank.supervisor.rdzv.conf import KEYS, parse_rdzv_conf
 from unirank.supervisor.rdzv.spec import DEFAULT_ENDPOINT_PORT, Assignment, RdzvSpec
+from unirank.words import counted
 
 __all__ = ["DEFAULT_RUN_ID", "USED_OPTIONS", "asked", "describe_round", "eviction", "is_range",
            "join", "wanted"]
@@ -150,7 +151,7 @@ def describe_round(before: Assignment, after: Assignment, took: float | None = N
     changes = [f"{what}: {', '.join(names)}"
                for what, names in (("left", left), ("joined", joined)) if names]
     return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "
-            f"{sum(after.ranks_per_node)} workers in all"
+            f"{counted(sum(after.ranks_per_node), 'worker')} in all"
             + (f" ({'; '.join(changes)})" if changes else "")
             + (f", the workers stopped {noticed:.1f} s after the news" if noticed is not None
                else "")

@@ -9,6 +9,8 @@ import argparse
 import json
 import os
 
+from unirank.words import counted
+
 _FIELDS = (
     "launcher", "rank", "local_rank", "world_size", "local_world_size", "node_rank",
     "num_nodes", "master_addr", "master_port", "job_id", "step_id", "node_name", "hosts",
@@ -63,7 +65,8 @@ def main(args: argparse.Namespace) -> int:
     if env.must_launch:
         tasks = env.planned_tasks or 1
         print(
-            f"note: this is a Slurm allocation shell with {tasks} task(s) but no srun step; "
+            f"note: this is a Slurm allocation shell with {counted(tasks, 'task')} but no srun "
+            "step; "
             "start the tasks with `srun python script.py` or `unirank run script.py`."
         )
     elif env.launch_required:

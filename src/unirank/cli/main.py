@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from types import ModuleType
 
 from unirank import __version__
+from unirank.cli.usage import one_line_errors
 from unirank.errors import ConfigError
 from unirank.exitcodes import INTERRUPTED, USAGE
 
@@ -45,8 +46,9 @@ def build_parser(command: str | None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in SUBCOMMANDS.items():
         sp = sub.add_parser(name, help=help_text, description=help_text, prog=f"unirank {name}")
+        one_line_errors(sp)
         if name == command:
-            _load(name).add_arguments(sp)
+            _load(name).add_arguments(sp)  # may give its own hints (one_line_errors again)
             parser.set_defaults(_subparser=sp)
     return parser
 

@@ -138,7 +138,6 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
                   server: ForkServer | None) -> RunResult:
     """Plan this node's workers, then start and supervise them."""
     from dataclasses import replace
-    from uuid import uuid4
 
     from unirank.cli import elastic
     from unirank.cli.elastic import DEFAULT_RUN_ID
@@ -149,16 +148,12 @@ def _plan_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistE
         return _rendezvous_and_run(args, request, outer, environ, options, target, server)
     # torchrun's TORCHELASTIC_RUN_ID without --rdzv-id: its default, none, for the static
     # rendezvous (several nodes, or a port given); else a fresh uuid4 for the c10d rendezvous
-    # at localhost:0 it starts on one node, which also gives MASTER_ADDR=localhost
-    static = (request.nnodes or 1) > 1 or args.master_port is not None or args.rdzv_endpoint
+    # at localhost:0 it starts on one node (which the plan's master, localhost, follows too)
     try:
         plan = make_plan(request, outer, environ,
-                         run_id_fallback=DEFAULT_RUN_ID if static else str(uuid4()))
+                         run_id_fallback=None if request.stacked else DEFAULT_RUN_ID)
     except ConfigError as exc:
         _refuse(exc.renamed(_OPTION_NAMES), request, outer, environ)
-    if plan.nnodes == 1 and not static and not args.master_addr and (args.standalone or (
-            outer.world_size <= 1 and plan.master_source.startswith("default"))):
-        plan = replace(plan, master_addr="localhost")
     plan = replace(plan, master_source=_master_source(args, plan.master_source))
     if plan.world_size > 1:  # at once, not after the workers' init timeout
         from unirank.resolve import require_resolvable
@@ -282,9 +277,9 @@ def _run(args: argparse.Namespace, environ: dict[str, str], target: list[str],
     sources = describe_sources(args)
     if sources:
         print(f"unirank run: {sources}", file=sys.stderr, flush=True)
-    request = build_request(args, environ, notes)
-    options = engine_options(args, environ)
-    outer = outer_launcher(environ)
+    outer = outer_launcher(environ)  # once: the request, the options and the plan share it
+    request = build_request(args, environ, notes, outer)
+    options = engine_options(args, environ, outer)
     notes += noted_lines(args, outer)
     for note in notes:
         print(f"unirank run: note: {note}", file=sys.stderr, flush=True)

@@ -158,14 +158,16 @@ def _check_logs_specs(name: str | None) -> None:
 
 
 def build_request(args: argparse.Namespace, environ: Mapping[str, str],
-                  notes: list[str] | None = None) -> LaunchRequest:
-    """The validated :class:`LaunchRequest` for the parsed options.
+                  notes: list[str] | None = None, outer: DistEnv | None = None) -> LaunchRequest:
+    """The validated :class:`LaunchRequest` for the parsed options; ``outer``: the launcher
+    around this ``unirank run``, detected once by the caller (None: detected here).
 
     Reads: PET_*, UNIRANK_INIT_TIMEOUT, CUDA_VISIBLE_DEVICES.
     """
     settle(args, environ)
+    outer = outer if outer is not None else outer_launcher(environ)
     try:
-        return _build_request(args, environ, [] if notes is None else notes)
+        return _build_request(args, environ, [] if notes is None else notes, outer)
     except ConfigError as exc:
         raise exc.renamed(pet_names(args)) from None
 
@@ -188,7 +190,7 @@ def _nproc(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[int, b
 
 
 def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
-                   notes: list[str]) -> LaunchRequest:
+                   notes: list[str], outer: DistEnv) -> LaunchRequest:
     from unirank.cli import elastic
     from unirank.cli.counts import parse_nnodes
     from unirank.contract import resolve_init_timeout
@@ -198,17 +200,18 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
     _check_rdzv_backend(str(args.rdzv_backend))
     _check_logs_specs(args.logs_specs)
     addr, port = endpoint(args)
-    dynamic = elastic.wanted(args, outer_launcher(environ))
+    dynamic = elastic.wanted(args, outer)
     join_timeout = _rdzv_conf_timeout(args, notes, dynamic)
     init_timeout = (resolve_init_timeout(args.init_timeout, environ)
                     if args.init_timeout is not None or join_timeout is None
                     else resolve_init_timeout(join_timeout, environ,
                                               option="--rdzv-conf join_timeout"))
+    nnodes = parse_nnodes(args.nnodes) if args.nnodes is not None and not dynamic else None
     return LaunchRequest(
         nproc_per_node=None if auto else nproc,
         spawn_default=nproc,
-        nnodes=(parse_nnodes(args.nnodes) if args.nnodes is not None
-                and not dynamic else None),
+        nnodes=nnodes,
+        stacked=not ((nnodes or 1) > 1 or args.master_port is not None or args.rdzv_endpoint),
         node_rank=_int_option(args.node_rank, "--node-rank",
                               "give this node's rank, 0 to --nnodes - 1"),
         master_addr=addr,
@@ -258,10 +261,11 @@ def run_signals(text: str | None, environ: Mapping[str, str]) -> tuple[tuple[int
     return tuple(dict.fromkeys(forwarded)), format_signals(tuple(int(s) for s in HANDLED))
 
 
-def engine_options(args: argparse.Namespace,
-                   environ: Mapping[str, str] | None = None) -> EngineOptions:
+def engine_options(args: argparse.Namespace, environ: Mapping[str, str] | None = None,
+                   outer: DistEnv | None = None) -> EngineOptions:
     """How to run the workers: grace period, signals, where their output goes, and the hang
-    detector's settings.
+    detector's settings; ``outer``: the launcher around this ``unirank run``, detected once by
+    the caller (None: detected here).
 
     Reads: PET_*, TORCH_ELASTIC_SHUTDOWN_TIMEOUT, TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE,
     UNIRANK_STOP_SIGNALS, UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT,
@@ -269,13 +273,15 @@ def engine_options(args: argparse.Namespace,
     """
     environ = environ or {}
     settle(args, environ)
+    outer = outer if outer is not None else outer_launcher(environ)
     try:
-        return _engine_options(args, environ)
+        return _engine_options(args, environ, outer)
     except ConfigError as exc:
         raise exc.renamed(pet_names(args)) from None
 
 
-def _engine_options(args: argparse.Namespace, environ: Mapping[str, str]) -> EngineOptions:
+def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
+                    outer: DistEnv) -> EngineOptions:
     from unirank.contract import LOG_LINE_PREFIX_VAR, resolve_hang
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.dstate import dstate_timeout
@@ -306,18 +312,19 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Eng
                          timeline=bool(args.timeline or args.timeline_json),
                          timeline_json=args.timeline_json or None, hang=hang,
                          numa_binding=_numa_binding(args.numa_binding),
-                         on_hang=_on_hang(args, environ), elastic=_elastic(args, environ),
+                         on_hang=_on_hang(args, environ, outer),
+                         elastic=_elastic(args, outer),
                          dstate_timeout=dstate_timeout(environ))
 
 
-def _elastic(args: argparse.Namespace, environ: Mapping[str, str]) -> bool:
+def _elastic(args: argparse.Namespace, outer: DistEnv) -> bool:
     """Whether this is an elastic job: a range of the dynamic rendezvous."""
     from unirank.cli import elastic
 
-    return elastic.wanted(args, outer_launcher(environ)) and elastic.is_range(args)
+    return elastic.wanted(args, outer) and elastic.is_range(args)
 
 
-def _on_hang(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
+def _on_hang(args: argparse.Namespace, environ: Mapping[str, str], outer: DistEnv) -> str:
     """``--on-hang`` (:func:`unirank.contract.resolve_on_hang`).
 
     Reads: UNIRANK_ON_HANG.
@@ -326,7 +333,7 @@ def _on_hang(args: argparse.Namespace, environ: Mapping[str, str]) -> str:
 
     restarts = _int_option(args.max_restarts, "--max-restarts", "give 0 or more") or 0
     return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,
-                           elastic=_elastic(args, environ))
+                           elastic=_elastic(args, outer))
 
 
 def _numa_binding(mode: str | None) -> str | None:

@@ -13,15 +13,14 @@ passes through (they must be set in this shell).
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from unirank.cli.usage import one_line_errors
 from unirank.errors import ConfigError
-from unirank.exitcodes import USAGE
 from unirank.sbatch.options import OPTIONS, add_job_options
 from unirank.sbatch.spec import JobSpec
 
@@ -42,7 +41,8 @@ def _command_options(parser: argparse.ArgumentParser) -> None:
     add("--submit", action="store_true", help="submit the script with sbatch")
     add("--parsable", action="store_true", help="with --submit: print the job id alone")
     add("--follow", action="store_true",
-        help="with --submit: stream the job's output until it ends; exit with its exit code")
+        help="with --submit: stream the job's output until it ends; exit with its exit code "
+        "(130 when Ctrl-C detached from the job, which goes on)")
     add("-m", "--module", action="store_true", help="run MODULE as python -m does")
 
 
@@ -56,31 +56,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the script (or module with -m) every rank runs")
     parser.add_argument("program_args", nargs=argparse.REMAINDER, metavar="ARGS",
                         help="arguments for the script")
-    parser.error = _one_line_error(parser)  # type: ignore[method-assign]
+    one_line_errors(parser, _hint_for)
 
 
-def _long_options(parser: argparse.ArgumentParser) -> list[str]:
-    return sorted(o for o in parser._option_string_actions if o.startswith("--"))
-
-
-def _one_line_error(parser: argparse.ArgumentParser) -> Any:
-    """argparse's ``error`` as one line naming the valid choices, exit status 2."""
-
-    def error(message: str) -> NoReturn:
-        valid = _long_options(parser)
-        hint = "options go before SCRIPT; unirank sbatch --help describes them"
-        if message.startswith("unrecognized arguments:"):
-            unknown = message.split(":", 1)[1].split()[0]
-            close = difflib.get_close_matches(unknown.split("=")[0], valid, n=1)
-            guess = f" (did you mean {close[0]}?)" if close else ""
-            message = f"unknown option {unknown}{guess}"
-            hint = f"options go before SCRIPT; the valid ones: {' '.join(valid)}"
-        elif "--sbatch-arg" in message:
-            hint = "write the sbatch option after '=': --sbatch-arg=--exclusive"
-        print(f"unirank sbatch: error: {message} HINT: {hint}", file=sys.stderr)
-        sys.exit(USAGE)
-
-    return error
+def _hint_for(message: str) -> str | None:
+    """sbatch's own hint: an option of sbatch given to --sbatch-arg without '='."""
+    return "write the sbatch option after '=': --sbatch-arg=--exclusive" \
+        if "--sbatch-arg" in message else None
 
 
 def _check_modes(args: argparse.Namespace) -> None:

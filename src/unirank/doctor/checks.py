@@ -11,6 +11,7 @@ from unirank import netroute
 from unirank.doctor.facts import Facts
 from unirank.doctor.result import FAIL, OK, WARN, Check
 from unirank.gpus import nccl_fits
+from unirank.words import counted
 
 __all__ = ["SLOW_LOOKUP", "ifname_matches", "local_checks"]
 
@@ -31,11 +32,12 @@ def check_launch(facts: Facts) -> Check:
     if env.must_launch and facts.spawn is None:
         tasks = env.planned_tasks or env.num_nodes
         return Check("launcher", FAIL,
-                     f"a Slurm allocation shell holding {tasks} tasks, but no task was launched "
+                     f"a Slurm allocation shell holding {counted(tasks, 'task')}, but no task was "
+                     "launched "
                      "(a plain python here runs alone)",
                      "start the tasks with: srun unirank doctor (and srun your script)")
     return Check("launcher", OK, f"{env.launcher}: rank {env.rank} of {env.world_size}, "
-                 f"{env.num_nodes} node(s), node {facts.node}")
+                 f"{counted(env.num_nodes, 'node')}, node {facts.node}")
 
 
 def check_world(facts: Facts) -> Check | None:
@@ -45,7 +47,7 @@ def check_world(facts: Facts) -> Check | None:
         return None
     variable, count = facts.expected_tasks
     if facts.env.world_size == count:
-        return Check("world size", OK, f"{count} ranks, as {variable} says")
+        return Check("world size", OK, f"{counted(count, 'rank')}, as {variable} says")
     return Check("world size", FAIL,
                  f"{variable}={count} tasks were started, but this rank detected a world of "
                  f"{facts.env.world_size} ({facts.env.launcher}): each rank would wait alone or "
@@ -62,7 +64,8 @@ def check_gpus(facts: Facts) -> Check | None:
         return None
     ranks = facts.spawn or facts.env.local_world_size
     cuda_build = facts.versions is not None and facts.versions.torch_cuda is not None
-    layout = f"{ranks} rank(s) on this node, {facts.gpus} GPU(s) visible to this process" + (
+    layout = (f"{counted(ranks, 'rank')} on this node, {counted(facts.gpus, 'GPU')} visible to "
+              "this process") + (
         ", bound per task" if facts.per_task_gpus else "")
     fits = nccl_fits(facts.gpus, ranks, per_task_gpus=facts.per_task_gpus)
     if facts.backend != "nccl":
@@ -77,7 +80,7 @@ def check_gpus(facts: Facts) -> Check | None:
                      "(or check CUDA_VISIBLE_DEVICES)")
     if not fits:
         return Check("gpus", FAIL, f"{layout}; nccl needs a GPU per rank, so "
-                     f"{ranks - facts.gpus} rank(s) would share one",
+                     f"{counted(ranks - facts.gpus, 'rank')} would share one",
                      f"--ntasks-per-node={facts.gpus} (or -n {facts.gpus}), or --backend gloo")
     return Check("gpus", OK, f"{layout}; backend nccl")
 

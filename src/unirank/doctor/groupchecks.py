@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from unirank.doctor.facts import Versions
 from unirank.doctor.result import FAIL, OK, WARN, Check
+from unirank.words import counted
 
 __all__ = ["MAX_SKEW", "RankReport", "group_checks", "join_failed"]
 
@@ -51,7 +52,8 @@ def check_joined(reports: Sequence[RankReport], expected_nodes: Sequence[str],
     """Every rank joined; the nodes that joined are those the launcher named."""
     nodes = sorted({r.node for r in reports})
     port = f" on port {reports[0].port}" if reports and reports[0].port else ""
-    detail = f"{len(reports)} ranks on {len(nodes)} node(s) ({', '.join(nodes)}) joined a " \
+    detail = f"{counted(len(reports), 'rank')} on {counted(len(nodes), 'node')} " \
+        f"({', '.join(nodes)}) joined a " \
         f"gloo group{port} in {seconds:.1f} s"
     missing = sorted(set(expected_nodes) - set(nodes))
     if missing:
@@ -104,7 +106,7 @@ def check_gpu_sharing(reports: Sequence[RankReport], backend: str) -> Check:
             users.setdefault((report.node, report.gpu), []).append(report.who)
     shared = {key: who for key, who in users.items() if len(who) > 1}
     if not shared:
-        return Check("gpu binding", OK, f"{len(users)} rank(s) on a GPU of their own"
+        return Check("gpu binding", OK, f"{counted(len(users), 'rank')} on a GPU of their own"
                      if users else "no rank uses a GPU")
     what = "; ".join(f"GPU {gpu} on {node}: {', '.join(who)}" for (node, gpu), who in
                      shared.items())

@@ -15,14 +15,14 @@ import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from unirank.contract import HangSettings
+from unirank.contract import HangSettings, shown_setting
 from unirank.exitcodes import HANG_TIMEOUT
-from unirank.hang import HANG_FOLDER, WAITING_MARK
 from unirank.hang.detect import Hang, blamed, find_hangs, verdict
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.render import changed_ranks, render_report, timeout_message
 from unirank.hang.schedule import Decision, Schedule, decide
+from unirank.runfolder import AttemptFolder
 
 
 class Watcher(Protocol):
@@ -90,19 +90,21 @@ class Detector:
         for hang in hangs:
             nodes.update({r: n for r, n in hang.nodes.items() if n})
         files = self._dump_files(decision.number)
-        limit = self.watcher.settings.timeout
-        last = (f"ending the job (--hang-timeout {limit:g} s, exit code {HANG_TIMEOUT})"
-                if decision.ending else "")
+        settings = self.watcher.settings
+        limit, names = settings.timeout, settings.names
+        last = (f"ending the job ({shown_setting(names[1], limit or 0.0)}, exit code "
+                f"{HANG_TIMEOUT})" if decision.ending else "")
         if decision.full:
             self.first_stacks = stacks
         full = render_report(hangs, stacks, unanswered=missing, number=decision.number,
                              report_after=self.report_after, nodes=nodes,
                              answer_timeout=self.answer_timeout, dump_files=files,
-                             ending=last)
+                             ending=last, after_name=names[0])
         text = full if decision.full else render_report(
             hangs, stacks, unanswered=missing, number=decision.number,
             report_after=self.report_after, nodes=nodes, answer_timeout=self.answer_timeout,
-            dump_files=files, ending=last, since=(1, changed_ranks(self.first_stacks, stacks)))
+            dump_files=files, ending=last, since=(1, changed_ranks(self.first_stacks, stacks)),
+            after_name=names[0])
         self._write_dump(files, full, stacks, hangs)
         text, self.standby_note = self.standby_note + text, ""
         with contextlib.suppress(OSError):
@@ -111,17 +113,18 @@ class Detector:
             found = verdict(hangs[0])
             self.watcher.write_verdict(found)  # here before any rank ends
             self.watcher.exit_for_timeout(self.store, Ending(
-                timeout_message(hangs, limit or 0.0), blamed(hangs[0]), self.watcher.rank,
-                found))
+                timeout_message(hangs, limit or 0.0, names[1]), blamed(hangs[0]),
+                self.watcher.rank, found))
 
     def _mark_waiting(self, waiting: bool) -> None:
-        """Keep the attempt folder's :data:`~unirank.hang.WAITING_MARK` while some rank has
+        """Keep the attempt folder's waiting mark
+        (:attr:`unirank.runfolder.AttemptFolder.waiting_mark`) while some rank has
         waited one interval (the supervisor's sign to ask for the report at a stop); at every
         look, so that a standby's mark does not outlive its duty."""
         folder = self.watcher.attempt_folder()
         if not folder:
             return
-        path = os.path.join(folder, WAITING_MARK)
+        path = AttemptFolder(folder).waiting_mark
         with contextlib.suppress(OSError):
             if not waiting:
                 os.unlink(path)
@@ -133,9 +136,7 @@ class Detector:
         folder = self.watcher.attempt_folder()
         if not folder:
             return []
-        folder = os.path.join(folder, HANG_FOLDER)
-        stem = os.path.join(folder, f"report-{number}")
-        return [f"{stem}.txt", f"{stem}.json"]
+        return AttemptFolder(folder).hang_reports(number)
 
     def _write_dump(self, files: list[str], text: str,
                     stacks: Mapping[int, list[dict[str, Any]]], hangs: list[Hang]) -> None:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from unirank.contract import HANG_OPTIONS, given_as, shown_setting
 from unirank.hang.detect import Ahead, Call, Hang, Laggard, Uneven
 from unirank.joincheck import format_ranks
 
@@ -104,12 +105,13 @@ def mismatch_line(hang: Hang) -> str:
     return ", ".join(parts)
 
 
-def timeout_message(hangs: Sequence[Hang], limit: float) -> str:
+def timeout_message(hangs: Sequence[Hang], limit: float, name: str = HANG_OPTIONS[1]) -> str:
     """The one line every rank records when ``--hang-timeout`` ends the job (the failure
-    summary's ``error:`` line): the first hang's mismatch, then its wavefront."""
+    summary's ``error:`` line): the first hang's mismatch, then its wavefront; ``name``: how
+    the timeout was given (:attr:`unirank.contract.HangSettings.names`)."""
     hang = hangs[0]
     mismatch = mismatch_line(hang)
-    return (f"no progress for {limit:g} s (--hang-timeout): "
+    return (f"no progress for {limit:g} s ({given_as(name)}): "
             + (f"mismatch: {mismatch}; " if mismatch else "") + wavefront_line(hang))
 
 
@@ -192,17 +194,19 @@ def render_report(hangs: Sequence[Hang], stacks: Mapping[int, Sequence[Mapping[s
                   *, unanswered: Sequence[int], number: int, report_after: float,
                   nodes: Mapping[int, str], answer_timeout: float,
                   dump_files: Sequence[str] = (), ending: str = "", cause: str = "",
-                  since: tuple[int, Sequence[int]] | None = None) -> str:
+                  since: tuple[int, Sequence[int]] | None = None,
+                  after_name: str = HANG_OPTIONS[0]) -> str:
     """The whole report (see the module docstring); ``number``: the how-manieth for this hang,
     ``unanswered``: ranks whose stacks did not come within ``answer_timeout`` seconds,
     ``dump_files``: where the full dump went, ``ending``: a last line (``--hang-timeout``);
     ``cause``: the report is made at the job's stop (``on SIGINT``, ``at the collective's
     timeout``), not after ``report_after`` seconds; ``since``: a short report (the same
     hang as report ``since[0]``, whose stacks it showed): which ranks' stacks changed since,
-    not the stacks."""
+    not the stacks; ``after_name``: how ``report_after`` was given
+    (:attr:`unirank.contract.HangSettings.names`)."""
     longest = max((h.waited for h in hangs), default=0.0)
     head = (f"({cause})" if cause else f"(report {number})")
-    tail = "" if cause else f" (--hang-report-after {report_after:g} s)"
+    tail = "" if cause else f" ({shown_setting(after_name, report_after)})"
     out = [f"unirank: HANG {head}: ranks have waited in a collective for "
            f"{_seconds(longest)}{tail}"]
     for hang in hangs:

@@ -41,7 +41,6 @@ from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
 from unirank.exitcodes import HANG_TIMEOUT
-from unirank.hang import HANG_VERDICT
 from unirank.hang.children import arm as arm_children
 from unirank.hang.children import child_stacks
 from unirank.hang.detector import Detector
@@ -79,6 +78,7 @@ from unirank.hang.recorder import (
 )
 from unirank.hang.standby import Duty, takeover_line
 from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status
+from unirank.runfolder import AttemptFolder
 from unirank.signals import keep_off_this_thread
 
 __all__ = [
@@ -174,7 +174,7 @@ class Watcher:
         folder = self.attempt_folder()
         if found is None or not folder:
             return
-        path = os.path.join(folder, HANG_VERDICT)
+        path = AttemptFolder(folder).hang_verdict
         with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as fh:
             json.dump(found, fh)
 

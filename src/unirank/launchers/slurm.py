@@ -16,6 +16,7 @@ from unirank.errors import ConfigError
 from unirank.hostlist import expand, expand_tasks_per_node
 from unirank.launchers import slurm_vars as V
 from unirank.launchers._base import Context, Launcher, Layout, MasterHint, finish
+from unirank.words import counted
 
 NAME = "slurm"
 
@@ -68,13 +69,13 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
         num_nodes, nodes_var = (len(hosts) or 1), f"derived: length of {hosts_var or 'no list'}"
     if hosts and len(hosts) != num_nodes:
         raise ConfigError(
-            f"names {len(hosts)} node(s) but {nodes_var}={num_nodes}",
+            f"names {counted(len(hosts), 'node')} but {nodes_var}={num_nodes}",
             variable=hosts_var, value=environ[hosts_var],
             hint="the step's variables disagree; were they copied from another job?",
         )
     if num_nodes > world:
         raise ConfigError(
-            f"is more nodes than the {world} task(s) of {world_var}",
+            f"is more nodes than the {counted(world, 'task')} of {world_var}",
             variable=nodes_var, value=str(num_nodes),
             hint="every node of a step runs at least one task; check the srun options",
         )
@@ -84,8 +85,9 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
         tpn = tuple(expand_tasks_per_node(environ[tpn_var], variable=tpn_var))
         if len(tpn) != num_nodes or sum(tpn) != world:
             raise ConfigError(
-                f"gives {sum(tpn)} task(s) on {len(tpn)} node(s), but the step has "
-                f"{world_var}={world} on {num_nodes} node(s)",
+                f"gives {counted(sum(tpn), 'task')} on {counted(len(tpn), 'node')}, but the "
+                "step has "
+                f"{world_var}={world} on {counted(num_nodes, 'node')}",
                 variable=tpn_var, value=environ[tpn_var],
                 hint="the step's variables disagree; were they copied from another job?",
             )
@@ -93,7 +95,8 @@ def read_step_layout(environ: Mapping[str, str]) -> StepLayout:
         tpn, tpn_var = (world // num_nodes,) * num_nodes, "derived: even split of tasks"
     else:
         raise ConfigError(
-            f"is not set and {world} task(s) do not split evenly over {num_nodes} node(s)",
+            f"is not set and {counted(world, 'task')} do not split evenly over "
+            f"{counted(num_nodes, 'node')}",
             variable=V.STEP_TASKS_PER_NODE[0], value=None,
             hint=f"run under srun, which sets {V.STEP_TASKS_PER_NODE[0]}",
         )
@@ -130,7 +133,8 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     local_world = layout.tasks_per_node[node_rank]
     if local_rank >= local_world:
         raise ConfigError(
-            f"must be smaller than the {local_world} task(s) that {layout.tasks_per_node_var} "
+            f"must be smaller than the {counted(local_world, 'task')} that "
+            f"{layout.tasks_per_node_var} "
             f"gives node {node_rank}",
             variable=V.LOCALID, value=environ[V.LOCALID],
             hint="the step's variables disagree; were they copied from another job?",

@@ -22,6 +22,7 @@ from unirank.errors import ConfigError
 from unirank.launchers import slurm
 from unirank.launchers import slurm_vars as V
 from unirank.launchers._base import Context, Launcher, Layout, MasterHint, finish
+from unirank.words import counted
 
 NAME = "slurm-allocation"
 _ALONE = f"alone: no srun step ({V.STEP_ID[0]} unset)"
@@ -44,7 +45,7 @@ def detect(environ: Mapping[str, str], ctx: Context) -> DistEnv | None:
     num_nodes = read_int(environ, nodes_var, minimum=1) if nodes_var else max(1, len(hosts))
     if hosts and len(hosts) != num_nodes:
         raise ConfigError(
-            f"names {len(hosts)} node(s) but {nodes_var}={num_nodes}",
+            f"names {counted(len(hosts), 'node')} but {nodes_var}={num_nodes}",
             variable=hosts_var, value=environ[hosts_var],
             hint="the allocation's variables disagree; were they copied from another job?",
         )

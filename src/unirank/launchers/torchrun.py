@@ -25,6 +25,7 @@ from unirank.errors import ConfigError
 from unirank.launchers import slurm
 from unirank.launchers import slurm_vars as V
 from unirank.launchers._base import Context, Launcher, Layout, by_slot, finish
+from unirank.words import counted
 
 NAME = "torchrun"
 
@@ -68,8 +69,9 @@ def _check_against_slurm(environ: Mapping[str, str], node_rank: int, num_nodes: 
     tasks = read_int(environ, tasks_var, minimum=1)
     if num_nodes != tasks:
         raise ConfigError(
-            f"torchrun runs {num_nodes} node(s) (GROUP_WORLD_SIZE / --nnodes) but srun started "
-            f"{tasks} torchrun task(s)",
+            f"torchrun runs {counted(num_nodes, 'node')} (GROUP_WORLD_SIZE / --nnodes) but srun "
+            "started "
+            f"{counted(tasks, 'torchrun task')}",
             variable=tasks_var, value=environ[tasks_var],
             hint=f"use srun --ntasks-per-node=1 -N {num_nodes}, or torchrun --nnodes {tasks}",
         )

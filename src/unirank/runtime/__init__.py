@@ -9,7 +9,10 @@ and getters), :mod:`.lifecycle` (init/finalize), :mod:`.parallel`
 :mod:`.idist` (the rest of pytorch-ignite's ``ignite.distributed`` names: initialize, spawn,
 model_name, show_config...), :mod:`.layout` (the per-node numbers of a group made by hand),
 :mod:`.objects` (objects and strings through byte tensors: no numpy), :mod:`.launchcall`
-(``launch``: its options, and ``fn``'s arguments).
+(``launch``: its options, and ``fn``'s arguments), :mod:`.worker` (the pickled
+:class:`~.worker.Call` a spawned worker runs), :mod:`.byvalue` (what goes to it by value),
+:mod:`.relay` (its console where the caller's streams are not files), :mod:`.preemption` (stop,
+checkpoint, requeue, resume), :mod:`.ignite_options` (ignite's start-up options, pure).
 """
 
 from __future__ import annotations

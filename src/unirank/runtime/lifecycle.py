@@ -86,8 +86,8 @@ def _connect_store(env: DistEnv, timeout: float, environ: Mapping[str, str]) -> 
                  "MASTER_PORT name it; raise UNIRANK_INIT_TIMEOUT if it starts late",
             addr_source=master_addr_source(env.sources), environ=environ,
         )
-    except StoreError as exc:
-        raise InitError(str(exc)) from exc
+    except StoreError as exc:  # its one line says it all: no chained traceback repeating it
+        raise InitError(str(exc)) from None
 
 
 def _joined_store(env: DistEnv, timeout: float, generation: int) -> Any:
@@ -125,7 +125,7 @@ def hang_settings(report_after: str | float | None, timeout: str | float | None,
     if report_after is None and timeout is None:
         return None
     return contract.resolve_hang(report_after, timeout, environ,
-                                 names=("hang_report_after", "hang_timeout"))
+                                 names=contract.HANG_KEYWORDS)
 
 
 def ask_on_hang(on_hang: str | None, environ: Mapping[str, str]) -> None:
@@ -140,13 +140,13 @@ def ask_on_hang(on_hang: str | None, environ: Mapping[str, str]) -> None:
     """
     if on_hang is None:
         return
-    from unirank.hang import ON_HANG_ASKED
-
     choice = contract.resolve_on_hang(on_hang, {}, restarts=0, option="on_hang",
-                                      elastic=environ.get(contract.ELASTIC_VAR) == "1")
+                                      elastic=contract.flag(environ, contract.ELASTIC_VAR))
     folder = environ.get(contract.ATTEMPT_DIR_VAR)
     if folder:
-        path = os.path.join(folder, ON_HANG_ASKED)
+        from unirank.runfolder import AttemptFolder
+
+        path = AttemptFolder(folder).on_hang_asked
         with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as fh:
             fh.write(choice + "\n")
 

@@ -41,13 +41,12 @@ import re
 import shutil
 import signal
 import sys
-import uuid
 from collections.abc import Callable
 from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-from unirank.contract import resolve_init_timeout, resolve_on_hang
+from unirank.contract import HANG_KEYWORDS, resolve_hang, resolve_init_timeout, resolve_on_hang
 from unirank.errors import ConfigError
 from unirank.runtime import backends, ignite_options, lifecycle, state
 from unirank.runtime.helpers import ignite_logger
@@ -273,8 +272,7 @@ class Parallel:
         timeout = resolve_init_timeout(self.init_timeout, os.environ, option=self._timeout_keyword)
         request = LaunchRequest(init_timeout=timeout, spawn_default=None,
                                 **self._request)  # type: ignore[arg-type]
-        plan = make_plan(request, env, os.environ,
-                         run_id_fallback=env.job_id or f"unirank-{uuid.uuid4().hex[:12]}")
+        plan = make_plan(request, env, os.environ)
         self.plan = plan
         in_place = plan.mode == IN_PLACE
         wants_group = in_place and (plan.world_size > 1 or self.backend is not None)
@@ -356,7 +354,9 @@ class Parallel:
         path = os.path.join(folder, "call.pickle")
         options = EngineOptions(prog=PROG, output=OutputOptions(
             prefix_template=TAG_TEMPLATE if self._tag_output else None),
-            hang=self._hang_settings, on_hang=on_hang)
+            hang=self._hang_settings or resolve_hang(None, None, os.environ,
+                                                     names=HANG_KEYWORDS),
+            on_hang=on_hang)
         server = None
         ran = False
         try:

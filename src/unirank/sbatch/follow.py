@@ -6,7 +6,9 @@ minimum whenever the output grew. The output files (``StdOut``/``StdErr`` as Slu
 are streamed as they grow, across requeues: with ``--open-mode=append`` a requeued run appends
 to the same file; a file that shrank (truncated by a run without append) is read again from its
 start. Ctrl-C only sets a flag (:class:`Interrupt`); the loop then asks whether to cancel the
-job or detach when stdin is a terminal, and detaches otherwise.
+job or detach when stdin is a terminal, and detaches otherwise; a detach ends ``--follow`` with
+:data:`unirank.exitcodes.INTERRUPTED` (130, as a shell reports a Ctrl-C), not the job's code, so
+that ``unirank sbatch --follow ... && next`` does not go on while the job still runs.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import BinaryIO, Optional, TextIO
 
+from unirank.exitcodes import INTERRUPTED
 from unirank.sbatch.commands import REQUEUE_STATES, JobInfo, cancel, exit_status, job_info
 
 __all__ = ["POLL_MAX_S", "POLL_MIN_S", "FileStream", "Interrupt", "failed_tasks", "follow"]
@@ -162,6 +165,13 @@ def _ask(job_id: str, interactive: bool, prompt: Callable[[str], str]) -> str:
     return "cancel" if answer.strip().lower() in ("c", "cancel") else "detach"
 
 
+def _detached(job_id: str, logs: list[str]) -> str:
+    """The line a detach ends with: the job goes on, how to follow it again, how to stop it."""
+    again = (f"tail -f {' '.join(logs)} follows its output" if logs
+             else f"squeue -j {job_id} shows it")
+    return f"detached; job {job_id} keeps running: {again}, scancel {job_id} stops it"
+
+
 def _finish(follower: _Follower, info: JobInfo, ranks: str) -> int:
     follower.pump()
     code = exit_status(info)
@@ -178,7 +188,8 @@ def _finish(follower: _Follower, info: JobInfo, ranks: str) -> int:
 def follow(job_id: str, *, ranks: str = "rank", interactive: Optional[bool] = None,
            prompt: Callable[[str], str] = input, out: Optional[BinaryIO] = None,
            err: Optional[BinaryIO] = None, notes: Optional[TextIO] = None) -> int:
-    """Follow job ``job_id`` to its end; the exit code ``--follow`` ends with.
+    """Follow job ``job_id`` to its end; the exit code ``--follow`` ends with (130 after a
+    Ctrl-C detached it from the job, which goes on).
 
     ``ranks`` names what srun's tasks are in the failure line (``rank`` with one task per rank).
     ``interactive`` defaults to whether stdin is a terminal. Reads: PATH (Slurm's commands).
@@ -205,9 +216,8 @@ def follow(job_id: str, *, ranks: str = "rank", interactive: Optional[bool] = No
             if interrupt.pending:
                 interrupt.pending = False
                 if _ask(job_id, interactive, prompt) == "detach":
-                    follower.note(f"detached; job {job_id} keeps running "
-                                  f"(scancel {job_id} to stop it)")
-                    return 0
+                    follower.note(_detached(job_id, list(follower.streams)))
+                    return INTERRUPTED
                 follower.note(f"cancelling job {job_id}" if cancel(job_id)
                               else f"scancel {job_id} failed")
                 interactive = False  # a second Ctrl-C detaches

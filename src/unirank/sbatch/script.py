@@ -17,6 +17,7 @@ from unirank.contract import STOP_SIGNALS_VAR
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.launchers import slurm_vars as V
 from unirank.sbatch.spec import JobSpec, rank_stop_signals, signal_for_batch_shell
+from unirank.words import counted
 
 __all__ = ["default_job_name", "render"]
 
@@ -47,11 +48,11 @@ def _header(spec: JobSpec) -> list[str]:
     per_node, cpus = _slurm_tasks(spec)
     what = ("one Slurm task per node, each running unirank run"
             if spec.launch == "node" else "one Slurm task per rank")
-    ranks = (f"{(spec.min_nodes or 0) * spec.tasks_per_node}-{spec.nodes * spec.tasks_per_node}"
-             if spec.elastic else str(spec.nodes * spec.tasks_per_node))
+    low, high = (spec.min_nodes or 0) * spec.tasks_per_node, spec.nodes * spec.tasks_per_node
+    ranks = f"{low}-{high} ranks" if spec.elastic else counted(high, "rank")
+    nodes = f"{spec.nodes_text('-')} nodes" if spec.elastic else counted(spec.nodes, "node")
     lines = [_block("Slurm options: what the job asks for"),
-             f"# {spec.nodes_text('-')} node(s) x {spec.tasks_per_node} rank(s) = "
-             f"{ranks} ranks, {what}."]
+             f"# {nodes} x {counted(spec.tasks_per_node, 'rank')} = {ranks}, {what}."]
     options: list[tuple[str, object]] = [
         ("job-name", spec.job_name or default_job_name(spec)),
         # an elastic job asks no --ntasks-per-node: with it Slurm counts MIN x that many
@@ -136,7 +137,7 @@ def _command(spec: JobSpec) -> tuple[str, str]:
     target = _target(spec)
     if spec.launch == "node":
         why = (f"# srun starts one task per node; each runs unirank run, which starts "
-               f"{spec.tasks_per_node} rank(s) there.")
+               f"{counted(spec.tasks_per_node, 'rank')} there.")
         command = [*_unirank_run(spec), *target]
     else:
         why = "# srun starts one task per rank; each finds its rank, world and master from Slurm."

@@ -14,7 +14,7 @@ from typing import Optional
 from unirank.contract import STOP_SIGNALS_VAR
 from unirank.envvars import looks_secret
 from unirank.errors import ConfigError
-from unirank.gpus import nccl_fits
+from unirank.gpus import COMMAND_BACKENDS, nccl_fits
 from unirank.signals import (
     DEFAULT_WARNING,
     RANK_STOP,
@@ -43,7 +43,7 @@ __all__ = [
 ]
 
 LAUNCH_MODES = ("tasks", "node")
-BACKENDS = ("auto", "gloo", "nccl")
+BACKENDS = COMMAND_BACKENDS
 #: the warning signal's lead time with --requeue: long enough to save a checkpoint
 DEFAULT_SIGNAL_LEAD_S = 120
 #: the warning --requeue asks for when --signal is not given (USR2: NCCL may catch USR1)

@@ -47,7 +47,6 @@ from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, on_hang_now, re
 from unirank.errors import ConfigError
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
-from unirank.hang import HANG_VERDICT, ON_HANG_ASKED
 from unirank.launchers import slurm_vars
 from unirank.owner import KEEP_DAYS
 from unirank.resolve import require_own
@@ -266,7 +265,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
             ).run()
             stopped = time.time()
-            on_hang = on_hang_now(options.on_hang, _read_text(attempt_dir, ON_HANG_ASKED))
+            asked = _read_text(AttemptFolder(attempt_dir).on_hang_asked)
+            on_hang = on_hang_now(options.on_hang, asked)
             if _is_last(result, attempt, plan, environ) or (
                     on_hang == "exit" and _hang_timeout(result)):
                 _report_end(root.attempt(attempt).timeline_file, options, err_fd, recovery)
@@ -306,9 +306,8 @@ def _hang_timeout(result: RunResult) -> bool:
     return first is not None and first.own_exit_code == HANG_TIMEOUT
 
 
-def _read_text(attempt_dir: str, name: str) -> str | None:
+def _read_text(path: str) -> str | None:
     """A small file of the attempt's folder (the program's ``on_hang=``), None where absent."""
-    path = os.path.join(attempt_dir, name)
     with contextlib.suppress(OSError, ValueError), open(path, encoding="utf-8") as fh:
         return fh.read(64)
     return None
@@ -317,7 +316,7 @@ def _read_text(attempt_dir: str, name: str) -> str | None:
 def _read_verdict(attempt_dir: str) -> Mapping[str, Any] | None:
     """The hang verdict rank 0 wrote in the attempt's folder (here only where rank 0 ran)."""
     with contextlib.suppress(OSError, ValueError):
-        with open(os.path.join(attempt_dir, HANG_VERDICT), encoding="utf-8") as fh:
+        with open(AttemptFolder(attempt_dir).hang_verdict, encoding="utf-8") as fh:
             data = json.load(fh)
         return data if isinstance(data, dict) else None
     return None

@@ -66,6 +66,7 @@ keep the master rules from importing the planner that imports them.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
@@ -121,6 +122,11 @@ class LaunchRequest:
     role: str = "default"
     spawn_default: int | None = 1
     virtual_local_rank: bool = False
+    #: torchrun's one-node rendezvous at ``localhost:0`` (``unirank run`` given no ``--nnodes``
+    #: above 1, ``--master-port`` nor ``--rdzv-endpoint``): a node of its own is master
+    #: ``localhost``, whatever MASTER_ADDR the shell exports, as torchrun's workers see; else
+    #: ``127.0.0.1``, torchrun's ``--master-addr`` default
+    stacked: bool = False
 
 
 @dataclass(frozen=True)
@@ -271,12 +277,14 @@ def _agree(name: str, given: int | None, known: int, outer: DistEnv, what: str) 
     return known
 
 
-def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str) -> str:
+def _run_id(request: LaunchRequest, outer: DistEnv, fallback: str | None) -> str:
+    """THE run id: the request's, else the launcher's job (and step), else ``fallback``, else a
+    fresh uuid4 (torchrun's for its one-node rendezvous)."""
     if request.run_id:
         return request.run_id
     if outer.job_id and not request.standalone:
         return outer.job_id if not outer.step_id else f"{outer.job_id}.{outer.step_id}"
-    return fallback
+    return fallback or str(uuid.uuid4())
 
 
 def _master_of_launcher(request: LaunchRequest, outer: DistEnv) -> tuple[str, int]:
@@ -373,14 +381,15 @@ def make_plan(
     outer: DistEnv,
     environ: Mapping[str, str],
     *,
-    run_id_fallback: str,
+    run_id_fallback: str | None = None,
     assignment: Assignment | None = None,
 ) -> Plan:
     """Lay out the world and this process's workers (see the module docstring for the rules).
 
     ``outer`` is what :func:`unirank.launchers.detect` found around this process (its
     ``node_name`` names this node to the workers); ``run_id_fallback`` becomes
-    TORCHELASTIC_RUN_ID when neither the request nor the launcher gives one; ``assignment``
+    TORCHELASTIC_RUN_ID when neither the request nor the launcher gives one (None: a fresh
+    uuid4); ``assignment``
     is this node's place after a dynamic rendezvous (rule 0).
 
     Reads: TORCHELASTIC_USE_AGENT_STORE (only without an outer launcher).
@@ -462,13 +471,15 @@ def _without_launcher(request: LaunchRequest, outer: DistEnv,
 
 def _one_node_master(request: LaunchRequest, outer: DistEnv,
                      environ: Mapping[str, str]) -> tuple[str, int]:
-    """Rule 5 on one node: ``master_addr``, else ``127.0.0.1`` (never an inherited
-    MASTER_ADDR); the port given (MASTER_PORT too, but not a torchrun agent's of one worker,
+    """Rule 5 on one node: ``master_addr``, else ``localhost`` for a stacked run
+    (:attr:`LaunchRequest.stacked`), else ``127.0.0.1`` (never an inherited MASTER_ADDR); the
+    port given (MASTER_PORT too, but not a torchrun agent's of one worker,
     which it serves itself), else 0: a free one. Reads: TORCHELASTIC_USE_AGENT_STORE."""
     given_port = outer.master_port if outer.master_port_given else None
     if uses_agent_store(environ):
         given_port = None
-    return request.master_addr or "127.0.0.1", request.master_port or given_port or 0
+    default = "localhost" if request.stacked else "127.0.0.1"
+    return request.master_addr or default, request.master_port or given_port or 0
 
 
 def _node_rank_without_launcher(request: LaunchRequest, nnodes: int) -> int:

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from unirank.contract import NO_SRUN_VAR
+from unirank.contract import NO_SRUN_VAR, flag
 from unirank.contract import SRUN_REEXEC_VAR as REEXEC_VAR
 from unirank.errors import ConfigError
 from unirank.launchers.slurm_vars import STEP_ID
@@ -49,13 +49,13 @@ def reexec_through_srun(
     """
     command = srun_command(nnodes, inner)
     shown = shlex.join(command)
-    if environ.get(REEXEC_VAR):
+    if flag(environ, REEXEC_VAR):
         raise ConfigError(
             "unirank run was started by srun but still sees an allocation shell with no step",
             variable=STEP_ID[0], value=environ.get(STEP_ID[0]),
             hint="report this; meanwhile pass --nnodes and --node-rank explicitly",
         )
-    if environ.get(NO_SRUN_VAR, "").strip() not in ("", "0"):
+    if flag(environ, NO_SRUN_VAR):
         raise ConfigError(
             "this is a Slurm allocation shell with no step, and UNIRANK_NO_SRUN forbids "
             "starting one",

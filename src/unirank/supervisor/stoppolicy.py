@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.summary import signal_name
+from unirank.words import counted
 
 __all__ = [
     "Action",
@@ -194,8 +195,8 @@ def on_first_failure(state: StopState, *, others: int, config_error: bool, who: 
     if config_error:  # its one line says it all
         return Action(stopping, stop=signal.SIGTERM)
     return Action(stopping, stop=signal.SIGTERM,
-                  say=f"{who}; stopping the other {others} worker(s): SIGTERM now, SIGKILL "
-                      f"after {rules.grace_period:g} s")
+                  say=f"{who}; stopping the other {counted(others, 'worker')}: SIGTERM now, "
+                      f"SIGKILL after {rules.grace_period:g} s")
 
 
 def on_world_change(state: StopState, change: str, *, alive: bool, rules: StopRules,

@@ -2,7 +2,8 @@
 
 On its first SIGINT or SIGTERM while the workers run, the supervisor of the node that runs
 rank 0 (with the hang detector on, and not under Slurm, whose SIGTERM reaches the workers
-directly), when rank 0's detector keeps the attempt's :data:`~unirank.hang.WAITING_MARK` (some
+directly), when rank 0's detector keeps the attempt's waiting mark
+(:attr:`unirank.runfolder.AttemptFolder.waiting_mark`; some
 rank waited an interval or more at its last look; else the signal is forwarded at once),
 starts :mod:`unirank.hang.onstop` as a short helper process
 (:func:`~unirank.supervisor.helper.start_helper`: the run's environment, a session of its own,
@@ -35,7 +36,8 @@ START_ALLOWANCE = 8.0
 @dataclass(frozen=True)
 class StopReportSpec:
     """Where the job's store is, its world size, the watchers' interval, the detector's
-    :data:`~unirank.hang.WAITING_MARK` file, and the run's environment (the child's)."""
+    waiting mark (:attr:`unirank.runfolder.AttemptFolder.waiting_mark`), and the run's
+    environment (the child's)."""
 
     addr: str
     port: int

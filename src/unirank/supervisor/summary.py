@@ -11,6 +11,7 @@ from unirank.exitcodes import killed_by
 from unirank.hang.render import uneven_ended
 from unirank.joincheck import format_ranks
 from unirank.supervisor.deathcause import FAULT_HEAD, OomVerdict
+from unirank.words import counted
 
 __all__ = [
     "OutputTail",
@@ -281,7 +282,8 @@ def _before_fault(first: WorkerExit) -> list[str]:
 
 def _others_line(others: list[WorkerExit], first: WorkerExit | None) -> str:
     """``  other workers: rank 0: ok; ranks 2-3: killed by SIGTERM (signal 15), stopped by
-    the teardown``; a rank that ended 0 after fewer collectives than the root cause called
+    the teardown`` (``  workers: ...`` where no worker failed first: a forwarded stop, a
+    world change); a rank that ended 0 after fewer collectives than the root cause called
     (its error's :func:`~unirank.hang.render.uneven_line`) is not called ok."""
     fewer = uneven_ended(first.error) if first is not None else {}
     by_state: dict[str, list[int]] = {}
@@ -294,7 +296,7 @@ def _others_line(others: list[WorkerExit], first: WorkerExit | None) -> str:
                      f"rank {first.rank}")
         by_state.setdefault(state, []).append(worker.rank)
     states = "; ".join(f"{format_ranks(ranks)}: {state}" for state, ranks in by_state.items())
-    return f"  other workers: {states}"
+    return f"  {'workers' if first is None else 'other workers'}: {states}"
 
 
 def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
@@ -306,7 +308,7 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
     if result.exit_code == 0:
         if not result.attempts:
             return ""
-        lines = [f"{prog}: succeeded after {len(result.attempts)} restart(s)"]
+        lines = [f"{prog}: succeeded after {counted(len(result.attempts), 'restart')}"]
         lines += [_attempt_line(i, r) for i, r in enumerate(result.attempts)]
         return "\n".join(lines) + "\n"
     out: list[str] = []
@@ -342,7 +344,7 @@ def format_summary(result: RunResult, *, prog: str = "unirank run") -> str:
     if others:
         out.append(_others_line(others, first))
     if result.attempts:
-        out.append(f"  earlier attempts ({len(result.attempts)} restart(s)):")
+        out.append(f"  earlier attempts ({counted(len(result.attempts), 'restart')}):")
         out.extend(_attempt_line(i, r) for i, r in enumerate(result.attempts))
     if result.unreaped:
         out.append(

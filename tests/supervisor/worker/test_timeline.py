@@ -28,7 +28,7 @@ def test_table_rows_are_phases_with_min_median_max_and_the_slowest_rank() -> Non
         _record(2, "b", started=100.5, bootstrap=100.6, torch=102.9, joined=103.0),
     ]
     lines = format_table(records).splitlines()
-    assert lines[0] == ("unirank run: start-up timeline of 3 rank(s), seconds after the first "
+    assert lines[0] == ("unirank run: start-up timeline of 3 ranks, seconds after the first "
                         "worker started")
     rows = {line[2:29].strip(): line[29:].split() for line in lines[2:]}
     # workers started as their own interpreters: no fork server rows
@@ -41,7 +41,7 @@ def test_table_rows_are_phases_with_min_median_max_and_the_slowest_rank() -> Non
 def test_table_names_ranks_that_never_reached_a_phase() -> None:
     records = [_record(0, "a", started=1.0, joined=2.0), _record(1, "a", started=1.0)]
     text = format_table(records)
-    assert "rank 0 on a (1 rank(s) never reached it)" in text
+    assert "rank 0 on a (1 rank never reached it)" in text
     assert format_table([]) == "unirank run: timeline: no rank reported its times\n"
 
 
@@ -70,7 +70,7 @@ def test_timeline_of_a_local_run(runner: Runner, tmp_path: Path) -> None:
         assert list(record["times"]) == order  # every phase seen, and in order
         stamps = [record["times"][key] for key in order]
         assert stamps == sorted(stamps)
-    table = result.stderr[result.stderr.index("unirank run: start-up timeline of 3 rank(s)"):]
+    table = result.stderr[result.stderr.index("unirank run: start-up timeline of 3 ranks"):]
     for _, label in PHASES:
         assert label in table
     assert "(not seen)" not in table
@@ -110,4 +110,4 @@ def test_two_nodes_one_table_on_rank_0_s_node(slurm_testbed: Any) -> None:
     assert sorted((r["rank"], r["node"]) for r in records) == [
         (0, "node1"), (1, "node1"), (2, "node2"), (3, "node2")]
     assert all(len(r["times"]) == len(PHASES) for r in records)
-    assert result.stderr.count("start-up timeline of 4 rank(s)") == 1
+    assert result.stderr.count("start-up timeline of 4 ranks") == 1

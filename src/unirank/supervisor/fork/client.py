@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from unirank.contract import NO_PRELOAD_VAR
+from unirank.contract import NO_PRELOAD_VAR, flag
 from unirank.supervisor.fork.dispositions import ignored_here
 from unirank.supervisor.fork.importtime import SERVER_ONLY
 from unirank.supervisor.fork.protocol import (
@@ -125,7 +125,7 @@ def start_server(target: Sequence[str], environ: Mapping[str, str],
 
     Reads (from ``environ``): UNIRANK_NO_PRELOAD.
     """
-    if preload is None or environ.get(NO_PRELOAD_VAR, "").strip() not in ("", "0"):
+    if preload is None or flag(environ, NO_PRELOAD_VAR):
         return None
     why = why_not_served(target)
     if why is not None:

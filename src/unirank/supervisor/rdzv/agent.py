@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec, assign, to_line
 from unirank.supervisor.rdzv.wire import Lines
+from unirank.words import counted
 
 if TYPE_CHECKING:
     from unirank.supervisor.rdzv.server import Server
@@ -310,7 +311,7 @@ class Node:
                 raise Refusal(
                     f"the rendezvous {self.spec.run_id!r} at {_endpoint(self.spec)} did "
                     f"not complete within join_timeout={self.spec.join_timeout:g} s "
-                    f"(fewer than {self.spec.min_nodes} nodes joined)",
+                    f"(fewer than {counted(self.spec.min_nodes, 'node')} joined)",
                     hint="start unirank run with the same --rdzv-endpoint and --rdzv-id "
                     "on the other nodes, or raise --rdzv-conf join_timeout")
             if now - self.heard >= lost_after and self.server != self.node:

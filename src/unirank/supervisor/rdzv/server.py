@@ -36,6 +36,7 @@ from typing import Any
 from unirank.supervisor.rdzv.rounds import Pending, Served, follows, members_of, round_closes
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import Lines
+from unirank.words import counted
 
 __all__ = ["Server"]
 
@@ -259,12 +260,12 @@ class Server:
             self._tell(running, "restart", f"node {node.name} asked for a new round")
         elif running:
             node.lines.send({"event": f"this node waits to join: the job {self.spec.run_id!r} "
-                                      f"runs on {len(self.members)} node(s) (at most "
+                                      f"runs on {counted(len(self.members), 'node')} (at most "
                                       f"{self.spec.max_nodes}); it joins at the job's next "
                                       "round", "kind": "wait"})
             if len(self.members) < self.spec.max_nodes:
                 waiting = sum(1 for n in self._waiting if n not in self.members)
-                self._tell(running, "join", f"{waiting} node(s) wait to join")
+                self._tell(running, "join", f"{counted(waiting, 'node')} waiting to join")
 
     def _drop(self, node: _Node, why: str | None) -> None:
         """A node left (``why`` None: it said ``leave``) or is lost (``why``)."""

@@ -38,6 +38,7 @@ from typing import Any
 from unirank.contract import TIMELINE_FILE_VAR, TIMELINE_VAR
 from unirank.hang.straggle import collective_rows
 from unirank.storekeys.timeline import record_key
+from unirank.words import counted
 
 __all__ = ["PHASES", "TIMELINE_FILE_VAR", "TIMELINE_VAR", "Recorder", "format_table", "gather",
            "publish"]
@@ -129,8 +130,8 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
     records = [r for r in records if r.get("times")]
     origin = min(min(r["times"].values()) for r in records)
     first = "fork server" if any("preload" in r["times"] for r in records) else "worker"
-    lines = [f"unirank run: start-up timeline of {len(records)} rank(s), seconds after the "
-             f"first {first} started",
+    lines = [f"unirank run: start-up timeline of {counted(len(records), 'rank')}, seconds after "
+             f"the first {first} started",
              f"  {'phase':<27} {'min':>8} {'median':>8} {'max':>8}  slowest"]
     for key, label in PHASES:
         seen = [(r["times"][key] - origin, r) for r in records if key in r["times"]]
@@ -141,7 +142,7 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
             continue
         values = sorted(v for v, _ in seen)
         worst, who = max(seen, key=lambda item: (item[0], -item[1]["rank"]))
-        missing = f" ({len(records) - len(seen)} rank(s) never reached it)" \
+        missing = f" ({counted(len(records) - len(seen), 'rank')} never reached it)" \
             if len(seen) < len(records) else ""
         lines.append(f"  {label:<27} {values[0]:8.3f} {statistics.median(values):8.3f} "
                      f"{worst:8.3f}  rank {who['rank']} on {who['node']}{missing}")
