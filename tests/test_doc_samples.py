@@ -58,11 +58,14 @@ class Sample:
             text = re.escape(f"{mark:g}" if isinstance(mark, float) else str(mark))
             assert text in pattern, f"{self.name}: {name} is not in the line"
             pattern = pattern.replace(text, f"(?P<{name}>.+?)", 1).replace(text, f"(?P={name})")
+            if isinstance(mark, int):  # "1 worker", "3 workers" (words.counted)
+                pattern = re.sub(rf"(\(\?P<{name}>\.\+\?\)\\ \w+?)s\b", r"\1s?", pattern)
         return re.compile(pattern)
 
     def fixed(self) -> str:
         """The shape's longest text that no part or setting changes (how a sample is found)."""
-        return max(re.split(r"\(\?P[^)]*\)", self.shape().pattern), key=len).replace("\\", "")
+        pieces = re.split(r"\(\?P[^)]*\)|\w+s\?", self.shape().pattern)
+        return max(pieces, key=len).replace("\\", "")
 
     def printed(self, line: str) -> str | None:
         """What the code prints with ``line``'s parts and the default settings (None: the
@@ -70,7 +73,8 @@ class Sample:
         match = self.shape().fullmatch(line)
         if match is None:
             return None
-        parts = {k: v for k, v in match.groupdict().items() if k in self.parts}
+        parts = {k: int(v) if isinstance(self.parts[k], int) and v.isdigit() else v
+                 for k, v in match.groupdict().items() if k in self.parts}
         return self.render(**parts, **DEFAULTS)
 
 
@@ -116,20 +120,23 @@ def code_lines(text: str) -> Iterator[tuple[int, str]]:
 
 
 def wrong_samples(text: str, samples: tuple[Sample, ...] = SAMPLES) -> list[str]:
-    """Each code line of ``text`` that is a sample of one of ``samples`` but not the line the
-    code prints: ``line N: shown / printed``."""
+    """Each code line of ``text`` that has a sample's fixed text but is not a line the code
+    prints: ``line N (kind): shown / printed``, or ``is not its shape`` where it has the shape
+    of no kind whose fixed text it holds (kinds may share a fixed text)."""
     wrong: list[str] = []
     for number, line in code_lines(text):  # a line may be indented (a block in a list)
-        for sample in samples:
-            if sample.fixed() not in line:
-                continue
-            printed = sample.printed(line)
-            if printed is None:
-                wrong.append(f"line {number} ({sample.name}): {line!r} is not its shape "
-                             f"{sample.shape().pattern!r}")
-            elif printed != line:
-                wrong.append(f"line {number} ({sample.name}): shown {line!r}, printed "
-                             f"{printed!r}")
+        candidates = [sample for sample in samples if sample.fixed() in line]
+        printed = [(sample, sample.printed(line)) for sample in candidates]
+        shaped = [(sample, out) for sample, out in printed if out is not None]
+        if not candidates or any(out == line for _, out in shaped):
+            continue
+        if shaped:
+            sample, out = shaped[0]
+            wrong.append(f"line {number} ({sample.name}): shown {line!r}, printed {out!r}")
+        else:
+            names = ", ".join(sample.name for sample in candidates)
+            shapes = " or ".join(repr(sample.shape().pattern) for sample in candidates)
+            wrong.append(f"line {number} ({names}): {line!r} is not its shape {shapes}")
     return wrong
 
 
@@ -139,7 +146,7 @@ def test_a_stale_sample_is_found() -> None:
             "  unirank run: node a is lost; stopping the workers: SIGTERM now, SIGKILL after 5 s\n"
             f"unirank run: node a is lost; stopping the workers: SIGTERM now, SIGKILL after "
             f"{grace} s\n"
-            "unirank run: rank 1 ended; stopping the other 3 worker(s): SIGTERM now, SIGKILL "
+            "unirank run: rank 1 ended; stopping the other 3 workers: SIGTERM now, SIGKILL "
             f"after {grace} s\n"
             "unirank run: got SIGTERM: forwarded to the workers; SIGKILL in 1 s (SIGTERM again "
             "to kill now)\n"
