@@ -41,7 +41,7 @@ import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, on_hang_now, resolve_hang
 from unirank.errors import ConfigError
@@ -53,12 +53,6 @@ from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.signals import FORWARDED, format_signals
-from unirank.supervisor.engine import (
-    Supervisor,
-    WorkerLaunch,
-    WorldWatch,
-    worker_command,
-)
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
@@ -68,6 +62,9 @@ from unirank.supervisor.restartreason import evicted_why, restart_reason
 from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
+
+if TYPE_CHECKING:
+    from unirank.supervisor.engine import WorkerLaunch, WorldWatch
 
 __all__ = ["EngineOptions", "attempt_launches", "run_plan"]
 
@@ -147,8 +144,11 @@ def run_plan(
             plan = plan.with_port(int(sock.getsockname()[1]))
         if server is not None:
             _configure(server, plan, environ, options)
-            if _cannot_serve(server, options, err_fd):
-                server = None
+        # imported once the fork server has the environment it imports with, while it imports
+        from unirank.supervisor.engine import worker_command
+
+        if server is not None and _cannot_serve(server, options, err_fd):
+            server = None
         return _run_attempts(plan, worker_command(target), environ, options, sock, server,
                              (out_fd, err_fd), replan, watch)
     finally:
@@ -166,6 +166,8 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
     environment base and wiring (error file in ``attempt_dir``, the store's listening
     ``store_fd`` for rank 0, the timeline, why the attempt before ended), and where its output
     goes."""
+    from unirank.supervisor.engine import WorkerLaunch
+
     out = options.output
     folders = AttemptFolder(attempt_dir)
     launches = []
@@ -245,6 +247,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                   watch: WorldWatch | None = None) -> RunResult:
     """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times
     (each restart at ``replan``'s plan, where given)."""
+    from unirank.supervisor.engine import Supervisor
+
     out_fd, err_fd = fds
     root, keep = _log_root(plan, options, err_fd)
     earlier: list[RunResult] = []
