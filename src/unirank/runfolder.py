@@ -6,6 +6,8 @@
             <local_rank>/fault.txt              a fatal signal's Python stack
             <local_rank>/stdout.log, stderr.log --redirects / --tee
             filtered_stdout.log, filtered_stderr.log   the duplicate filters' copies
+            after_stop.log                      the workers' console lines once a change of the
+                                                the world stopped them (kept, with its run folder)
             timeline.json                       rank 0's end-of-run records
             ranks-waiting                       the hang detector's mark (hang.WAITING_MARK)
             hang/report-<n>.txt, .json          rank 0's hang reports (hang.HANG_FOLDER)
@@ -37,6 +39,8 @@ __all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of", 
 
 #: the duplicate filters' copies of stdout (1) and stderr (2), in the attempt's folder
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
+#: the attempt's file of the workers' console lines once a change of the world stopped them
+AFTER_STOP_FILE = "after_stop.log"
 #: torchrun's error file: ``attempt_<n>/<local rank>/error.json``
 _TORCHRUN_ERROR_FILE = re.compile(r"(?P<attempt>.*/attempt_\d+)/\d+/error\.json")
 
@@ -66,6 +70,11 @@ class AttemptFolder:
         return os.path.join(self.path, FILTERED_FILES[bit])
 
     @property
+    def after_stop_file(self) -> str:
+        """The workers' console lines once a change of the world stopped them."""
+        return os.path.join(self.path, AFTER_STOP_FILE)
+
+    @property
     def timeline_file(self) -> str:
         return os.path.join(self.path, "timeline.json")
 
@@ -89,12 +98,18 @@ class RunFolder:
 
     def has_hang_reports(self) -> bool:
         """Whether rank 0's hang detector wrote reports in some attempt of the run."""
+        return any(os.path.isdir(a.hang_folder) for a in self._attempts())
+
+    def has_after_stop_logs(self) -> bool:
+        """Whether some attempt's stopped workers' console lines were folded into its file."""
+        return any(os.path.isfile(a.after_stop_file) for a in self._attempts())
+
+    def _attempts(self) -> list[AttemptFolder]:
         try:
             names = os.listdir(self.path)
         except OSError:
-            return False
-        return any(os.path.isdir(AttemptFolder(os.path.join(self.path, n)).hang_folder)
-                   for n in names)
+            return []
+        return [AttemptFolder(os.path.join(self.path, n)) for n in names]
 
 
 def make_run_folder(log_dir: str, run_id: str) -> RunFolder:

@@ -263,6 +263,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
                 dstate_timeout=options.dstate_timeout,
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
+                fold_file=root.attempt(attempt).after_stop_file,
             ).run()
             stopped = time.time()
             on_hang = on_hang_now(options.on_hang, _read_text(attempt_dir, ON_HANG_ASKED))
@@ -293,8 +294,9 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                                 time.time() if replan is not None else None)
             reason = why.to_value(attempt, before.world_size)
     finally:
-        # a temporary folder in which a hang report was written (which a report named) is kept
-        if not keep and not root.has_hang_reports():
+        # a temporary folder in which a hang report was written (which a report named), or the
+        # stopped workers' lines (a line named the file), is kept
+        if not keep and not root.has_hang_reports() and not root.has_after_stop_logs():
             shutil.rmtree(root.path, ignore_errors=True)
 
 

@@ -12,7 +12,12 @@ them to log files (``--redirects``, ``--tee``, torchrun's
 ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``), copies the lines that hold one of
 ``--duplicate-std*-filters``' strings into the attempt's ``filtered_std*.log``
 (:class:`~unirank.supervisor.output.LineCopy`) and keeps stderr's tail for the failure
-summary. Descriptors that write to one sink (stdout and stderr are often one terminal) share
+summary. Once the supervisor stops the workers itself because the world changed (a node lost,
+the rendezvous moved, a node evicted), what they print while they end (torch's TCPStore
+warnings with their C++ stacks, the gloo tracebacks of their lost peers) is no news: from
+:meth:`WorkerStreams.fold` on, the lines meant for the console go to one file of the attempt
+instead, and :meth:`WorkerStreams.folded` gives the one line that says where. Descriptors that
+write to one sink (stdout and stderr are often one terminal) share
 one view of it, so that the live rows are drawn once. The engine's own lines go through the
 same view (:meth:`WorkerStreams.say`). A sink whose reader went away gets nothing more; the run
 goes on.
@@ -28,7 +33,7 @@ import select
 import selectors
 import time
 
-from unirank.supervisor.console import LogView, TerminalView, terminal_width
+from unirank.supervisor.console import LogView, TerminalView, tagged, terminal_width
 from unirank.supervisor.output import LineBuffer, LineCopy
 from unirank.supervisor.rows import RankRows
 from unirank.supervisor.summary import OutputTail
@@ -77,6 +82,10 @@ class WorkerStreams:
         #: the files of filtered lines, by path (one file for all local ranks)
         self._copies: dict[str, int] = {}
         self._broken: set[int] = set()
+        #: the console's fds (a worker stream's that is shown there)
+        self._consoles: set[int] = set()
+        #: where the console's worker lines go once folded (:meth:`fold`): path, fd, count
+        self._fold: tuple[str, int | None, int] | None = None
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -84,6 +93,8 @@ class WorkerStreams:
         """Where one worker stream goes: ``console_fd`` (None: not shown) and ``log_file``
         (None: none; else created now, its folder too)."""
         targets = [] if console_fd is None else [console_fd]
+        if console_fd is not None:
+            self._consoles.add(console_fd)
         if log_file is not None:
             os.makedirs(os.path.dirname(log_file), exist_ok=True)
             fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -160,6 +171,41 @@ class WorkerStreams:
         self._files.clear()
         self._copies.clear()
 
+    # -- folding ------------------------------------------------------------------------------
+
+    def fold(self, path: str) -> None:
+        """From now on, the workers' lines meant for the console go to ``path`` (made at the
+        first one) instead: the supervisor stopped them (see the module docstring). Their live
+        rows leave the console now."""
+        if self._fold is not None:
+            return
+        self._fold = (path, None, 0)
+        now = time.monotonic()
+        for stream in self._streams.values():
+            for target in stream.targets:
+                if target in self._consoles:
+                    self._write(target, self._view(target).update(
+                        stream.key, self._prefix(stream, target), [], [], now))
+
+    def folded(self) -> str | None:
+        """The line that says where the folded lines are (None: none was folded)."""
+        if self._fold is None or not self._fold[2]:
+            return None
+        path, _fd, count = self._fold
+        return f"the stopped workers' output ({count} line(s)) is in {path}"
+
+    def _folded_write(self, prefix: str, lines: list[str]) -> None:
+        """Write ``lines`` (with the stream's ``prefix``) to the fold's file."""
+        assert self._fold is not None
+        path, fd, count = self._fold
+        if not lines:
+            return
+        if fd is None:
+            fd = self.targets(None, path)[0]
+        text = "".join(f"{tagged(prefix, line)}\n" for line in lines)
+        self._write(fd, text.encode("utf-8", "surrogateescape"))
+        self._fold = (path, fd, count + len(lines))
+
     # -- writing ------------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
@@ -193,10 +239,18 @@ class WorkerStreams:
                 self._write(fd, picked.encode("utf-8", "surrogateescape"))
         now = time.monotonic()
         for target in stream.targets:
-            prefix = stream.console[1] if stream.console is not None and \
-                target == stream.console[0] else stream.prefix
+            prefix = self._prefix(stream, target)
+            if self._fold is not None and target in self._consoles:
+                self._folded_write(prefix, lines)
+                continue
             self._write(target, self._view(target).update(stream.key, prefix, lines, live,
                                                           now))
+
+    @staticmethod
+    def _prefix(stream: _Stream, target: int) -> str:
+        """The prefix of ``stream``'s lines on ``target`` (a teed stream's on the console)."""
+        return stream.console[1] if stream.console is not None and \
+            target == stream.console[0] else stream.prefix
 
     def _close_stream(self, stream: _Stream) -> None:
         self._show(stream, stream.lines.flush_partial(), end=True)

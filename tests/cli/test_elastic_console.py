@@ -1,0 +1,109 @@
+"""What the survivor of a lost node shows on its console (real ``unirank run`` nodes, two on one
+host, as in ``test_elastic_recovery.py``): unirank's lines, not torch's. Workers that watch the
+stop signals (``ur.stop_requested``, as ``examples/train.py``) end their step when unirank
+stops them for the lost node: its collective fails on the dead peer (gloo's traceback) and
+torch's TCPStore client warns with its C++ stack where the store's node is gone. Those lines
+go to the attempt's ``after_stop.log``, and one line names it; a rank that fails on its own
+first still shows its traceback.
+
+Environment variables read: the caller's environment, from which launcher variables are removed
+(see ``tests/_procs.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_elastic_recovery import TIMEOUT, Job, _kill_tree
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from _procs import Runner
+
+pytestmark = pytest.mark.integration
+
+# Steps of training that stop at unirank's SIGTERM after the step under way (every rank agrees
+# on it with one all_reduce); FAIL_AT: this rank raises at that step, on its own.
+STOPPING = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+import unirank as ur
+
+steps, fifo, when = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo")
+ur.watch_stop_signals()
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+for step in range(steps):
+    if os.environ.get("FAIL_AT") == str(step) and restart == "0":
+        raise ValueError(f"rank {rank} fails on its own at step {step}")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart}",
+          flush=True)
+    if step == 1 and f"{rank},{world},{restart}" in when.split(":"):
+        with open(fifo, "w") as out:
+            out.write("ready")
+    if ur.stop_requested():
+        print(f"rank {rank} stopped at step {step}", flush=True)
+        break
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+FOLDED = "unirank run: the stopped workers' output ("
+
+
+def _noise(err: str) -> list[str]:
+    """The survivor's console lines that are not unirank's own (nor its summary's)."""
+    return [line for line in err.splitlines()
+            if line.strip() and not line.startswith(("unirank run:", "  attempt ", "  rank "))]
+
+
+def _folded_file(err: str) -> Path:
+    said = [line for line in err.splitlines() if line.startswith(FOLDED)]
+    assert len(said) == 1, err
+    return Path(said[0].split(" is in ", 1)[1])
+
+
+@pytest.mark.parametrize("killed", ["store", "other"])
+def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tmp_path: Path,
+                                                            killed: str) -> None:
+    """Two workers per node; the node serving the rendezvous (and rank 0's store) or the other
+    is killed. The survivor's console holds unirank's lines only: the stopped workers' gloo
+    tracebacks and torch's TCPStore stack dumps are in the attempt's ``after_stop.log``, which
+    one line names (the run folder is kept for it), and the job goes on."""
+    job = Job(runner, tmp_path, 60, "2,4,0", script=STOPPING, nproc=2)
+    first, second = job.two_nodes()
+    dead, survivor = (first, second) if killed == "store" else (second, first)
+    _kill_tree(dead)
+    out, err = survivor.communicate(timeout=TIMEOUT)
+    job.close()
+    assert survivor.returncode == 0, err
+    assert _noise(err) == [], err
+    folded = _folded_file(err)
+    assert folded.name == "after_stop.log" and folded.parent.name == "attempt_0", err
+    text = folded.read_text()
+    assert "Traceback" in text or "TCPStore" in text, text
+    lines = err.splitlines()
+    stop = next(i for i, line in enumerate(lines) if "stopping the workers" in line)
+    assert lines[stop + 1].startswith(FOLDED), err  # said before the attempt's end
+    assert "step 59 rank 0 world 2 sum 2 restart 1" in out.splitlines(), out
+
+
+def test_a_rank_that_fails_on_its_own_shows_its_traceback(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """Rank 1 (node B) raises at step 4 on its own: its traceback is on node B's console (the
+    failure is news, not noise); the job goes on."""
+    job = Job(runner, tmp_path, 30, "1,2,0", script=STOPPING)
+    first, second = job.two_nodes(env_b={"FAIL_AT": "4"})
+    _out_b, err_b = second.communicate(timeout=TIMEOUT)
+    _out_a, err_a = first.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (first.returncode, second.returncode) == (0, 0), err_a + err_b
+    assert "ValueError: rank 1 fails on its own at step 4" in err_b, err_b
+    assert "Traceback (most recent call last)" in err_b, err_b
