@@ -6,8 +6,9 @@
             <local_rank>/fault.txt              a fatal signal's Python stack
             <local_rank>/stdout.log, stderr.log --redirects / --tee
             filtered_stdout.log, filtered_stderr.log   the duplicate filters' copies
-            after_stop.log                      the workers' console lines once a change of the
-                                                the world stopped them (kept, with its run folder)
+            folded.log                          worker lines kept off the console: torch's C++
+                                                stacks, the lines of workers a change of the
+                                                world stopped (kept, with its run folder)
             timeline.json                       rank 0's end-of-run records
             ranks-waiting                       the hang detector's mark (hang.WAITING_MARK)
             hang/report-<n>.txt, .json          rank 0's hang reports (hang.HANG_FOLDER)
@@ -39,8 +40,8 @@ __all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of", 
 
 #: the duplicate filters' copies of stdout (1) and stderr (2), in the attempt's folder
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
-#: the attempt's file of the workers' console lines once a change of the world stopped them
-AFTER_STOP_FILE = "after_stop.log"
+#: the attempt's file of the worker lines kept off the console
+FOLDED_FILE = "folded.log"
 #: torchrun's error file: ``attempt_<n>/<local rank>/error.json``
 _TORCHRUN_ERROR_FILE = re.compile(r"(?P<attempt>.*/attempt_\d+)/\d+/error\.json")
 
@@ -70,9 +71,9 @@ class AttemptFolder:
         return os.path.join(self.path, FILTERED_FILES[bit])
 
     @property
-    def after_stop_file(self) -> str:
-        """The workers' console lines once a change of the world stopped them."""
-        return os.path.join(self.path, AFTER_STOP_FILE)
+    def folded_file(self) -> str:
+        """The worker lines kept off the console (see :mod:`unirank.supervisor.streams`)."""
+        return os.path.join(self.path, FOLDED_FILE)
 
     @property
     def timeline_file(self) -> str:
@@ -100,9 +101,9 @@ class RunFolder:
         """Whether rank 0's hang detector wrote reports in some attempt of the run."""
         return any(os.path.isdir(a.hang_folder) for a in self._attempts())
 
-    def has_after_stop_logs(self) -> bool:
-        """Whether some attempt's stopped workers' console lines were folded into its file."""
-        return any(os.path.isfile(a.after_stop_file) for a in self._attempts())
+    def has_folded_lines(self) -> bool:
+        """Whether some attempt's worker lines were kept off the console, in its file."""
+        return any(os.path.isfile(a.folded_file) for a in self._attempts())
 
     def _attempts(self) -> list[AttemptFolder]:
         try:

@@ -197,6 +197,10 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
                               "all_reduce #"), err_evicted
     assert said[0] == err_evicted.strip().splitlines()[-1], err_evicted
     assert "rendezvous round 1: node rank 0 of 1, 1 workers in all" in err, err
+    # its restart's line says the eviction, not a failure of the rank that waited (86)
+    assert f"unirank run: attempt 0 stopped (node evicted: rank {rank} never entered " \
+        "all_reduce #" in err, err
+    assert "attempt 0 failed" not in err, err
     # the survivor's summary says the eviction in the same words, whichever node hung
     assert f"  attempt 0: node evicted: rank {rank} never entered all_reduce #" in err, err
     assert f"state restart 1 of 3 (node evicted: rank {rank} never entered all_reduce #" \

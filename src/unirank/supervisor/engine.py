@@ -11,7 +11,7 @@ worker stops its children too.
 The decisions are pure functions elsewhere; this loop carries them out:
 
 * what a stop signal, a failed worker, a change of the world (the workers' console lines from
-  then on go to the attempt's ``after_stop.log``: :meth:`.streams.WorkerStreams.fold`), a
+  then on go to the attempt's ``folded.log``: :meth:`.streams.WorkerStreams.fold`), a
   worker stuck in D state (:mod:`.dstate`'s thread says so), a second signal and the end of
   the grace period lead to: :mod:`.stoppolicy` (signals to forward, by default SIGINT, SIGTERM,
   SIGUSR1, SIGUSR2; the grace period; Slurm's SIGTERM; the hang report at a stop, which the
@@ -104,9 +104,6 @@ class Supervisor:
         fold_file: str | None = None,
     ) -> None:
         self._launches = list(launches)
-        #: where the workers' console lines go once a change of the world stopped them (None:
-        #: they stay on the console)
-        self._fold_file = fold_file
         #: seconds a worker may stay in D state (0: no watch), and the watch once started
         self._dstate_timeout = dstate_timeout
         self._dstate: DStateWatch | None = None
@@ -129,7 +126,8 @@ class Supervisor:
         self._workers: list[StartedWorker] = []
         self._selector = selectors.DefaultSelector()
         #: the workers' output pipes, and the console and log files they go to
-        self._output = WorkerStreams(self._selector, err_fd=err_fd, prog=prog)
+        self._output = WorkerStreams(self._selector, err_fd=err_fd, prog=prog,
+                                     fold_file=fold_file)
         self._first_failure: StartedWorker | None = None
         self._unreaped: tuple[int, ...] = ()
         #: the write end of the store host's linger pipe, closed when the others have ended
@@ -305,8 +303,8 @@ class Supervisor:
         action = stoppolicy.on_world_change(self._state, change, alive=bool(self._alive()),
                                             rules=self._rules, now=time.monotonic())
         self._apply(action)
-        if action.stop is not None and self._fold_file is not None:
-            self._output.fold(self._fold_file)  # what they print while they end is no news
+        if action.stop is not None:
+            self._output.fold()  # what they print while they end is no news
 
     def _on_dstate(self) -> None:
         """Workers stayed in D state past the timeout: stop them all (no restart follows)."""

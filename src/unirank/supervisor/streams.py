@@ -12,11 +12,12 @@ them to log files (``--redirects``, ``--tee``, torchrun's
 ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``), copies the lines that hold one of
 ``--duplicate-std*-filters``' strings into the attempt's ``filtered_std*.log``
 (:class:`~unirank.supervisor.output.LineCopy`) and keeps stderr's tail for the failure
-summary. Once the supervisor stops the workers itself because the world changed (a node lost,
-the rendezvous moved, a node evicted), what they print while they end (torch's TCPStore
-warnings with their C++ stacks, the gloo tracebacks of their lost peers) is no news: from
-:meth:`WorkerStreams.fold` on, the lines meant for the console go to one file of the attempt
-instead, and :meth:`WorkerStreams.folded` gives the one line that says where. Descriptors that
+summary. Lines that are no news on a console go to one file of the attempt instead (the
+``fold_file``), and :meth:`WorkerStreams.folded` gives the one line that says where: torch's
+C++ stack dumps (:class:`~unirank.supervisor.output.StackLines`), and, once the supervisor
+stopped the workers itself because the world changed (:meth:`WorkerStreams.fold`: a node lost,
+the rendezvous moved, a node evicted), every line they print while they end (gloo's
+tracebacks of their lost peers). Descriptors that
 write to one sink (stdout and stderr are often one terminal) share
 one view of it, so that the live rows are drawn once. The engine's own lines go through the
 same view (:meth:`WorkerStreams.say`). A sink whose reader went away gets nothing more; the run
@@ -34,7 +35,7 @@ import selectors
 import time
 
 from unirank.supervisor.console import LogView, TerminalView, tagged, terminal_width
-from unirank.supervisor.output import LineBuffer, LineCopy
+from unirank.supervisor.output import LineBuffer, LineCopy, StackLines
 from unirank.supervisor.rows import RankRows
 from unirank.supervisor.summary import OutputTail
 
@@ -59,6 +60,7 @@ class _Stream:
         self.targets = targets
         self.prefix = (prefix or b"").decode("utf-8", "surrogateescape")
         self.lines = LineBuffer()
+        self.stack = StackLines()
         self.rows = RankRows()
         self.tail = tail
         #: the file its filtered lines are copied to, and the filter
@@ -68,7 +70,8 @@ class _Stream:
 class WorkerStreams:
     """Every output pipe of one node's workers, and the sinks they are shown on."""
 
-    def __init__(self, selector: selectors.BaseSelector, *, err_fd: int, prog: str) -> None:
+    def __init__(self, selector: selectors.BaseSelector, *, err_fd: int, prog: str,
+                 fold_file: str | None = None) -> None:
         #: the engine's selector, where each pipe is registered with its stream as data
         self._selector = selector
         self._err_fd = err_fd
@@ -84,8 +87,10 @@ class WorkerStreams:
         self._broken: set[int] = set()
         #: the console's fds (a worker stream's that is shown there)
         self._consoles: set[int] = set()
-        #: where the console's worker lines go once folded (:meth:`fold`): path, fd, count
-        self._fold: tuple[str, int | None, int] | None = None
+        #: where the console's folded lines go: path (None: nowhere), fd (once made), count
+        self._fold: tuple[str | None, int | None, int] = (fold_file, None, 0)
+        #: the workers were stopped: all their console lines are folded (:meth:`fold`)
+        self._stopped = False
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -173,13 +178,13 @@ class WorkerStreams:
 
     # -- folding ------------------------------------------------------------------------------
 
-    def fold(self, path: str) -> None:
-        """From now on, the workers' lines meant for the console go to ``path`` (made at the
-        first one) instead: the supervisor stopped them (see the module docstring). Their live
-        rows leave the console now."""
-        if self._fold is not None:
+    def fold(self) -> None:
+        """From now on, every worker line meant for the console goes to the fold file (the
+        supervisor stopped them: see the module docstring); their live rows leave the console
+        now. Nothing changes without a fold file."""
+        if self._stopped or self._fold[0] is None:
             return
-        self._fold = (path, None, 0)
+        self._stopped = True
         now = time.monotonic()
         for stream in self._streams.values():
             for target in stream.targets:
@@ -189,17 +194,25 @@ class WorkerStreams:
 
     def folded(self) -> str | None:
         """The line that says where the folded lines are (None: none was folded)."""
-        if self._fold is None or not self._fold[2]:
-            return None
         path, _fd, count = self._fold
-        return f"the stopped workers' output ({count} line(s)) is in {path}"
+        if path is None or not count:
+            return None
+        return (f"{count} line(s) of the workers' output (torch's C++ stack dumps"
+                f"{', what they printed once stopped' if self._stopped else ''}) are in {path}")
 
-    def _folded_write(self, prefix: str, lines: list[str]) -> None:
-        """Write ``lines`` (with the stream's ``prefix``) to the fold's file."""
-        assert self._fold is not None
+    def _to_console(self, stream: _Stream, lines: list[str]) -> list[str]:
+        """The lines of ``stream`` that stay on the console; the others go to the fold file."""
+        if self._fold[0] is None:
+            return lines
+        picked = [self._stopped or stream.stack.picks(line) for line in lines]
+        if any(picked):
+            self._fold_lines(stream.prefix, [line for line, p in zip(lines, picked) if p])
+        return [line for line, p in zip(lines, picked) if not p]
+
+    def _fold_lines(self, prefix: str, lines: list[str]) -> None:
+        """Write ``lines`` (with the stream's ``prefix``) to the fold file."""
         path, fd, count = self._fold
-        if not lines:
-            return
+        assert path is not None
         if fd is None:
             fd = self.targets(None, path)[0]
         text = "".join(f"{tagged(prefix, line)}\n" for line in lines)
@@ -238,13 +251,15 @@ class WorkerStreams:
             if picked:
                 self._write(fd, picked.encode("utf-8", "surrogateescape"))
         now = time.monotonic()
+        shown = self._to_console(stream, lines) if any(
+            t in self._consoles for t in stream.targets) else lines
+        if self._stopped:
+            live = []
         for target in stream.targets:
             prefix = self._prefix(stream, target)
-            if self._fold is not None and target in self._consoles:
-                self._folded_write(prefix, lines)
-                continue
-            self._write(target, self._view(target).update(stream.key, prefix, lines, live,
-                                                          now))
+            on_console = target in self._consoles
+            self._write(target, self._view(target).update(
+                stream.key, prefix, shown if on_console else lines, live, now))
 
     @staticmethod
     def _prefix(stream: _Stream, target: int) -> str:
