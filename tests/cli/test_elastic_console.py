@@ -27,7 +27,10 @@ from _procs import Runner
 pytestmark = pytest.mark.integration
 
 # Steps of training that stop at unirank's SIGTERM after the step under way (every rank agrees
-# on it with one all_reduce); FAIL_AT: this rank raises at that step, on its own.
+# on it with one all_reduce); FAIL_AT: this rank raises at that step, on its own. A step is
+# mostly its sleep, so that a node killed after one reaches no worker in a collective (a
+# worker that fails on its lost peer before unirank hears of the loss is a failure: its
+# traceback stays on the console).
 STOPPING = """
 import os, sys, time
 import torch
@@ -52,7 +55,7 @@ for step in range(steps):
     if ur.stop_requested():
         print(f"rank {rank} stopped at step {step}", flush=True)
         break
-    time.sleep(0.1)
+    time.sleep(1.0)  # the kill comes here: the news reaches unirank before the next step
 dist.destroy_process_group()
 """
 
@@ -80,8 +83,9 @@ def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tm
     """Two workers per node; the node serving the rendezvous (and rank 0's store) or the other
     is killed. The survivor's console holds unirank's lines only: the stopped workers' gloo
     tracebacks and torch's TCPStore stack dumps are in the attempt's ``folded.log``, which
-    one line names (the run folder is kept for it), and the job goes on."""
-    job = Job(runner, tmp_path, 60, "2,4,0", script=STOPPING, nproc=2)
+    one line names (the run folder is kept for it), and the job goes on. The lines naming a
+    node tell the two apart (same name, same address) by their pids."""
+    job = Job(runner, tmp_path, 12, "2,4,0", script=STOPPING, nproc=2)
     first, second = job.two_nodes()
     dead, survivor = (first, second) if killed == "store" else (second, first)
     _kill_tree(dead)
@@ -98,14 +102,21 @@ def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tm
     assert folded.name == "folded.log" and folded.parent.name == "attempt_0", err
     text = folded.read_text()
     assert "Traceback" in text or "frame #" in text, text
-    assert "step 59 rank 0 world 2 sum 2 restart 1" in out.splitlines(), out
+    assert "step 11 rank 0 world 2 sum 2 restart 1" in out.splitlines(), out
+    # two nodes of one name on one address, told apart by their unirank run's pid: the store
+    # moved to the survivor, or the other node is lost; the lost one left
+    named = survivor if killed == "store" else dead
+    assert f" (127.0.0.1, pid {named.pid})" in lines[stop], err
+    gone = f" (127.0.0.1, pid {dead.pid})"
+    assert any(line.startswith("unirank run: rendezvous round 1: ") and "(left: " in line
+               and f"{gone})" in line for line in lines), err
 
 
 def test_a_rank_that_fails_on_its_own_shows_its_traceback(runner: Runner,
                                                           tmp_path: Path) -> None:
     """Rank 1 (node B) raises at step 4 on its own: its traceback is on node B's console (the
     failure is news, not noise); the job goes on."""
-    job = Job(runner, tmp_path, 30, "1,2,0", script=STOPPING)
+    job = Job(runner, tmp_path, 8, "1,2,0", script=STOPPING)
     first, second = job.two_nodes(env_b={"FAIL_AT": "4"})
     _out_b, err_b = second.communicate(timeout=TIMEOUT)
     _out_a, err_a = first.communicate(timeout=TIMEOUT)

@@ -17,11 +17,10 @@ summary. Lines that are no news on a console go to one file of the attempt inste
 C++ stack dumps (:class:`~unirank.supervisor.output.StackLines`), and, once the supervisor
 stopped the workers itself because the world changed (:meth:`WorkerStreams.fold`: a node lost,
 the rendezvous moved, a node evicted), every line they print while they end (gloo's
-tracebacks of their lost peers). Descriptors that
-write to one sink (stdout and stderr are often one terminal) share
-one view of it, so that the live rows are drawn once. The engine's own lines go through the
-same view (:meth:`WorkerStreams.say`). A sink whose reader went away gets nothing more; the run
-goes on.
+tracebacks of their lost peers). Descriptors that write to one sink (stdout and stderr are
+often one terminal) share one view of it, so that the live rows are drawn once. The engine's
+own lines go through the same view (:meth:`WorkerStreams.say`). A sink whose reader went away
+gets nothing more; the run goes on.
 
 Reads: no environment variable.
 """
@@ -253,13 +252,12 @@ class WorkerStreams:
         now = time.monotonic()
         shown = self._to_console(stream, lines) if any(
             t in self._consoles for t in stream.targets) else lines
-        if self._stopped:
-            live = []
         for target in stream.targets:
             prefix = self._prefix(stream, target)
             on_console = target in self._consoles
             self._write(target, self._view(target).update(
-                stream.key, prefix, shown if on_console else lines, live, now))
+                stream.key, prefix, shown if on_console else lines,
+                [] if on_console and self._stopped else live, now))
 
     @staticmethod
     def _prefix(stream: _Stream, target: int) -> str:
