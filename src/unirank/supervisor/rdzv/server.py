@@ -48,9 +48,15 @@ class _Node:
     name: str = ""
     explicit: str | None = None
     pid: int = 0
-    #: the address its connection comes from (its real one, as the other nodes reach it)
-    addr: str = ""
+    #: where its connection comes from
+    peer: str = ""
     seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def addr(self) -> str:
+        """Its real address: its ``--local-addr``, else where its connection comes from (never
+        a name looked up again)."""
+        return self.explicit or self.peer
 
 
 @dataclass(frozen=True)
@@ -136,7 +142,7 @@ class Server:
     def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
             sock, peer = listening.accept()
-            node = _Node(Lines(sock), addr=_plain(str(peer[0])))
+            node = _Node(Lines(sock), peer=_plain(str(peer[0])))
             self._nodes[sock.fileno()] = node
             self._selector.register(sock, selectors.EVENT_READ, node)
 
