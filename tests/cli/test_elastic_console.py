@@ -71,12 +71,6 @@ def _noise(lines: list[str]) -> list[str]:
             if line.strip() and not line.startswith(("unirank run:", "  attempt ", "  rank "))]
 
 
-def _folded_file(err: str) -> Path:
-    said = [line for line in err.splitlines() if FOLDED.match(line)]
-    assert len(said) == 1, err
-    return Path(said[0].split(" are in ", 1)[1])
-
-
 @pytest.mark.parametrize("killed", ["store", "other"])
 def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tmp_path: Path,
                                                             killed: str) -> None:
@@ -93,22 +87,25 @@ def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tm
     job.close()
     assert survivor.returncode == 0, err
     lines = err.splitlines()
-    stop = next(i for i, line in enumerate(lines) if "stopping the workers" in line)
-    # before the news, a worker may see the store's node gone: torch's warning line alone
-    assert [line for line in _noise(lines[:stop]) if not C10D_WARNING.match(line)] == [], err
+    # the loss's stop (loaded, node B may have joined at a second round: a stop before)
+    stop = next(i for i, line in enumerate(lines) if "stopping the workers" in line
+                and ("is lost" in line or "store moved" in line))
+    # before the news, a worker may see the store's node gone: torch's warning's line alone
+    assert [line for line in _noise(lines) if not C10D_WARNING.match(line)] == [], err
     assert _noise(lines[stop:]) == [], err  # after it, nothing of the workers'
     assert FOLDED.match(lines[stop + 1]), err  # said at the attempt's end
-    folded = _folded_file(err)
-    assert folded.name == "folded.log" and folded.parent.name == "attempt_0", err
+    folded = Path(lines[stop + 1].split(" are in ", 1)[1])
+    assert folded.name == "folded.log" and folded.parent.name.startswith("attempt_"), err
     text = folded.read_text()
     assert "Traceback" in text or "frame #" in text, text
-    assert "step 11 rank 0 world 2 sum 2 restart 1" in out.splitlines(), out
+    assert any(line.startswith("step 11 rank 0 world 2 sum 2 restart ")
+               for line in out.splitlines()), out
     # two nodes of one name on one address, told apart by their unirank run's pid: the store
     # moved to the survivor, or the other node is lost; the lost one left
     named = survivor if killed == "store" else dead
     assert f" (127.0.0.1, pid {named.pid})" in lines[stop], err
     gone = f" (127.0.0.1, pid {dead.pid})"
-    assert any(line.startswith("unirank run: rendezvous round 1: ") and "(left: " in line
+    assert any(line.startswith("unirank run: rendezvous round ") and "(left: " in line
                and f"{gone})" in line for line in lines), err
 
 
