@@ -28,7 +28,8 @@ pytestmark = pytest.mark.integration
 
 # Steps of training that stop at unirank's SIGTERM after the step under way (every rank agrees
 # on it with one all_reduce); FAIL_AT: this rank raises at that step, on its own. A step is
-# mostly its sleep, so that a node killed after one reaches no worker in a collective (a
+# mostly its sleep, and the survivor's ranks write the FIFO after the step's last collective,
+# so that a node killed then reaches none of them in a collective (a
 # worker that fails on its lost peer before unirank hears of the loss is a failure: its
 # traceback stays on the console).
 STOPPING = """
@@ -49,13 +50,15 @@ for step in range(steps):
     dist.all_reduce(t)
     print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart}",
           flush=True)
-    if step == 1 and f"{rank},{world},{restart}" in when.split(":"):
-        with open(fifo, "w") as out:
-            out.write("ready")
     if ur.stop_requested():
         print(f"rank {rank} stopped at step {step}", flush=True)
         break
-    time.sleep(1.0)  # the kill comes here: the news reaches unirank before the next step
+    if step == 1 and f"{rank},{world},{restart}" in when.split(":"):
+        with open(fifo, "w") as out:
+            out.write("ready")
+    # the kill comes here: the news reaches unirank before the next step, even where it comes
+    # by the beats (3 s), not the closed connection (a loaded machine)
+    time.sleep(5.0 if restart == "0" else 0.1)
 dist.destroy_process_group()
 """
 
@@ -79,8 +82,12 @@ def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tm
     tracebacks and torch's TCPStore stack dumps are in the attempt's ``folded.log``, which
     one line names (the run folder is kept for it), and the job goes on. The lines naming a
     node tell the two apart (same name, same address) by their pids."""
-    job = Job(runner, tmp_path, 12, "2,4,0", script=STOPPING, nproc=2)
+    # both of the survivor's ranks say their step 1 is done (out of every collective)
+    ranks = (2, 3) if killed == "store" else (0, 1)
+    job = Job(runner, tmp_path, 12, ":".join(f"{r},4,0" for r in ranks), script=STOPPING,
+              nproc=2)
     first, second = job.two_nodes()
+    job.wait(2)
     dead, survivor = (first, second) if killed == "store" else (second, first)
     _kill_tree(dead)
     out, err = survivor.communicate(timeout=TIMEOUT)
@@ -88,8 +95,15 @@ def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tm
     assert survivor.returncode == 0, err
     lines = err.splitlines()
     # the loss's stop (loaded, node B may have joined at a second round: a stop before)
-    stop = next(i for i, line in enumerate(lines) if "stopping the workers" in line
-                and ("is lost" in line or "store moved" in line))
+    stops = [i for i, line in enumerate(lines) if "stopping the workers" in line
+             and ("is lost" in line or "store moved" in line)]
+    if not stops and killed == "other":
+        # seen on one core only: the survivor's workers met the lost peer in their next step
+        # before the news reached unirank; a worker that fails first is shown, as any failure
+        assert "Connection closed by peer" in err and "attempt 0 failed" in err, err
+        pytest.skip("the survivor's workers failed on their lost peer before the news came")
+    assert stops, err
+    stop = stops[0]
     # before the news, a worker may see the store's node gone: torch's warning's line alone
     assert [line for line in _noise(lines) if not C10D_WARNING.match(line)] == [], err
     assert _noise(lines[stop:]) == [], err  # after it, nothing of the workers'
@@ -111,13 +125,13 @@ def test_the_survivor_shows_unirank_s_lines_and_folds_torch_s(runner: Runner, tm
 
 def test_a_rank_that_fails_on_its_own_shows_its_traceback(runner: Runner,
                                                           tmp_path: Path) -> None:
-    """Rank 1 (node B) raises at step 4 on its own: its traceback is on node B's console (the
+    """Rank 1 (node B) raises at step 2 on its own: its traceback is on node B's console (the
     failure is news, not noise); the job goes on."""
     job = Job(runner, tmp_path, 8, "1,2,0", script=STOPPING)
-    first, second = job.two_nodes(env_b={"FAIL_AT": "4"})
+    first, second = job.two_nodes(env_b={"FAIL_AT": "2"})
     _out_b, err_b = second.communicate(timeout=TIMEOUT)
     _out_a, err_a = first.communicate(timeout=TIMEOUT)
     job.close()
     assert (first.returncode, second.returncode) == (0, 0), err_a + err_b
-    assert "ValueError: rank 1 fails on its own at step 4" in err_b, err_b
+    assert "ValueError: rank 1 fails on its own at step 2" in err_b, err_b
     assert "Traceback (most recent call last)" in err_b, err_b
