@@ -6,6 +6,9 @@
             <local_rank>/fault.txt              a fatal signal's Python stack
             <local_rank>/stdout.log, stderr.log --redirects / --tee
             filtered_stdout.log, filtered_stderr.log   the duplicate filters' copies
+            folded.log                          worker lines kept off the console: torch's C++
+                                                stacks, the lines of workers a change of the
+                                                world stopped (kept, with its run folder)
             timeline.json                       rank 0's end-of-run records
             ranks-waiting                       the hang detector's mark
             hang-verdict.json                   the verdict of a hang that ended the job
@@ -63,6 +66,8 @@ _HANG_VERDICT = "hang-verdict.json"
 #: ``Parallel`` (one word, ``exit``, ``restart`` or ``evict``): what the supervisor does at
 #: that attempt's hang timeout (:func:`unirank.contract.on_hang_now`)
 _ON_HANG_ASKED = "on-hang"
+#: the attempt's file of the worker lines kept off the console
+FOLDED_FILE = "folded.log"
 #: torchrun's error file: ``attempt_<n>/<local rank>/error.json``
 _TORCHRUN_ERROR_FILE = re.compile(r"(?P<attempt>.*/attempt_\d+)/\d+/error\.json")
 
@@ -90,6 +95,11 @@ class AttemptFolder:
 
     def filtered_file(self, bit: int) -> str:
         return os.path.join(self.path, FILTERED_FILES[bit])
+
+    @property
+    def folded_file(self) -> str:
+        """The worker lines kept off the console (see :mod:`unirank.supervisor.streams`)."""
+        return os.path.join(self.path, FOLDED_FILE)
 
     @property
     def timeline_file(self) -> str:
@@ -128,12 +138,18 @@ class RunFolder:
 
     def has_hang_reports(self) -> bool:
         """Whether rank 0's hang detector wrote reports in some attempt of the run."""
+        return any(os.path.isdir(a.hang_folder) for a in self._attempts())
+
+    def has_folded_lines(self) -> bool:
+        """Whether some attempt's worker lines were kept off the console, in its file."""
+        return any(os.path.isfile(a.folded_file) for a in self._attempts())
+
+    def _attempts(self) -> list[AttemptFolder]:
         try:
             names = os.listdir(self.path)
         except OSError:
-            return False
-        return any(os.path.isdir(AttemptFolder(os.path.join(self.path, n)).hang_folder)
-                   for n in names)
+            return []
+        return [AttemptFolder(os.path.join(self.path, n)) for n in names]
 
 
 def make_run_folder(log_dir: str, run_id: str) -> RunFolder:
@@ -154,16 +170,17 @@ def make_temporary_run_folder() -> RunFolder:
 
 
 def end_run_folder(root: RunFolder, temporary: bool) -> bool:
-    """At the run's end: remove its ``temporary`` folder unless it holds hang reports, then
+    """At the run's end: remove its ``temporary`` folder unless it holds hang reports or
+    worker lines kept off the console (``folded.log``, named by a line when written), then
     sweep what the run's killed workers left (their job files: :func:`unirank.sweep.sweep`);
-    whether a temporary folder is kept for its reports."""
+    whether a temporary folder is kept for its hang reports (which the caller names)."""
     from unirank.sweep import sweep
 
-    kept = temporary and root.has_hang_reports()
-    if temporary and not kept:
+    reports = temporary and root.has_hang_reports()
+    if temporary and not reports and not root.has_folded_lines():
         shutil.rmtree(root.path, ignore_errors=True)
     sweep()
-    return kept
+    return reports
 
 
 def attempt_folder_of(environ: Mapping[str, str]) -> str:

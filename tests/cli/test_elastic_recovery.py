@@ -72,12 +72,12 @@ def _wait_listening(port: int, proc: subprocess.Popen[Any]) -> None:
 
 
 class Job:
-    """One job of ``--nnodes 1:2 --nproc-per-node 1 --max-restarts 3``, its nodes started with
-    the same command."""
+    """One job of ``--nnodes 1:2 --nproc-per-node 1 --max-restarts 3`` (``nproc`` workers per
+    node), its nodes started with the same command, running ``script`` (:data:`STEPS`)."""
 
     def __init__(self, runner: Runner, tmp_path: Path, steps: int, when: str,
-                 *extra: str) -> None:
-        (tmp_path / "steps.py").write_text(STEPS)
+                 *extra: str, script: str = STEPS, nproc: int = 1) -> None:
+        (tmp_path / "steps.py").write_text(script)
         self.fifo = tmp_path / "ready.fifo"
         os.mkfifo(self.fifo)
         self.reader = os.open(self.fifo, os.O_RDONLY | os.O_NONBLOCK)
@@ -86,7 +86,8 @@ class Job:
         self.readies = 0
         self.port = free_port()
         self.runner = runner
-        self.args = [*extra, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
+        self.args = [*extra, "--nnodes", "1:2", "--nproc-per-node", str(nproc),
+                     "--max-restarts", "3",
                      "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{self.port}",
                      "steps.py", str(steps), str(self.fifo), when]
 
@@ -196,6 +197,10 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
                               "all_reduce #"), err_evicted
     assert said[0] == err_evicted.strip().splitlines()[-1], err_evicted
     assert "rendezvous round 1: node rank 0 of 1, 1 worker in all" in err, err
+    # its restart's line says the eviction, not a failure of the rank that waited (86)
+    assert f"unirank run: attempt 0 stopped (node evicted: rank {rank} never entered " \
+        "all_reduce #" in err, err
+    assert "attempt 0 failed" not in err, err
     # the survivor's summary says the eviction in the same words, whichever node hung
     assert f"  attempt 0: node evicted: rank {rank} never entered all_reduce #" in err, err
     assert f"state restart 1 of 3 (node evicted: rank {rank} never entered all_reduce #" \

@@ -21,11 +21,11 @@ SECRET = "s3cr3t-value-never-shown"
 REFUSALS = {
     "nccl_more_ranks_than_gpus": (
         ["-N", "2", "--ntasks-per-node", "4", "--gpus-per-node", "2", "--backend", "nccl", HELLO],
-        "4 ranks per node but 2 GPU(s) per node with nccl: nccl needs one GPU per rank "
+        "4 ranks per node but 2 GPUs per node with nccl: nccl needs one GPU per rank "
         "HINT: give --gpus-per-node 4, or --ntasks-per-node 2, or --backend gloo"),
     "nccl_one_gpu_for_two_ranks": (
         ["--ntasks-per-node", "2", "--gpus-per-node", "1", "--backend", "nccl", HELLO],
-        "2 ranks per node but 1 GPU(s) per node with nccl: nccl needs one GPU per rank "
+        "2 ranks per node but 1 GPU per node with nccl: nccl needs one GPU per rank "
         "HINT: give --gpus-per-node 2, or --ntasks-per-node 1, or --backend gloo"),
     "missing_script": (
         ["missing.py"],

@@ -84,6 +84,22 @@ def test_a_new_round_names_the_nodes_that_left_or_joined() -> None:
         "rendezvous"
 
 
+def test_a_new_round_tells_two_nodes_of_one_host_apart() -> None:
+    """Two nodes ``vm`` on one address: the one that left is named with its pid; one started
+    again (a new identity) joined."""
+    def place(*nodes: tuple[str, int], round_: int = 0) -> Assignment:
+        return Assignment(node_rank=0, nnodes=len(nodes), ranks_per_node=(1,) * len(nodes),
+                          hosts=("vm",) * len(nodes), master_addr="127.0.0.1", master_port=1,
+                          round=round_, nodes=tuple(f"vm:{pid}:{key}" for key, pid in nodes),
+                          addrs=("127.0.0.1",) * len(nodes),
+                          pids=tuple(pid for _key, pid in nodes))
+
+    assert elastic.describe_round(place(("a", 11), ("b", 22)), place(("a", 11), round_=1)) == \
+        "rendezvous round 1: node rank 0 of 1, 1 workers in all (left: vm (127.0.0.1, pid 22))"
+    assert elastic.describe_round(place(("a", 11)), place(("a", 11), ("c", 33), round_=2)) == \
+        "rendezvous round 2: node rank 0 of 2, 2 workers in all (joined: vm (127.0.0.1, pid 33))"
+
+
 def test_a_new_round_after_news_says_how_long_the_workers_took_to_stop() -> None:
     before = Assignment(node_rank=0, nnodes=2, ranks_per_node=(1, 1), hosts=("a", "b"),
                         master_addr="a", master_port=1)

@@ -142,12 +142,19 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
 def describe_round(before: Assignment, after: Assignment, took: float | None = None,
                    noticed: float | None = None) -> str:
     """One line on a new round: this node's place, the nodes that left or joined since
-    ``before`` (by name; a name twice counts twice), how long the workers took to stop after
+    ``before`` (by :func:`~unirank.supervisor.rdzv.names.node_label`; without the nodes'
+    identities, by name, a name twice counting twice), how long the workers took to stop after
     the news (``noticed`` seconds before the rendezvous began, where there was news) and how
     long the round took to close (``took`` seconds, where given)."""
     from unirank.elasticstate import nodes_changed
+    from unirank.supervisor.rdzv.names import node_labels
 
-    left, joined = nodes_changed(before.hosts, after.hosts)
+    if len(before.nodes) == before.nnodes and len(after.nodes) == after.nnodes:
+        named = {**before.named(), **after.named()}
+        left = tuple(node_labels([n for n in before.nodes if n not in after.nodes], named))
+        joined = tuple(node_labels([n for n in after.nodes if n not in before.nodes], named))
+    else:
+        left, joined = nodes_changed(before.hosts, after.hosts)
     changes = [f"{what}: {', '.join(names)}"
                for what, names in (("left", left), ("joined", joined)) if names]
     return (f"rendezvous round {after.round}: node rank {after.node_rank} of {after.nnodes}, "

@@ -23,6 +23,7 @@ from unirank.signals import (
     parse_signals,
     signal_word,
 )
+from unirank.words import counted
 
 __all__ = [
     "BACKENDS",
@@ -281,7 +282,8 @@ def _check_gpus(spec: JobSpec) -> None:
         return
     if not nccl_fits(spec.gpus_per_node, spec.tasks_per_node, per_task_gpus=False):
         raise ConfigError(
-            f"{spec.tasks_per_node} ranks per node but {spec.gpus_per_node} GPU(s) per node "
+            f"{counted(spec.tasks_per_node, 'rank')} per node but "
+            f"{counted(spec.gpus_per_node, 'GPU')} per node "
             "with nccl: nccl needs one GPU per rank",
             hint=f"give --gpus-per-node {spec.tasks_per_node}, or --ntasks-per-node "
             f"{max(1, spec.gpus_per_node)}, or --backend gloo",

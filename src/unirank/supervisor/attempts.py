@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, on_hang_now, resolve_hang
+from unirank.elasticstate import RestartReason
 from unirank.errors import ConfigError
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
@@ -267,6 +268,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 server=server, slurm_kills=slurm_vars.in_job(environ), watch=watch,
                 dstate_timeout=options.dstate_timeout,
                 stop_report=_stop_report(plan, options, environ, attempt_dir),
+                fold_file=root.attempt(attempt).folded_file,
             ).run()
             stopped = time.time()
             asked = _read_text(AttemptFolder(attempt_dir).on_hang_asked)
@@ -275,12 +277,13 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                     on_hang == "exit" and _hang_timeout(result)):
                 _report_end(root.attempt(attempt).timeline_file, options, err_fd, recovery)
                 return replace(result, attempts=tuple(earlier))
-            said = (f"{options.prog}: attempt {attempt} {_attempt_end(result)}; restarting the "
-                    f"workers ({attempt + 1} of {plan.max_restarts} restarts)\n").encode()
+            restarting = f"; restarting the workers ({attempt + 1} of {plan.max_restarts} " \
+                "restarts)\n"
             waits = replan is not None and restart_line_waits(on_hang, _hang_timeout(result),
                                                               result.world_changed)
             if not waits:  # else said once the next round took this node (not evicted)
-                os.write(err_fd, said)
+                os.write(err_fd, f"{options.prog}: attempt {attempt} {_attempt_end(result)}"
+                         f"{restarting}".encode())
             attempt += 1
             before, verdict, news, moved = plan, None, None, None
             if replan is not None:
@@ -290,15 +293,19 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 began = time.time()
                 plan, line, noticed, moved = _next_plan(replan, attempt, sock, verdict)
                 news = None if noticed is None else began - noticed
-                os.write(err_fd, (said if waits else b"") + line)
             why = restart_reason(result, before, plan, evicted_why(verdict), moved)
+            if replan is not None:
+                said = f"{options.prog}: attempt {attempt - 1} " \
+                    f"{_attempt_end(result, why)}{restarting}" if waits else ""
+                os.write(err_fd, said.encode() + line)
             earlier.append(replace(result, nodes_changed=why.headline()))
             recovery = Recovery(why.headline() or why.describe(), attempt,
                                 news if news is not None else stopped, stopped,
                                 time.time() if replan is not None else None)
             reason = why.to_value(attempt, before.world_size)
     finally:
-        # a temporary folder in which a hang report was written (which a report named) is kept
+        # a temporary folder in which a hang report was written (which a report named), or
+        # worker lines kept off the console (a line named the file), is kept
         if end_run_folder(root, temporary=not keep):
             os.write(err_fd, f"{options.prog}: hang reports kept in {root.path} (removed by "
                      f"a later run {KEEP_DAYS:g} days after this one)\n".encode())
@@ -352,8 +359,12 @@ def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, 
                 or (result.requeued and slurm_vars.in_job(environ)))
 
 
-def _attempt_end(result: RunResult) -> str:
-    """How an attempt that is restarted ended, for the restart's line."""
+def _attempt_end(result: RunResult, why: RestartReason | None = None) -> str:
+    """How an attempt that is restarted ended, for the restart's line; ``why``: its restart
+    reason, once the next round is known: where nodes were evicted, that is how it ended (not
+    a failure of the rank that waited for them at the hang timeout)."""
+    if why is not None and why.kind == "node evicted":
+        return f"stopped ({why.message})"
     if result.requeued:
         return f"stopped to be requeued (exit code {REQUEUE_EXIT_CODE})"
     if result.first_failure is None and result.world_changed:

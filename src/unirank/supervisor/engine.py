@@ -10,9 +10,10 @@ worker stops its children too.
 
 The decisions are pure functions elsewhere; this loop carries them out:
 
-* what a stop signal, a failed worker, a change of the world, a worker stuck in D state
-  (:mod:`.dstate`'s thread says so), a second signal and the end of the grace period lead to:
-  :mod:`.stoppolicy` (signals to forward, by default SIGINT, SIGTERM,
+* what a stop signal, a failed worker, a change of the world (the workers' console lines from
+  then on go to the attempt's ``folded.log``: :meth:`.streams.WorkerStreams.fold`), a
+  worker stuck in D state (:mod:`.dstate`'s thread says so), a second signal and the end of
+  the grace period lead to: :mod:`.stoppolicy` (signals to forward, by default SIGINT, SIGTERM,
   SIGUSR1, SIGUSR2; the grace period; Slurm's SIGTERM; the hang report at a stop, which the
   node of rank 0 asks :mod:`.stopreport` for);
 * which worker is the root cause, whose exit code is the run's: :mod:`.rootcause` (the one
@@ -100,6 +101,7 @@ class Supervisor:
         watch: WorldWatch | None = None,
         stop_report: StopReportSpec | None = None,
         dstate_timeout: float = 0.0,
+        fold_file: str | None = None,
     ) -> None:
         self._launches = list(launches)
         #: seconds a worker may stay in D state (0: no watch), and the watch once started
@@ -124,7 +126,8 @@ class Supervisor:
         self._workers: list[StartedWorker] = []
         self._selector = selectors.DefaultSelector()
         #: the workers' output pipes, and the console and log files they go to
-        self._output = WorkerStreams(self._selector, err_fd=err_fd, prog=prog)
+        self._output = WorkerStreams(self._selector, err_fd=err_fd, prog=prog,
+                                     fold_file=fold_file)
         self._first_failure: StartedWorker | None = None
         self._unreaped: tuple[int, ...] = ()
         #: the write end of the store host's linger pipe, closed when the others have ended
@@ -156,6 +159,9 @@ class Supervisor:
             self._watch_dstate()
             self._loop(wake_r)
             self._output.drain()
+            folded = self._output.folded()
+            if folded is not None:
+                self._output.say(folded)
         finally:
             if self._dstate is not None:
                 self._dstate.close()
@@ -294,8 +300,11 @@ class Supervisor:
         if change is None:
             return
         self._selector.unregister(self._watch.fileno())
-        self._apply(stoppolicy.on_world_change(self._state, change, alive=bool(self._alive()),
-                                               rules=self._rules, now=time.monotonic()))
+        action = stoppolicy.on_world_change(self._state, change, alive=bool(self._alive()),
+                                            rules=self._rules, now=time.monotonic())
+        self._apply(action)
+        if action.stop is not None:
+            self._output.fold()  # what they print while they end is no news
 
     def _on_dstate(self) -> None:
         """Workers stayed in D state past the timeout: stop them all (no restart follows)."""

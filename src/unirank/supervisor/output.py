@@ -25,6 +25,11 @@ I/O).
   ``<run folder>/attempt_<n>/filtered_stdout.log`` (``filtered_stderr.log``)
   (:meth:`OutputOptions.line_copy`, :class:`LineCopy`). Every path: :mod:`unirank.runfolder`.
 
+* torch's C++ stack dumps (the ``Exception raised from ... (most recent call first):`` and
+  ``frame #N: ...`` lines torch's c10d warnings carry, the TCPStore's once its node is gone)
+  leave the console for the attempt's ``folded.log``: :class:`StackLines` picks them; the
+  warning's own line stays.
+
 Runs in the ``unirank run`` parent: the options come from its command line, and
 :mod:`.streams` does the I/O. Reads: no environment variable.
 """
@@ -39,7 +44,7 @@ from unirank.errors import ConfigError
 from unirank.runfolder import FILTERED_FILES, AttemptFolder
 
 __all__ = ["FILTERED_FILES", "PARTIAL_LINE_DELAY", "LineBuffer", "LineCopy", "OutputOptions",
-           "parse_filters", "parse_ranks_filter", "parse_std"]
+           "StackLines", "parse_filters", "parse_ranks_filter", "parse_std"]
 
 #: the attempt folder's files of ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``
 
@@ -51,6 +56,9 @@ PARTIAL_LINE_DELAY = 0.1
 #: bytes of a partial line that are passed on at once, however young
 PARTIAL_LINE_LIMIT = 65536
 _CURSOR_UP = b"\x1b[A"
+#: a line of torch's C++ stack dump, after torch's own ``[rankN]:`` where it puts one
+_STACK_LINE = re.compile(r"^(\[rank\d+\]:)?(Exception raised from .* \(most recent call "
+                         r"first\):|frame #\d+: |<omitting python frames>)")
 _STD_VALUE = re.compile(r"^[0-3]$")
 _STD_MAPPING = re.compile(r"^[0-9]+:[0-3](,[0-9]+:[0-3])*$")
 
@@ -186,6 +194,22 @@ class OutputOptions:
         text = Template(template).safe_substitute(rank=rank, local_rank=local_rank,
                                                   role_name=role)
         return text.encode()
+
+
+class StackLines:
+    """Picks the lines of torch's C++ stack dumps in one stream: their ``Exception raised
+    from`` and ``frame #N`` lines and the empty line that ends a dump."""
+
+    def __init__(self) -> None:
+        self._inside = False
+
+    def picks(self, line: str) -> bool:
+        """Whether ``line`` (the stream's next) belongs to a C++ stack dump."""
+        if _STACK_LINE.match(line):
+            self._inside = True
+            return True
+        inside, self._inside = self._inside, False
+        return inside and not line.strip()
 
 
 class LineBuffer:

@@ -12,10 +12,15 @@ them to log files (``--redirects``, ``--tee``, torchrun's
 ``<log_dir>/<run_id>/attempt_<n>/<local_rank>/``), copies the lines that hold one of
 ``--duplicate-std*-filters``' strings into the attempt's ``filtered_std*.log``
 (:class:`~unirank.supervisor.output.LineCopy`) and keeps stderr's tail for the failure
-summary. Descriptors that write to one sink (stdout and stderr are often one terminal) share
-one view of it, so that the live rows are drawn once. The engine's own lines go through the
-same view (:meth:`WorkerStreams.say`). A sink whose reader went away gets nothing more; the run
-goes on.
+summary. Lines that are no news on a console go to one file of the attempt instead (the
+``fold_file``), and :meth:`WorkerStreams.folded` gives the one line that says where: torch's
+C++ stack dumps (:class:`~unirank.supervisor.output.StackLines`), and, once the supervisor
+stopped the workers itself because the world changed (:meth:`WorkerStreams.fold`: a node lost,
+the rendezvous moved, a node evicted), every line they print while they end (gloo's
+tracebacks of their lost peers). Descriptors that write to one sink (stdout and stderr are
+often one terminal) share one view of it, so that the live rows are drawn once. The engine's
+own lines go through the same view (:meth:`WorkerStreams.say`). A sink whose reader went away
+gets nothing more; the run goes on.
 
 Reads: no environment variable.
 """
@@ -28,10 +33,11 @@ import select
 import selectors
 import time
 
-from unirank.supervisor.console import LogView, TerminalView, terminal_width
-from unirank.supervisor.output import LineBuffer, LineCopy
+from unirank.supervisor.console import LogView, TerminalView, tagged, terminal_width
+from unirank.supervisor.output import LineBuffer, LineCopy, StackLines
 from unirank.supervisor.rows import RankRows
 from unirank.supervisor.summary import OutputTail
+from unirank.words import counted
 
 __all__ = ["WorkerStreams"]
 
@@ -54,6 +60,7 @@ class _Stream:
         self.targets = targets
         self.prefix = (prefix or b"").decode("utf-8", "surrogateescape")
         self.lines = LineBuffer()
+        self.stack = StackLines()
         self.rows = RankRows()
         self.tail = tail
         #: the file its filtered lines are copied to, and the filter
@@ -63,7 +70,8 @@ class _Stream:
 class WorkerStreams:
     """Every output pipe of one node's workers, and the sinks they are shown on."""
 
-    def __init__(self, selector: selectors.BaseSelector, *, err_fd: int, prog: str) -> None:
+    def __init__(self, selector: selectors.BaseSelector, *, err_fd: int, prog: str,
+                 fold_file: str | None = None) -> None:
         #: the engine's selector, where each pipe is registered with its stream as data
         self._selector = selector
         self._err_fd = err_fd
@@ -77,6 +85,12 @@ class WorkerStreams:
         #: the files of filtered lines, by path (one file for all local ranks)
         self._copies: dict[str, int] = {}
         self._broken: set[int] = set()
+        #: the console's fds (a worker stream's that is shown there)
+        self._consoles: set[int] = set()
+        #: where the console's folded lines go: path (None: nowhere), fd (once made), count
+        self._fold: tuple[str | None, int | None, int] = (fold_file, None, 0)
+        #: the workers were stopped: all their console lines are folded (:meth:`fold`)
+        self._stopped = False
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -84,6 +98,8 @@ class WorkerStreams:
         """Where one worker stream goes: ``console_fd`` (None: not shown) and ``log_file``
         (None: none; else created now, its folder too)."""
         targets = [] if console_fd is None else [console_fd]
+        if console_fd is not None:
+            self._consoles.add(console_fd)
         if log_file is not None:
             os.makedirs(os.path.dirname(log_file), exist_ok=True)
             fd = os.open(log_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -160,6 +176,49 @@ class WorkerStreams:
         self._files.clear()
         self._copies.clear()
 
+    # -- folding ------------------------------------------------------------------------------
+
+    def fold(self) -> None:
+        """From now on, every worker line meant for the console goes to the fold file (the
+        supervisor stopped them: see the module docstring); their live rows leave the console
+        now. Nothing changes without a fold file."""
+        if self._stopped or self._fold[0] is None:
+            return
+        self._stopped = True
+        now = time.monotonic()
+        for stream in self._streams.values():
+            for target in stream.targets:
+                if target in self._consoles:
+                    self._write(target, self._view(target).update(
+                        stream.key, self._prefix(stream, target), [], [], now))
+
+    def folded(self) -> str | None:
+        """The line that says where the folded lines are (None: none was folded)."""
+        path, _fd, count = self._fold
+        if path is None or not count:
+            return None
+        return (f"{counted(count, 'line')} of the workers' output (torch's C++ stack dumps"
+                f"{', what they printed once stopped' if self._stopped else ''}) are in {path}")
+
+    def _to_console(self, stream: _Stream, lines: list[str]) -> list[str]:
+        """The lines of ``stream`` that stay on the console; the others go to the fold file."""
+        if self._fold[0] is None:
+            return lines
+        picked = [self._stopped or stream.stack.picks(line) for line in lines]
+        if any(picked):
+            self._fold_lines(stream.prefix, [line for line, p in zip(lines, picked) if p])
+        return [line for line, p in zip(lines, picked) if not p]
+
+    def _fold_lines(self, prefix: str, lines: list[str]) -> None:
+        """Write ``lines`` (with the stream's ``prefix``) to the fold file."""
+        path, fd, count = self._fold
+        assert path is not None
+        if fd is None:
+            fd = self.targets(None, path)[0]
+        text = "".join(f"{tagged(prefix, line)}\n" for line in lines)
+        self._write(fd, text.encode("utf-8", "surrogateescape"))
+        self._fold = (path, fd, count + len(lines))
+
     # -- writing ------------------------------------------------------------------------------
 
     def say(self, message: str) -> None:
@@ -192,11 +251,20 @@ class WorkerStreams:
             if picked:
                 self._write(fd, picked.encode("utf-8", "surrogateescape"))
         now = time.monotonic()
+        shown = self._to_console(stream, lines) if any(
+            t in self._consoles for t in stream.targets) else lines
         for target in stream.targets:
-            prefix = stream.console[1] if stream.console is not None and \
-                target == stream.console[0] else stream.prefix
-            self._write(target, self._view(target).update(stream.key, prefix, lines, live,
-                                                          now))
+            prefix = self._prefix(stream, target)
+            on_console = target in self._consoles
+            self._write(target, self._view(target).update(
+                stream.key, prefix, shown if on_console else lines,
+                [] if on_console and self._stopped else live, now))
+
+    @staticmethod
+    def _prefix(stream: _Stream, target: int) -> str:
+        """The prefix of ``stream``'s lines on ``target`` (a teed stream's on the console)."""
+        return stream.console[1] if stream.console is not None and \
+            target == stream.console[0] else stream.prefix
 
     def _close_stream(self, stream: _Stream) -> None:
         self._show(stream, stream.lines.flush_partial(), end=True)

@@ -93,7 +93,8 @@ def test_a_running_thread_is_a_hazard() -> None:
         assert started.wait(60)
         others = len(os.listdir("/proc/self/task")) - 1
         assert others >= 1
-        assert fork_hazard() == f"{others} thread(s) besides the main one run after preloading"
+        word = "thread" if others == 1 else "threads"
+        assert fork_hazard() == f"{others} {word} besides the main one run after preloading"
     finally:
         stop.set()
         thread.join(60)
@@ -113,7 +114,7 @@ def test_what_the_server_imports_starts_no_thread() -> None:
         "assert fork_hazard() is None, fork_hazard()\n"
         "stop = threading.Event()\n"
         "threading.Thread(target=stop.wait, args=(120,), daemon=True).start()\n"
-        "assert fork_hazard() == '1 thread(s) besides the main one run after preloading'\n"
+        "assert fork_hazard() == '1 thread besides the main one run after preloading'\n"
         "stop.set()\n", timeout=120)
 
 
@@ -144,12 +145,12 @@ _PRELOADS = {
     # a library that starts a (daemon) thread when it is imported
     "daemon_thread": ("import threading\n"
                       "threading.Thread(target=threading.Event().wait, daemon=True).start()\n",
-                      "the fork server could not preload: 1 thread(s) besides the main one run "
+                      "the fork server could not preload: 1 thread besides the main one run "
                       "after preloading"),
     # a non-daemon one, which the failed server does not wait for (it ends with os._exit)
     "plain_thread": ("import threading\n"
                      "threading.Thread(target=threading.Event().wait).start()\n",
-                     "the fork server could not preload: 1 thread(s) besides the main one run "
+                     "the fork server could not preload: 1 thread besides the main one run "
                      "after preloading"),
     # a stand-in (a mock: no GPU here) for a module that initialises CUDA at import
     "cuda_init": ("import torch.cuda\ntorch.cuda.is_initialized = lambda: True\n",
@@ -190,7 +191,7 @@ def test_a_thread_started_after_a_fork_makes_the_server_refuse(runner: Runner,
     assert result.returncode == 0, result.stderr
     assert sorted(re.findall(r"^ok \d$", result.stdout, re.M)) == ["ok 0", "ok 1", "ok 2"]
     assert result.stderr.count(FALLBACK) == 1, result.stderr
-    assert f"{FALLBACK}1 thread(s) besides the main one run after preloading\n" in result.stderr
+    assert f"{FALLBACK}1 thread besides the main one run after preloading\n" in result.stderr
     parents = {w["rank"]: w["ppid"] for w in _who(result.stdout)}
     assert parents[0] != pid and parents[1] == parents[2] == pid, (parents, pid)
 

@@ -76,6 +76,7 @@ from unirank.supervisor.fork.protocol import (
     request_of,
 )
 from unirank.supervisor.helper import shield
+from unirank.words import counted
 
 __all__ = ["SHIELDED", "fork_hazard", "main"]
 
@@ -95,7 +96,7 @@ def fork_hazard() -> str | None:
     except OSError:
         return "cannot count the server's threads (/proc/self/task)"
     if threads != 1:
-        return f"{threads - 1} thread(s) besides the main one run after preloading"
+        return f"{counted(threads - 1, 'thread')} besides the main one run after preloading"
     return None
 
 

@@ -277,7 +277,10 @@ class Node:
             except Refusal:
                 failed.add(chosen)
         self.server = chosen
-        self._rejoin(f"store moved to node {record['name']} ({address[0]})")
+        from unirank.supervisor.rdzv.names import node_label, of_records
+
+        label = node_label(chosen, of_records(self.records.values()), address=True)
+        self._rejoin(f"store moved to node {label}")
 
     def _take_over(self, failed: frozenset[str], record: dict[str, Any]) -> None:
         """Serve the rendezvous here, resumed from the last round (this node is the

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from unirank.supervisor.rdzv.names import node_label, of_records
 from unirank.supervisor.rdzv.rounds import Pending, Served, follows, members_of, round_closes
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import Lines
@@ -48,7 +49,15 @@ class _Node:
     name: str = ""
     explicit: str | None = None
     pid: int = 0
+    #: where its connection comes from
+    peer: str = ""
     seen: float = field(default_factory=time.monotonic)
+
+    @property
+    def addr(self) -> str:
+        """Its real address: its ``--local-addr``, else where its connection comes from (never
+        a name looked up again)."""
+        return self.explicit or self.peer
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,8 @@ class Server:
 
     def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
-            sock, _ = listening.accept()
-            node = _Node(Lines(sock))
+            sock, peer = listening.accept()
+            node = _Node(Lines(sock), peer=_plain(str(peer[0])))
             self._nodes[sock.fileno()] = node
             self._selector.register(sock, selectors.EVENT_READ, node)
 
@@ -252,12 +261,13 @@ class Server:
     def _join(self, node: _Node, record: dict[str, Any]) -> None:
         if node.node in self._waiting:
             return
-        self._records[node.node] = record
+        self._records[node.node] = {**record, "seen_addr": node.addr, "pid": node.pid}
         self._waiting.append(node.node)
         self._opened = self._opened if self._opened is not None else time.monotonic()
         running = [m for m in self.members if m not in self._waiting]
         if node.node in self.members:
-            self._tell(running, "restart", f"node {node.name} asked for a new round")
+            self._tell(running, "restart",
+                       f"node {node_label(node.node, self._names())} asked for a new round")
         elif running:
             node.lines.send({"event": f"this node waits to join: the job {self.spec.run_id!r} "
                                       f"runs on {counted(len(self.members), 'node')} (at most "
@@ -269,6 +279,7 @@ class Server:
 
     def _drop(self, node: _Node, why: str | None) -> None:
         """A node left (``why`` None: it said ``leave``) or is lost (``why``)."""
+        names = self._names()
         self._forget(node)
         if not node.node:
             return
@@ -276,8 +287,16 @@ class Server:
             self._waiting.remove(node.node)
         if why is not None and node.node in self.members:
             running = [m for m in self.members if m not in self._waiting and m != node.node]
-            addr = self._records.get(node.node, {}).get("addr", "?")
-            self._tell(running, "lost", f"node {node.name} ({addr}) is lost: {why}")
+            label = node_label(node.node, names, address=True)
+            self._tell(running, "lost", f"node {label} is lost: {why}")
+
+    def _names(self) -> dict[str, dict[str, Any]]:
+        """Every node known, for :func:`.names.node_label`: the records', then those connected
+        now (their real addresses, as this server sees them)."""
+        names = of_records(self._records.values())
+        names.update({n.node: {"name": n.name, "addr": n.addr, "pid": n.pid}
+                      for n in self._nodes.values() if n.node})
+        return names
 
     def _forget(self, node: _Node) -> None:
         if node.lines.closed:
@@ -326,3 +345,8 @@ class Server:
         self._waiting = [n for n in self._waiting if n not in self.members]
         self._opened = now if self._waiting else None
         self._min_at = None
+
+
+def _plain(addr: str) -> str:
+    """An IPv4 peer as IPv4 (a dual-stack socket gives ``::ffff:10.0.0.2``)."""
+    return addr[7:] if addr.startswith("::ffff:") and "." in addr else addr

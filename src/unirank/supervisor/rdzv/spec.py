@@ -72,6 +72,10 @@ class NodeRecord:
     claim: str = ""
     #: the port where this node would serve the rendezvous, should it take it over
     rdzv_port: int = 0
+    #: the address the server sees this node's connection come from, and its unirank run's
+    #: pid (the server fills them in: :mod:`.names` tells nodes of one name apart by them)
+    seen_addr: str = ""
+    pid: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,17 @@ class Assignment:
     round: int = 0
     #: the nodes' identities in the rendezvous, in node-rank order
     nodes: tuple[str, ...] = ()
+    #: the nodes' real addresses and unirank run pids, in node-rank order (:mod:`.names`)
+    addrs: tuple[str, ...] = ()
+    pids: tuple[int, ...] = ()
+
+    def named(self) -> dict[str, dict[str, object]]:
+        """Its nodes for :func:`.names.node_label`, by identity."""
+        count = len(self.nodes)
+        addrs = self.addrs if len(self.addrs) == count else ("",) * count
+        pids = self.pids if len(self.pids) == count else (0,) * count
+        return {node: {"name": name, "addr": addr, "pid": pid} for node, name, addr, pid in
+                zip(self.nodes, self.hosts, addrs, pids)}
 
     def nodes_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
         """The identities of the nodes that run ``ranks`` (global ranks, node after node)."""
@@ -111,6 +126,8 @@ def assign(records: Sequence[NodeRecord], own: int, round_: int = 0) -> Assignme
         hosts=tuple(records[r].name for r in order),
         master_addr=first.addr, master_port=first.store_port, round=round_,
         nodes=tuple(records[r].claim for r in order),
+        addrs=tuple(records[r].seen_addr or records[r].addr for r in order),
+        pids=tuple(records[r].pid for r in order),
     )
 
 
@@ -137,4 +154,6 @@ def assignment_of(line: str, *, where: str) -> Assignment:
     data["ranks_per_node"] = tuple(data["ranks_per_node"])
     data["hosts"] = tuple(data["hosts"])
     data["nodes"] = tuple(data.get("nodes") or ())
+    data["addrs"] = tuple(data.get("addrs") or ())
+    data["pids"] = tuple(data.get("pids") or ())
     return Assignment(**data)
