@@ -3,9 +3,10 @@ checked at the end for what unirank runs left in it.
 
 At configure time every pytest process gets a folder of its own and points TMPDIR (for every
 process a test starts) and :data:`tempfile.tempdir` (for itself) at it: the controller a fresh
-``unirank-tests-*`` folder, each xdist worker a folder inside the controller's (``gw0``, ...), so
-that the workers' run folders, job files (``unirank stacks`` lists this node's jobs there) and
-``tmp_path`` never meet, and other test runs on the machine add nothing to what is counted.
+``ci-tests-*`` folder (no "unirank" in its paths: tests look for that word in stacks), each
+xdist worker a folder inside the controller's (``gw0``, ...), so that the workers' run folders,
+job files (``unirank stacks`` lists this node's jobs there) and ``tmp_path`` never meet, and
+other test runs on the machine add nothing to what is counted.
 Names stay short: unix socket paths under them must fit 107 bytes. When the whole run ends, the
 controller (or a run without xdist) checks its folder and every worker's:
 
@@ -59,7 +60,7 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = Path(tempfile.gettempdir()) / worker  # TMPDIR: the controller's folder
         folder.mkdir()
     else:
-        folder = Path(tempfile.mkdtemp(prefix="unirank-tests-"))
+        folder = Path(tempfile.mkdtemp(prefix="ci-tests-"))
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = None  # gettempdir() looks again
     config.stash[_OWN] = folder

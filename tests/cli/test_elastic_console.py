@@ -62,7 +62,7 @@ for step in range(steps):
 dist.destroy_process_group()
 """
 
-FOLDED = re.compile(r"^unirank run: \d+ line\(s\) of the workers' output \(torch's C\+\+ stack "
+FOLDED = re.compile(r"^unirank run: \d+ lines? of the workers' output \(torch's C\+\+ stack "
                     r"dumps, what they printed once stopped\) are in ")
 #: the line of a torch c10d warning (its C++ stack dump is folded, not the line)
 C10D_WARNING = re.compile(r"^(\[rank\d+\]:)?\[W\d{4} [^]]*\] \[c10d\] ")

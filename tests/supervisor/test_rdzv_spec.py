@@ -95,7 +95,7 @@ def test_a_new_round_tells_two_nodes_of_one_host_apart() -> None:
                           pids=tuple(pid for _key, pid in nodes))
 
     assert elastic.describe_round(place(("a", 11), ("b", 22)), place(("a", 11), round_=1)) == \
-        "rendezvous round 1: node rank 0 of 1, 1 workers in all (left: vm (127.0.0.1, pid 22))"
+        "rendezvous round 1: node rank 0 of 1, 1 worker in all (left: vm (127.0.0.1, pid 22))"
     assert elastic.describe_round(place(("a", 11)), place(("a", 11), ("c", 33), round_=2)) == \
         "rendezvous round 2: node rank 0 of 2, 2 workers in all (joined: vm (127.0.0.1, pid 33))"
 
