@@ -47,6 +47,9 @@ def test_should_sweep(state: str | None, report: bool, age: float, swept: bool) 
     (Owner(1, 1000, "pid:[9]", "b1", "node1"), None, UNKNOWN),    # a container's PID 1
     (Owner(42, 1000, "pid:[9]", "b0", "node1"), 1000, DEAD),      # booted since
     (Owner(42, 1000, "pid:[1]", "b0", "node2"), None, UNKNOWN),   # another machine's
+    # this kernel's container with a host name of its own (a pod's UTS namespace)
+    (Owner(42, 1000, "pid:[1]", "b1", "pod-1"), None, DEAD),
+    (Owner(42, 1000, "pid:[1]", "b1", "pod-1"), 1000, ALIVE),
     (Owner(42), 7, UNKNOWN),                       # an older unirank's record: pid only
     (Owner(42), None, DEAD),
 ])

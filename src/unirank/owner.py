@@ -12,7 +12,8 @@ same name, on this node, in any namespace, before or after a reboot:
   is checked only by a process of the same namespace;
 - ``boot``: the kernel's boot id (``/proc/sys/kernel/random/boot_id``, the same in every
   container of a kernel): after a reboot (a node that crashed), no owner of before runs;
-- ``host``: the host name, for a temporary folder that several machines share.
+- ``host``: the host name, for a temporary folder that several machines share (compared
+  only where the boot ids differ: one kernel's containers may have host names of their own).
 
 :func:`owner_state` (pure) says ALIVE, DEAD (provably gone) or UNKNOWN (another namespace
 or machine, or a record of an older unirank that holds only a pid that still runs); only a
@@ -104,7 +105,8 @@ def owner_state(owner: Owner, here: Here, seen: int | None) -> OwnerState:
     """Whether ``owner`` still runs, checked ``here``, where the process with its pid has
     start time ``seen`` (None: no process has that pid here; :data:`NO_START`: one has, its
     start time unreadable). Pure."""
-    if owner.host and here.host and owner.host != here.host:
+    same_kernel = bool(owner.boot and here.boot and owner.boot == here.boot)
+    if not same_kernel and owner.host and here.host and owner.host != here.host:
         return UNKNOWN  # another machine's: its pid means nothing here
     if owner.boot and here.boot and owner.boot != here.boot:
         return DEAD  # this kernel booted since: nothing of before runs
