@@ -68,16 +68,21 @@ def _check(entry: str, tasks: int, code: int, output: str, shell_node: str) -> N
 
 @pytest.mark.parametrize(("entry", "tasks"), CASES)
 def test_sbatch_script(slurm_testbed: SlurmTestbed, entry: str, tasks: int) -> None:
-    """``sbatch -N1 -n{tasks}`` running the command in its batch script (on node1)."""
+    """``sbatch -N1 -n{tasks} -w node1`` running the command in its batch script (on node1:
+    named, so that a node still completing the previous test's job never moves it)."""
     command = " ".join(_command(entry, tasks))
     result = slurm_testbed.sbatch_and_wait(f"cd {REPO}\n{command}\n", timeout=TIMEOUT,
-                                           args=["-N1", f"-n{tasks}"], env=JOB_ENV)
+                                           args=["-N1", f"-n{tasks}", "-w", "node1"],
+                                           env=JOB_ENV)
     _check(entry, tasks, result.exit_code, result.output, "node1")
 
 
 @pytest.mark.parametrize(("entry", "tasks"), CASES)
 def test_salloc_shell(slurm_testbed: Any, entry: str, tasks: int) -> None:
-    """``salloc -N1 -n{tasks} COMMAND``: the command runs where salloc was typed."""
-    proc = slurm_testbed.salloc(["-N1", f"-n{tasks}", *_command(entry, tasks)], timeout=TIMEOUT,
+    """``salloc -N1 -n{tasks} -w node1 COMMAND``: the command runs where salloc was typed, its
+    srun's tasks on node1 (named: a node still completing the previous test's job is passed
+    over otherwise, seen when the Slurm tests run back to back)."""
+    proc = slurm_testbed.salloc(["-N1", f"-n{tasks}", "-w", "node1", *_command(entry, tasks)],
+                                timeout=TIMEOUT,
                                 env=JOB_ENV, check=False)
     _check(entry, tasks, proc.returncode, proc.stdout + proc.stderr, socket.gethostname())

@@ -19,6 +19,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,6 +58,9 @@ class Tmux:
         # the dead pane stays, so that its screen can be read after the command ended
         self.config.write_text("set -g history-limit 20000\nset -g remain-on-exit on\n")
         self.env = {k: v for k, v in env.items() if k != "TMUX"}  # not nested in the user's
+        # its socket in the temporary folder the tests clear (not /tmp/tmux-UID), short enough
+        # for a unix socket's path
+        self.env["TMUX_TMPDIR"] = tempfile.gettempdir()
         self._runs = 0
 
     def _tmux(self, *args: str, timeout: float = 30.0) -> str:
