@@ -77,10 +77,12 @@ def _normalised(record: dict[str, Any], ranks: list[dict[str, Any]]) -> dict[str
                       if k != SWITCH}
     out["proc_environ"] = record["proc_environ"] == record["environ"]
     fds = record["fds"]
-    # the worker's fault file lies in the run's own folder, which each run names anew
+    # the worker's fault file lies in the run's own folder, which each run names anew; past the
+    # standard streams, the kinds of what is open (how many of rank 0's store and gloo
+    # connections are open at the probe's moment is a matter of timing, whatever started it)
     out["fds"] = ([fds.get(str(n)) for n in range(3)],
-                  sorted(re.sub(r"^/.*/(attempt_\d+/\d+/)", r"<run>/\1", v)
-                         for k, v in fds.items() if int(k) > 2))
+                  sorted({re.sub(r"^/.*/(attempt_\d+/\d+/)", r"<run>/\1", v)
+                          for k, v in fds.items() if int(k) > 2}))
     out["signal_masks"] = {k: (int(v, 16) & ~_LIBC_SIGNALS if k.startswith("Sig") else v)
                            for k, v in record["signal_masks"].items()}
     out["interpreter"] = [re.sub(r" at 0x[0-9a-f]+", "", str(v)) for v in record["interpreter"]]
