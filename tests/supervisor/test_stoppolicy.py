@@ -68,6 +68,23 @@ def test_a_signal_not_handled_changes_nothing(signum: int) -> None:
     assert on_signal(StopState(), signum, RULES, NOW) == Action(StopState())
 
 
+@pytest.mark.parametrize("signum", [int(signal.SIGHUP), int(signal.SIGQUIT)])
+@pytest.mark.parametrize("rules", [RULES, SLURM], ids=["", "slurm"])
+def test_sighup_and_sigquit_stop_as_sigint_and_sigterm(signum: int, rules: StopRules) -> None:
+    """torchrun's agent treats SIGTERM, SIGINT, SIGHUP and SIGQUIT alike (a closed terminal
+    stops the job): forwarded to the groups, the grace period (also under Slurm, whose own
+    SIGTERM alone comes with KillWait), no failure, a second one kills."""
+    rules = replace(rules, signals=(*rules.signals, signum))
+    action = on_signal(StopState(), signum, rules, NOW)
+    name = signal.Signals(signum).name
+    assert action.stop == signum and action.forward is None and not action.kill
+    assert action.state.stop_signal == signum and action.state.deadline == NOW + 30.0
+    assert action.say == (f"got {name}: forwarded to the workers; SIGKILL in 30 s ({name} "
+                          "again to kill now)")
+    assert not is_first_failure(action.state, -signum)  # the worker it ended: stopped
+    assert on_signal(action.state, signum, rules, NOW + 1).kill
+
+
 def test_a_stop_signal_not_among_the_handled_ones_is_not_forwarded() -> None:
     rules = replace(RULES, signals=(USR2,))
     assert on_signal(StopState(), TERM, rules, NOW) == Action(StopState())

@@ -33,6 +33,7 @@ from unirank.contract import (
     SHUTDOWN_TIMEOUT_VAR,
 )
 from unirank.errors import ConfigError
+from unirank.signals import HANDLED, STOP_SIGNALS, format_signals
 
 __all__ = ["NOTED", "OPTIONS", "RunOption", "add_run_options", "describe_sources",
            "environ_defaults", "pet_names", "settle"]
@@ -194,8 +195,10 @@ OPTIONS: tuple[RunOption, ...] = (
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "
          f"{SHUTDOWN_TIMEOUT_VAR}, else {DEFAULT_GRACE_PERIOD:g})"),
     _opt("--signals-to-handle", dest="signals", metavar="SIG,...",
-         help="signals forwarded to the workers (default torchrun's SIGTERM,SIGINT,SIGHUP,SIGQUIT, "
-         "and the ranks' stop signals)"),
+         help="signals forwarded to the workers (default torchrun's "
+         f"{format_signals(tuple(HANDLED))}, and the ranks' stop signals); "
+         f"{format_signals(tuple(STOP_SIGNALS))} stop them: no restart, SIGKILL after the "
+         "grace period, exit code 128 + the signal"),
     _opt("--role", default="default", help="the workers' ROLE_NAME"),
     _opt("-m", "--module", flag=True, default=False,
          help="run PROGRAM as a module, like python -m"),

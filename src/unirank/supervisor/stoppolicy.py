@@ -8,11 +8,13 @@ for the hang report. The rules:
 
 * A signal to forward that is not a stop signal (:data:`~unirank.signals.STOP_SIGNALS`; by
   default SIGUSR1 and SIGUSR2) goes to every live worker, its process alone.
-* The first stop signal (SIGINT, SIGTERM) is forwarded to every worker's process group and
+* The first stop signal (:data:`~unirank.signals.STOP_SIGNALS`: SIGTERM, SIGINT, SIGHUP,
+  SIGQUIT, which torchrun treats alike) is forwarded to every worker's process group and
   starts the grace period, after which every worker left gets SIGKILL; a second one kills at
-  once. Under Slurm (``slurm_kills``) SIGTERM starts no grace period and a second one is only
-  forwarded: Slurm sends it to every process of the step and SIGKILL KillWait seconds later,
-  which is the workers' time to save a checkpoint.
+  once; a worker it ends is stopped, not failed, and no restart follows. Under Slurm
+  (``slurm_kills``) SIGTERM starts no grace period and a second one is only forwarded:
+  Slurm sends it to every process of the step and SIGKILL KillWait seconds later, which is
+  the workers' time to save a checkpoint.
 * With the hang report asked for at a stop (:mod:`.stopreport`, the node of rank 0) and some
   rank waiting in a collective, the first stop signal (not Slurm's SIGTERM) waits for the
   report (once per run); it is forwarded when the report has ended or could not be made; a
