@@ -24,6 +24,7 @@ from unirank.contract import (
     DEFAULT_GRACE_PERIOD,
     DEFAULT_HANG_REPORT_AFTER,
     DEFAULT_INIT_TIMEOUT,
+    ELASTIC_MAX_RESTARTS,
     HANG_REPORT_AFTER_VAR,
     HANG_TIMEOUT_VAR,
     INIT_TIMEOUT_VAR,
@@ -173,8 +174,10 @@ OPTIONS: tuple[RunOption, ...] = (
          "timeout"),
     _opt("--standalone", flag=True, default=False,
          help="one node on its own, with a free port (ignores outer launchers)"),
-    _opt("--max-restarts", default="0", metavar="N",
-         help="on a failure, stop the workers and start them again, at most N times"),
+    _opt("--max-restarts", metavar="N",
+         help="on a failure (a lost node too), stop the workers and start them again, at most "
+         f"N times; nodes joining spend none (default 0; {ELASTIC_MAX_RESTARTS} with a range "
+         "--nnodes MIN:MAX)"),
     _opt("--init-timeout", pet=False, metavar=_SECONDS,
          help="seconds for every rank to join before each fails naming the missing ones "
          f"(default: {INIT_TIMEOUT_VAR}, else {DEFAULT_INIT_TIMEOUT:g})"),

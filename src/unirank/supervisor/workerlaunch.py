@@ -31,6 +31,10 @@ class WorldWatch(Protocol):
         """The news, read without blocking: one line saying how the world changed, or None
         (nothing yet)."""
 
+    def joining(self) -> bool:
+        """Whether the last news was nodes waiting to join, a change of membership alone,
+        which spends no restart (:mod:`.budget`); once."""
+
 
 @dataclass(frozen=True)
 class WorkerLaunch:
