@@ -54,6 +54,7 @@ __all__ = [
     "LAUNCHER_VAR",
     "LINGER_FD_VAR",
     "LOG_LINE_PREFIX_VAR",
+    "LOST_PEER_WAIT",
     "MASTER_FORWARDED_VAR",
     "MAX_REQUEUES_VAR",
     "MAX_RESTARTS_VAR",
@@ -171,6 +172,12 @@ DEFAULT_INIT_TIMEOUT = 300.0
 #: seconds between SIGTERM and SIGKILL when workers are stopped (``--grace-period``, else
 #: TORCH_ELASTIC_SHUTDOWN_TIMEOUT): torchrun's 30
 DEFAULT_GRACE_PERIOD = 30.0
+#: seconds after the SIGTERM of a change of the world that lost a node (not nodes joining) at
+#: which a worker still waiting in a collective (:class:`unirank.hang.waits.CollectiveMark`)
+#: gets SIGKILL, not at the grace period's end: the collective waits for the node that is
+#: gone, and holds the main thread, where the program's stop handler would run
+#: (:mod:`unirank.supervisor.stoppolicy`); looked at again as often until the grace period ends
+LOST_PEER_WAIT = 2.0
 #: ``--max-restarts`` of an elastic job (``--nnodes MIN:MAX``) when none is given, for every
 #: front door (``unirank run``, ``--hosts``, ``unirank sbatch``): a range says the job should
 #: outlive a node, and each lost node spends a restart (its peers' collective fails, as under

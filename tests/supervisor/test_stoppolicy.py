@@ -237,6 +237,53 @@ def test_a_worker_that_fails_after_a_change_of_the_world_is_no_first_failure() -
     assert not is_first_failure(changed, -15)
 
 
+def test_a_node_gone_ends_the_workers_waiting_in_a_collective_after_the_short_wait() -> None:
+    """A lost or frozen node: the workers blocked in a collective with it cannot run their
+    stop handler, so those that wait in one get SIGKILL at ``peer_wait`` (LOST_PEER_WAIT), and
+    again every ``peer_wait`` until the grace period ends; the others keep the grace period."""
+    from unirank.contract import LOST_PEER_WAIT
+
+    assert 0 < RULES.peer_wait == LOST_PEER_WAIT < RULES.grace_period
+    action = on_world_change(StopState(), "node n2 was lost", alive=True, rules=RULES, now=NOW,
+                             node_gone=True)
+    assert action.stop == TERM and action.state.deadline == NOW + 30.0
+    assert action.state.peer_deadline == NOW + RULES.peer_wait
+    assert action.say == (f"node n2 was lost; stopping the workers: SIGTERM now, SIGKILL after "
+                          f"30 s (at {RULES.peer_wait:g} s for those waiting in a collective)")
+    state = action.state
+    assert on_tick(state, RULES, NOW + RULES.peer_wait - 0.1) == Action(state)
+    tick = on_tick(state, RULES, NOW + RULES.peer_wait)
+    assert tick.end_waiting and not tick.kill and tick.stop is None
+    assert tick.state.peer_deadline == NOW + 2 * RULES.peer_wait  # looked at again
+    assert tick.state.deadline == NOW + 30.0 and not tick.state.killing
+    killed = on_tick(tick.state, RULES, NOW + 30.0)  # the grace period's end: every worker
+    assert killed.kill and not killed.end_waiting and killed.state.peer_deadline is None
+    assert on_tick(killed.state, RULES, NOW + 30.0 + RULES.peer_wait) == Action(killed.state)
+
+
+def test_nodes_joining_keep_the_whole_grace_period() -> None:
+    """Nodes waiting to join: every peer is alive, collectives end, the stop handler runs."""
+    action = on_world_change(StopState(), "1 node waiting to join", alive=True, rules=RULES,
+                             now=NOW)
+    assert action.state.peer_deadline is None and "collective" not in action.say
+    assert not on_tick(action.state, RULES, NOW + 29.9).end_waiting
+
+
+def test_no_short_wait_where_the_grace_period_is_shorter() -> None:
+    rules = replace(RULES, grace_period=1.0)
+    action = on_world_change(StopState(), "x", alive=True, rules=rules, now=NOW, node_gone=True)
+    assert action.state.peer_deadline is None
+
+
+def test_a_second_stop_signal_after_a_node_gone_kills_everyone() -> None:
+    gone = on_world_change(StopState(), "x", alive=True, rules=RULES, now=NOW,
+                           node_gone=True).state
+    action = on_signal(gone, INT, RULES, NOW + 1)
+    assert action.stop == INT and not action.kill  # the world change's SIGTERM came first
+    again = on_signal(action.state, INT, RULES, NOW + 1.5)
+    assert again.kill and again.state.peer_deadline is None
+
+
 # -- the clock ---------------------------------------------------------------------------------
 
 

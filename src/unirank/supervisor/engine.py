@@ -15,7 +15,8 @@ The decisions are pure functions elsewhere; this loop carries them out:
   worker stuck in D state (:mod:`.dstate`'s thread says so), a second signal and the end of
   the grace period lead to: :mod:`.stoppolicy` (signals to forward, by default SIGINT, SIGTERM,
   SIGUSR1, SIGUSR2; the grace period; Slurm's SIGTERM; the hang report at a stop, which the
-  node of rank 0 asks :mod:`.stopreport` for);
+  node of rank 0 asks :mod:`.stopreport` for; where a node is gone, SIGKILL at once to the
+  workers that wait in a collective, by their hang watcher's mark);
 * which worker is the root cause, whose exit code is the run's: :mod:`.rootcause` (the one
   that failed first on its own, by the time it recorded; lost-peer records after the others);
 * how to start a worker, reap it and signal it: :mod:`.spawn`; what is kept of each one and
@@ -50,6 +51,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
+from unirank.runfolder import AttemptFolder
 from unirank.signals import FORWARDED
 from unirank.supervisor import stoppolicy
 from unirank.supervisor.deathcause import oom_verdict
@@ -224,7 +226,7 @@ class Supervisor:
             if tick.give_up:
                 self._unreaped = tuple(w.pid for w in self._alive())
                 return
-            if tick.kill:
+            if tick.kill or tick.end_waiting:
                 self._apply(tick)
                 continue
             for key, _events in self._selector.select(self._timeout(now)):
@@ -248,8 +250,8 @@ class Supervisor:
     def _timeout(self, now: float) -> float | None:
         """How long the loop may sleep: until the grace period ends or a partial line is due."""
         report = self._report.deadline if self._report is not None else None
-        due = [d for d in (self._output.next_due(), self._state.deadline, report)
-               if d is not None]
+        due = [d for d in (self._output.next_due(), self._state.deadline, report,
+                           self._state.peer_deadline) if d is not None]
         return max(0.0, min(due) - now) if due else None
 
     def _apply(self, action: Action) -> None:
@@ -266,6 +268,8 @@ class Supervisor:
             self._signal_all(action.stop)
         if action.kill:
             self._signal_all(signal.SIGKILL)
+        if action.end_waiting:
+            self._end_waiting()
         if action.ask_report:
             self._begin_report()
 
@@ -301,7 +305,8 @@ class Supervisor:
             return
         self._selector.unregister(self._watch.fileno())
         action = stoppolicy.on_world_change(self._state, change, alive=bool(self._alive()),
-                                            rules=self._rules, now=time.monotonic())
+                                            rules=self._rules, now=time.monotonic(),
+                                            node_gone=not self._watch.joining())
         self._apply(action)
         if action.stop is not None:
             self._output.fold()  # what they print while they end is no news
@@ -386,6 +391,19 @@ class Supervisor:
         self._apply(stoppolicy.on_first_failure(
             self._state, others=others, config_error=record is not None and record.config_error,
             who=who, rules=self._rules, now=time.monotonic()))
+
+    def _end_waiting(self) -> None:
+        """A node is gone: SIGKILL now to each worker that waits in a collective (its hang
+        watcher's mark, :class:`unirank.hang.waits.CollectiveMark`), saying so."""
+        for worker in self._alive():
+            folder, rank = worker.launch.wiring.attempt_dir, worker.launch.rank
+            if folder is None or not os.path.exists(AttemptFolder(folder).collective_mark(rank)):
+                continue
+            self._output.say(f"rank {rank} (local rank {worker.launch.local_rank}) on node "
+                             f"{self._node} waits in a collective with a node that is gone: "
+                             "SIGKILL now, not after the grace period")
+            worker.stop_signals.add(int(signal.SIGKILL))
+            send(worker.pid, signal.SIGKILL, group=True)
 
     def _signal_all(self, signum: int) -> None:
         """Send a stop signal (or SIGKILL) to every live worker's process group, noting it."""

@@ -23,7 +23,13 @@ for the hang report. The rules:
   change of the world) is the first failure: the others get SIGTERM and the grace period (no
   line when its own failure record is a configuration error, whose one line says it all).
 * A change of the world (the dynamic rendezvous: a node lost, one waiting to join) while no
-  worker failed and no stop signal came stops the workers the same way, and so does a worker
+  worker failed and no stop signal came stops the workers the same way; where a node is gone
+  (every change but nodes joining), every :data:`~unirank.contract.LOST_PEER_WAIT` seconds
+  (``peer_wait``) until the grace period ends, the workers that wait in a collective (their
+  hang watcher's :class:`~unirank.hang.waits.CollectiveMark`) get SIGKILL at once: their
+  collective waits for the node that is gone and holds the main thread, so their stop
+  handler (``ur.stop_requested()``) cannot act on the SIGTERM, while a worker that computes
+  keeps the whole grace period to save. So does a worker
   stuck in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (:mod:`.dstate`; the
   attempt is then the last).
 * At the end of the grace period every worker left gets SIGKILL, and the engine waits
@@ -38,6 +44,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from unirank.contract import LOST_PEER_WAIT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.summary import signal_name
@@ -69,6 +76,8 @@ class StopRules:
     signals: tuple[int, ...]
     #: under Slurm, whose SIGTERM comes with a SIGKILL KillWait seconds later
     slurm_kills: bool = False
+    #: seconds between two looks for workers waiting in a collective once a node is gone
+    peer_wait: float = LOST_PEER_WAIT
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,9 @@ class StopState:
     deadline: float | None = None
     #: SIGKILL was sent: at the deadline the engine gives up on the workers left
     killing: bool = False
+    #: a node is gone: when (``time.monotonic()``) to end the workers that wait in a
+    #: collective (None: no node is gone, or the workers are being killed)
+    peer_deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,8 @@ class Action:
     drop_report: bool = False
     #: the wait after SIGKILL is over: stop waiting for the workers left
     give_up: bool = False
+    #: SIGKILL now to the workers that wait in a collective (a node is gone), noted on each
+    end_waiting: bool = False
 
 
 def is_failure(returncode: int) -> bool:
@@ -136,7 +150,8 @@ def _grace(state: StopState, rules: StopRules, now: float) -> StopState:
 
 
 def _kill(state: StopState, rules: StopRules, now: float) -> Action:
-    return Action(replace(state, killing=True, deadline=now + rules.kill_wait), kill=True)
+    return Action(replace(state, killing=True, deadline=now + rules.kill_wait,
+                          peer_deadline=None), kill=True)
 
 
 def on_signal(state: StopState, signum: int, rules: StopRules, now: float,
@@ -202,14 +217,21 @@ def on_first_failure(state: StopState, *, others: int, config_error: bool, who: 
 
 
 def on_world_change(state: StopState, change: str, *, alive: bool, rules: StopRules,
-                    now: float) -> Action:
+                    now: float, node_gone: bool = False) -> Action:
     """The world changed (``change`` says how, in one line): stop the workers, unless they
-    are being stopped already or none runs."""
+    are being stopped already or none runs; ``node_gone``: a node is gone (lost, frozen,
+    evicted, the store moved, a peer's new round: every change but nodes joining), and the
+    workers that wait in a collective are ended after ``rules.peer_wait`` seconds."""
     if state.failed or state.stop_signal is not None or not alive:
         return Action(state)
-    return Action(_grace(replace(state, world_changed=change), rules, now), stop=signal.SIGTERM,
+    stopping = _grace(replace(state, world_changed=change), rules, now)
+    waiting = ""
+    if node_gone and rules.peer_wait < rules.grace_period:
+        stopping = replace(stopping, peer_deadline=now + rules.peer_wait)
+        waiting = f" (at {rules.peer_wait:g} s for those waiting in a collective)"
+    return Action(stopping, stop=signal.SIGTERM,
                   say=f"{change}; stopping the workers: SIGTERM now, SIGKILL after "
-                      f"{rules.grace_period:g} s")
+                      f"{rules.grace_period:g} s{waiting}")
 
 
 def on_stuck(state: StopState, line: str, *, rules: StopRules, now: float) -> Action:
@@ -224,9 +246,12 @@ def on_stuck(state: StopState, line: str, *, rules: StopRules, now: float) -> Ac
 
 def on_tick(state: StopState, rules: StopRules, now: float) -> Action:
     """The loop woke up at ``now``: at the end of the grace period, SIGKILL; at the end of the
-    wait after it, give up."""
+    wait after it, give up; before, where a node is gone, every ``rules.peer_wait`` seconds:
+    SIGKILL to the workers that wait in a collective."""
     if state.deadline is None or now < state.deadline:
-        return Action(state)
+        if state.peer_deadline is None or now < state.peer_deadline or state.killing:
+            return Action(state)
+        return Action(replace(state, peer_deadline=now + rules.peer_wait), end_waiting=True)
     if state.killing:
         return Action(state, give_up=True)
     return _kill(state, rules, now)
