@@ -33,7 +33,8 @@ class WorldWatch(Protocol):
 
     def joining(self) -> bool:
         """Whether the last news was nodes waiting to join, a change of membership alone,
-        which spends no restart (:mod:`.budget`); once."""
+        which spends no restart (:mod:`.budget`), and keeps no worker waiting in a collective
+        with a node that is gone (:mod:`.stoppolicy`)."""
 
 
 @dataclass(frozen=True)

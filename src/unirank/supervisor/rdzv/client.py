@@ -144,7 +144,7 @@ class RendezvousHelper:
         except BlockingIOError:
             chunk = None
         if chunk == b"":
-            self._keep_log = True
+            self._keep_log, self._joining = True, False
             return f"the rendezvous helper ended (its log: {self.log_path})"
         self._buffer += chunk or b""
         if b"\n" not in self._buffer:
@@ -175,9 +175,8 @@ class RendezvousHelper:
 
     def joining(self) -> bool:
         """Whether the last news was nodes waiting to join (a change of membership alone,
-        which spends no restart), once."""
-        joining, self._joining = self._joining, False
-        return joining
+        which spends no restart)."""
+        return self._joining
 
     def noticed_before(self, began: float) -> float | None:
         """Seconds from the last news (a node lost, joining...) to ``began`` (the next
