@@ -38,3 +38,22 @@ def test_sighup_and_sigquit_stop_the_run_without_a_restart(runner: Runner,
     assert f"stopped by {signum.name} (exit code {128 + signum})" in text, text
     assert "READY" not in out.decode(), out  # started once: no READY after the first two
     assert runner.wait_gone(tree, mark=b"") == [], tree
+
+
+def test_a_worker_ended_by_a_forwarded_signal_is_stopped_not_failed(runner: Runner) -> None:
+    """SIGUSR1 (forwarded, not a stop signal) to workers that do not handle it: they die of
+    it, which is a stop, not a failure: no restart, 128 + SIGUSR1, nothing left."""
+    script = runner.script("w.py", WAITS)
+    proc = runner.start(["--nproc-per-node", "2", "--max-restarts", "3", str(script)])
+    assert proc.stdout is not None and proc.stderr is not None
+    runner.read_lines(proc.stdout, 2, contains="READY")
+    tree = process_tree(proc.pid)
+    proc.send_signal(signal.SIGUSR1)
+    out, err = proc.communicate(timeout=runner.timeout)
+    text = err.decode()
+    assert proc.returncode == 128 + signal.SIGUSR1, text
+    assert "restarting the workers" not in text and "FAILED" not in text, text
+    assert "forwarded to it by the launcher (its program does not handle it)" in text, text
+    assert f"stopped by SIGUSR1 (exit code {128 + signal.SIGUSR1})" in text, text
+    assert "READY" not in out.decode(), out
+    assert runner.wait_gone(tree, mark=b"") == [], tree

@@ -16,6 +16,7 @@ from unirank.supervisor.stoppolicy import (
     is_failure,
     is_first_failure,
     on_first_failure,
+    on_forwarded_end,
     on_report_end,
     on_signal,
     on_tick,
@@ -108,6 +109,23 @@ def test_a_stop_signal_after_a_failure_kills_at_once() -> None:
                               now=NOW).state
     action = on_signal(failed, INT, RULES, NOW + 2)
     assert action.kill and action.state.stop_signal is None
+
+
+def test_a_worker_ended_by_a_forwarded_signal_stops_the_run() -> None:
+    """SIGUSR1 forwarded to a worker whose program does not handle it: stopped, not failed;
+    the run is stopped by it (no restart, 128 + the signal), the others get SIGTERM."""
+    who = "rank 1 (local rank 1) on node n1 was killed by SIGUSR1 (signal 10)"
+    action = on_forwarded_end(StopState(), USR1, others=1, who=who, rules=RULES, now=NOW)
+    assert action.stop == TERM and action.state.stop_signal == USR1 and not action.state.failed
+    assert action.state.deadline == NOW + 30.0
+    assert action.say == (f"{who}, forwarded to it by the launcher (its program does not "
+                          "handle it); stopping the other 1 worker: SIGTERM now, SIGKILL after "
+                          "30 s")
+    assert on_forwarded_end(StopState(), USR1, others=0, who=who, rules=RULES,
+                            now=NOW) == Action(StopState(stop_signal=USR1))
+    stopping = on_signal(StopState(), INT, RULES, NOW).state
+    assert on_forwarded_end(stopping, USR1, others=1, who=who, rules=RULES,
+                            now=NOW) == Action(stopping)
 
 
 # -- the hang report at a stop --------------------------------------------------------------------

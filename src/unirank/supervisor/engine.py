@@ -263,6 +263,7 @@ class Supervisor:
             self._output.say(action.say)
         if action.forward is not None:
             for worker in self._alive():
+                worker.stop_signals.add(action.forward)  # an end by it: stopped, not failed
                 send(worker.pid, action.forward, group=False)
         if action.stop is not None:
             self._signal_all(action.stop)
@@ -377,7 +378,9 @@ class Supervisor:
             worker.ended_at = time.time()
             if code == -signal.SIGKILL and signal.SIGKILL not in worker.stop_signals:
                 worker.oom = oom_verdict(worker.pid, worker.cgroup, since=worker.started - 1.0)
-            if stoppolicy.is_first_failure(self._state, code):
+            if code < 0 and -code in worker.stop_signals:
+                self._on_forwarded_end(worker, -code)
+            elif stoppolicy.is_first_failure(self._state, code):
                 self._first_failure = worker
                 self._on_first_failure(worker)
         self._release_store_host()
@@ -391,6 +394,14 @@ class Supervisor:
         self._apply(stoppolicy.on_first_failure(
             self._state, others=others, config_error=record is not None and record.config_error,
             who=who, rules=self._rules, now=time.monotonic()))
+
+    def _on_forwarded_end(self, worker: StartedWorker, signum: int) -> None:
+        launch = worker.launch
+        who = (f"rank {launch.rank} (local rank {launch.local_rank}) on node {self._node} "
+               f"{ended(worker.describe())}")
+        self._apply(stoppolicy.on_forwarded_end(self._state, signum, others=len(self._alive()),
+                                                who=who, rules=self._rules,
+                                                now=time.monotonic()))
 
     def _end_waiting(self) -> None:
         """A node is gone: SIGKILL now to each worker that waits in a collective (its hang

@@ -22,6 +22,9 @@ for the hang report. The rules:
 * The first worker that fails (:func:`is_failure`; not one that ends after a stop signal or a
   change of the world) is the first failure: the others get SIGTERM and the grace period (no
   line when its own failure record is a configuration error, whose one line says it all).
+* A worker ended by a signal that was forwarded to it alone (SIGUSR1, SIGUSR2: its program
+  does not handle it) was stopped, not failed: the run is stopped by that signal
+  (:func:`on_forwarded_end`: the others get SIGTERM and the grace period, no restart).
 * A change of the world (the dynamic rendezvous: a node lost, one waiting to join) while no
   worker failed and no stop signal came stops the workers the same way; where a node is gone
   (every change but nodes joining), every :data:`~unirank.contract.LOST_PEER_WAIT` seconds
@@ -57,6 +60,7 @@ __all__ = [
     "is_failure",
     "is_first_failure",
     "on_first_failure",
+    "on_forwarded_end",
     "on_report_end",
     "on_signal",
     "on_tick",
@@ -213,6 +217,25 @@ def on_first_failure(state: StopState, *, others: int, config_error: bool, who: 
         return Action(stopping, stop=signal.SIGTERM)
     return Action(stopping, stop=signal.SIGTERM,
                   say=f"{who}; stopping the other {counted(others, 'worker')}: SIGTERM now, "
+                      f"SIGKILL after {rules.grace_period:g} s")
+
+
+def on_forwarded_end(state: StopState, signum: int, *, others: int, who: str,
+                     rules: StopRules, now: float) -> Action:
+    """A worker was ended by signal ``signum``, which the supervisor forwarded to it (not a
+    stop signal: SIGUSR1, SIGUSR2; its program does not handle it): it was stopped, not
+    failed, so the run is stopped by that signal as by a stop signal (no restart, 128 + the
+    signal): the ``others`` workers get SIGTERM and the grace period. ``who``: which worker,
+    and how it ended. Nothing changes where the workers are being stopped already."""
+    if state.failed or state.stop_signal is not None or state.world_changed is not None \
+            or state.stuck is not None:
+        return Action(state)
+    stopped = replace(state, stop_signal=signum)
+    if not others:
+        return Action(stopped)
+    return Action(_grace(stopped, rules, now), stop=signal.SIGTERM,
+                  say=f"{who}, forwarded to it by the launcher (its program does not handle "
+                      f"it); stopping the other {counted(others, 'worker')}: SIGTERM now, "
                       f"SIGKILL after {rules.grace_period:g} s")
 
 
