@@ -221,7 +221,7 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
         max_restarts=default_max_restarts(
             _int_option(args.max_restarts, "--max-restarts",
                         "give how many times to restart, 0 or more"),
-            elastic=dynamic and elastic.is_range(args)),
+            elastic=_elastic(args, outer)),
         run_id=args.rdzv_id or (elastic.DEFAULT_RUN_ID if dynamic else None),
         role=args.role,
         virtual_local_rank=bool(args.virtual_local_rank),
