@@ -79,7 +79,7 @@ from unirank.hang.recorder import (
 from unirank.hang.standby import Duty, takeover_line
 from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status
 from unirank.runfolder import AttemptFolder
-from unirank.signals import keep_off_this_thread
+from unirank.signals import start_shielded
 
 __all__ = [
     "ASK_KEY",
@@ -193,7 +193,7 @@ class Watcher:
         if self._job is not None:
             self._job_file = announce({**self._job, "world_size": self.world_size,
                                        "interval": self.settings.interval})
-        self._thread.start()
+        start_shielded(self._thread)  # the program's signals go to its main thread
         # before the interpreter's teardown: a daemon thread inside a store call at that
         # moment aborts the process ("terminate called without an active exception")
         atexit.register(self.stop)
@@ -220,7 +220,6 @@ class Watcher:
 
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        keep_off_this_thread()  # the program's signals go to its main thread
         store = self.store
         if self._duty.stands_by:
             self.detector = Detector(self, store)
