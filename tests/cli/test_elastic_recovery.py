@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _procs import Runner, free_port, process_tree
-from unirank.exitcodes import HANG_TIMEOUT
+from unirank.exitcodes import EVICTED, HANG_TIMEOUT
 
 pytestmark = pytest.mark.integration
 
@@ -191,7 +191,7 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
     job.close()
     rank = 1 if stuck == "other" else 0
     assert survivor.returncode == 0, err + err_evicted
-    assert evicted.returncode == 2, err_evicted
+    assert evicted.returncode == EVICTED, err_evicted  # its own code, not a refusal's 2
     # where rank 0's node is the evicted one, its hang reports are kept and named first
     said = [line for line in err_evicted.splitlines() if line.startswith("unirank run:")
             and not line.startswith("unirank run: hang reports kept in ")]
