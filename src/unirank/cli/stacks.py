@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "that job)")
     parser.add_argument("--timeout", default=None, metavar="S",
                         help="seconds to wait for the ranks' answers (default: "
-                        f"{ANSWER.words()} of the watchers)")
+                        f"{ANSWER.words()}, the job's watcher intervals)")
 
 
 def _pick(job: str | None, named: bool = False) -> dict[str, object]:
