@@ -41,6 +41,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from unirank.exitcodes import EVICTED
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec, assign, to_line
 from unirank.supervisor.rdzv.wire import Lines
 from unirank.words import counted
@@ -58,9 +59,19 @@ class Refusal(Exception):
     """This node cannot take part: one line, the option at fault and what to do."""
 
     def __init__(self, message: str, *, variable: str | None = None,
-                 value: str | None = None, hint: str = "") -> None:
+                 value: str | None = None, hint: str = "", exit_code: int | None = None) -> None:
         super().__init__(message)
-        self.payload = {"error": message, "variable": variable, "value": value, "hint": hint}
+        self.payload: dict[str, Any] = {"error": message, "variable": variable, "value": value,
+                                        "hint": hint}
+        if exit_code is not None:  # the parent's own exit code for it (this node evicted)
+            self.payload["exit_code"] = exit_code
+
+
+def _evicted(why: str) -> Refusal:
+    """This node was evicted (``--on-hang evict``): the parent ends with
+    :data:`unirank.exitcodes.EVICTED`."""
+    return Refusal(why, hint="the other nodes go on without this one (--on-hang evict); see "
+                   "the hang report on rank 0's node", exit_code=EVICTED)
 
 
 def _endpoint(spec: RdzvSpec) -> str:
@@ -156,7 +167,7 @@ class Node:
                     self.hello(deadline, hops + 1)
                     return
                 if "evicted" in message:
-                    message = {"error": message["evicted"]}
+                    raise _evicted(str(message["evicted"]))
                 if "error" in message:
                     raise Refusal(str(message["error"]), variable=message.get("variable"),
                                   value=message.get("value"), hint=str(message.get("hint")))
@@ -226,8 +237,7 @@ class Node:
             self.follow(message["moved"])
             return
         if "evicted" in message:  # said now (the parent reads it while its workers run)
-            raise Refusal(str(message["evicted"]), hint="the other nodes go on without this "
-                          "one (--on-hang evict); see the hang report on rank 0's node")
+            raise _evicted(str(message["evicted"]))
         if "error" in message:
             raise Refusal(str(message["error"]), variable=message.get("variable"),
                           value=message.get("value"), hint=str(message.get("hint")))
