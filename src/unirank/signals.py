@@ -52,7 +52,7 @@ HANDLED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIG
 #: the signals that stop a launcher's workers (after they are forwarded), with a grace period,
 #: whatever ``--max-restarts`` is left: torchrun's four, which its agent treats alike (a closed
 #: terminal's SIGHUP and a SIGQUIT stop the job as SIGTERM and Ctrl-C do); the launcher then
-#: exits 128 + the signal (:func:`unirank.exitcodes.killed_by`)
+#: exits 128 + signal (:func:`unirank.exitcodes.killed_by`)
 STOP_SIGNALS: tuple[signal.Signals, ...] = HANDLED
 
 #: the signals ``unirank run`` forwards to its workers when ``--signals-to-handle`` is not given:

@@ -201,7 +201,7 @@ OPTIONS: tuple[RunOption, ...] = (
          help="signals forwarded to the workers (default torchrun's "
          f"{format_signals(tuple(HANDLED))}, and the ranks' stop signals); "
          f"{format_signals(tuple(STOP_SIGNALS))} stop them: no restart, SIGKILL after the "
-         "grace period, exit code 128 + the signal"),
+         "grace period, exit code 128 + signal"),
     _opt("--role", default="default", help="the workers' ROLE_NAME"),
     _opt("-m", "--module", flag=True, default=False,
          help="run PROGRAM as a module, like python -m"),

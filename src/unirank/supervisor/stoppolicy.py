@@ -224,7 +224,7 @@ def on_forwarded_end(state: StopState, signum: int, *, others: int, who: str,
                      rules: StopRules, now: float) -> Action:
     """A worker was ended by signal ``signum``, which the supervisor forwarded to it (not a
     stop signal: SIGUSR1, SIGUSR2; its program does not handle it): it was stopped, not
-    failed, so the run is stopped by that signal as by a stop signal (no restart, 128 + the
+    failed, so the run is stopped by that signal as by a stop signal (no restart, 128 +
     signal): the ``others`` workers get SIGTERM and the grace period. ``who``: which worker,
     and how it ended. Nothing changes where the workers are being stopped already."""
     if state.failed or state.stop_signal is not None or state.world_changed is not None \
