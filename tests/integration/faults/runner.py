@@ -36,14 +36,14 @@ from _procs import launcher_free_environ, process_tree, wait_gone
 
 from . import checks
 from .checks import Happened, Step
-from .schedule import HANG_TIMEOUT, Fault, Schedule
+from .schedule import HANG_TIMEOUT, PERMANENT, Fault, Schedule
 
 TRAIN = Path(__file__).resolve().with_name("train.py")
 PORT = 29400
 #: from the nodes' start to the first step of a world of all of them
 START_TIMEOUT = 180.0
 #: from the stop to every node's end
-END_TIMEOUT = 120.0
+END_TIMEOUT = 60.0
 #: steps of the final world before the stop
 SETTLE_STEPS = 3
 POLL = 0.1
@@ -138,8 +138,14 @@ class Job:
         return checks.parse_steps(text[:text.rfind("\n") + 1].splitlines())
 
     def resolve(self, fault: Fault, taken: set[int]) -> int | None:
-        """The node ``fault`` strikes now (None: no node is free for it)."""
+        """The node ``fault`` strikes now (None: no node is free for it). The endpoint's node
+        is never lost for good before a replace: a node started again with the same command
+        finds the job through the endpoint, which then has no one (as under torchrun)."""
         free = [n for n in self.net.nodes if n not in self.gone | self.busy | taken]
+        replace_later = any(f.kind == "replace" and f.at > fault.at
+                            for f in self.schedule.faults)
+        if fault.kind in PERMANENT and replace_later:
+            free = [n for n in free if n != 1]
         steps = self.steps()
         server = max(steps, key=lambda s: s.mono).node if steps else 1
         if fault.target == "server" and server in free:
