@@ -77,6 +77,15 @@ def test_a_slow_or_missing_recovery_is_named() -> None:
                                           "(bound 20 s)"]
 
 
+def test_faults_at_once_recover_from_the_last_ones_end() -> None:
+    # node 3 killed while node 1 is cut off for 6 s: the job waits for node 1 (MIN 2)
+    kill, cut = Happened("kill", 3, 10.0, 10.0), Happened("cut", 1, 10.2, 16.0)
+    run = [*_world(1, 100, 3, range(0, 9), 1.0), *_world(1, 200, 2, range(9, 12), 18.0)]
+    assert recovery_times(run, [kill, cut]) == [2.0, 2.0]
+    apart = Happened("cut", 1, 12.0, 16.0)  # began 2 s after the kill: a fault of its own
+    assert recovery_times(run, [kill, apart]) == [8.0, 2.0]
+
+
 def test_a_bad_ending_is_named() -> None:
     unstopped = GOOD[:-1]
     assert ending(unstopped, {1: 0, 3: 1}, min_nodes=2, final_nodes=3, spared={1, 3}) == [

@@ -1,13 +1,16 @@
 """The fault harness's bounded set (tests/integration/faults; docs/faults.md): a few seeded
-schedules of faults, each run for real on 3 nodes in network namespaces (one ``unirank run``
+schedules of faults, each run for real on 3 or 4 nodes in network namespaces (one ``unirank run``
 each, tests/integration/faults/runner.py) and checked against every invariant: one world at a
 time, steps strictly increasing, each recovery within its bound, the job ends 0 with at least
 MIN nodes, nothing left running. Together they strike with kill, freeze, cut, replace and a
 stuck rank, at the serving node and at another, and two at once.
 
-:data:`ONE_WORLD` are the two cases of the split (issue 40): a frozen node of a 1:2 job that
-comes back, the serving node of a 1:3 job cut off and healed. They are not expected to fail:
-until the rendezvous keeps one world through them, they fail here, naming two worlds at once.
+:data:`ONE_WORLD` are the cases of issue 40's split and of a partition that heals: a frozen node
+of a 1:2 job that comes back, the serving node of a 1:3 job cut off and healed (each must leave
+one world, not two), and seed 20 (a node killed while the serving node is cut off: once healed,
+the two nodes left must train together again). They are not expected to fail: until the
+rendezvous keeps one world through them they fail here, the first two naming two worlds at
+once, the third a recovery that never came.
 
 Root only (network namespaces): skips elsewhere, fails with ``CI=true``. All in one xdist group:
 two schedules at once on two cores would time each other's recoveries.
@@ -28,15 +31,17 @@ from faults.schedule import KINDS, Fault, Schedule, generate
 #: one schedule at a time (see the module docstring)
 ONE_AT_A_TIME = pytest.mark.xdist_group("faults")
 
-#: seeds whose schedules cover the kinds (min 2): 7 the serving node of 4 killed; 20 (3 nodes)
-#: a node killed while the serving node is cut off, then another replaced; 32 (3 nodes) a node
-#: frozen while the serving node is cut off; 39 (3 nodes) the serving node frozen, then another
-#: node's rank stuck (evicted at the hang timeout)
-SEEDS = (7, 20, 32, 39)
-#: the split-brain cases (see the module docstring)
+#: seeds whose schedules cover the kinds (min 2): 7 the serving node of 4 killed; 29 (3 nodes)
+#: a node replaced, then the serving node killed; 32 (3 nodes) a node frozen while the serving
+#: node is cut off; 39 (3 nodes) the serving node frozen, then another node's rank stuck (evicted
+#: at the hang timeout)
+SEEDS = (7, 29, 32, 39)
+#: the cases of the split and of a partition that heals (see the module docstring)
 ONE_WORLD = {
     "frozen-other-of-2": Schedule(-1, 2, 1, (Fault(3.0, "freeze", "other", 0, 8.0),)),
     "cut-server-of-3": Schedule(-2, 3, 1, (Fault(3.0, "cut", "server", 0, 10.0),)),
+    # a node killed while the serving node is cut off for 5.5 s, then another replaced
+    "seed-20": generate(20),
 }
 
 

@@ -8,8 +8,8 @@ Each check returns the broken rules as lines, none when it held.
 * **Steps strictly increasing** (:func:`steps_backwards`): in stamp order every step is above
   the one before (a restart may skip a step whose checkpoint was lost, never repeat one).
 * **Each recovery within its bound** (:func:`recoveries`): after a fault is over (killed,
-  resumed, healed, started again, a rank stuck), a step of a world that began after the fault
-  began comes within :data:`BOUNDS` seconds.
+  resumed, healed, started again, a rank stuck; faults at once: the last of them), a step of a
+  world that began after the fault began comes within :data:`BOUNDS` seconds.
 * **The job ends 0 with at least MIN nodes** (:func:`ending`): its last step is the one that
   saw the stop, at a world of at least MIN nodes (and as many as the schedule leaves); every
   node not killed or evicted by the schedule ended 0.
@@ -29,6 +29,8 @@ from .schedule import HANG_TIMEOUT
 #: (seconds on a loaded 2-core machine); a stuck rank first waits out the hang timeout
 BOUNDS: Mapping[str, float] = {"kill": 20.0, "freeze": 20.0, "cut": 20.0, "replace": 20.0,
                                "stuck": HANG_TIMEOUT + 20.0}
+#: faults that began within this many seconds of each other happened at once
+TOGETHER = 1.0
 
 
 @dataclass(frozen=True)
@@ -116,14 +118,16 @@ def steps_backwards(steps: Sequence[Step]) -> list[str]:
 
 def recovery_times(steps: Sequence[Step], faults: Sequence[Happened]) -> list[float | None]:
     """For each fault, seconds from its end to the first step of a world that began after it
-    began (None: no such step)."""
+    began (None: no such step). Faults that began together (within :data:`TOGETHER`) end
+    together, when the last of them ends: the job may need every node back."""
     began = {w.rank0: w.first.mono for w in worlds(steps)}
     ordered = sorted(steps, key=lambda s: s.mono)
     times: list[float | None] = []
     for fault in faults:
+        end = max(f.end for f in faults if abs(f.start - fault.start) <= TOGETHER)
         after = next((s for s in ordered
-                      if s.mono > fault.end and began[s.rank0] > fault.start), None)
-        times.append(None if after is None else after.mono - fault.end)
+                      if s.mono > end and began[s.rank0] > fault.start), None)
+        times.append(None if after is None else after.mono - end)
     return times
 
 
