@@ -180,8 +180,9 @@ class Job:
         """Wait for ``steps`` steps of a world of ``size`` that began after ``after``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            began = {w.rank0: w.first.mono for w in checks.worlds(self.steps())}
-            fresh = [s for s in self.steps() if s.world >= size and began[s.rank0] > after]
+            logged = self.steps()
+            began = {w.rank0: w.first.mono for w in checks.worlds(logged)}
+            fresh = [s for s in logged if s.world >= size and began[s.rank0] > after]
             if len(fresh) >= steps:
                 return True
             time.sleep(POLL)
