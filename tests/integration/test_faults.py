@@ -10,7 +10,7 @@ of a 1:2 job that comes back, the serving node of a 1:3 job cut off and healed (
 one world, not two), and seed 20 (a node killed while the serving node is cut off: once healed,
 the two nodes left must train together again). They are not expected to fail: until the
 rendezvous keeps one world through them they fail here, the first two naming two worlds at
-once, the third a recovery that never came.
+once, the third (not in every run) a recovery that never came.
 
 Root only (network namespaces): skips elsewhere, fails with ``CI=true``. All in one xdist group:
 two schedules at once on two cores would time each other's recoveries.
