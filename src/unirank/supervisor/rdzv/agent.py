@@ -75,6 +75,8 @@ class Node:
         self.lines = connect(spec, self.address, time.monotonic() + spec.join_timeout)
         self.selector = selectors.DefaultSelector()
         self.joining = self.told = False
+        #: the server said it dropped this node (its connection's end then proves nothing)
+        self.dropped = False
         self.deadline = self.heard = time.monotonic()
         #: the last round: its number, members (in order), records and the node serving it
         self.round, self.server = -1, ""
@@ -169,6 +171,8 @@ class Node:
         self._tell(news, always=True)
 
     def on_message(self, message: dict[str, Any]) -> None:
+        if "dropped" in message:  # the server runs: the end of this connection proves nothing
+            self.dropped = True
         if "moved" in message:
             self.follow(message["moved"])
             return
@@ -190,19 +194,18 @@ class Node:
 
     def _tell(self, news: str, *, always: bool = False) -> None:
         """Pass news on to the parent, once per round, while the workers run (``always``:
-        also while it waits for a round, which then only says it)."""
-        if always and self.joining:
+        whatever was told before, and while it waits for a round, which then only says it)."""
+        if always or (not self.joining and not self.told):
             _answer({"event": news})
-        elif not self.joining and not self.told:
-            _answer({"event": news})
-            self.told = True
+            self.told = self.told or not self.joining
 
-    def move(self) -> None:
-        """The server went silent or its connection ended: leave it (``abandon``: silence, not
-        death, should it still run), and join the job again at the same server where it
-        answers, else at its successor (:func:`~.rounds.successor` over the last round's
-        members), or become it. A server whose address refuses is proven dead
-        (:func:`~.rounds.has_quorum`); any round this node joins next is the job's next."""
+    def move(self, *, ended: bool = False) -> None:
+        """The server went silent or its connection ended (``ended``): leave it (``abandon``:
+        silence, not death, should it still run), and join the job again at the same server
+        where it answers, else at its successor (:func:`~.rounds.successor` over the last
+        round's members), or become it. The server is proven dead
+        (:func:`~.rounds.has_quorum`) where its address refuses, or where its connection ended
+        without a word (no ``dropped``: the kernel closed it) and it does not answer."""
         from unirank.supervisor.rdzv.rounds import successor
 
         self.lines.send({"op": "abandon"})
@@ -211,12 +214,14 @@ class Node:
         self.lines.close()
         lost = self.server
         back = self._back()
-        if back is True:  # the server answered, or one that took the endpoint over
+        if back is True:
+            self.dropped = False  # the server answered, or one that took the endpoint over
             self._rejoin(self._moved_to(self.server) if self.server != lost else
                          "this node lost the rendezvous's server for a while: it joins the "
                          "job's next round")
             return
-        failed, dead = {lost}, ({lost} if back is None else set())
+        proven, self.dropped = back is None or (ended and not self.dropped), False
+        failed, dead = {lost}, ({lost} if proven else set())
         wait = 2 * self.spec.lost_after + 2.0
         while True:
             chosen = successor(self.members, failed) if self.server else None
@@ -307,7 +312,10 @@ class Node:
                     hint="start unirank run with the same --rdzv-endpoint and --rdzv-id "
                     "on the other nodes, or raise --rdzv-conf join_timeout")
             if now - self.heard >= self.spec.fence_after and self.server != self.node:
-                self.move()  # the node serving it is silent: hung, or cut off
+                # the node serving it is silent (hung, or cut off): fence first
+                self._tell(f"no word from the rendezvous's server for "
+                           f"{now - self.heard:.1f} s")
+                self.move()
 
     def _from_parent(self) -> bool:
         """The parent's ``{"next": true, "evict": [...], "why": ...}``, or its end."""
@@ -325,7 +333,7 @@ class Node:
     def _from_store(self) -> None:
         messages = self.lines.receive()
         if messages is None:
-            self.move()
+            self.move(ended=True)
             return
         self.heard = time.monotonic()
         for message in messages:

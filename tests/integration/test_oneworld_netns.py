@@ -1,0 +1,58 @@
+"""One world at every moment across a partition (:func:`...rdzv.rounds.has_quorum`): three
+``unirank run`` nodes of one elastic 1:3 job, each in a network namespace of its own on
+one bridge (tests/integration/_netns.py), node 1 serving the rendezvous. Node 1's link is cut
+until nodes 2 and 3 train on at a world of 2, then restored. Before the quorum, node 1 trained
+on alone at a world of 1 beside them; now it stops its workers, holds no quorum (one of three),
+and joins the job's next round once its link is back: the steps of no two worlds interleave,
+the steps strictly increase (tests/integration/_oneworld.py), and every node ends 0. Root only
+(skips elsewhere, fails with ``CI=true``).
+
+Environment variables read: the caller's environment, from which launcher variables are removed
+(see ``tests/_procs.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _netns import Net, address, require
+from _oneworld import STEPS, Job, check_one_world, listening
+
+from _procs import Runner
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    require()
+    with Net(3) as made:
+        yield made
+
+
+def test_the_serving_node_cut_off_then_restored_leaves_one_world(runner: Runner, tmp_path: Path,
+                                                                 net: Net) -> None:
+    job = Job(runner, tmp_path, nnodes="1:3", endpoint=address(1))
+    first = job.node(net.prefix(1), address(1), env={"UNIRANK_NODE_NAME": "node1"})
+    listening(job.port, first, net.prefix(1), address(1))
+    for node in (2, 3):
+        job.node(net.prefix(node), address(node), env={"UNIRANK_NODE_NAME": f"node{node}"})
+    job.step_of_world(3)
+    net.cut(1)
+    try:
+        job.step_of_world(2)  # nodes 2 and 3 moved the rendezvous and train on
+    finally:
+        net.heal(1)
+    codes = job.end()
+    said = job.said()
+    assert codes == [0, 0, 0], said
+    worlds = check_one_world((tmp_path / "steps.log").read_text())
+    assert [size for _ident, size, _steps in worlds][:2] == [3, 2], worlds
+    assert worlds[-1][2][-1] == STEPS - 1, worlds
+    assert "unirank run: store moved to node node2 " in said, said
+    assert net.close() == [], said  # nothing left running
