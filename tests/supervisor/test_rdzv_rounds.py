@@ -88,6 +88,18 @@ def test_a_fresh_server_of_the_job_follows_the_one_that_ran_on() -> None:
     assert follows(Served("j", 0, "pod0'"), running)
 
 
+def test_two_sides_of_a_split_without_a_quorum_meet_at_the_first_one_s_server() -> None:
+    from unirank.supervisor.rdzv.rounds import Served, follows
+
+    # three nodes cut off from each other, each serving round 3 alone (no quorum anywhere):
+    # once healed, b and c follow a, and c follows b; never both ways
+    a, b, c = Served("j", 3, "a", 0), Served("j", 3, "b", 1), Served("j", 3, "c", 2)
+    assert follows(b, a) and follows(c, a) and follows(c, b)
+    assert not follows(a, b) and not follows(a, c) and not follows(b, c)
+    # two fresh servers (round -1) never follow each other by place
+    assert not follows(Served("j", -1, "x", 1), Served("j", -1, "y", 0))
+
+
 def test_a_quorum_is_a_strict_majority_of_the_last_round_not_proven_dead() -> None:
     from unirank.supervisor.rdzv.rounds import has_quorum
 

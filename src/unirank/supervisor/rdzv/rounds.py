@@ -36,6 +36,10 @@ are its decisions, unit-tested in milliseconds:
   earlier round (a fresh one is at round -1): it sends its nodes there (they join at the
   job's next round) and from then on answers every hello at the endpoint with the job's
   address. Nothing waits on one node: any successor probes, any endpoint server follows.
+  Probes go both ways (the probed server answers where it is) and also to the other
+  members' rendezvous ports, so the sides of a split meet again once it heals: the side
+  behind follows the side that closed a later round, and where neither did, the side
+  whose server comes later in the round's order follows the other.
 """
 
 from __future__ import annotations
@@ -133,10 +137,17 @@ class Served:
     job: str
     round: int
     server: str
+    #: the server's node's place in its last round's order (its length where it is not in it)
+    place: int = 0
 
 
 def follows(here: Served, there: Served) -> bool:
     """Whether the server ``here`` sends its nodes to ``there`` (see the module docstring): the
     same job, another server, a later round (the job that ran on; a fresh server is at round
-    -1). The rule is one-way, so two servers never send their nodes to each other."""
-    return here.job == there.job and here.server != there.server and there.round > here.round
+    -1), or the same round and a node earlier in its order (two sides of a split where
+    neither held a quorum: they meet at the first one's server). The rule is one-way, so two
+    servers never send their nodes to each other."""
+    if here.job != there.job or here.server == there.server:
+        return False
+    return there.round > here.round or \
+        (there.round == here.round >= 0 and there.place < here.place)

@@ -132,8 +132,10 @@ class Server:
         (a successor's rendezvous port, else the endpoint's)."""
         record = self._records.get(self.host, {})
         port = record.get("rdzv_port") if self._watching else self.spec.endpoint_port
+        place = (self.members.index(self.host) if self.host in self.members
+                 else len(self.members))
         return {"job": self.spec.run_id, "round": self.round, "server": self.host,
-                "addr": record.get("addr"), "port": port,
+                "place": place, "addr": record.get("addr"), "port": port,
                 "name": record.get("name")}
 
     def _watch(self) -> None:
@@ -141,9 +143,10 @@ class Server:
         resolved afresh each time): whatever serves there is told where the job runs (a node
         started again with the original command follows, :func:`.rounds.follows`)."""
         interval = self.spec.keep_alive_interval
-        others = [(str(r["addr"]), int(r["rdzv_port"])) for m, r in self._records.items()
-                  if m in self.members and m != self.host and r.get("rdzv_port")]
         while self.moved is None:  # one that followed another says nothing
+            members, records = self.members, dict(self._records)  # the loop replaces them
+            others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
+                      if m != self.host and records.get(m, {}).get("rdzv_port")]
             for address in [(self.spec.endpoint_host, self.spec.endpoint_port), *others]:
                 with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
                         socket.create_connection(address, timeout=interval) as sock:
@@ -158,7 +161,8 @@ class Server:
 
     @staticmethod
     def _served(state: dict[str, Any]) -> Served:
-        return Served(str(state["job"]), int(state["round"]), str(state["server"]))
+        return Served(str(state["job"]), int(state["round"]), str(state["server"]),
+                      int(state.get("place") or 0))
 
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -230,9 +234,7 @@ class Server:
         node.lines.send({"here": here})  # the prober follows where it is behind
         self._forget(node)
         with contextlib.suppress(KeyError, TypeError, ValueError):
-            if not follows(Served(str(here["job"]), int(here["round"]), str(here["server"])),
-                           Served(str(there["job"]), int(there["round"]),
-                                  str(there["server"]))) or not there.get("addr"):
+            if not follows(self._served(here), self._served(there)) or not there.get("addr"):
                 return
             self.point_to(there)
 
