@@ -129,16 +129,16 @@ def listening(port: int, proc: subprocess.Popen[Any], prefix: Sequence[str] = ()
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline and proc.poll() is None:
         if prefix:
-            shown = subprocess.run([*prefix, "ss", "-ltnH"], capture_output=True, text=True,
-                                   timeout=30).stdout
-            if f"{host}:{port} " in shown:
+            shown = subprocess.run([*prefix, "ss", "-ltnH", f"sport = :{port}"],
+                                   capture_output=True, text=True, timeout=30).stdout
+            if shown.strip():
                 return
         else:
             with socket.socket() as sock:
                 if sock.connect_ex((host, port)) == 0:
                     return
         time.sleep(0.05)  # polling a port, not synchronising on time
-    raise AssertionError("the first node's endpoint never listened")
+    raise AssertionError(f"the first node's endpoint never listened (exit {proc.poll()})")
 
 
 def send(pids: list[int], signum: int) -> None:

@@ -28,6 +28,12 @@ from _procs import Runner
 pytestmark = pytest.mark.integration
 
 
+def _env(node: int) -> dict[str, str]:
+    """Node ``node``'s name; gloo's pairs on the node's own interface (the host's name resolves
+    to nothing inside a namespace, and loopback is each namespace's own)."""
+    return {"UNIRANK_NODE_NAME": f"node{node}", "GLOO_SOCKET_IFNAME": "eth0"}
+
+
 @pytest.fixture
 def net() -> Iterator[Net]:
     require()
@@ -38,10 +44,10 @@ def net() -> Iterator[Net]:
 def test_the_serving_node_cut_off_then_restored_leaves_one_world(runner: Runner, tmp_path: Path,
                                                                  net: Net) -> None:
     job = Job(runner, tmp_path, nnodes="1:3", endpoint=address(1))
-    first = job.node(net.prefix(1), address(1), env={"UNIRANK_NODE_NAME": "node1"})
+    first = job.node(net.prefix(1), address(1), env=_env(1))
     listening(job.port, first, net.prefix(1), address(1))
     for node in (2, 3):
-        job.node(net.prefix(node), address(node), env={"UNIRANK_NODE_NAME": f"node{node}"})
+        job.node(net.prefix(node), address(node), env=_env(node))
     job.step_of_world(3)
     net.cut(1)
     try:
