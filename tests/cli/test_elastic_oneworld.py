@@ -16,16 +16,20 @@ Environment variables read: the caller's environment, from which launcher variab
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _oneworld import STEPS, Job, check_one_world, listening, send
 
-from _procs import Runner, process_tree
+from _procs import WORKER_MARK, Runner, process_tree, wait_gone
 
 pytestmark = pytest.mark.integration
 
@@ -74,3 +78,35 @@ def test_a_frozen_node_resumed_never_trains_a_second_world(runner: Runner, tmp_p
     assert worlds[-1][2][-1] == STEPS - 1, worlds
     if frozen == "other":
         assert [size for _ident, size, _steps in worlds][:2] == [2, 1], worlds
+
+
+def _helper_of(proc: subprocess.Popen[Any]) -> int:
+    """The pid of the rendezvous helper of the ``unirank run`` ``proc``."""
+    for pid in process_tree(proc.pid):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            if b"unirank.supervisor.rdzv.agent" in cmdline.read():
+                return int(pid)
+    raise AssertionError(f"no rendezvous helper under pid {proc.pid}")
+
+
+def test_a_node_whose_helper_died_is_proven_dead(runner: Runner, tmp_path: Path) -> None:
+    """What makes a closed connection a proof: the serving node's rendezvous helper killed
+    alone (its server with it), its ``unirank run`` stops its workers and ends, and nothing
+    of it is left; the other node, second in the round's order, finds the serving node's
+    port refused, so goes on alone at once (a quorum of the nodes not proven dead), one world
+    at every moment."""
+    job = Job(runner, tmp_path)
+    serving = job.node()
+    listening(job.port, serving)
+    job.node()
+    job.step_of_world(2)
+    tree = process_tree(serving.pid)
+    os.kill(_helper_of(serving), signal.SIGKILL)
+    codes = job.end()
+    said = job.said()
+    assert codes[1] == 0 and codes[0] not in (0, None), said
+    assert "the rendezvous helper ended" in said.split("--- node 1:")[0], said
+    assert wait_gone(tree, mark=WORKER_MARK) == [], said  # its workers too
+    worlds = check_one_world((tmp_path / "steps.log").read_text())
+    assert [size for _ident, size, _steps in worlds][:2] == [2, 1], worlds
+    assert worlds[-1][2][-1] == STEPS - 1, worlds

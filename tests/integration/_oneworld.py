@@ -86,9 +86,9 @@ class Job:
         local = ["--local-addr", addr] if addr else []
         with open(self.folder / f"out{index}", "wb") as out, \
                 open(self.folder / f"err{index}", "wb") as err:
-            proc = self.runner.start(drop=NO_OMP, stdout=out.fileno(), stderr=err.fileno(),
-                                     command=Runner.command([*self.args, *local, *self.target],
-                                                            prefix), env=env)
+            command = Runner.command([*self.args, *local, *self.target], prefix)
+            proc: subprocess.Popen[Any] = self.runner.start(
+                drop=NO_OMP, stdout=out.fileno(), stderr=err.fileno(), command=command, env=env)
         self.procs.append(proc)
         return proc
 
