@@ -18,11 +18,14 @@ It reads one :class:`~.spec.RdzvSpec` (a JSON line) on stdin, then
    parent can admit them) until stdin says ``next`` (join the next round) or ends (the parent
    is done or gone): then it says ``leave`` and exits.
 
-Where the node serving the rendezvous is lost, the node goes to its successor
+Where the node serving the rendezvous is silent for :func:`.conf.fence_after`, the node first
+stops its workers (news to the parent), then, as where its connection ends, leaves it
+(``abandon``) and says hello there again; where nothing answers it goes to the successor
 (:func:`~.rounds.successor` over the last round, which the hello's answer gives a node that
-only waits to join too) or becomes it; where its server answers ``moved`` (a fresh server at
-the endpoint that followed the job's running server, :func:`~.rounds.follows`), it goes
-there and joins at the job's next round.
+only waits to join too) or becomes it, the lost server counted proven dead only where its
+address refused or its connection ended without a word (:func:`~.rounds.has_quorum`).
+Where its server answers ``moved`` (a fresh server at the endpoint that followed the job's
+running server, :func:`~.rounds.follows`), it goes there and joins at the job's next round.
 
 A refusal is answered as ``{"error": ..., "variable": ..., "value": ..., "hint": ...}`` (the
 parent raises it as a one-line ConfigError). Reads no environment variable.
