@@ -139,9 +139,11 @@ class Server:
                 "name": record.get("name")}
 
     def _watch(self) -> None:
-        """A successor's probe of the original endpoint, once per beat interval (its name
-        resolved afresh each time): whatever serves there is told where the job runs (a node
-        started again with the original command follows, :func:`.rounds.follows`)."""
+        """A successor's probe of the original endpoint (its name resolved afresh each time)
+        and of the other members' rendezvous ports, once per beat interval: whatever serves
+        there is told where this job runs and answers where it runs; the one behind follows
+        the other (:func:`.rounds.follows`: a node started again with the original command, or
+        the other side of a split that healed)."""
         interval = self.spec.keep_alive_interval
         while self.moved is None:  # one that followed another says nothing
             members, records = self.members, dict(self._records)  # the loop replaces them
