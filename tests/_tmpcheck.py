@@ -34,12 +34,12 @@ from _procs import in_ci
 
 
 def leftovers(folder: Path) -> tuple[int, list[str], list[str]]:
-    """Sweep ``folder`` (the temporary folder now) as a new run would; how many entries went,
-    the folders kept for a report, and the other ``unirank-*`` entries left."""
+    """Sweep ``folder`` as a new run whose temporary folder it is would; how many entries
+    went, the folders kept for a report, and the other ``unirank-*`` entries left."""
     from unirank.owner import DEAD, state_of_record
     from unirank.sweep import read_owner, sweep
 
-    swept = len(sweep())
+    swept = len(sweep(tmp=str(folder)))
     kept: list[str] = []
     left: list[str] = []
     for entry in sorted(folder.glob("unirank-*")):
@@ -71,13 +71,7 @@ def _check_all(folder: Path) -> tuple[int, list[str], list[str]]:
     as a run whose TMPDIR it was would sweep it."""
     swept, kept, left = 0, [], []
     for each in [folder, *sorted(p for p in folder.glob("gw*") if p.is_dir())]:
-        os.environ["TMPDIR"] = str(each)
-        tempfile.tempdir = None
-        try:
-            found = leftovers(each)
-        finally:
-            os.environ["TMPDIR"] = str(folder)
-            tempfile.tempdir = None
+        found = leftovers(each)
         prefix = "" if each == folder else f"{each.name}/"
         swept += found[0]
         kept += [prefix + name for name in found[1]]

@@ -505,9 +505,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         group = _xdist_group(item)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
-        if _tier(item) == 0 and item.get_closest_marker("timeout") is None:
+    tiers = {item.nodeid: _tier(item) for item in items}
+    for item in items:
+        if tiers[item.nodeid] == 0 and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LONG_TEST_TIMEOUT_S))
-    items.sort(key=_tier)  # stable: within a tier, the files' own order
+    items.sort(key=lambda item: tiers[item.nodeid])  # stable: within a tier, the files' order
 
 
 #: the per-test timeout (pytest-timeout) of :data:`LONG_TESTS` and the Slurm group; every other

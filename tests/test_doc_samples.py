@@ -49,10 +49,13 @@ class Sample:
     #: string, or a number where the code takes one; a part written more than once must be
     #: the same each time)
     parts: Mapping[str, Any]
+    #: the settings the line shows (each rendered at its default)
+    settings: tuple[str, ...] = ("grace",)
 
     def shape(self) -> re.Pattern[str]:
         """The line with any parts and settings: a named group each."""
-        marks = {**self.parts, **{k: v for k, v in _SETTING_MARKS.items() if k in DEFAULTS}}
+        marks = {**self.parts, **{k: v for k, v in _SETTING_MARKS.items()
+                                  if k in DEFAULTS and k in self.settings}}
         pattern = re.escape(self.render(**marks))
         for name, mark in marks.items():
             text = re.escape(f"{mark:g}" if isinstance(mark, float) else str(mark))
@@ -75,7 +78,7 @@ class Sample:
             return None
         parts = {k: int(v) if isinstance(self.parts[k], int) and v.isdigit() else v
                  for k, v in match.groupdict().items() if k in self.parts}
-        return self.render(**parts, **DEFAULTS)
+        return self.render(**parts, **{k: v for k, v in DEFAULTS.items() if k in self.settings})
 
 
 def _rules(grace: float) -> stoppolicy.StopRules:
@@ -102,10 +105,21 @@ def _stop_signal(name: str, grace: float) -> str:
     return f"{PROG}: {action.say}"
 
 
+def _nothing_to_evict(rank: int) -> str:
+    """A mismatch's hang under ``--on-hang evict``: ``rank`` called another collective."""
+    from unirank.hang.detect import MISMATCH
+    from unirank.supervisor.restartreason import nothing_to_evict
+
+    verdict = {"never_entered": [], "call": "all_reduce #2", "blamed": [rank],
+               "blame": MISMATCH}
+    return f"{PROG}: {nothing_to_evict(verdict)}"
+
+
 SAMPLES = (
     Sample("first failure", _first_failure, {"who": "\x00who\x00", "others": 919191}),
     Sample("change of the world", _world_change, {"change": "\x00change\x00"}),
     Sample("stop signal", _stop_signal, {"name": "SIGINT"}),
+    Sample("nothing to evict", _nothing_to_evict, {"rank": 929292}, settings=()),
 )
 
 

@@ -144,3 +144,22 @@ def test_no_module_but_signals_py_spells_out_a_set_of_signals() -> None:
     found = [str(path.relative_to(REPO)) for path in (REPO / "src").rglob("*.py")
              if path.name != "signals.py" and literal.search(path.read_text())]
     assert found == []
+
+
+def test_a_shielded_thread_blocks_the_program_s_signals_from_its_first_line() -> None:
+    """A helper thread is born with the process's signals blocked (a thread that blocked them
+    itself took, under load, a signal sent before its first line ran), and the starting
+    thread's own mask is the same afterwards."""
+    import threading
+
+    from unirank.signals import start_shielded
+
+    seen: list[set[signal.Signals]] = []
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    thread = threading.Thread(target=lambda: seen.append(
+        signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+    start_shielded(thread)
+    thread.join(10)
+    assert {signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1} <= seen[0]
+    assert signal.SIGSEGV not in seen[0]
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before

@@ -12,7 +12,8 @@ class ConfigError(ValueError):
     """A launcher's environment (or a user's argument) is missing, malformed or inconsistent.
 
     ``variable`` names the environment variable or option at fault (may be ``None``),
-    ``value`` its value as seen, and ``hint`` what the user can do about it.
+    ``value`` its value as seen, and ``hint`` what the user can do about it; ``exit_code``
+    the command's exit code for it where not :data:`unirank.exitcodes.USAGE` (None).
     """
 
     def __init__(
@@ -22,8 +23,10 @@ class ConfigError(ValueError):
         variable: str | None = None,
         value: str | None = None,
         hint: str | None = None,
+        exit_code: int | None = None,
     ) -> None:
         self.message = message
+        self.exit_code = exit_code
         self.variable = variable
         self.value = value
         self.hint = hint
@@ -43,4 +46,4 @@ class ConfigError(ValueError):
         if self.variable not in names:
             return self
         return ConfigError(self.message, variable=names[self.variable], value=self.value,
-                           hint=self.hint)
+                           hint=self.hint, exit_code=self.exit_code)

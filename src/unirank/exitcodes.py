@@ -10,6 +10,9 @@ code   name                    means
                                (``ur.exit_for_requeue()``), ``unirank run`` when every worker
                                did, the job's step; the batch script requeues on it
 86     :data:`HANG_TIMEOUT`    ``--hang-timeout``: a hang lasted that long, the job was ended
+87     :data:`EVICTED`         this node was evicted (``--on-hang evict``): its ranks never
+                               entered the collective the others waited in; the job goes on
+                               without it
 130    :data:`INTERRUPTED`     128 + SIGINT: a Ctrl-C stopped the run (or a rank at start-up)
 143    :data:`TERMINATED`      128 + SIGTERM: stopped after saving on Slurm's SIGTERM while
                                Slurm ends the job for good (scancel, the time limit): not
@@ -32,7 +35,10 @@ Why 79 for a requeue: it is used by none of the programs between the batch shell
 (128 + N) outweighs it and the job is not requeued. A rank that fails with 1..78 while the
 others stop with 79 is outweighed by 79: the restart count caps how often that can repeat.
 
-86 is past 79 and below the shells' 126, and no program on the way uses it.
+86 is past 79 and below the shells' 126, and no program on the way uses it; 87 follows it
+for the hang's other end, the eviction of a node (not 2: the node did start; not 1: a
+scheduler's retry policy, such as a Kubernetes Job's ``podFailurePolicy`` on exit codes, can
+tell a node left out of a running job from a failed one).
 
 Imports nothing; reads no environment variable.
 """
@@ -41,8 +47,8 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["HANG_TIMEOUT", "INTERRUPTED", "MEANINGS", "REQUEUE", "TERMINATED", "USAGE",
-           "killed_by"]
+__all__ = ["EVICTED", "HANG_TIMEOUT", "INTERRUPTED", "MEANINGS", "REQUEUE", "TERMINATED",
+           "USAGE", "killed_by"]
 
 #: a refusal before anything started (one line)
 USAGE = 2
@@ -50,6 +56,8 @@ USAGE = 2
 REQUEUE = 79
 #: ``--hang-timeout``: the job was ended because a hang lasted that long
 HANG_TIMEOUT = 86
+#: ``--on-hang evict``: this node was left out of the job (its ranks hung)
+EVICTED = 87
 #: a Ctrl-C (SIGINT) stopped it
 INTERRUPTED = 128 + int(signal.SIGINT)
 #: stopped after saving on Slurm's SIGTERM while Slurm ends the job for good
@@ -60,6 +68,7 @@ MEANINGS: dict[int, str] = {
     USAGE: "refused (bad option or value)",
     REQUEUE: "stopped to be requeued",
     HANG_TIMEOUT: "ended by --hang-timeout",
+    EVICTED: "evicted by --on-hang evict",
     INTERRUPTED: "interrupted (SIGINT)",
     TERMINATED: "stopped on SIGTERM, not requeued",
 }

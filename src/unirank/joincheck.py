@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, Protocol
 
-from unirank.signals import keep_off_this_thread
+from unirank.signals import start_shielded
 from unirank.storekeys.join import (
     ABORT_PREFIX,
     ALL_KEY,
@@ -309,7 +309,6 @@ def _interruptible(call: Callable[[], Any]) -> Any:
     done = threading.Event()
 
     def run() -> None:
-        keep_off_this_thread()  # the SIGINT this thread exists for goes to the main thread
         try:
             outcome.append((True, call()))
         except BaseException as exc:  # handed to the caller's thread
@@ -317,7 +316,8 @@ def _interruptible(call: Callable[[], Any]) -> Any:
         finally:
             done.set()
 
-    threading.Thread(target=run, name="unirank-join-wait", daemon=True).start()
+    # the SIGINT this thread exists for goes to the main thread
+    start_shielded(threading.Thread(target=run, name="unirank-join-wait", daemon=True))
     done.wait()
     ok, value = outcome[0]
     if not ok:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from unirank.errors import ConfigError
+from unirank.signals import start_shielded
 
 __all__ = ["RESOLVE_TIMEOUT", "Bounded", "bounded", "lookup", "master_addr_source", "require_own",
            "require_resolvable", "reverse_lookup", "same_address"]
@@ -85,7 +86,7 @@ def bounded(fn: Callable[[], _T], limit: float) -> Bounded[_T]:
 
     start = time.monotonic()
     thread = threading.Thread(target=call, name="unirank-lookup", daemon=True)
-    thread.start()
+    start_shielded(thread)
     thread.join(limit)
     seconds = time.monotonic() - start
     if thread.is_alive():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 from collections.abc import Iterator, Mapping
 
 from unirank.contract import STOP_SIGNALS_VAR
@@ -26,8 +27,8 @@ from unirank.errors import ConfigError
 
 __all__ = ["DEFAULT_WARNING", "FAULT", "FORWARDED", "HANDLED", "HOSTS_STOP", "PID1_PASSED",
            "RANK_STOP", "REFUSED", "SHIELDED", "STOP_SIGNALS", "WARNING", "format_signals",
-           "keep_off_new_threads", "keep_off_this_thread", "parse_signal", "parse_signals",
-           "signal_word", "stop_signals"]
+           "keep_off_new_threads", "parse_signal", "parse_signals",
+           "signal_word", "start_shielded", "stop_signals"]
 
 # -- the named signal sets: every part of unirank takes its set from here ---------------------
 #
@@ -177,12 +178,16 @@ _SYNCHRONOUS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, sig
                 signal.SIGSYS, signal.SIGABRT}
 
 
-def keep_off_this_thread() -> None:
-    """Block every signal sent to the process in the calling thread (one of unirank's helper
-    threads), so that the kernel hands them to the main thread. A signal taken by another
-    thread runs Python's handler only when the main thread next runs Python code: a main thread
-    blocked in ``select`` or ``read`` would not wake up for it."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, _asynchronous())
+def start_shielded(thread: threading.Thread) -> None:
+    """Start one of unirank's helper threads with every signal sent to the process blocked from
+    its first instruction (it inherits the mask :func:`keep_off_new_threads` sets), so that the
+    kernel hands them to the main thread. A signal taken by another thread runs Python's handler
+    only when the main thread next runs Python code: a main thread blocked in ``select`` or
+    ``read`` would not wake up for it. (Blocking them from inside the thread left a window: under
+    load a new thread ran its first line after the program had started waiting, and took the
+    signal meant for it.)"""
+    with keep_off_new_threads():
+        thread.start()
 
 
 def _asynchronous() -> set[signal.Signals]:
@@ -193,7 +198,7 @@ def _asynchronous() -> set[signal.Signals]:
 @contextlib.contextmanager
 def keep_off_new_threads() -> Iterator[None]:
     """Inside, the calling thread blocks every signal sent to the process, so that the threads
-    C code starts there inherit that mask (:func:`keep_off_this_thread`'s reason): torch's
+    C code starts there inherit that mask (:func:`start_shielded`'s reason): torch's
     thread pool at ``import torch`` and the TCPStore server's loop (``pt_tcpstore_uv``), which a
     worker's bootstrap starts before the program runs, and which would otherwise sometimes take
     a signal meant for the program's main thread. The mask is restored on the way out, where a

@@ -100,13 +100,13 @@ def _sweep_folder(path: str, spot: Here, now: float) -> bool:
     return not os.path.exists(path)
 
 
-def sweep(now: float | None = None) -> list[str]:
-    """Remove from the temporary folder what the rule (:func:`unirank.owner.should_sweep`)
-    says nobody needs: this user's owned folders and job files; the paths removed. ``now``:
-    the time to measure ages from (default: now)."""
+def sweep(now: float | None = None, tmp: str | None = None) -> list[str]:
+    """Remove from the temporary folder (``tmp``, default this process's) what the rule
+    (:func:`unirank.owner.should_sweep`) says nobody needs: this user's owned folders and job
+    files; the paths removed. ``now``: the time to measure ages from (default: now)."""
     now = time.time() if now is None else now
     spot = here()
-    tmp = tempfile.gettempdir()
+    tmp = tmp or tempfile.gettempdir()
     removed: list[str] = []
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(tmp)):
@@ -114,4 +114,4 @@ def sweep(now: float | None = None) -> list[str]:
             if (name.startswith(PREFIXES) and os.path.isdir(path)
                     and not os.path.islink(path) and _sweep_folder(path, spot, now)):
                 removed.append(path)
-    return removed + sweep_jobs(spot)
+    return removed + sweep_jobs(spot, tmp)

@@ -22,6 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _procs import Runner, free_port, process_tree
+from unirank.exitcodes import EVICTED, HANG_TIMEOUT
 
 pytestmark = pytest.mark.integration
 
@@ -190,7 +191,7 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
     job.close()
     rank = 1 if stuck == "other" else 0
     assert survivor.returncode == 0, err + err_evicted
-    assert evicted.returncode == 2, err_evicted
+    assert evicted.returncode == EVICTED, err_evicted  # its own code, not a refusal's 2
     # where rank 0's node is the evicted one, its hang reports are kept and named first
     said = [line for line in err_evicted.splitlines() if line.startswith("unirank run:")
             and not line.startswith(("unirank run: hang reports kept in ",
@@ -215,6 +216,50 @@ def test_a_stuck_node_is_evicted_and_the_other_goes_on(runner: Runner, tmp_path:
     assert [line.split()[0] for line in rows[1].splitlines()[2:7]] == [
         "news", "workers", "rendezvous", "workers", "first"], err
     assert "step 29 rank 0 world 1 sum 1 restart 1" in out.splitlines(), out
+
+
+# Two ranks that call different collectives at the same step: no rank is stuck, every rank
+# waits (the job's FIFO says that the world of 2 ran its first collective).
+MISMATCHED = """
+import os, sys
+import torch
+import torch.distributed as dist
+
+steps, fifo, when = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print(f"started rank {rank} restart {os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
+t = torch.ones(4)
+dist.all_reduce(t)
+if rank == 0:
+    with open(fifo, "w") as out:
+        out.write("ready")
+if rank == 1:
+    dist.broadcast(t, 0)  # the mismatched call
+else:
+    dist.all_reduce(t)
+"""
+
+
+def test_a_mismatch_under_evict_says_nothing_to_evict_and_ends(runner: Runner,
+                                                               tmp_path: Path) -> None:
+    """Issue 40: ranks in different collectives at ``--hang-timeout`` under ``--on-hang
+    evict`` (the elastic default): no rank is stuck, so no node can be evicted; each node says
+    so in one line and ends with the hang timeout's exit code, never restarting into the same
+    hang."""
+    job = Job(runner, tmp_path, 1, "", "--hang-timeout", "4", script=MISMATCHED)
+    first, second = job.two_nodes()
+    out_a, err_a = first.communicate(timeout=TIMEOUT)
+    out_b, err_b = second.communicate(timeout=TIMEOUT)
+    job.close()
+    line = ("unirank run: --on-hang evict: nothing to evict: no rank is stuck, every rank "
+            "waits: rank 1 called another collective or shape than the others; the job ends")
+    for out, err in ((out_a, err_a), (out_b, err_b)):
+        assert err.splitlines().count(line) == 1, err_a + err_b
+        assert "restarting the workers" not in err and "rendezvous round 1" not in err, err
+        assert [row for row in out.splitlines() if row.startswith("started ")] in (
+            ["started rank 0 restart 0"], ["started rank 1 restart 0"]), out
+    assert (first.returncode, second.returncode) == (HANG_TIMEOUT, HANG_TIMEOUT), err_a + err_b
 
 
 def test_the_endpoint_s_node_started_again_joins_the_running_job(runner: Runner,

@@ -10,7 +10,18 @@ from typing import Any
 
 import pytest
 
-from unirank.hang.detect import blamed, find_hangs, find_uneven
+from unirank.hang.detect import (
+    AHEAD,
+    ENDED,
+    MISMATCH,
+    NOT_ENTERED,
+    Blame,
+    blame,
+    blamed,
+    find_hangs,
+    find_uneven,
+    verdict,
+)
 from unirank.hang.render import (
     mismatch_line,
     render_report,
@@ -308,3 +319,33 @@ def test_ranks_with_collectives_queued_behind_the_same_one_are_no_hang() -> None
     assert find_hangs(records, 2, 60.0, NOW) == []
     records[1] = record(1, group(12, 10))  # #11 not in its record: not taken for a rank ahead
     assert find_hangs(records, 2, 60.0, NOW) == []
+
+
+def test_one_blame_names_the_report_s_ranks_and_the_eviction_s() -> None:
+    """Issue 40: the ranks a hang is blamed on and those ``--on-hang evict`` leaves out come
+    from one choice (:func:`blame`): only ranks that never entered the collective while
+    their program runs are evicted; a mismatch (every rank waits), ranks whose program ended
+    and ranks gone on past the collective leave nothing to evict."""
+    stuck = find_hangs(waiting_world(record(7, group(1024, 1024), node="node2")), 8, 60.0, NOW)
+    mismatch = {r: record(r, group(12, 11)) for r in range(3)}
+    mismatch[3] = record(3, group(12, 11, op="broadcast"))
+    shapes = {r: record(r, group(3, 2, what=f"float32[{4 + (r == 1)}]")) for r in range(2)}
+    ended = {0: record(0, group(9, 8)), 1: record(1, group(8, 8), finished=True)}
+    ahead = {0: record(0, group(7, 6)), 1: record(1, group(7, 7), where="f (a.py:1)")}
+    both = {0: record(0, group(9, 8)), 1: record(1, group(9, 8, what="float32[2]")),
+            2: record(2, group(8, 8), where="f (a.py:1)")}  # a mismatch and a rank not there
+    cases = {"stuck": (stuck[0], (7,), NOT_ENTERED, [7])}
+    for name, records, ranks, kind in (("mismatch", mismatch, (3,), MISMATCH),
+                                       ("shapes", shapes, (1,), MISMATCH),
+                                       ("ended", ended, (1,), ENDED),
+                                       ("ahead", ahead, (1,), AHEAD),
+                                       ("both", both, (1,), MISMATCH)):
+        [hang] = find_hangs(records, len(records), 60.0, NOW)
+        cases[name] = (hang, ranks, kind, [])
+    for name, (hang, ranks, kind, evicted) in cases.items():
+        assert blame(hang) == Blame(ranks, kind), name
+        assert blamed(hang) == ranks, name
+        found = verdict(hang)
+        assert (found["never_entered"], found["blamed"], found["blame"]) == (
+            evicted, list(ranks), kind), name
+    assert verdict(stuck[0])["call"] == "all_reduce #1025"

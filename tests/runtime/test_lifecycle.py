@@ -175,3 +175,43 @@ def test_ranks_whose_nodes_count_restarts_differently_start_one_group(tmp_path: 
     ended = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], ended
     assert [out for out, _ in ended] == ["joined 0 2\n", "joined 1 2\n"], ended
+
+
+LEFT_ALIVE = """
+import atexit
+import os
+
+import torch
+import torch.distributed as dist
+
+# registered before ``ur.init``: runs after unirank's own handlers (atexit is last in, first out)
+atexit.register(lambda: os.write(1, f"group at exit: {dist.is_initialized()}\\n".encode()))
+
+import unirank as ur
+
+ur.init("gloo", timeout=20)
+dist.all_reduce(torch.ones(3))
+"""
+
+
+def test_a_group_the_program_left_alive_is_ended_at_exit(tmp_path: Path) -> None:
+    """A program that never calls ``destroy_process_group`` (most do not) has its group ended
+    at the interpreter's exit, so torch 2.13's teardown of a live gloo group cannot abort the
+    rank after its last line (SIGABRT in about half of two-rank torchrun runs here): each
+    rank's last atexit handler sees no group, and both end 0 (real processes)."""
+    import subprocess
+
+    from _procs import free_port, launcher_free_environ
+
+    script = tmp_path / "left_alive.py"
+    script.write_text(LEFT_ALIVE)
+    port = str(free_port())
+    procs = [subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=launcher_free_environ({
+            "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
+        for rank in (0, 1)]
+    ended = [p.communicate(timeout=120) for p in procs]
+    assert [out for out, _ in ended] == ["group at exit: False\n"] * 2, ended
+    assert [p.returncode for p in procs] == [0, 0], ended

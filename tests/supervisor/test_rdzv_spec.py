@@ -119,3 +119,19 @@ def test_the_nodes_of_ranks_and_the_eviction_of_a_verdict() -> None:
         "evict": ("idb",), "why": "node evicted: rank 2 never entered all_reduce #12"}
     assert elastic.eviction(place, None) == {}
     assert elastic.eviction(place, {"never_entered": [], "call": "x"}) == {}
+
+
+def test_an_evicted_node_s_refusal_carries_its_own_exit_code() -> None:
+    """Issue 40: an evicted node ends with :data:`~unirank.exitcodes.EVICTED`, not with a
+    refusal's 2: the helper's refusal line carries the code, the parent's error keeps it."""
+    from unirank.exitcodes import EVICTED
+    from unirank.supervisor.rdzv import agent
+
+    evicted = agent._evicted("node evicted: rank 1 never entered all_reduce #6")
+    with pytest.raises(ConfigError) as caught:
+        assignment_of(to_line(evicted.payload).decode(), where="the helper")
+    assert caught.value.exit_code == EVICTED
+    assert str(caught.value).startswith("node evicted: rank 1 never entered all_reduce #6 HINT")
+    with pytest.raises(ConfigError) as refused:  # any other refusal: the usage code
+        assignment_of(to_line(agent.Refusal("no").payload).decode(), where="the helper")
+    assert refused.value.exit_code is None

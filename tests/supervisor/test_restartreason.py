@@ -133,3 +133,26 @@ def test_the_rendezvous_moved_is_said_so() -> None:
     reason = restart_reason(result, _plan("nodeA", "nodeB"), _plan("nodeB"))
     assert (reason.kind, reason.lost_nodes) == ("store moved", ("nodeA",))
     assert reason.message == "store moved to node nodeB (10.0.0.2)"
+
+
+def test_a_verdict_without_a_stuck_rank_leaves_nothing_to_evict() -> None:
+    """``--on-hang evict`` after a hang no eviction can end (issue 40): one line says why,
+    and the job ends instead of restarting into the same hang."""
+    from unirank.hang.detect import AHEAD, ENDED, MISMATCH, NOT_ENTERED
+    from unirank.supervisor.restartreason import nothing_to_evict
+
+    def verdict(kind: str, blamed: list[int], stuck: list[int]) -> dict[str, object]:
+        return {"never_entered": stuck, "call": "all_reduce #4", "blamed": blamed,
+                "blame": kind}
+
+    assert nothing_to_evict(verdict(MISMATCH, [1], [])) == (
+        "--on-hang evict: nothing to evict: no rank is stuck, every rank waits: rank 1 called "
+        "another collective or shape than the others; the job ends")
+    assert nothing_to_evict(verdict(ENDED, [2, 3], [])) == (
+        "--on-hang evict: nothing to evict: ranks 2-3 ended their program before "
+        "all_reduce #4; the job ends")
+    assert nothing_to_evict(verdict(AHEAD, [1], [])) == (
+        "--on-hang evict: nothing to evict: no rank is stuck: rank 1 went on past "
+        "all_reduce #4; the job ends")
+    assert nothing_to_evict(verdict(NOT_ENTERED, [1], [1])) == ""  # its node is evicted
+    assert nothing_to_evict(None) == "" and nothing_to_evict({}) == ""

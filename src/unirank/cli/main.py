@@ -73,7 +73,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(_load(args.command).main(args))
     except ConfigError as exc:
         print(f"unirank {args.command}: error: {exc}", file=sys.stderr)
-        return int(getattr(exc, "exit_code", USAGE))  # 1 where torchrun's own refusal ends so
+        # 1 where torchrun's own refusal ends so; EVICTED for a node --on-hang evict left out
+        return USAGE if exc.exit_code is None else exc.exit_code
     except KeyboardInterrupt:
         return INTERRUPTED
 

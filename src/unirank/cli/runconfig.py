@@ -149,12 +149,11 @@ def _check_logs_specs(name: str | None) -> None:
     from importlib import metadata
 
     if not metadata.entry_points(group="torchrun.logs_specs", name=name):
-        error = ConfigError("is no installed torchrun.logs_specs entry point",
-                            variable="--logs-specs", value=name,
-                            hint="drop it (unirank writes torchrun's default log layout), or "
-                            "install the package that provides it")
-        error.exit_code = 1  # type: ignore[attr-defined]  # torchrun's (its ValueError)
-        raise error
+        raise ConfigError("is no installed torchrun.logs_specs entry point",
+                          variable="--logs-specs", value=name,
+                          hint="drop it (unirank writes torchrun's default log layout), or "
+                          "install the package that provides it",
+                          exit_code=1)  # torchrun's (its ValueError)
 
 
 def build_request(args: argparse.Namespace, environ: Mapping[str, str],

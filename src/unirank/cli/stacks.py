@@ -22,6 +22,7 @@ import sys
 import time
 
 from unirank.errors import ConfigError
+from unirank.hang.timings import ANSWER
 
 __all__ = ["add_arguments", "main"]
 
@@ -33,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "id (default: the one job running on this node; in a Slurm job's shell, "
                         "that job)")
     parser.add_argument("--timeout", default=None, metavar="S",
-                        help="seconds to wait for the ranks' answers (default: two of the "
-                        "watcher's intervals and 3 s)")
+                        help="seconds to wait for the ranks' answers (default: "
+                        f"{ANSWER.words()}, the job's watcher intervals)")
 
 
 def _pick(job: str | None, named: bool = False) -> dict[str, object]:
@@ -67,15 +68,15 @@ def _pick(job: str | None, named: bool = False) -> dict[str, object]:
 
 def main(args: argparse.Namespace) -> int:
     """Print every rank's progress and stacks (see the module docstring)."""
-    from unirank.contract import parse_seconds
+    from unirank.contract import HangSettings, parse_seconds
     from unirank.launchers import slurm_vars
 
     job_id = args.job or slurm_vars.job_id(os.environ)[0]
     job = (_pick(job_id, named=bool(args.job)) if args.job or _has(job_id)
            else _pick(None))
-    interval = float(str(job.get("interval", 5.0)))
+    interval = float(str(job.get("interval", HangSettings.interval)))
     timeout = (parse_seconds(str(args.timeout), "--timeout") if args.timeout is not None
-               else 2 * interval + 3)
+               else ANSWER.of(interval))
     from unirank.hang.render import render_snapshot
     from unirank.hang.watcher import read_records, request_stacks
     from unirank.store import StoreError, open_store

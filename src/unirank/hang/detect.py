@@ -13,7 +13,9 @@ every collective needs it), and the ranks are not all in that same call. The oth
   wait at.
 
 Ranks that all compute (no one waiting), or all wait in the same call, are no hang: there is
-no rank to blame. :func:`blamed` says which ranks a hang is blamed on.
+no rank to blame. :func:`blame` says which ranks a hang is blamed on and why, and so which of
+them ``--on-hang evict`` leaves out (:attr:`Blame.stuck`, through :func:`verdict`): one choice
+for the report, the ending and the eviction.
 
 Reads no environment variable.
 """
@@ -24,7 +26,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Ahead", "Call", "Hang", "Laggard", "Uneven", "blamed", "find_hangs", "find_uneven"]
+__all__ = ["AHEAD", "ENDED", "MISMATCH", "NOT_ENTERED", "Ahead", "Blame", "Call", "Hang",
+           "Laggard", "Uneven", "blame", "blamed", "find_hangs", "find_uneven", "verdict"]
+
+#: why a hang is blamed on its ranks (:attr:`Blame.kind`): they called another op or shape
+MISMATCH = "mismatch"
+#: ... they have not entered the collective the others wait in, and their program runs
+NOT_ENTERED = "not entered"
+#: ... they have not entered it, and their program ended
+ENDED = "ended"
+#: ... they left it (gloo gave them a result) and went on
+AHEAD = "ahead"
 
 
 @dataclass(frozen=True)
@@ -234,16 +246,40 @@ def find_hangs(records: Mapping[int, Mapping[str, Any] | None], world_size: int,
     return hangs
 
 
-def blamed(hang: Hang) -> tuple[int, ...]:
-    """The ranks a hang is blamed on: those that called another op or shape at the earliest
+@dataclass(frozen=True)
+class Blame:
+    """The ranks a hang is blamed on, and why (:data:`MISMATCH`, :data:`NOT_ENTERED`,
+    :data:`ENDED`, :data:`AHEAD`)."""
+
+    ranks: tuple[int, ...]
+    kind: str
+
+    @property
+    def stuck(self) -> tuple[int, ...]:
+        """The ranks ``--on-hang evict`` leaves out (their nodes): blamed ranks that never
+        entered the collective while their program runs. None in any other hang: in a
+        mismatch no rank is stuck (every rank waits), and a program that ended or went on
+        past the collective would hang the same way at the next round."""
+        return self.ranks if self.kind == NOT_ENTERED else ()
+
+
+def blame(hang: Hang) -> Blame:
+    """Whom a hang is blamed on: the ranks that called another op or shape at the earliest
     mismatch, else those that have not entered the collective (the ones still running
     before those whose program ended), else those that left it."""
     if hang.mismatched:
-        return tuple(sorted(r for c in hang.mismatched for r in c.ranks))
+        return Blame(tuple(sorted(r for c in hang.mismatched for r in c.ranks)), MISMATCH)
     running = tuple(lag.rank for lag in hang.laggards if not lag.finished)
-    if running or hang.laggards:
-        return running or tuple(lag.rank for lag in hang.laggards)
-    return tuple(a.rank for a in hang.ahead)
+    if running:
+        return Blame(running, NOT_ENTERED)
+    if hang.laggards:
+        return Blame(tuple(lag.rank for lag in hang.laggards), ENDED)
+    return Blame(tuple(a.rank for a in hang.ahead), AHEAD)
+
+
+def blamed(hang: Hang) -> tuple[int, ...]:
+    """The ranks a hang is blamed on (:func:`blame`)."""
+    return blame(hang).ranks
 
 
 @dataclass(frozen=True)
@@ -282,8 +318,11 @@ def find_uneven(records: Mapping[int, Mapping[str, Any] | None], rank: int) -> U
 
 
 def verdict(hang: Hang) -> dict[str, Any]:
-    """What ``--on-hang evict`` needs of a hang: the ranks that never entered the collective
-    the others wait in (not those that finished), and that collective (``all_reduce #12``)."""
+    """What ``--on-hang evict`` needs of a hang, from its :func:`blame`: the ranks to leave
+    out (``never_entered``: :attr:`Blame.stuck`, none where no rank is stuck), the collective
+    the others wait in (``call``: ``all_reduce #12``), and whom the hang is blamed on and why
+    (``blamed``, ``blame``), for the line that says there is nothing to evict."""
+    found = blame(hang)
     first = hang.waiting[0] if hang.waiting else None
-    return {"never_entered": sorted(lag.rank for lag in hang.laggards if not lag.finished),
-            "call": f"{first.op} #{first.seq}" if first else ""}
+    return {"never_entered": sorted(found.stuck), "call": f"{first.op} #{first.seq}" if first
+            else "", "blamed": list(found.ranks), "blame": found.kind}

@@ -17,11 +17,12 @@ from typing import Any, Protocol
 
 from unirank.contract import HangSettings, shown_setting
 from unirank.exitcodes import HANG_TIMEOUT
-from unirank.hang.detect import Hang, blamed, find_hangs, verdict
+from unirank.hang.detect import Hang, blame, find_hangs, verdict
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.render import changed_ranks, render_report, timeout_message
 from unirank.hang.schedule import Decision, Schedule, decide
+from unirank.hang.timings import ANSWER
 from unirank.runfolder import AttemptFolder
 
 
@@ -54,7 +55,7 @@ class Detector:
         settings = watcher.settings
         assert settings.report_after is not None
         self.report_after = settings.report_after
-        self.answer_timeout = 2 * settings.interval + 3.0
+        self.answer_timeout = ANSWER.of(settings.interval)
         #: the stacks of the hang's full report (the later, short ones say what changed)
         self.first_stacks: dict[int, list[dict[str, Any]]] = {}
         #: a standby's line (why it reports, not rank 0), printed with its first report only:
@@ -69,7 +70,7 @@ class Detector:
         settings = self.watcher.settings  # :meth:`Watcher.reconfigure` may change them
         if settings.report_after is not None:
             self.report_after = settings.report_after
-            self.answer_timeout = 2 * settings.interval + 3.0
+            self.answer_timeout = ANSWER.of(settings.interval)
         records = self.records()
         self._mark_waiting(bool(find_hangs(records, self.watcher.world_size, settings.interval,
                                            now)))
@@ -113,7 +114,7 @@ class Detector:
             found = verdict(hangs[0])
             self.watcher.write_verdict(found)  # here before any rank ends
             self.watcher.exit_for_timeout(self.store, Ending(
-                timeout_message(hangs, limit or 0.0, names[1]), blamed(hangs[0]),
+                timeout_message(hangs, limit or 0.0, names[1]), blame(hangs[0]).ranks,
                 self.watcher.rank, found))
 
     def _mark_waiting(self, waiting: bool) -> None:

@@ -10,8 +10,8 @@ records at once and counts itself in :data:`FIRST_KEY`; every other rank records
 blamed rank has. Where none has within :func:`first_within` seconds (a frozen rank records
 nothing), the detector's rank records and counts itself, the others after it (the message
 still names the rank it blames). Each counts itself in :data:`ENDED_KEY`; a blamed rank exits
-once all have (it ends first: its supervisor stops the others), the others two intervals and
-3 s later (ranks under another supervisor end too).
+once all have (it ends first: its supervisor stops the others), the others
+:data:`unirank.hang.timings.LINGER` later (ranks under another supervisor end too).
 
 The store protocol's keys live here; the waits take the clock and the sleep as arguments.
 Reads no environment variable.
@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from unirank.hang.timings import LATE_LOOK, LINGER
 from unirank.storekeys.hang import ENDED_KEY, FIRST_KEY, REASON_KEY
 
 __all__ = ["ENDED_KEY", "ENDING", "FIRST_KEY", "REASON_KEY", "Ending", "announce_ending",
@@ -68,9 +69,9 @@ def records_first(rank: int, ending: Ending) -> bool:
 
 
 def first_within(interval: float) -> float:
-    """How long the others wait for a blamed rank's record (it sees the ending on its next
-    interval, which may be one late): two intervals and a second."""
-    return 2 * interval + 1.0
+    """How long the others wait for a blamed rank's record: it sees the ending on its next
+    look (:data:`unirank.hang.timings.LATE_LOOK`)."""
+    return LATE_LOOK.of(interval)
 
 
 def wait_for_count(store: Any, key: str, count: int, timeout: float,
@@ -100,8 +101,9 @@ def end_in_turn(store: Any, rank: int, world_size: int, interval: float, ending:
     """This rank's part of the ending: record ``ending`` (``record``) at once when blamed,
     else after a blamed rank has (or :func:`first_within` seconds), and count it; a blamed
     rank then waits until every rank recorded (it ends first: its supervisor stops the
-    others). The seconds this rank lingers before it ends: none when blamed, two intervals
-    and 3 s for the others (ranks under another supervisor, or a blamed rank frozen)."""
+    others). The seconds this rank lingers before it ends: none when blamed,
+    :data:`~unirank.hang.timings.LINGER` for the others (ranks under another supervisor, or a
+    blamed rank frozen)."""
     within = first_within(interval)
     first = records_first(rank, ending)
     if not first:  # the detector's rank comes next (a blamed rank frozen), then the others
@@ -114,4 +116,4 @@ def end_in_turn(store: Any, rank: int, world_size: int, interval: float, ending:
     if rank in ending.blamed:
         wait_for_count(store, ENDED_KEY, world_size, within, pause=pause, clock=clock)
         return 0.0
-    return 2 * interval + 3
+    return LINGER.of(interval)

@@ -21,8 +21,9 @@ from typing import Any, Protocol
 from unirank.contract import HangSettings
 from unirank.hang.detect import find_hangs, find_uneven
 from unirank.hang.exchange import FAILED_KEY, REPORTED_KEY, progress_key, read_records
-from unirank.hang.onstop import answer_within, report_now
+from unirank.hang.onstop import report_now
 from unirank.hang.render import UNEVEN_HEAD, uneven_line, wavefront_line
+from unirank.hang.timings import AWAIT_REPORT, LATE_LOOK
 
 
 class Watcher(Protocol):
@@ -54,9 +55,10 @@ __all__ = ["add_hang_note", "failure_report"]
 
 def failure_report(watcher: Watcher, exc: BaseException) -> str | None:
     """An exception left the program (see :mod:`unirank.hang.onstop`): when it was raised
-    inside torch.distributed and this rank's last record, at most two intervals old,
-    showed it waiting in a collective, hold that record, print the hang's report if this
-    rank is the first to fail so (the others wait for it, a bounded time), and return the
+    inside torch.distributed and this rank's last record, at most
+    :data:`~unirank.hang.timings.LATE_LOOK` old, showed it waiting in a collective, hold that
+    record, print the hang's report if this rank is the first to fail so (the others wait
+    for it, :data:`~unirank.hang.timings.AWAIT_REPORT`), and return the
     hang's wavefront (None: no hang). Raised inside torch.distributed with no such record
     (a peer's program ended, and gloo says "Connection closed by peer" at once): whether
     ranks whose program ended ran fewer collectives (:func:`~unirank.hang.detect.find_uneven`)."""
@@ -67,7 +69,7 @@ def failure_report(watcher: Watcher, exc: BaseException) -> str | None:
     frames = _traceback_frames(exc)
     if not any("/torch/distributed/" in f[0].replace(os.sep, "/") for f in frames):
         return None  # not raised inside a collective
-    if waiting is None or time.time() - float(waiting["time"]) > 2 * interval + 1:
+    if waiting is None or time.time() - float(waiting["time"]) > LATE_LOOK.of(interval):
         return _uneven_note(watcher)
     watcher.hold([list(f) for f in frames])
     store = watcher.store  # its ops are serialised with the thread's; a gone store fails fast
@@ -76,7 +78,7 @@ def failure_report(watcher: Watcher, exc: BaseException) -> str | None:
         records = read_records(store, watcher.world_size)
         if int(store.add(FAILED_KEY, 1)) > 1:
             hangs = find_hangs(records, watcher.world_size, interval, time.time())
-            _await_report(watcher, store, time.monotonic() + answer_within(interval) + 2)
+            _await_report(watcher, store, time.monotonic() + AWAIT_REPORT.of(interval))
             return wavefront_line(hangs[0]) if hangs else None
         try:
             made = report_now(store, watcher.world_size, interval, records=records, own=watcher,

@@ -30,9 +30,9 @@ from unirank.owner import ALIVE, Here, OwnerState, here, owner_of, should_sweep,
 __all__ = ["announce", "find_jobs", "jobs_dir", "scan_jobs", "sweep_jobs", "withdraw"]
 
 
-def jobs_dir() -> str:
-    """This user's folder of job files."""
-    return os.path.join(tempfile.gettempdir(), f"unirank-{os.getuid()}")
+def jobs_dir(tmp: str | None = None) -> str:
+    """This user's folder of job files, in ``tmp`` (default: the temporary folder)."""
+    return os.path.join(tmp or tempfile.gettempdir(), f"unirank-{os.getuid()}")
 
 
 def _safe(run_id: str) -> str:
@@ -69,11 +69,12 @@ def withdraw(path: str | None) -> None:
             os.unlink(path)
 
 
-def _records(spot: Here) -> list[tuple[str, dict[str, Any], OwnerState]]:
-    """Every job file's run id, contents and owner state; the files that
-    :func:`unirank.owner.should_sweep` gives up (their owner provably gone) are removed
-    instead."""
-    folder = jobs_dir()
+def _records(spot: Here, folder: str | None = None) -> list[tuple[str, dict[str, Any],
+                                                                   OwnerState]]:
+    """Every job file's run id, contents and owner state (in ``folder``, default
+    :func:`jobs_dir`); the files that :func:`unirank.owner.should_sweep` gives up (their owner
+    provably gone) are removed instead."""
+    folder = folder or jobs_dir()
     now = time.time()
     found = []
     with contextlib.suppress(OSError):
@@ -116,12 +117,12 @@ def find_jobs(job: str | None = None) -> list[dict[str, Any]]:
     return scan_jobs(job)[0]
 
 
-def sweep_jobs(spot: Here | None = None) -> list[str]:
+def sweep_jobs(spot: Here | None = None, tmp: str | None = None) -> list[str]:
     """Remove the job files whose owner is provably gone, and the folder once it is empty;
-    the paths removed."""
-    folder = jobs_dir()
+    the paths removed. ``tmp``: the temporary folder to sweep (default: this process's)."""
+    folder = jobs_dir(tmp)
     before = set(_names(folder))
-    _records(spot or here())
+    _records(spot or here(), folder)
     removed = [os.path.join(folder, n) for n in sorted(before - set(_names(folder)))]
     with contextlib.suppress(OSError):
         os.rmdir(folder)  # only where empty (an announce that loses this race writes again)

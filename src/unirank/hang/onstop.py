@@ -6,7 +6,7 @@ without one. So the same report is made once more, at the stop, when some rank h
 a collective for at least one watcher interval while another has not entered it (ranks that
 all compute, or that waited only a moment, give no report: a plain Ctrl-C prints nothing).
 The stacks are asked as for the periodic report (each rank's watcher answers on its next
-interval), bounded by :func:`answer_within` (one interval and 2 s): a rank that does not
+interval), bounded by :data:`unirank.hang.timings.STOP_ANSWER`: a rank that does not
 answer is named as such (frozen, or its interpreter held).
 
 * **A stop signal under ``unirank run``** (the parent never imports torch): the supervisor
@@ -47,17 +47,9 @@ from typing import Any
 from unirank.hang.detect import Hang, find_hangs
 from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.render import render_report
+from unirank.hang.timings import STOP_ANSWER
 
-__all__ = ["answer_within", "report_now"]
-
-#: the seconds the stop's report may add to the stacks' wait, besides one interval
-ANSWER_MARGIN = 2.0
-
-
-def answer_within(interval: float) -> float:
-    """How long a report at the stop waits for the ranks' stacks: one watcher interval (each
-    watcher looks for requests once per interval) and :data:`ANSWER_MARGIN`."""
-    return interval + ANSWER_MARGIN
+__all__ = ["report_now"]
 
 
 def report_now(store: Any, world_size: int, interval: float, *, cause: str,
@@ -74,7 +66,7 @@ def report_now(store: Any, world_size: int, interval: float, *, cause: str,
     hangs = find_hangs(records, world_size, interval, now)
     if not hangs:
         return None
-    timeout = answer_within(interval)
+    timeout = STOP_ANSWER.of(interval)
     stacks, missing, nodes = request_stacks(store, world_size, timeout, own=own)
     for hang in hangs:
         nodes.update({r: n for r, n in hang.nodes.items() if n})

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from unirank.hang.timings import SILENT
+
 __all__ = ["STANDBY_RANKS", "Duty", "silent_after", "takeover_line"]
 
 #: rank 0 and this many ranks minus one can run the detector
@@ -26,10 +28,9 @@ STANDBY_RANKS = 3
 
 
 def silent_after(interval: float) -> float:
-    """Seconds without a new record after which a rank counts as silent: longer than a
-    healthy detector's tick may keep its watcher from publishing (the report's wait for the
-    stacks, two intervals and 3 s), and two intervals and 3 s more."""
-    return 4 * interval + 6.0
+    """Seconds without a new record after which a rank counts as silent
+    (:data:`unirank.hang.timings.SILENT`)."""
+    return SILENT.of(interval)
 
 
 class Duty:

@@ -18,10 +18,9 @@ collectives (:mod:`unirank.hang.waits`); :meth:`Watcher.end_record` gives that, 
 thread's own CPU time, to the rank's end-of-run record.
 
 The thread uses a store connection of its own, so it never waits behind the program's or
-torch's use of the store. When an exception leaves the program,
-:func:`unirank.hang.failure.failure_report` has its say (:meth:`Watcher.failure_report`);
-:func:`excepthook_with_report` calls it where no worker bootstrap does (:func:`unirank.init`
-under srun, mpirun, torchrun).
+torch's use of the store. When an exception leaves the program, :func:`unirank.hang.failure.
+failure_report` has its say (:meth:`Watcher.failure_report`); :func:`excepthook_with_report`
+calls it where no worker bootstrap does (:func:`unirank.init` under srun, mpirun, torchrun).
 
 Reads: TORCHELASTIC_ERROR_FILE (where this rank records a hang timeout), UNIRANK_ATTEMPT_DIR
 (the attempt folder that holds the dumps).
@@ -77,9 +76,10 @@ from unirank.hang.recorder import (
     recorder_started,
 )
 from unirank.hang.standby import Duty, takeover_line
+from unirank.hang.timings import LINGER
 from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status
 from unirank.runfolder import AttemptFolder
-from unirank.signals import keep_off_this_thread
+from unirank.signals import start_shielded
 
 __all__ = [
     "ASK_KEY",
@@ -193,7 +193,7 @@ class Watcher:
         if self._job is not None:
             self._job_file = announce({**self._job, "world_size": self.world_size,
                                        "interval": self.settings.interval})
-        self._thread.start()
+        start_shielded(self._thread)  # the program's signals go to its main thread
         # before the interpreter's teardown: a daemon thread inside a store call at that
         # moment aborts the process ("terminate called without an active exception")
         atexit.register(self.stop)
@@ -220,7 +220,6 @@ class Watcher:
 
     # -- the thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        keep_off_this_thread()  # the program's signals go to its main thread
         store = self.store
         if self._duty.stands_by:
             self.detector = Detector(self, store)
@@ -375,7 +374,7 @@ class Watcher:
     def _end(self, store: Any, ending: Ending) -> None:
         """Every rank's part of the ending (:func:`~unirank.hang.ending.end_in_turn`), then
         this process ends with :data:`~unirank.exitcodes.HANG_TIMEOUT`."""
-        linger = 2 * self.settings.interval + 3
+        linger = LINGER.of(self.settings.interval)
         with contextlib.suppress(Exception):
             linger = end_in_turn(store, self.rank, self.world_size, self.settings.interval,
                                  ending, self._record, self._stop.wait)

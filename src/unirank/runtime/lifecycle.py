@@ -14,9 +14,11 @@ bootstrap started (srun, mpirun, torchrun one task per rank) starts its hang wat
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
+import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from datetime import timedelta
@@ -240,6 +242,36 @@ def _all_started(base: Any, env: DistEnv, timeout: float) -> None:
     _join(base, "started", env, timeout)
 
 
+#: how long the end at exit waits for the flight recorder to mark the last collective completed
+_SETTLE_AT_EXIT = 1.0
+
+
+def _end_group_at_exit() -> None:
+    """At the interpreter's exit, end the group :func:`init` started where the program did not
+    and none of its collectives is in flight: torch 2.13's teardown of a gloo group left alive
+    aborts the process ("terminate called without an active exception", SIGABRT after the
+    program's last line: 33 of 60 two-rank torchrun runs of a program without
+    ``destroy_process_group`` here), and the launcher counts that rank as failed. A group with
+    a collective in flight, or whose state cannot be read, is left to torch: ending it would
+    wait for its peers (15 s for a peer that stayed 15 s)."""
+    from unirank.hang.waits import in_flight, recorder_status
+
+    if not state.STATE.owns_group:
+        return
+    settled = time.monotonic() + _SETTLE_AT_EXIT
+    while True:  # the recorder marks a collective completed just after its caller returns
+        status = recorder_status()
+        if status is None:
+            return
+        if not in_flight(status)[0]:
+            break
+        if time.monotonic() >= settled:
+            return
+        time.sleep(0.01)
+    with contextlib.suppress(Exception):
+        finalize()
+
+
 def init(
     backend: str | None = None, init_timeout: float | None = None,
     init_method: str | None = None, *, hang_report_after: str | float | None = None,
@@ -299,6 +331,9 @@ def init(
         )
     )
     device_name = entry.device(env.local_rank, facts)
+    if not state.STATE.ends_at_exit:  # before the hang watcher's: it runs after it (LIFO)
+        atexit.register(_end_group_at_exit)
+        state.STATE.ends_at_exit = True
     generation = state.STATE.generation
     state.STATE.generation += 1
     if env.world_size == 1:

@@ -25,7 +25,7 @@ import threading
 from types import TracebackType
 from typing import IO, Any
 
-from unirank.signals import keep_off_this_thread
+from unirank.signals import start_shielded
 
 __all__ = ["JOIN_TIMEOUT", "ConsoleRelay", "own_fd"]
 
@@ -48,7 +48,6 @@ def own_fd(stream: IO[str] | Any) -> int | None:
 def _pump(read_fd: int, stream: IO[str] | Any) -> None:
     """Write what arrives on ``read_fd`` to ``stream`` until its end, in whole lines (the rest
     at the end)."""
-    keep_off_this_thread()  # the caller's Ctrl-C goes to its main thread
     decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
     pending = ""
     while True:
@@ -90,7 +89,7 @@ class ConsoleRelay:
             context = contextvars.copy_context()  # the kernel's cell, for its stream
             thread = threading.Thread(target=context.run, args=(_pump, read_fd, stream),
                                       name="unirank-console-relay", daemon=True)
-            thread.start()
+            start_shielded(thread)  # the caller's Ctrl-C goes to its main thread
             self._threads.append((thread, read_fd, write_fd))
             fds.append(write_fd)
         return tuple(fds)

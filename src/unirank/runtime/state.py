@@ -55,6 +55,8 @@ class RuntimeState:
     env: DistEnv | None = None
     #: True while a default process group exists that unirank created (and will destroy)
     owns_group: bool = False
+    #: whether :func:`unirank.runtime.lifecycle.init` registered its end at the interpreter's exit
+    ends_at_exit: bool = False
     #: stores kept alive while the group that uses them lives
     stores: list[Any] = field(default_factory=list)
     #: how many groups this process has initialised; part of the store key prefix

@@ -59,7 +59,7 @@ from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.recovery import NextRound, Recovery, format_recovery, restart_line_waits
-from unirank.supervisor.restartreason import evicted_why, restart_reason
+from unirank.supervisor.restartreason import evicted_why, nothing_to_evict, restart_reason
 from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
@@ -273,7 +273,12 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             stopped = time.time()
             asked = _read_text(AttemptFolder(attempt_dir).on_hang_asked)
             on_hang = on_hang_now(options.on_hang, asked)
-            if _is_last(result, attempt, plan, environ) or (
+            # every rank writes the hang's verdict here at the hang timeout (the attempt may
+            # still have ended as a world change: the stuck node asked for a new round first)
+            verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
+            if nothing := nothing_to_evict(verdict):
+                os.write(err_fd, f"{options.prog}: {nothing}\n".encode())
+            if _is_last(result, attempt, plan, environ) or nothing or (
                     on_hang == "exit" and _hang_timeout(result)):
                 _report_end(root.attempt(attempt).timeline_file, options, err_fd, recovery)
                 return replace(result, attempts=tuple(earlier))
@@ -285,11 +290,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                 os.write(err_fd, f"{options.prog}: attempt {attempt} {_attempt_end(result)}"
                          f"{restarting}".encode())
             attempt += 1
-            before, verdict, news, moved = plan, None, None, None
+            before, news, moved = plan, None, None
             if replan is not None:
-                # every rank writes the hang's verdict here (it may still have ended as a world
-                # change: the stuck node asked for a new round first)
-                verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
                 began = time.time()
                 plan, line, noticed, moved = _next_plan(replan, attempt, sock, verdict)
                 news = None if noticed is None else began - noticed

@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from unirank.contract import UNINTERRUPTIBLE_TIMEOUT_VAR, parse_seconds
-from unirank.signals import keep_off_this_thread
+from unirank.signals import start_shielded
 
 __all__ = ["INTERVAL", "DStateWatch", "Dwell", "dstate_timeout", "read_state", "stuck_line"]
 
@@ -121,7 +121,7 @@ class DStateWatch:
         self._r, self._w = os.pipe()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="unirank-dstate", daemon=True)
-        self._thread.start()
+        start_shielded(self._thread)
 
     def fileno(self) -> int:
         return self._r
@@ -131,7 +131,6 @@ class DStateWatch:
         return self._line
 
     def _loop(self) -> None:
-        keep_off_this_thread()
         while not self._stop.wait(INTERVAL):
             states = {pid: self._read(pid) for pid in self._alive()}
             stuck = self._dwell.step(states, time.monotonic())

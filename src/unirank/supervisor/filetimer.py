@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from unirank.contract import ENABLE_FILE_TIMER_VAR, TIMER_FILE_VAR
-from unirank.signals import keep_off_this_thread
+from unirank.signals import start_shielded
 
 __all__ = ["TimerServer", "Timers", "timer_file"]
 
@@ -104,10 +104,9 @@ class TimerServer:
         self._timers = Timers()
         self._thread = threading.Thread(target=self._loop, name="unirank-file-timer",
                                         daemon=True)
-        self._thread.start()
+        start_shielded(self._thread)
 
     def _loop(self) -> None:
-        keep_off_this_thread()
         pending = b""
         while not self._stop.is_set():
             ready, _, _ = select.select([self._fd], [], [], INTERVAL)

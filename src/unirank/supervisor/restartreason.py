@@ -17,7 +17,7 @@ from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.summary import RunResult
 
-__all__ = ["evicted_why", "restart_reason"]
+__all__ = ["evicted_why", "nothing_to_evict", "restart_reason"]
 
 
 def evicted_why(verdict: Mapping[str, Any] | None) -> str:
@@ -29,6 +29,30 @@ def evicted_why(verdict: Mapping[str, Any] | None) -> str:
         return ""
     call = str((verdict or {}).get("call") or "the collective")
     return "node evicted: " + "; ".join(f"rank {rank} never entered {call}" for rank in ranks)
+
+
+def nothing_to_evict(verdict: Mapping[str, Any] | None) -> str:
+    """Why ``--on-hang evict`` ends the job instead of restarting it into the same hang: a
+    hang ``verdict`` (:func:`unirank.hang.detect.verdict`) that names no stuck rank
+    (``--on-hang evict: nothing to evict: no rank is stuck, every rank waits: rank 1 called
+    another collective or shape than the others; the job ends``); "" where it names ranks to
+    evict, or where there is no verdict (the attempt did not end at the hang timeout, or rank
+    0's node could not write it)."""
+    if not verdict or verdict.get("never_entered"):
+        return ""
+    from unirank.hang.detect import AHEAD, ENDED, MISMATCH
+    from unirank.joincheck import format_ranks
+
+    ranks = [int(r) for r in verdict.get("blamed") or ()]
+    who = format_ranks(ranks) if ranks else "no rank"
+    call = str(verdict.get("call") or "the collective")
+    why = {MISMATCH: f"no rank is stuck, every rank waits: {who} called another collective "
+                     "or shape than the others",
+           ENDED: f"{who} ended {'its' if len(ranks) == 1 else 'their'} program before "
+                  f"{call}",
+           AHEAD: f"no rank is stuck: {who} went on past {call}"}
+    said = why.get(str(verdict.get("blame")), f"no rank is stuck in {call}")
+    return f"--on-hang evict: nothing to evict: {said}; the job ends"
 
 
 def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = "",

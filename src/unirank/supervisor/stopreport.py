@@ -57,7 +57,7 @@ class StopReport:
     """One report being made (see the module docstring)."""
 
     def __init__(self, spec: StopReportSpec, signame: str) -> None:
-        from unirank.hang.onstop import answer_within
+        from unirank.hang.timings import STOP_ANSWER
 
         args = [spec.addr, str(spec.port), str(spec.world_size), f"{spec.interval:g}", signame]
         self._proc = start_helper("unirank.hang.onstop", args, spec.environ,
@@ -67,7 +67,7 @@ class StopReport:
         os.set_blocking(self._fd, False)
         self._chunks: list[bytes] = []
         #: when (``time.monotonic()``) the report is given up
-        self.deadline = time.monotonic() + START_ALLOWANCE + answer_within(spec.interval)
+        self.deadline = time.monotonic() + START_ALLOWANCE + STOP_ANSWER.of(spec.interval)
 
     def fileno(self) -> int:
         """The child's stdout."""

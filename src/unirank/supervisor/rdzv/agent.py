@@ -42,6 +42,7 @@ import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from unirank.exitcodes import EVICTED
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
     Refusal,
@@ -58,6 +59,13 @@ if TYPE_CHECKING:
     from unirank.supervisor.rdzv.server import Server
 
 __all__ = ["MAX_HOPS", "Refusal", "main", "node_identity"]
+
+
+def _evicted(why: str) -> Refusal:
+    """This node was evicted (``--on-hang evict``): the parent ends with
+    :data:`unirank.exitcodes.EVICTED`."""
+    return Refusal(why, hint="the other nodes go on without this one (--on-hang evict); see "
+                   "the hang report on rank 0's node", exit_code=EVICTED)
 
 
 class Node:
@@ -103,7 +111,7 @@ class Node:
                     self.hello(deadline, hops + 1)
                     return
                 if "evicted" in message:
-                    message = {"error": message["evicted"]}
+                    raise _evicted(str(message["evicted"]))
                 if "error" in message:
                     raise Refusal(str(message["error"]), variable=message.get("variable"),
                                   value=message.get("value"), hint=str(message.get("hint")))
@@ -180,8 +188,7 @@ class Node:
             self.follow(message["moved"])
             return
         if "evicted" in message:  # said now (the parent reads it while its workers run)
-            raise Refusal(str(message["evicted"]), hint="the other nodes go on without this "
-                          "one (--on-hang evict); see the hang report on rank 0's node")
+            raise _evicted(str(message["evicted"]))
         if "error" in message:
             raise Refusal(str(message["error"]), variable=message.get("variable"),
                           value=message.get("value"), hint=str(message.get("hint")))

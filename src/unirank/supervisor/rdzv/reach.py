@@ -10,7 +10,7 @@ import os
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
@@ -36,9 +36,12 @@ class Refusal(Exception):
     """This node cannot take part: one line, the option at fault and what to do."""
 
     def __init__(self, message: str, *, variable: str | None = None,
-                 value: str | None = None, hint: str = "") -> None:
+                 value: str | None = None, hint: str = "", exit_code: int | None = None) -> None:
         super().__init__(message)
-        self.payload = {"error": message, "variable": variable, "value": value, "hint": hint}
+        self.payload: dict[str, Any] = {"error": message, "variable": variable, "value": value,
+                                        "hint": hint}
+        if exit_code is not None:  # the parent's own exit code for it (this node evicted)
+            self.payload["exit_code"] = exit_code
         #: the address answered that nothing listens there (its node's helper is gone)
         self.refused = False
         #: the server did not answer, or closed the connection (it may still run)

@@ -166,8 +166,10 @@ def assignment_of(line: str, *, where: str) -> Assignment:
         raise ConfigError(f"{where} answered {line.strip()[:200]!r}", variable=None,
                           hint="run again; if it repeats, report it with the line above")
     if "error" in data:
+        code = data.get("exit_code")  # this node evicted: exitcodes.EVICTED
         raise ConfigError(str(data["error"]), variable=data.get("variable"),
-                          value=data.get("value"), hint=str(data.get("hint") or ""))
+                          value=data.get("value"), hint=str(data.get("hint") or ""),
+                          exit_code=code if isinstance(code, int) else None)
     data["ranks_per_node"] = tuple(data["ranks_per_node"])
     data["hosts"] = tuple(data["hosts"])
     data["nodes"] = tuple(data.get("nodes") or ())

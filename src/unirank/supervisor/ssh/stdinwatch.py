@@ -21,6 +21,7 @@ import threading
 import time
 
 from unirank.errors import ConfigError
+from unirank.signals import start_shielded
 from unirank.supervisor.ssh.remote import decode_environ
 
 __all__ = ["ENVIRON_TIMEOUT_S", "take_environ", "watch_stdin"]
@@ -71,5 +72,5 @@ def watch_stdin(fd: int) -> threading.Thread:
     """Send this process SIGTERM when ``fd`` ends (a daemon thread)."""
     thread = threading.Thread(target=_watch, args=(fd, os.getpid()), name="unirank-ssh-stdin",
                               daemon=True)
-    thread.start()
+    start_shielded(thread)
     return thread
