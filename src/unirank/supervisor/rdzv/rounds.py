@@ -15,9 +15,13 @@ are its decisions, unit-tested in milliseconds:
   when the nodes of the round before that rejoin it are a strict majority of that round's
   nodes not proven dead, or exactly half of them including the first of them in the round's
   order (a fixed tie-break: in a two-node job the first node, normally the serving one,
-  wins). A node is *proven dead* when its connection ended without a word (EOF or RST: the
-  kernel closed its helper's sockets, and its parent and workers end with the helper), or
-  it said ``leave``; silence (a hung machine, a cut link) proves nothing. Two groups of
+  wins). A node is *proven dead* when its connection ended without a word (EOF or RST with
+  no ``dropped`` or ``abandon`` before it), its rendezvous port refused a connection, or it
+  said ``leave`` or was evicted: the kernel closed its helper's sockets, and a ``unirank
+  run`` whose helper ended stops its workers and ends (the helper dies with its ``unirank
+  run`` by its parent-death signal). Silence (a hung machine, a cut link) proves nothing. A
+  node that heard nothing from its server for :func:`.conf.fence_after` stops its workers
+  before that server declares it lost (:func:`.conf.lost_after`). Two groups of
   one round's nodes that lost each other can therefore never both close a round: at most one
   holds a quorum, and the other waits (its workers stopped) until it reaches the job again.
   A two-node job gives up telling a stalled or cut-off first node from a dead one: the
