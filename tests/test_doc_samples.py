@@ -99,6 +99,12 @@ def _world_change(change: str, grace: float) -> str:
     return f"{PROG}: {action.say}"
 
 
+def _node_gone(change: str, grace: float) -> str:
+    action = stoppolicy.on_world_change(stoppolicy.StopState(), change, alive=True,
+                                        rules=_rules(grace), now=0.0, node_gone=True)
+    return f"{PROG}: {action.say}"
+
+
 def _stop_signal(name: str, grace: float) -> str:
     action = stoppolicy.on_signal(stoppolicy.StopState(), signal.Signals[name], _rules(grace),
                                   now=0.0)
@@ -118,6 +124,7 @@ def _nothing_to_evict(rank: int) -> str:
 SAMPLES = (
     Sample("first failure", _first_failure, {"who": "\x00who\x00", "others": 919191}),
     Sample("change of the world", _world_change, {"change": "\x00change\x00"}),
+    Sample("a node gone", _node_gone, {"change": "\x00change\x00"}),
     Sample("stop signal", _stop_signal, {"name": "SIGINT"}),
     Sample("nothing to evict", _nothing_to_evict, {"rank": 929292}, settings=()),
 )

@@ -45,10 +45,24 @@ def test_the_world_size_given_wins_over_world_size() -> None:
     assert (state.world_size, state.resized) == (4, False)
 
 
-def test_a_first_attempt_has_no_reason_even_with_a_value_set() -> None:
-    state = read_elastic_state(_environ(0, LOST.to_value(0, 4)))
+def test_a_first_attempt_has_no_reason_even_with_a_value_of_another_attempt_set() -> None:
+    state = read_elastic_state(_environ(0, LOST.to_value(1, 4)))
     assert state == ElasticState(0, 3, 2)
     assert not state.restarted and state.describe() == "first attempt, world size 2"
+
+
+JOINED = RestartReason("node joined", "1 node waiting to join", joined_nodes=("nodeB",))
+
+
+@pytest.mark.parametrize("count", [0, 1])
+def test_a_restart_for_nodes_joining_is_a_restart_that_spent_none(count: int) -> None:
+    """Nodes joining spend no restart (torchrun's count): the attempt after has the count of
+    the one before, 0 too, and is still a restarted one, with its reason."""
+    state = read_elastic_state(_environ(count, JOINED.to_value(count, 2), world=4))
+    assert state == ElasticState(count, 3, 4, previous_world_size=2, reason=JOINED)
+    assert state.restarted and state.restarts_left == 3 - count
+    assert state.describe() == (f"node joined: nodeB, no restart spent ({count} of 3 spent), "
+                                "world size 2 -> 4")
 
 
 def test_under_torchrun_the_count_is_known_and_the_reason_is_not() -> None:

@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_INIT_TIMEOUT",
     "DEFAULT_MAX_REQUEUES",
     "DONE_FD_VAR",
+    "ELASTIC_MAX_RESTARTS",
     "ELASTIC_VAR",
     "ENABLE_FILE_TIMER_VAR",
     "ERROR_FILE_VAR",
@@ -53,6 +54,7 @@ __all__ = [
     "LAUNCHER_VAR",
     "LINGER_FD_VAR",
     "LOG_LINE_PREFIX_VAR",
+    "LOST_PEER_WAIT",
     "MASTER_FORWARDED_VAR",
     "MAX_REQUEUES_VAR",
     "MAX_RESTARTS_VAR",
@@ -81,6 +83,7 @@ __all__ = [
     "UNINTERRUPTIBLE_TIMEOUT_VAR",
     "USE_AGENT_STORE_VAR",
     "HangSettings",
+    "default_max_restarts",
     "flag",
     "format_seconds",
     "given_as",
@@ -169,6 +172,17 @@ DEFAULT_INIT_TIMEOUT = 300.0
 #: seconds between SIGTERM and SIGKILL when workers are stopped (``--grace-period``, else
 #: TORCH_ELASTIC_SHUTDOWN_TIMEOUT): torchrun's 30
 DEFAULT_GRACE_PERIOD = 30.0
+#: seconds after the SIGTERM of a change of the world that lost a node (not nodes joining) at
+#: which a worker still waiting in a collective (:class:`unirank.hang.waits.CollectiveMark`)
+#: gets SIGKILL, not at the grace period's end: the collective waits for the node that is
+#: gone, and holds the main thread, where the program's stop handler would run
+#: (:mod:`unirank.supervisor.stoppolicy`); looked at again as often until the grace period ends
+LOST_PEER_WAIT = 2.0
+#: ``--max-restarts`` of an elastic job (``--nnodes MIN:MAX``) when none is given, for every
+#: front door (``unirank run``, ``--hosts``, ``unirank sbatch``): a range says the job should
+#: outlive a node, and each lost node spends a restart (its peers' collective fails, as under
+#: torchrun), while nodes joining spend none; a static job keeps torchrun's 0
+ELASTIC_MAX_RESTARTS = 3
 
 # -- the bootstrap's private variables (set by the supervisor, removed before the program) ----
 SUPERVISOR_PID_VAR = "UNIRANK_SUPERVISOR_PID"
@@ -355,6 +369,14 @@ def _hang_names(environ: Mapping[str, str], names: tuple[str, str], after_from_v
     limit = HANG_TIMEOUT_VAR if timeout_from_variable and \
         environ.get(HANG_TIMEOUT_VAR, "").strip() else names[1]
     return after, limit
+
+
+def default_max_restarts(given: int | None, *, elastic: bool) -> int:
+    """``--max-restarts``: as ``given``, else :data:`ELASTIC_MAX_RESTARTS` for an elastic job
+    (a range ``MIN:MAX`` of the dynamic rendezvous), else 0 (torchrun's default)."""
+    if given is not None:
+        return given
+    return ELASTIC_MAX_RESTARTS if elastic else 0
 
 
 def resolve_on_hang(given: str | None, environ: Mapping[str, str], *, elastic: bool,

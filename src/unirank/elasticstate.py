@@ -5,8 +5,11 @@
 ``unirank run`` knows why it restarted its workers (a node lost or joined, a worker failed,
 the hang timeout...) and tells the next attempt's workers in one variable,
 UNIRANK_RESTART_REASON: a JSON object written by :meth:`RestartReason.to_value` (its
-``attempt`` is the attempt it describes, so that a value left over from an outer run is not
-taken for this one's). Under torchrun (no unirank parent) the restart count and the maximum
+``attempt`` is the restart count of the attempt it is for, so that a value left over from an
+outer run is not taken for this one's). The restart count is torchrun's: the restarts spent,
+after failures only (nodes joining restart the workers without spending one), so an attempt
+restarted for nodes joining is a restarted one with the count of the one before. Under
+torchrun (no unirank parent) the restart count and the maximum
 are still known, the reason and the previous world size are not.
 
 Reads (from the mapping it is given): TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS,
@@ -101,7 +104,7 @@ UNKNOWN = RestartReason("unknown", "not known: no unirank run started this attem
 class ElasticState:
     """Where this run stands among its attempts (``--max-restarts``)."""
 
-    #: how many times the workers were started again (TORCHELASTIC_RESTART_COUNT)
+    #: how many restarts were spent, failed attempts only (TORCHELASTIC_RESTART_COUNT)
     restart_count: int
     #: how many restarts the run allows in all (TORCHELASTIC_MAX_RESTARTS)
     max_restarts: int
@@ -114,8 +117,9 @@ class ElasticState:
 
     @property
     def restarted(self) -> bool:
-        """Whether this is a restarted attempt."""
-        return self.restart_count > 0
+        """Whether this is a restarted attempt (also one restarted for nodes joining, which
+        spent no restart: its count may be 0)."""
+        return self.restart_count > 0 or self.reason is not None
 
     @property
     def resized(self) -> bool:
@@ -128,12 +132,16 @@ class ElasticState:
         return max(0, self.max_restarts - self.restart_count)
 
     def describe(self) -> str:
-        """One line: ``restart 1 of 3 (node lost: node2), world size 4 -> 2``."""
+        """One line: ``restart 1 of 3 (node lost: node2), world size 4 -> 2``; for nodes
+        joining ``node joined: node2, no restart spent (1 of 3 spent), world size 2 -> 4``."""
         if not self.restarted:
             return f"first attempt, world size {self.world_size}"
         why = self.reason.describe() if self.reason else "unknown"
         size = (f"world size {self.previous_world_size} -> {self.world_size}"
                 if self.resized else f"world size {self.world_size}")
+        if self.reason is not None and self.reason.kind == "node joined":  # spent none
+            return (f"{why}, no restart spent ({self.restart_count} of {self.max_restarts} "
+                    f"spent), {size}")
         return f"restart {self.restart_count} of {self.max_restarts} ({why}), {size}"
 
 
@@ -192,12 +200,10 @@ def read_elastic_state(environ: Mapping[str, str], world_size: int | None = None
     if world_size is None:
         world_size = read_int(environ, "WORLD_SIZE", minimum=1) if "WORLD_SIZE" in environ \
             else 1
-    if count == 0:
-        return ElasticState(0, most, world_size)
     value = environ.get(RESTART_REASON_VAR, "")
     if not value.strip():
-        return ElasticState(count, most, world_size, None, UNKNOWN)
+        return ElasticState(count, most, world_size, None, UNKNOWN if count else None)
     attempt, previous, reason = parse_reason(value)
     if attempt != count:  # left over from another run: not this attempt's reason
-        return ElasticState(count, most, world_size, None, UNKNOWN)
+        return ElasticState(count, most, world_size, None, UNKNOWN if count else None)
     return ElasticState(count, most, world_size, previous, reason)

@@ -11,6 +11,9 @@
                                                 world stopped (kept, with its run folder)
             timeline.json                       rank 0's end-of-run records
             ranks-waiting                       the hang detector's mark
+            in-collective.<rank>                the rank waits in one collective (a second
+                                                and more): its supervisor's sign to end it
+                                                when a node is gone (:mod:`unirank.hang.waits`)
             hang-verdict.json                   the verdict of a hang that ended the job
             on-hang                             the program's on_hang= keyword
             hang/report-<n>.txt, .json          rank 0's hang reports
@@ -56,6 +59,7 @@ _HANG_FOLDER = "hang"
 #: interval or more that another has not entered: the supervisor asks for the report at a stop
 #: signal only then, so that a plain Ctrl-C is forwarded at once
 _WAITING_MARK = "ranks-waiting"
+_COLLECTIVE_MARK = "in-collective"
 #: where the detector's rank (rank 0) writes the verdict of a hang that ends the job
 #: (``--hang-timeout``), and every rank again as it ends (the verdict travels in the
 #: :class:`~unirank.hang.ending.Ending`, so every node has it): ``{"never_entered": [ranks],
@@ -108,6 +112,11 @@ class AttemptFolder:
     @property
     def waiting_mark(self) -> str:
         return os.path.join(self.path, _WAITING_MARK)
+
+    def collective_mark(self, rank: int) -> str:
+        """Kept while rank ``rank`` waits in one collective (:class:`unirank.hang.waits.
+        CollectiveMark`)."""
+        return os.path.join(self.path, f"{_COLLECTIVE_MARK}.{rank}")
 
     @property
     def hang_folder(self) -> str:

@@ -35,7 +35,8 @@ __all__ = ["DEFAULT_WARNING", "FAULT", "FORWARDED", "HANDLED", "HOSTS_STOP", "PI
 # Which process gets which signal (docs/run.md, docs/slurm-jobs.md say the same):
 #
 # * ``unirank run`` (the supervisor) handles FORWARDED and passes each to its workers; of them
-#   STOP_SIGNALS also start the grace period (under Slurm, SIGTERM starts none).
+#   STOP_SIGNALS (SIGTERM, SIGINT, SIGHUP, SIGQUIT) stop the workers, no restart following,
+#   and start the grace period (under Slurm, SIGTERM starts none: Slurm's KillWait is it).
 # * a rank (``ur.stop_requested()``) is asked to stop by RANK_STOP, or by the set in
 #   UNIRANK_STOP_SIGNALS; ``unirank sbatch --signal`` exports it when its warning is not in
 #   RANK_STOP, so that the job's warning is always one of the ranks' stop signals.
@@ -44,12 +45,15 @@ __all__ = ["DEFAULT_WARNING", "FAULT", "FORWARDED", "HANDLED", "HOSTS_STOP", "PI
 #   SIGTERM reach every process of a step, and are meant for the program.
 # * ``unirank run --hosts`` (the ssh fan-out) stops its hosts on HOSTS_STOP.
 
-#: the signals that stop a launcher's workers (after they are forwarded), with a grace period
-STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)
-
 #: torchrun's default ``--signals-to-handle`` (TORCHELASTIC_SIGNALS_TO_HANDLE), in its order
 HANDLED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
                                        signal.SIGQUIT)
+
+#: the signals that stop a launcher's workers (after they are forwarded), with a grace period,
+#: whatever ``--max-restarts`` is left: torchrun's four, which its agent treats alike (a closed
+#: terminal's SIGHUP and a SIGQUIT stop the job as SIGTERM and Ctrl-C do); the launcher then
+#: exits 128 + signal (:func:`unirank.exitcodes.killed_by`)
+STOP_SIGNALS: tuple[signal.Signals, ...] = HANDLED
 
 #: the signals ``unirank run`` forwards to its workers when ``--signals-to-handle`` is not given:
 #: torchrun's, and both user signals: SIGUSR2 is the ranks' default stop signal, and SIGUSR1
@@ -92,8 +96,8 @@ FAULT: frozenset[int] = frozenset(int(s) for s in (
     signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL))
 
 #: the signals that stop ``unirank run --hosts`` (its ssh clients run in their own session, so
-#: the terminal's hang-up must be caught too)
-HOSTS_STOP: tuple[signal.Signals, ...] = (*STOP_SIGNALS, signal.SIGHUP)
+#: the terminal's hang-up must be caught too: SIGHUP is one of the stop signals)
+HOSTS_STOP: tuple[signal.Signals, ...] = STOP_SIGNALS
 
 #: the signals no use takes, and why
 REFUSED: dict[int, str] = {

@@ -167,8 +167,7 @@ def test_a_killed_node_started_again_brings_the_world_back(runner: Runner,
     assert "1 node waiting to join" in err_a, err_a
     assert "state restart 1 of 3 (node lost: " in out_a, out_a
     assert "  attempt 0: node lost: " in err_a, err_a
-    assert _worlds(out_a, 1) == {"1"}, out_a
-    assert _worlds(out_a, 2) == {"2"}, out_a
+    assert _worlds(out_a, 1) == {"1", "2"}, out_a  # B's rejoin spent no restart
     assert {line.split(" world ")[1].split()[0] for line in out_b.splitlines()
             if line.startswith("step ")} == {"2"}, out_b
 
@@ -281,7 +280,7 @@ def test_the_endpoint_s_node_started_again_joins_the_running_job(runner: Runner,
     assert "node rank 0 of 2, 2 workers in all" in err_b, err_b
     assert {line.split(" world ")[1].split()[0] for line in out_a.splitlines()
             if line.startswith("step ")} == {"2"}, out_a
-    assert _worlds(out_b, 2) == {"2"}, out_b
+    assert _worlds(out_b, 1) == {"1", "2"}, out_b  # A's rejoin spent no restart
 
 
 def test_a_node_waiting_to_join_follows_the_store_when_its_node_is_killed(
@@ -310,3 +309,89 @@ def test_a_node_waiting_to_join_follows_the_store_when_its_node_is_killed(
     steps_c = [line for line in out_c.splitlines() if line.startswith("step ")]
     assert steps_c and {line.split(" world ")[1].split()[0] for line in steps_c} == {"2"}, out_c
     assert steps_c[-1].startswith("step 59 rank 1 world 2 sum 2 restart "), out_c
+
+
+def test_a_node_killed_and_started_again_three_times_spends_three_restarts(
+        runner: Runner, tmp_path: Path) -> None:
+    """``--max-restarts 3`` (torchrun's budget): node B's whole tree killed and B started
+    again, three times in a row. Each loss spends one of node A's restarts (its workers' peer
+    is gone, as torchrun's survivors fail in their collective), each rejoin none (a change of
+    membership): the job goes on to its end at a world of 2, A's count 3 of 3."""
+    job = Job(runner, tmp_path, 150, "1,2,0:0,1,1:0,1,2:0,1,3")
+    first, second = job.two_nodes()  # B's first step at world 2: 1 ready
+    for lost in (1, 2, 3):
+        _kill_tree(second)
+        job.wait(2 * lost)  # A alone at world 1, restart ``lost``
+        second = job.node()
+        if lost < 3:
+            job.wait(2 * lost + 1)  # B back: its step at world 2
+    _out_b, err_b = second.communicate(timeout=TIMEOUT)
+    out_a, err_a = first.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (first.returncode, second.returncode) == (0, 0), err_a + err_b
+    for lost in (1, 2, 3):
+        assert _worlds(out_a, lost) == {"1", "2"}, out_a  # alone, then with B back
+    assert err_a.count("restarting the workers for the nodes joining (no restart spent") == 3, \
+        err_a
+    assert "state node joined: " in out_a and ", no restart spent (3 of 3 spent)" in out_a, \
+        out_a  # ur.elastic_state() after the last rejoin
+    assert "step 149 rank 0 world 2 sum 2 restart 3" in out_a.splitlines(), out_a
+
+
+# Steps of a program that handles stop requests (the pattern the docs recommend): the SIGTERM
+# of a change of the world only sets its flag, acted on at a step's end.
+STOPPABLE = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+import unirank as ur
+
+steps, fifo, when = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo")
+ur.watch_stop_signals()
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+for step in range(steps):
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    print(f"step {step} rank {rank} world {world} sum {int(t.item())} restart {restart}",
+          flush=True)
+    if step == 1 and f"{rank},{world},{restart}" in when.split(":"):
+        with open(fifo, "w") as out:
+            out.write("ready")
+    if ur.stop_requested():
+        print(f"rank {rank} stopped at step {step}", flush=True)
+        sys.exit(0)
+    time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+def test_a_frozen_node_s_peer_waiting_in_a_collective_is_ended_at_once(
+        runner: Runner, tmp_path: Path) -> None:
+    """Node B's whole tree frozen (SIGSTOP): node A's worker waits in an all_reduce with it;
+    its program handles stop requests, so the SIGTERM of the lost node only sets a flag.
+    The worker is ended by the short wait's SIGKILL (the line says so), not after the grace
+    period, and A trains on alone."""
+    job = Job(runner, tmp_path, 150, "1,2,0:0,1,1", script=STOPPABLE)
+    first, second = job.two_nodes()
+    frozen = process_tree(second.pid)
+    for pid in frozen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
+    try:
+        job.wait(2)  # A alone at world 1, restart 1
+    finally:
+        for pid in frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        second.communicate(timeout=TIMEOUT)
+    out_a, err_a = first.communicate(timeout=TIMEOUT)
+    job.close()
+    assert first.returncode == 0, err_a
+    said = [line for line in err_a.splitlines() if "waits in a collective with a node that is "
+            "gone: SIGKILL now, not after the grace period" in line]
+    assert len(said) == 1 and said[0].startswith("unirank run: rank "), err_a
+    assert "(at 2 s for those waiting in a collective)" in err_a, err_a
+    assert _worlds(out_a, 1) == {"1"}, out_a
+    assert "step 149 rank 0 world 1 sum 1 restart 1" in out_a.splitlines(), out_a

@@ -144,3 +144,25 @@ def test_tee_wins_over_redirects_and_teed_console_lines_get_torchrun_s_prefix() 
     assert templated.tee_prefix(3, 1, "trainer") == b"<trainer|3|1>"
     assert engine_options(_args(), {}).output.tee_prefix(0, 0, "default") is None
 
+
+
+ELASTIC = ("--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:29400")
+
+
+@pytest.mark.parametrize(("argv", "environ", "restarts"), [
+    ((), {}, 0),                                      # torchrun's default
+    (("--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1"), {}, 0),  # static
+    (ELASTIC, {}, 3),                                 # a range: the elastic default
+    ((*ELASTIC, "--max-restarts", "0"), {}, 0),       # as given
+    (ELASTIC, {"PET_MAX_RESTARTS": "1"}, 1),
+])
+def test_an_elastic_range_gets_the_one_elastic_default(argv: tuple[str, ...],
+                                                       environ: dict[str, str],
+                                                       restarts: int) -> None:
+    """``unirank run --nnodes 1:2`` (each host of ``--hosts`` runs it too) and ``unirank sbatch
+    --nnodes 1:2`` get the same --max-restarts: contract.default_max_restarts."""
+    from unirank.contract import ELASTIC_MAX_RESTARTS
+    from unirank.sbatch.spec import JobSpec
+
+    assert build_request(_args(*argv), environ).max_restarts == restarts
+    assert JobSpec("x.py", nodes=2, min_nodes=1).restarts() == ELASTIC_MAX_RESTARTS == 3

@@ -323,7 +323,7 @@ def test_a_joining_node_resumes_the_run_from_its_step_at_the_larger_world(
     out, err = out_a.decode(), "\n".join(seen) + err_a.decode()
     assert (first.returncode, second.returncode) == (0, 0), err + err_b.decode()
     assert "(joined: nodeB)" in err, err
-    assert re.search(r"new world size 2 -> 4 \(restart 1 of 2, node joined: nodeB\): global "
+    assert re.search(r"new world size 2 -> 4 \(restart 0 of 2, node joined: nodeB\): global "
                      r"batch 16 kept, 4 per rank", out), out
     resumed = re.findall(r"resumed from .* at epoch 0, batch (\d+) \(step (\d+)\)", out)
     assert resumed, out

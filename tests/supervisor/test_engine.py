@@ -181,6 +181,9 @@ class PipeWatch:
             return None
         return data.decode().strip() or None
 
+    def joining(self) -> bool:
+        return False
+
 
 def test_a_change_of_the_world_stops_the_workers(tmp_path: Path) -> None:
     watch = PipeWatch()

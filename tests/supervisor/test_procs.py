@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from unirank.signals import STOP_SIGNALS
+
 if TYPE_CHECKING:
     from _procs import Runner
 
@@ -126,8 +128,9 @@ def test_signals_are_forwarded_to_every_worker(runner: Runner, sig: signal.Signa
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=runner.timeout)
     text = "\n".join(lines) + out.decode()
-    # a forwarded SIGINT/SIGTERM stops the run: 128 + it, although the ranks ended 0
-    stops = sig in (signal.SIGTERM, signal.SIGINT)
+    # a forwarded stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) stops the run: 128 + it,
+    # although the ranks ended 0
+    stops = sig in STOP_SIGNALS
     assert proc.returncode == (128 + sig if stops else 0), err.decode()
     assert f"rank 0 got {sig.name}" in text
     assert f"rank 1 got {sig.name}" in text

@@ -16,6 +16,7 @@ from unirank.supervisor.stoppolicy import (
     is_failure,
     is_first_failure,
     on_first_failure,
+    on_forwarded_end,
     on_report_end,
     on_signal,
     on_tick,
@@ -68,6 +69,23 @@ def test_a_signal_not_handled_changes_nothing(signum: int) -> None:
     assert on_signal(StopState(), signum, RULES, NOW) == Action(StopState())
 
 
+@pytest.mark.parametrize("signum", [int(signal.SIGHUP), int(signal.SIGQUIT)])
+@pytest.mark.parametrize("rules", [RULES, SLURM], ids=["", "slurm"])
+def test_sighup_and_sigquit_stop_as_sigint_and_sigterm(signum: int, rules: StopRules) -> None:
+    """torchrun's agent treats SIGTERM, SIGINT, SIGHUP and SIGQUIT alike (a closed terminal
+    stops the job): forwarded to the groups, the grace period (also under Slurm, whose own
+    SIGTERM alone comes with KillWait), no failure, a second one kills."""
+    rules = replace(rules, signals=(*rules.signals, signum))
+    action = on_signal(StopState(), signum, rules, NOW)
+    name = signal.Signals(signum).name
+    assert action.stop == signum and action.forward is None and not action.kill
+    assert action.state.stop_signal == signum and action.state.deadline == NOW + 30.0
+    assert action.say == (f"got {name}: forwarded to the workers; SIGKILL in 30 s ({name} "
+                          "again to kill now)")
+    assert not is_first_failure(action.state, -signum)  # the worker it ended: stopped
+    assert on_signal(action.state, signum, rules, NOW + 1).kill
+
+
 def test_a_stop_signal_not_among_the_handled_ones_is_not_forwarded() -> None:
     rules = replace(RULES, signals=(USR2,))
     assert on_signal(StopState(), TERM, rules, NOW) == Action(StopState())
@@ -91,6 +109,23 @@ def test_a_stop_signal_after_a_failure_kills_at_once() -> None:
                               now=NOW).state
     action = on_signal(failed, INT, RULES, NOW + 2)
     assert action.kill and action.state.stop_signal is None
+
+
+def test_a_worker_ended_by_a_forwarded_signal_stops_the_run() -> None:
+    """SIGUSR1 forwarded to a worker whose program does not handle it: stopped, not failed;
+    the run is stopped by it (no restart, 128 + the signal), the others get SIGTERM."""
+    who = "rank 1 (local rank 1) on node n1 was killed by SIGUSR1 (signal 10)"
+    action = on_forwarded_end(StopState(), USR1, others=1, who=who, rules=RULES, now=NOW)
+    assert action.stop == TERM and action.state.stop_signal == USR1 and not action.state.failed
+    assert action.state.deadline == NOW + 30.0
+    assert action.say == (f"{who}, forwarded to it by the launcher (its program does not "
+                          "handle it); stopping the other 1 worker: SIGTERM now, SIGKILL after "
+                          "30 s")
+    assert on_forwarded_end(StopState(), USR1, others=0, who=who, rules=RULES,
+                            now=NOW) == Action(StopState(stop_signal=USR1))
+    stopping = on_signal(StopState(), INT, RULES, NOW).state
+    assert on_forwarded_end(stopping, USR1, others=1, who=who, rules=RULES,
+                            now=NOW) == Action(stopping)
 
 
 # -- the hang report at a stop --------------------------------------------------------------------
@@ -218,6 +253,53 @@ def test_a_change_of_the_world_with_no_worker_left_changes_nothing() -> None:
 def test_a_worker_that_fails_after_a_change_of_the_world_is_no_first_failure() -> None:
     changed = on_world_change(StopState(), "x", alive=True, rules=RULES, now=NOW).state
     assert not is_first_failure(changed, -15)
+
+
+def test_a_node_gone_ends_the_workers_waiting_in_a_collective_after_the_short_wait() -> None:
+    """A lost or frozen node: the workers blocked in a collective with it cannot run their
+    stop handler, so those that wait in one get SIGKILL at ``peer_wait`` (LOST_PEER_WAIT), and
+    again every ``peer_wait`` until the grace period ends; the others keep the grace period."""
+    from unirank.contract import LOST_PEER_WAIT
+
+    assert 0 < RULES.peer_wait == LOST_PEER_WAIT < RULES.grace_period
+    action = on_world_change(StopState(), "node n2 was lost", alive=True, rules=RULES, now=NOW,
+                             node_gone=True)
+    assert action.stop == TERM and action.state.deadline == NOW + 30.0
+    assert action.state.peer_deadline == NOW + RULES.peer_wait
+    assert action.say == (f"node n2 was lost; stopping the workers: SIGTERM now, SIGKILL after "
+                          f"30 s (at {RULES.peer_wait:g} s for those waiting in a collective)")
+    state = action.state
+    assert on_tick(state, RULES, NOW + RULES.peer_wait - 0.1) == Action(state)
+    tick = on_tick(state, RULES, NOW + RULES.peer_wait)
+    assert tick.end_waiting and not tick.kill and tick.stop is None
+    assert tick.state.peer_deadline == NOW + 2 * RULES.peer_wait  # looked at again
+    assert tick.state.deadline == NOW + 30.0 and not tick.state.killing
+    killed = on_tick(tick.state, RULES, NOW + 30.0)  # the grace period's end: every worker
+    assert killed.kill and not killed.end_waiting and killed.state.peer_deadline is None
+    assert on_tick(killed.state, RULES, NOW + 30.0 + RULES.peer_wait) == Action(killed.state)
+
+
+def test_nodes_joining_keep_the_whole_grace_period() -> None:
+    """Nodes waiting to join: every peer is alive, collectives end, the stop handler runs."""
+    action = on_world_change(StopState(), "1 node waiting to join", alive=True, rules=RULES,
+                             now=NOW)
+    assert action.state.peer_deadline is None and "collective" not in action.say
+    assert not on_tick(action.state, RULES, NOW + 29.9).end_waiting
+
+
+def test_no_short_wait_where_the_grace_period_is_shorter() -> None:
+    rules = replace(RULES, grace_period=1.0)
+    action = on_world_change(StopState(), "x", alive=True, rules=rules, now=NOW, node_gone=True)
+    assert action.state.peer_deadline is None
+
+
+def test_a_second_stop_signal_after_a_node_gone_kills_everyone() -> None:
+    gone = on_world_change(StopState(), "x", alive=True, rules=RULES, now=NOW,
+                           node_gone=True).state
+    action = on_signal(gone, INT, RULES, NOW + 1)
+    assert action.stop == INT and not action.kill  # the world change's SIGTERM came first
+    again = on_signal(action.state, INT, RULES, NOW + 1.5)
+    assert again.kill and again.state.peer_deadline is None
 
 
 # -- the clock ---------------------------------------------------------------------------------

@@ -95,7 +95,7 @@ def _serves_endpoint(host: str, local_addr: str | None, environ: Mapping[str, st
 
 
 def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
-          outer: DistEnv, environ: Mapping[str, str], restarts: int) -> RdzvSpec:
+          outer: DistEnv, environ: Mapping[str, str]) -> RdzvSpec:
     from unirank.cli.counts import parse_nnodes_range
     from unirank.resolve import require_resolvable
 
@@ -114,20 +114,21 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
         run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
         local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
         serves_endpoint=_serves_endpoint(host, local_addr, environ, outer),
-        admit_joiners=restarts > 0, explicit_addr=local_addr is not None,
+        explicit_addr=local_addr is not None,
         **{key: getattr(conf, key) for key in KEYS})
 
 
 def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
-         outer: DistEnv, environ: Mapping[str, str], *, restarts: int = 0,
+         outer: DistEnv, environ: Mapping[str, str],
          ) -> tuple[RendezvousHelper, socket.socket, Assignment]:
     """Take part in the rendezvous: the helper (the caller closes it when the run ends), the
-    store's socket (for node rank 0; others close it) and this node's assignment; with
-    ``restarts`` (``--max-restarts``) left, a node waiting to join stops the workers so that
-    the next round admits it. A refusal is a one-line :class:`ConfigError`."""
+    store's socket (for node rank 0; others close it) and this node's assignment; a node
+    waiting to join stops the workers so that the next round admits it, whatever is left of
+    ``--max-restarts`` (a change of membership spends no restart, as under torchrun). A
+    refusal is a one-line :class:`ConfigError`."""
     from unirank.supervisor.listen import open_store_socket
 
-    spec = _spec(args, endpoint, nproc, outer, environ, restarts)
+    spec = _spec(args, endpoint, nproc, outer, environ)
     note = two_node_note(spec.min_nodes, spec.max_nodes)
     if note is not None:  # what one world at every moment costs a two-node job: said once
         sys.stderr.write(f"unirank run: {note}\n")

@@ -174,8 +174,7 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
     from unirank.supervisor.plan import make_plan
 
     nproc = request.nproc_per_node or request.spawn_default or 1
-    helper, sock, assignment = elastic.join(args, endpoint(args), nproc, outer, environ,
-                                            restarts=request.max_restarts)
+    helper, sock, assignment = elastic.join(args, endpoint(args), nproc, outer, environ)
 
     def plan_at(place: Assignment) -> Plan:
         plan = make_plan(request, outer, environ, run_id_fallback=elastic.DEFAULT_RUN_ID,

@@ -192,7 +192,7 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
                    notes: list[str], outer: DistEnv) -> LaunchRequest:
     from unirank.cli import elastic
     from unirank.cli.counts import parse_nnodes
-    from unirank.contract import resolve_init_timeout
+    from unirank.contract import default_max_restarts, resolve_init_timeout
     from unirank.supervisor.plan import LaunchRequest
 
     nproc, auto = _nproc(args, environ)
@@ -217,8 +217,10 @@ def _build_request(args: argparse.Namespace, environ: Mapping[str, str],
         master_port=port,
         standalone=bool(args.standalone),
         init_timeout=init_timeout,
-        max_restarts=_int_option(args.max_restarts, "--max-restarts",
-                                 "give how many times to restart, 0 or more") or 0,
+        max_restarts=default_max_restarts(
+            _int_option(args.max_restarts, "--max-restarts",
+                        "give how many times to restart, 0 or more"),
+            elastic=_elastic(args, outer)),
         run_id=args.rdzv_id or (elastic.DEFAULT_RUN_ID if dynamic else None),
         role=args.role,
         virtual_local_rank=bool(args.virtual_local_rank),
@@ -328,11 +330,13 @@ def _on_hang(args: argparse.Namespace, environ: Mapping[str, str], outer: DistEn
 
     Reads: UNIRANK_ON_HANG.
     """
-    from unirank.contract import resolve_on_hang
+    from unirank.contract import default_max_restarts, resolve_on_hang
 
-    restarts = _int_option(args.max_restarts, "--max-restarts", "give 0 or more") or 0
+    is_elastic = _elastic(args, outer)
+    restarts = default_max_restarts(
+        _int_option(args.max_restarts, "--max-restarts", "give 0 or more"), elastic=is_elastic)
     return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,
-                           elastic=_elastic(args, outer))
+                           elastic=is_elastic)
 
 
 def _numa_binding(mode: str | None) -> str | None:

@@ -24,6 +24,7 @@ from unirank.contract import (
     DEFAULT_GRACE_PERIOD,
     DEFAULT_HANG_REPORT_AFTER,
     DEFAULT_INIT_TIMEOUT,
+    ELASTIC_MAX_RESTARTS,
     HANG_REPORT_AFTER_VAR,
     HANG_TIMEOUT_VAR,
     INIT_TIMEOUT_VAR,
@@ -33,6 +34,7 @@ from unirank.contract import (
     SHUTDOWN_TIMEOUT_VAR,
 )
 from unirank.errors import ConfigError
+from unirank.signals import HANDLED, STOP_SIGNALS, format_signals
 
 __all__ = ["NOTED", "OPTIONS", "RunOption", "add_run_options", "describe_sources",
            "environ_defaults", "pet_names", "settle"]
@@ -172,8 +174,10 @@ OPTIONS: tuple[RunOption, ...] = (
          "timeout"),
     _opt("--standalone", flag=True, default=False,
          help="one node on its own, with a free port (ignores outer launchers)"),
-    _opt("--max-restarts", default="0", metavar="N",
-         help="on a failure, stop the workers and start them again, at most N times"),
+    _opt("--max-restarts", metavar="N",
+         help="on a failure (a lost node too), stop the workers and start them again, at most "
+         f"N times; nodes joining spend none (default 0; {ELASTIC_MAX_RESTARTS} with a range "
+         "--nnodes MIN:MAX)"),
     _opt("--init-timeout", pet=False, metavar=_SECONDS,
          help="seconds for every rank to join before each fails naming the missing ones "
          f"(default: {INIT_TIMEOUT_VAR}, else {DEFAULT_INIT_TIMEOUT:g})"),
@@ -194,8 +198,10 @@ OPTIONS: tuple[RunOption, ...] = (
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "
          f"{SHUTDOWN_TIMEOUT_VAR}, else {DEFAULT_GRACE_PERIOD:g})"),
     _opt("--signals-to-handle", dest="signals", metavar="SIG,...",
-         help="signals forwarded to the workers (default torchrun's SIGTERM,SIGINT,SIGHUP,SIGQUIT, "
-         "and the ranks' stop signals)"),
+         help="signals forwarded to the workers (default torchrun's "
+         f"{format_signals(tuple(HANDLED))}, and the ranks' stop signals); "
+         f"{format_signals(tuple(STOP_SIGNALS))} stop them: no restart, SIGKILL after the "
+         "grace period, exit code 128 + signal"),
     _opt("--role", default="default", help="the workers' ROLE_NAME"),
     _opt("-m", "--module", flag=True, default=False,
          help="run PROGRAM as a module, like python -m"),

@@ -26,17 +26,22 @@ Reads no environment variable.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SAMPLE_PERIOD", "WaitMeter", "in_flight", "recorder_dump", "recorder_status",
-           "recorder_trace"]
+__all__ = ["MARK_AFTER", "SAMPLE_PERIOD", "CollectiveMark", "WaitMeter", "in_flight",
+           "recorder_dump", "recorder_status", "recorder_trace"]
 
 #: seconds between two looks at the flight recorder's status (20 per second)
 SAMPLE_PERIOD = 0.05
+#: seconds a rank waits in one collective before it keeps its :class:`CollectiveMark` (a
+#: training loop's collectives come and go faster: the mark changes seldom)
+MARK_AFTER = 1.0
 
 
 def recorder_dump() -> Callable[..., bytes] | None:
@@ -102,6 +107,8 @@ class WaitMeter:
     _last_active: float = 0.0
     _previous: float = 0.0
     _moves: int = 0
+    #: since when (the look's ``now``) the rank waits in the same collectives (None: not)
+    _waiting_since: float | None = None
 
     def look(self, now: float, status: Mapping[str, Any] | None) -> None:
         """Count one look at ``now`` (seconds, monotonic)."""
@@ -115,11 +122,20 @@ class WaitMeter:
             self._moves = moves
         if waiting:
             self.in_s += now - self._previous
+        if not waiting:
+            self._waiting_since = None
+        elif self._waiting_since is None or moves != self._moves:
+            self._waiting_since = now
         if waiting or moves != self._moves:
             self._last_active = now
             self._moves = moves
         self._previous = now
         self.samples += 1
+
+    def waiting_for(self, now: float) -> float:
+        """Seconds the rank has waited in the collectives in flight at the last look, none
+        entered or completed meanwhile (0: none in flight)."""
+        return 0.0 if self._waiting_since is None else now - self._waiting_since
 
     @property
     def wall_s(self) -> float:
@@ -130,3 +146,28 @@ class WaitMeter:
         """What the end-of-run record carries: ``in_s``, ``wall_s``, ``samples``."""
         return {"in_s": round(min(self.in_s, self.wall_s), 4), "wall_s": round(self.wall_s, 4),
                 "samples": self.samples}
+
+
+class CollectiveMark:
+    """A file kept while the rank waits in one collective for :data:`MARK_AFTER` seconds or
+    more (:meth:`unirank.runfolder.AttemptFolder.collective_mark`): when a node is gone, its
+    supervisor ends at once the workers that wait so (:mod:`unirank.supervisor.stoppolicy`;
+    their stop handler cannot run while the collective holds the main thread). Made and
+    removed only when that changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.kept = False
+
+    def update(self, waiting_s: float) -> None:
+        """The rank has waited ``waiting_s`` seconds in its collective (0: in none)."""
+        keep = waiting_s >= MARK_AFTER
+        if keep == self.kept or not self.path:
+            return
+        self.kept = keep
+        with contextlib.suppress(OSError):
+            if keep:
+                with open(self.path, "w", encoding="utf-8"):
+                    pass
+            else:
+                os.unlink(self.path)

@@ -15,7 +15,9 @@ order :mod:`unirank.hang.ending` says, and ends its process with
 Where asked (``measure_waits``: a worker of ``unirank run``, whose rank 0 gathers it), it
 looks at the groups' status every 50 ms between two records, to measure the rank's time in
 collectives (:mod:`unirank.hang.waits`); :meth:`Watcher.end_record` gives that, with the
-thread's own CPU time, to the rank's end-of-run record.
+thread's own CPU time, to the rank's end-of-run record. There it also keeps the attempt
+folder's mark of a rank that waits in one collective (:class:`~unirank.hang.waits.
+CollectiveMark`), for its supervisor when a node is gone.
 
 The thread uses a store connection of its own, so it never waits behind the program's or
 torch's use of the store. When an exception leaves the program, :func:`unirank.hang.failure.
@@ -77,7 +79,7 @@ from unirank.hang.recorder import (
 )
 from unirank.hang.standby import Duty, takeover_line
 from unirank.hang.timings import LINGER
-from unirank.hang.waits import SAMPLE_PERIOD, WaitMeter, recorder_status
+from unirank.hang.waits import SAMPLE_PERIOD, CollectiveMark, WaitMeter, recorder_status
 from unirank.runfolder import AttemptFolder
 from unirank.signals import start_shielded
 
@@ -144,6 +146,10 @@ class Watcher:
         #: this rank's time in collectives (:mod:`unirank.hang.waits`; None: not measured,
         #: nothing gathers it), and the thread's cost
         self.waits = WaitMeter() if measure_waits else None
+        folder = self.attempt_folder()
+        #: kept while this rank waits in one collective (where the waits are measured)
+        self._mark = CollectiveMark(AttemptFolder(folder).collective_mark(rank) if folder
+                                    else "")
         self.cpu_s = self.life_s = 0.0
         self.ticks = 0
         self.detector: Detector | None = None
@@ -255,6 +261,7 @@ class Watcher:
         while not self._stop.is_set():
             now = time.monotonic()
             self.waits.look(now, recorder_status())
+            self._mark.update(self.waits.waiting_for(now))
             if now >= due:
                 return False
             if self._stop.wait(min(SAMPLE_PERIOD, due - now)):

@@ -17,6 +17,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from unirank.contract import ELASTIC_MAX_RESTARTS
 from unirank.sbatch.spec import BACKENDS, DEFAULT_REQUEUE_SIGNAL, LAUNCH_MODES
 
 __all__ = ["OPTIONS", "JobOption", "add_job_options"]
@@ -97,8 +98,8 @@ OPTIONS: tuple[JobOption, ...] = (
               "rank running python SCRIPT, for scripts that find their rank from Slurm "
               "(ur.init)"),
     JobOption(("--max-restarts",), "max_restarts", int, "N",
-              "with --launch node: unirank run's --max-restarts (default 0; 3 with a range "
-              "MIN:MAX)"),
+              "with --launch node: unirank run's --max-restarts (default 0; "
+              f"{ELASTIC_MAX_RESTARTS} with a range MIN:MAX)"),
     JobOption(("--rdzv-conf",), "rdzv_conf", str, "K=V,...",
               "with --nnodes MIN:MAX: unirank run's --rdzv-conf, torchrun's keys, e.g. "
               "last_call_timeout=5 (how long more nodes may join once MIN did; default 3); checked "

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from unirank.contract import STOP_SIGNALS_VAR
+from unirank.contract import ELASTIC_MAX_RESTARTS, STOP_SIGNALS_VAR, default_max_restarts
 from unirank.envvars import looks_secret
 from unirank.errors import ConfigError
 from unirank.gpus import COMMAND_BACKENDS, nccl_fits
@@ -51,8 +51,6 @@ DEFAULT_SIGNAL_LEAD_S = 120
 DEFAULT_REQUEUE_SIGNAL = f"{signal_word(DEFAULT_WARNING)}@{DEFAULT_SIGNAL_LEAD_S}"
 #: sbatch's own lead time when ``--signal`` names no ``@TIME``
 SBATCH_SIGNAL_LEAD_S = 60
-#: ``--max-restarts`` of an elastic job (``--nnodes MIN:MAX``) when none is given
-ELASTIC_MAX_RESTARTS = 3
 
 _TIME_HINT = "use MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch's formats)"
 _TIME_FORMS = (
@@ -126,10 +124,11 @@ class JobSpec:
         return f"{self.min_nodes}{sep}{self.nodes}" if self.elastic else str(self.nodes)
 
     def restarts(self) -> Optional[int]:
-        """unirank run's ``--max-restarts``: as given, else 3 for an elastic job, else None."""
-        if self.max_restarts is not None:
-            return self.max_restarts
-        return ELASTIC_MAX_RESTARTS if self.elastic else None
+        """unirank run's ``--max-restarts``: as given, else the elastic default
+        (:func:`unirank.contract.default_max_restarts`) for an elastic job, else None."""
+        if self.max_restarts is None and not self.elastic:
+            return None
+        return default_max_restarts(self.max_restarts, elastic=self.elastic)
 
     def warning_signal(self) -> Optional[str]:
         """The ``--signal`` the script asks for: as given, else the default with --requeue."""

@@ -18,7 +18,8 @@ Runs in the ``unirank run`` parent (never imports torch). For one plan it
   (``--duplicate-std*-filters``);
 * runs one attempt with the engine (:class:`~unirank.supervisor.engine.Supervisor`) and, with
   ``max_restarts``, starts the group again after a failure, TORCHELASTIC_RESTART_COUNT counting
-  up, and the workers of each restart learn why the attempt before ended
+  the restarts spent (nodes joining spend none: :mod:`.budget`), and the workers of each
+  restart learn why the attempt before ended
   (UNIRANK_RESTART_REASON: :func:`.restartreason.restart_reason`); every attempt's root cause
   goes into the summary. A group that stopped to be requeued
   (exit code :data:`~unirank.exitcodes.REQUEUE`) is restarted too, except under
@@ -54,6 +55,7 @@ from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.signals import FORWARDED, format_signals
+from unirank.supervisor.budget import is_last, restarting_words, spends_restart
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
@@ -160,10 +162,11 @@ def run_plan(
 
 
 def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
-                     options: EngineOptions, attempt: int, attempt_dir: str,
+                     options: EngineOptions, restart_count: int, attempt_dir: str,
                      store_fd: int | None, keep_logs: bool, *,
                      restart_reason: str | None = None) -> list[WorkerLaunch]:
-    """How to start each of this node's workers for attempt ``attempt``: its command line,
+    """How to start each of this node's workers for an attempt after ``restart_count``
+    restarts spent (:mod:`.budget`; TORCHELASTIC_RESTART_COUNT): its command line,
     environment base and wiring (error file in ``attempt_dir``, the store's listening
     ``store_fd`` for rank 0, the timeline, why the attempt before ended), and where its output
     goes."""
@@ -177,7 +180,8 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
         # torch's @record can write its error file there
         os.makedirs(folders.worker(worker.local_rank), exist_ok=True)
         wiring = WorkerWiring(
-            supervisor_pid=os.getpid(), restart_count=attempt, unbuffered=out.unbuffered,
+            supervisor_pid=os.getpid(), restart_count=restart_count,
+            unbuffered=out.unbuffered,
             error_file=folders.error_file(worker.local_rank), attempt_dir=attempt_dir,
             fault_file=folders.fault_file(worker.local_rank),
             numa_binding=options.numa_binding,
@@ -247,7 +251,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                   replan: Callable[[int, Mapping[str, Any] | None], NextRound] | None = None,
                   watch: WorldWatch | None = None) -> RunResult:
     """Run the workers, restarting them after a failure up to ``plan.max_restarts`` times
-    (each restart at ``replan``'s plan, where given)."""
+    (each restart at ``replan``'s plan, where given); nodes joining (the ``watch``'s news)
+    restart them without spending one (:mod:`.budget`)."""
     from unirank.supervisor.engine import Supervisor
 
     out_fd, err_fd = fds
@@ -256,10 +261,10 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     reason: str | None = None
     recovery: Recovery | None = None
     try:
-        attempt = 0
+        attempt = spent = 0  # the attempt's folder; the restarts spent (:mod:`.budget`)
         while True:
             attempt_dir = root.attempt(attempt).path  # a new run's folder: nothing to delete
-            launches = attempt_launches(plan, argv, environ, options, attempt, attempt_dir,
+            launches = attempt_launches(plan, argv, environ, options, spent, attempt_dir,
                                         sock.fileno() if sock else None, keep,
                                         restart_reason=reason)
             result = Supervisor(
@@ -278,18 +283,20 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
             if nothing := nothing_to_evict(verdict):
                 os.write(err_fd, f"{options.prog}: {nothing}\n".encode())
-            if _is_last(result, attempt, plan, environ) or nothing or (
+            joining = watch is not None and watch.joining()
+            if is_last(result, spent, plan.max_restarts, environ, joining=joining) or nothing or (
                     on_hang == "exit" and _hang_timeout(result)):
                 _report_end(root.attempt(attempt).timeline_file, options, err_fd, recovery)
                 return replace(result, attempts=tuple(earlier))
-            restarting = f"; restarting the workers ({attempt + 1} of {plan.max_restarts} " \
-                "restarts)\n"
+            spends = spends_restart(result, joining=joining)
+            restarting = f"; {restarting_words(spent, plan.max_restarts, spends=spends)}\n"
             waits = replan is not None and restart_line_waits(on_hang, _hang_timeout(result),
                                                               result.world_changed)
             if not waits:  # else said once the next round took this node (not evicted)
                 os.write(err_fd, f"{options.prog}: attempt {attempt} {_attempt_end(result)}"
                          f"{restarting}".encode())
             attempt += 1
+            spent += spends
             before, news, moved = plan, None, None
             if replan is not None:
                 began = time.time()
@@ -304,7 +311,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             recovery = Recovery(why.headline() or why.describe(), attempt,
                                 news if news is not None else stopped, stopped,
                                 time.time() if replan is not None else None)
-            reason = why.to_value(attempt, before.world_size)
+            reason = why.to_value(spent, before.world_size)
     finally:
         # a temporary folder in which a hang report was written (which a report named), or
         # worker lines kept off the console (a line named the file), is kept
@@ -350,15 +357,6 @@ def _next_plan(replan: Callable[[int, Mapping[str, Any] | None], NextRound], att
         plan = plan.with_port(int(sock.getsockname()[1]))
     line = (nxt.line + "\n").encode() if nxt.line else b""
     return plan, line, nxt.noticed, nxt.moved
-
-
-def _is_last(result: RunResult, attempt: int, plan: Plan, environ: Mapping[str, str]) -> bool:
-    """Whether the run ends with this attempt: it succeeded, a signal stopped it, a worker
-    stuck in D state did (:mod:`.dstate`), no restart is left, or it stopped to be requeued
-    under Slurm (the batch script requeues the job)."""
-    return bool(result.exit_code == 0 or result.stop_signal is not None
-                or result.stuck is not None or attempt >= plan.max_restarts
-                or (result.requeued and slurm_vars.in_job(environ)))
 
 
 def _attempt_end(result: RunResult, why: RestartReason | None = None) -> str:

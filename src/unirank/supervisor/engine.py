@@ -15,7 +15,8 @@ The decisions are pure functions elsewhere; this loop carries them out:
   worker stuck in D state (:mod:`.dstate`'s thread says so), a second signal and the end of
   the grace period lead to: :mod:`.stoppolicy` (signals to forward, by default SIGINT, SIGTERM,
   SIGUSR1, SIGUSR2; the grace period; Slurm's SIGTERM; the hang report at a stop, which the
-  node of rank 0 asks :mod:`.stopreport` for);
+  node of rank 0 asks :mod:`.stopreport` for; where a node is gone, SIGKILL at once to the
+  workers that wait in a collective, by their hang watcher's mark);
 * which worker is the root cause, whose exit code is the run's: :mod:`.rootcause` (the one
   that failed first on its own, by the time it recorded; lost-peer records after the others);
 * how to start a worker, reap it and signal it: :mod:`.spawn`; what is kept of each one and
@@ -37,37 +38,30 @@ Reads: no environment variable (the workers' environments come whole in each
 
 from __future__ import annotations
 
-import contextlib
 import os
 import selectors
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from types import FrameType
-from typing import TYPE_CHECKING, Any, Union
 
 from unirank.contract import DEFAULT_GRACE_PERIOD
+from unirank.runfolder import AttemptFolder
 from unirank.signals import FORWARDED
 from unirank.supervisor import stoppolicy
 from unirank.supervisor.deathcause import oom_verdict
 from unirank.supervisor.dstate import DStateWatch
 from unirank.supervisor.fork.client import ForkServer
 from unirank.supervisor.rootcause import root_cause
-from unirank.supervisor.spawn import exit_code, send, start_worker
+from unirank.supervisor.spawn import exit_code, kill_all, send, start_worker
 from unirank.supervisor.stoppolicy import Action, StopRules, StopState
 from unirank.supervisor.stopreport import StopReport, StopReportSpec
 from unirank.supervisor.streams import WorkerStreams
 from unirank.supervisor.summary import RunResult, ended, signal_name
+from unirank.supervisor.wakeup import signals_on_a_pipe
 from unirank.supervisor.workerlaunch import WorkerLaunch, WorldWatch, worker_command
 from unirank.supervisor.workers import StartedWorker, remove_if_empty, worker_exit
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    _Handler = Union[Callable[[int, Union[FrameType, None]], Any], int, signal.Handlers, None]
 
 __all__ = ["Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
 
@@ -76,10 +70,6 @@ __all__ = ["Supervisor", "WorkerLaunch", "WorldWatch", "worker_command"]
 _SERVER, _WATCH, _REPORT, _DSTATE = object(), object(), object(), object()
 #: how long to wait for workers to vanish after SIGKILL before giving up on them
 KILL_WAIT = 30.0
-
-
-def _ignore(signum: int, frame: FrameType | None) -> None:
-    """Installed for the signals the loop handles: they arrive through the wakeup fd."""
 
 
 class Supervisor:
@@ -142,35 +132,26 @@ class Supervisor:
         how each ended. Must run in the main thread (it handles signals)."""
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("the supervisor must run in the main thread (it handles signals)")
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        old_handlers: dict[int, _Handler] = {}
         try:
-            for sig in {int(signal.SIGCHLD), *self._rules.signals}:
-                old_handlers[sig] = signal.signal(sig, _ignore)
-            self._selector.register(wake_r, selectors.EVENT_READ, None)
-            if self._server is not None and not self._server.gone:
-                self._selector.register(self._server.fileno(), selectors.EVENT_READ, _SERVER)
-            if self._watch is not None:
-                self._selector.register(self._watch.fileno(), selectors.EVENT_READ, _WATCH)
-            self._start_all()
-            self._watch_dstate()
-            self._loop(wake_r)
-            self._output.drain()
-            folded = self._output.folded()
-            if folded is not None:
-                self._output.say(folded)
+            with signals_on_a_pipe(self._rules.signals) as wake_r:
+                self._selector.register(wake_r, selectors.EVENT_READ, None)
+                if self._server is not None and not self._server.gone:
+                    self._selector.register(self._server.fileno(), selectors.EVENT_READ,
+                                            _SERVER)
+                if self._watch is not None:
+                    self._selector.register(self._watch.fileno(), selectors.EVENT_READ, _WATCH)
+                self._start_all()
+                self._watch_dstate()
+                self._loop(wake_r)
+                self._output.drain()
+                folded = self._output.folded()
+                if folded is not None:
+                    self._output.say(folded)
+                self._selector.unregister(wake_r)
         finally:
             if self._dstate is not None:
                 self._dstate.close()
-            signal.set_wakeup_fd(old_wakeup)
-            for signum, handler in old_handlers.items():
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
             self._cleanup()
-            os.close(wake_r)
-            os.close(wake_w)
             self._selector.close()
         return self._result()
 
@@ -224,7 +205,7 @@ class Supervisor:
             if tick.give_up:
                 self._unreaped = tuple(w.pid for w in self._alive())
                 return
-            if tick.kill:
+            if tick.kill or tick.end_waiting:
                 self._apply(tick)
                 continue
             for key, _events in self._selector.select(self._timeout(now)):
@@ -248,8 +229,8 @@ class Supervisor:
     def _timeout(self, now: float) -> float | None:
         """How long the loop may sleep: until the grace period ends or a partial line is due."""
         report = self._report.deadline if self._report is not None else None
-        due = [d for d in (self._output.next_due(), self._state.deadline, report)
-               if d is not None]
+        due = [d for d in (self._output.next_due(), self._state.deadline, report,
+                           self._state.peer_deadline) if d is not None]
         return max(0.0, min(due) - now) if due else None
 
     def _apply(self, action: Action) -> None:
@@ -261,11 +242,14 @@ class Supervisor:
             self._output.say(action.say)
         if action.forward is not None:
             for worker in self._alive():
+                worker.stop_signals.add(action.forward)  # an end by it: stopped, not failed
                 send(worker.pid, action.forward, group=False)
         if action.stop is not None:
             self._signal_all(action.stop)
         if action.kill:
             self._signal_all(signal.SIGKILL)
+        if action.end_waiting:
+            self._end_waiting()
         if action.ask_report:
             self._begin_report()
 
@@ -301,7 +285,8 @@ class Supervisor:
             return
         self._selector.unregister(self._watch.fileno())
         action = stoppolicy.on_world_change(self._state, change, alive=bool(self._alive()),
-                                            rules=self._rules, now=time.monotonic())
+                                            rules=self._rules, now=time.monotonic(),
+                                            node_gone=not self._watch.joining())
         self._apply(action)
         if action.stop is not None:
             self._output.fold()  # what they print while they end is no news
@@ -372,20 +357,42 @@ class Supervisor:
             worker.ended_at = time.time()
             if code == -signal.SIGKILL and signal.SIGKILL not in worker.stop_signals:
                 worker.oom = oom_verdict(worker.pid, worker.cgroup, since=worker.started - 1.0)
-            if stoppolicy.is_first_failure(self._state, code):
+            if code < 0 and -code in worker.stop_signals:
+                self._on_forwarded_end(worker, -code)
+            elif stoppolicy.is_first_failure(self._state, code):
                 self._first_failure = worker
                 self._on_first_failure(worker)
         self._release_store_host()
 
+    def _who(self, worker: StartedWorker) -> str:
+        """The worker and how it ended, for the stop policy's line."""
+        return (f"rank {worker.launch.rank} (local rank {worker.launch.local_rank}) on node "
+                f"{self._node} {ended(worker.describe())}")
+
     def _on_first_failure(self, worker: StartedWorker) -> None:
         others = len(self._alive())
         record = worker.record() if others else None
-        launch = worker.launch
-        who = (f"rank {launch.rank} (local rank {launch.local_rank}) on node {self._node} "
-               f"{ended(worker.describe())}")
         self._apply(stoppolicy.on_first_failure(
             self._state, others=others, config_error=record is not None and record.config_error,
-            who=who, rules=self._rules, now=time.monotonic()))
+            who=self._who(worker), rules=self._rules, now=time.monotonic()))
+
+    def _on_forwarded_end(self, worker: StartedWorker, signum: int) -> None:
+        self._apply(stoppolicy.on_forwarded_end(self._state, signum, others=len(self._alive()),
+                                                who=self._who(worker), rules=self._rules,
+                                                now=time.monotonic()))
+
+    def _end_waiting(self) -> None:
+        """A node is gone: SIGKILL now to each worker that waits in a collective (its hang
+        watcher's mark, :class:`unirank.hang.waits.CollectiveMark`), saying so."""
+        for worker in self._alive():
+            folder, rank = worker.launch.wiring.attempt_dir, worker.launch.rank
+            if folder is None or not os.path.exists(AttemptFolder(folder).collective_mark(rank)):
+                continue
+            self._output.say(f"rank {rank} (local rank {worker.launch.local_rank}) on node "
+                             f"{self._node} waits in a collective with a node that is gone: "
+                             "SIGKILL now, not after the grace period")
+            worker.stop_signals.add(int(signal.SIGKILL))
+            send(worker.pid, signal.SIGKILL, group=True)
 
     def _signal_all(self, signum: int) -> None:
         """Send a stop signal (or SIGKILL) to every live worker's process group, noting it."""
@@ -402,17 +409,7 @@ class Supervisor:
         """Leave nothing behind: kill workers still running (an error got us here) and whatever
         their process groups still hold (rank 0's store), then close pipes and log files."""
         self._close_report()
-        for worker in self._workers:
-            send(worker.pid, signal.SIGKILL, group=True)
-        forked = [w.pid for w in self._workers if w.alive and w.proc is None]
-        if forked and self._server is not None:
-            self._server.wait_exits(forked, self._rules.kill_wait)
-        for worker in self._workers:
-            if worker.alive and worker.proc is not None:
-                with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel
-                    worker.returncode = worker.proc.wait(timeout=self._rules.kill_wait)
-            elif worker.alive:
-                worker.returncode = exit_code(worker, self._server)
+        kill_all(self._workers, self._server, self._rules.kill_wait)
         self._output.close()
         if self._linger is not None:
             os.close(self._linger)

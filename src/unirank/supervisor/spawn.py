@@ -15,11 +15,12 @@ Reads: no environment variable (the workers' environments come whole in each
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from unirank.supervisor.deathcause import memory_cgroup
@@ -28,7 +29,7 @@ from unirank.supervisor.streams import WorkerStreams
 from unirank.supervisor.workerlaunch import WorkerLaunch
 from unirank.supervisor.workers import StartedWorker
 
-__all__ = ["Started", "exit_code", "send", "start_worker"]
+__all__ = ["Started", "exit_code", "kill_all", "send", "start_worker"]
 
 
 @dataclass(frozen=True)
@@ -132,3 +133,21 @@ def send(pid: int, signum: int, *, group: bool) -> None:
             os.kill(pid, signum)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def kill_all(workers: Sequence[StartedWorker], server: ForkServer | None,
+             kill_wait: float) -> None:
+    """Leave nothing behind: SIGKILL every worker's process group (what a group still holds:
+    rank 0's store, a program's children) and wait for each to end, at most ``kill_wait``
+    seconds (a process stuck in the kernel may outlive that), noting how it ended."""
+    for worker in workers:
+        send(worker.pid, signal.SIGKILL, group=True)
+    forked = [w.pid for w in workers if w.alive and w.proc is None]
+    if forked and server is not None:
+        server.wait_exits(forked, kill_wait)
+    for worker in workers:
+        if worker.alive and worker.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # stuck in the kernel
+                worker.returncode = worker.proc.wait(timeout=kill_wait)
+        elif worker.alive:
+            worker.returncode = exit_code(worker, server)

@@ -8,11 +8,13 @@ for the hang report. The rules:
 
 * A signal to forward that is not a stop signal (:data:`~unirank.signals.STOP_SIGNALS`; by
   default SIGUSR1 and SIGUSR2) goes to every live worker, its process alone.
-* The first stop signal (SIGINT, SIGTERM) is forwarded to every worker's process group and
+* The first stop signal (:data:`~unirank.signals.STOP_SIGNALS`: SIGTERM, SIGINT, SIGHUP,
+  SIGQUIT, which torchrun treats alike) is forwarded to every worker's process group and
   starts the grace period, after which every worker left gets SIGKILL; a second one kills at
-  once. Under Slurm (``slurm_kills``) SIGTERM starts no grace period and a second one is only
-  forwarded: Slurm sends it to every process of the step and SIGKILL KillWait seconds later,
-  which is the workers' time to save a checkpoint.
+  once; a worker it ends is stopped, not failed, and no restart follows. Under Slurm
+  (``slurm_kills``) SIGTERM starts no grace period and a second one is only forwarded:
+  Slurm sends it to every process of the step and SIGKILL KillWait seconds later, which is
+  the workers' time to save a checkpoint.
 * With the hang report asked for at a stop (:mod:`.stopreport`, the node of rank 0) and some
   rank waiting in a collective, the first stop signal (not Slurm's SIGTERM) waits for the
   report (once per run); it is forwarded when the report has ended or could not be made; a
@@ -20,8 +22,17 @@ for the hang report. The rules:
 * The first worker that fails (:func:`is_failure`; not one that ends after a stop signal or a
   change of the world) is the first failure: the others get SIGTERM and the grace period (no
   line when its own failure record is a configuration error, whose one line says it all).
+* A worker ended by a signal that was forwarded to it alone (SIGUSR1, SIGUSR2: its program
+  does not handle it) was stopped, not failed: the run is stopped by that signal
+  (:func:`on_forwarded_end`: the others get SIGTERM and the grace period, no restart).
 * A change of the world (the dynamic rendezvous: a node lost, one waiting to join) while no
-  worker failed and no stop signal came stops the workers the same way, and so does a worker
+  worker failed and no stop signal came stops the workers the same way; where a node is gone
+  (every change but nodes joining), every :data:`~unirank.contract.LOST_PEER_WAIT` seconds
+  (``peer_wait``) until the grace period ends, the workers that wait in a collective (their
+  hang watcher's :class:`~unirank.hang.waits.CollectiveMark`) get SIGKILL at once: their
+  collective waits for the node that is gone and holds the main thread, so their stop
+  handler (``ur.stop_requested()``) cannot act on the SIGTERM, while a worker that computes
+  keeps the whole grace period to save. So does a worker
   stuck in D state past TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT (:mod:`.dstate`; the
   attempt is then the last).
 * At the end of the grace period every worker left gets SIGKILL, and the engine waits
@@ -36,6 +47,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from unirank.contract import LOST_PEER_WAIT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.signals import STOP_SIGNALS
 from unirank.supervisor.summary import signal_name
@@ -48,6 +60,7 @@ __all__ = [
     "is_failure",
     "is_first_failure",
     "on_first_failure",
+    "on_forwarded_end",
     "on_report_end",
     "on_signal",
     "on_tick",
@@ -67,6 +80,8 @@ class StopRules:
     signals: tuple[int, ...]
     #: under Slurm, whose SIGTERM comes with a SIGKILL KillWait seconds later
     slurm_kills: bool = False
+    #: seconds between two looks for workers waiting in a collective once a node is gone
+    peer_wait: float = LOST_PEER_WAIT
 
 
 @dataclass(frozen=True)
@@ -89,6 +104,9 @@ class StopState:
     deadline: float | None = None
     #: SIGKILL was sent: at the deadline the engine gives up on the workers left
     killing: bool = False
+    #: a node is gone: when (``time.monotonic()``) to end the workers that wait in a
+    #: collective (None: no node is gone, or the workers are being killed)
+    peer_deadline: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +129,8 @@ class Action:
     drop_report: bool = False
     #: the wait after SIGKILL is over: stop waiting for the workers left
     give_up: bool = False
+    #: SIGKILL now to the workers that wait in a collective (a node is gone), noted on each
+    end_waiting: bool = False
 
 
 def is_failure(returncode: int) -> bool:
@@ -134,7 +154,8 @@ def _grace(state: StopState, rules: StopRules, now: float) -> StopState:
 
 
 def _kill(state: StopState, rules: StopRules, now: float) -> Action:
-    return Action(replace(state, killing=True, deadline=now + rules.kill_wait), kill=True)
+    return Action(replace(state, killing=True, deadline=now + rules.kill_wait,
+                          peer_deadline=None), kill=True)
 
 
 def on_signal(state: StopState, signum: int, rules: StopRules, now: float,
@@ -199,15 +220,41 @@ def on_first_failure(state: StopState, *, others: int, config_error: bool, who: 
                       f"SIGKILL after {rules.grace_period:g} s")
 
 
+def on_forwarded_end(state: StopState, signum: int, *, others: int, who: str,
+                     rules: StopRules, now: float) -> Action:
+    """A worker was ended by signal ``signum``, which the supervisor forwarded to it (not a
+    stop signal: SIGUSR1, SIGUSR2; its program does not handle it): it was stopped, not
+    failed, so the run is stopped by that signal as by a stop signal (no restart, 128 +
+    signal): the ``others`` workers get SIGTERM and the grace period. ``who``: which worker,
+    and how it ended. Nothing changes where the workers are being stopped already."""
+    if state.failed or state.stop_signal is not None or state.world_changed is not None \
+            or state.stuck is not None:
+        return Action(state)
+    stopped = replace(state, stop_signal=signum)
+    if not others:
+        return Action(stopped)
+    return Action(_grace(stopped, rules, now), stop=signal.SIGTERM,
+                  say=f"{who}, forwarded to it by the launcher (its program does not handle "
+                      f"it); stopping the other {counted(others, 'worker')}: SIGTERM now, "
+                      f"SIGKILL after {rules.grace_period:g} s")
+
+
 def on_world_change(state: StopState, change: str, *, alive: bool, rules: StopRules,
-                    now: float) -> Action:
+                    now: float, node_gone: bool = False) -> Action:
     """The world changed (``change`` says how, in one line): stop the workers, unless they
-    are being stopped already or none runs."""
+    are being stopped already or none runs; ``node_gone``: a node is gone (lost, frozen,
+    evicted, the store moved, a peer's new round: every change but nodes joining), and the
+    workers that wait in a collective are ended after ``rules.peer_wait`` seconds."""
     if state.failed or state.stop_signal is not None or not alive:
         return Action(state)
-    return Action(_grace(replace(state, world_changed=change), rules, now), stop=signal.SIGTERM,
+    stopping = _grace(replace(state, world_changed=change), rules, now)
+    waiting = ""
+    if node_gone and rules.peer_wait < rules.grace_period:
+        stopping = replace(stopping, peer_deadline=now + rules.peer_wait)
+        waiting = f" (at {rules.peer_wait:g} s for those waiting in a collective)"
+    return Action(stopping, stop=signal.SIGTERM,
                   say=f"{change}; stopping the workers: SIGTERM now, SIGKILL after "
-                      f"{rules.grace_period:g} s")
+                      f"{rules.grace_period:g} s{waiting}")
 
 
 def on_stuck(state: StopState, line: str, *, rules: StopRules, now: float) -> Action:
@@ -222,9 +269,12 @@ def on_stuck(state: StopState, line: str, *, rules: StopRules, now: float) -> Ac
 
 def on_tick(state: StopState, rules: StopRules, now: float) -> Action:
     """The loop woke up at ``now``: at the end of the grace period, SIGKILL; at the end of the
-    wait after it, give up."""
+    wait after it, give up; before, where a node is gone, every ``rules.peer_wait`` seconds:
+    SIGKILL to the workers that wait in a collective."""
     if state.deadline is None or now < state.deadline:
-        return Action(state)
+        if state.peer_deadline is None or now < state.peer_deadline or state.killing:
+            return Action(state)
+        return Action(replace(state, peer_deadline=now + rules.peer_wait), end_waiting=True)
     if state.killing:
         return Action(state, give_up=True)
     return _kill(state, rules, now)

@@ -42,7 +42,8 @@ class StartedWorker:
         self.tail = OutputTail()
         #: when (time.time()) the supervisor first signalled this worker to stop, if it did
         self.stopped_at: float | None = None
-        #: the signals the teardown sent it (SIGTERM, SIGKILL)
+        #: the signals the teardown sent it (SIGTERM, SIGKILL), and those forwarded to it
+        #: (SIGUSR1...): an end by one of them is no failure of its own
         self.stop_signals: set[int] = set()
         #: when (time.time()) the supervisor saw it end
         self.ended_at: float | None = None

@@ -199,14 +199,19 @@ class Node:
             records = [NodeRecord(**r) for r in message["records"]]
             _answer(assign(records, self.members.index(self.node), self.round))
             self.joining = False
-        elif "event" in message and (message.get("kind") != "join" or self.spec.admit_joiners):
-            self._tell(str(message["event"]), always=message.get("kind") == "wait")
+        elif "event" in message:  # nodes waiting to join too: admitted at any budget
+            kind = message.get("kind")
+            self._tell(str(message["event"]), always=kind == "wait",
+                       kind=kind if isinstance(kind, str) else None)
 
-    def _tell(self, news: str, *, always: bool = False) -> None:
+    def _tell(self, news: str, *, always: bool = False, kind: str | None = None) -> None:
         """Pass news on to the parent, once per round, while the workers run (``always``:
-        whatever was told before, and while it waits for a round, which then only says it)."""
+        whatever was told before, and while it waits for a round, which then only says it),
+        with its ``kind`` where the server gave one (``join``: a change of membership, which
+        spends no restart)."""
+        payload = {"event": news, **({"kind": kind} if kind else {})}
         if always or (not self.joining and not self.told):
-            _answer({"event": news})
+            _answer(payload)
             self.told = self.told or not self.joining
 
     def move(self, *, ended: bool = False) -> None:

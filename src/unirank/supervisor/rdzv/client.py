@@ -72,6 +72,8 @@ class RendezvousHelper:
         self._news_at: float | None = None
         #: the news that the rendezvous moved (``store moved to node ...``), until read
         self._moved: str | None = None
+        #: the last news was nodes waiting to join (:meth:`joining`)
+        self._joining = False
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -142,7 +144,7 @@ class RendezvousHelper:
         except BlockingIOError:
             chunk = None
         if chunk == b"":
-            self._keep_log = True
+            self._keep_log, self._joining = True, False
             return f"the rendezvous helper ended (its log: {self.log_path})"
         self._buffer += chunk or b""
         if b"\n" not in self._buffer:
@@ -153,6 +155,7 @@ class RendezvousHelper:
         except ValueError:
             news = {}
         self._news_at = time.monotonic()
+        self._joining = isinstance(news, dict) and news.get("kind") == "join"
         if isinstance(news, dict) and "error" in news:  # evicted: said at the next round
             self._refusal = line.decode(errors="replace")
             return str(news["error"])
@@ -169,6 +172,11 @@ class RendezvousHelper:
         node1 (10.0.0.1)``), once; None where it did not."""
         news, self._moved = self._moved, None
         return news
+
+    def joining(self) -> bool:
+        """Whether the last news was nodes waiting to join (a change of membership alone,
+        which spends no restart)."""
+        return self._joining
 
     def noticed_before(self, began: float) -> float | None:
         """Seconds from the last news (a node lost, joining...) to ``began`` (the next

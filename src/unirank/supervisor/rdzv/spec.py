@@ -50,8 +50,6 @@ class RdzvSpec:
     close_timeout: float = 30.0
     keep_alive_interval: float = 1.0
     keep_alive_max_attempt: int = 3
-    #: stop the workers when a node waits to join (only where a restart can admit it)
-    admit_joiners: bool = False
     #: ``local_addr`` was given (``--local-addr``): the same one twice is one node started twice
     explicit_addr: bool = False
 
