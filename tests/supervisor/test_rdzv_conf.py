@@ -148,3 +148,17 @@ def test_unirank_run_s_on_hang_follows_the_rendezvous() -> None:
     assert engine_options(_args(*STATIC, "--max-restarts", "3"), {}).on_hang == "restart"
     with pytest.raises(ConfigError, match="--on-hang='evict': needs an elastic job"):
         engine_options(_args(*STATIC, "--on-hang", "evict"), {})
+
+
+def test_a_node_fences_itself_before_the_server_declares_it_lost() -> None:
+    """One world at every moment: the side that lost its server stops its workers before the
+    other side's server declares it lost, whatever the beat settings; a successor holds its
+    first round past the server's declaration."""
+    from unirank.supervisor.rdzv.conf import fence_after, lost_after, successor_hold
+
+    assert (fence_after(1.0, 3), lost_after(1.0, 3), successor_hold(1.0, 3)) == (2.5, 3.0, 1.5)
+    for interval in (0.1, 1.0, 5.0):
+        for attempts in (1, 2, 3, 10):
+            fence, lost = fence_after(interval, attempts), lost_after(interval, attempts)
+            assert 0 < fence < lost
+            assert fence + successor_hold(interval, attempts) > lost

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -26,6 +27,7 @@ from unirank.distenv import DistEnv
 from unirank.errors import ConfigError
 from unirank.supervisor.rdzv.client import RendezvousHelper
 from unirank.supervisor.rdzv.conf import KEYS, parse_rdzv_conf
+from unirank.supervisor.rdzv.rounds import two_node_note
 from unirank.supervisor.rdzv.spec import DEFAULT_ENDPOINT_PORT, Assignment, RdzvSpec
 from unirank.words import counted
 
@@ -127,6 +129,10 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
     from unirank.supervisor.listen import open_store_socket
 
     spec = _spec(args, endpoint, nproc, outer, environ)
+    note = two_node_note(spec.min_nodes, spec.max_nodes)
+    if note is not None:  # what one world at every moment costs a two-node job: said once
+        sys.stderr.write(f"unirank run: {note}\n")
+        sys.stderr.flush()
     sock = open_store_socket(0, host=spec.master_addr(), option="--rdzv-endpoint")
     helper = None
     try:

@@ -18,11 +18,14 @@ It reads one :class:`~.spec.RdzvSpec` (a JSON line) on stdin, then
    parent can admit them) until stdin says ``next`` (join the next round) or ends (the parent
    is done or gone): then it says ``leave`` and exits.
 
-Where the node serving the rendezvous is lost, the node goes to its successor
+Where the node serving the rendezvous is silent for :func:`.conf.fence_after`, the node first
+stops its workers (news to the parent), then, as where its connection ends, leaves it
+(``abandon``) and says hello there again; where nothing answers it goes to the successor
 (:func:`~.rounds.successor` over the last round, which the hello's answer gives a node that
-only waits to join too) or becomes it; where its server answers ``moved`` (a fresh server at
-the endpoint that followed the job's running server, :func:`~.rounds.follows`), it goes
-there and joins at the job's next round.
+only waits to join too) or becomes it, the lost server counted proven dead only where its
+address refused or its connection ended without a word (:func:`~.rounds.has_quorum`).
+Where its server answers ``moved`` (a fresh server at the endpoint that followed the job's
+running server, :func:`~.rounds.follows`), it goes there and joins at the job's next round.
 
 A refusal is answered as ``{"error": ..., "variable": ..., "value": ..., "hint": ...}`` (the
 parent raises it as a one-line ConfigError). Reads no environment variable.
@@ -33,17 +36,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import secrets
 import selectors
-import socket
 import sys
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.exitcodes import EVICTED
+from unirank.supervisor.rdzv.reach import (
+    MAX_HOPS,
+    Refusal,
+    connect,
+    endpoint,
+    endpoint_socket,
+    node_identity,
+    serve_if_endpoint,
+)
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec, assign, to_line
-from unirank.supervisor.rdzv.wire import Lines
 from unirank.words import counted
 
 if TYPE_CHECKING:
@@ -51,80 +60,12 @@ if TYPE_CHECKING:
 
 __all__ = ["MAX_HOPS", "Refusal", "main", "node_identity"]
 
-#: how many ``moved`` answers a hello follows (servers that followed the job's server)
-MAX_HOPS = 8
-
-
-class Refusal(Exception):
-    """This node cannot take part: one line, the option at fault and what to do."""
-
-    def __init__(self, message: str, *, variable: str | None = None,
-                 value: str | None = None, hint: str = "", exit_code: int | None = None) -> None:
-        super().__init__(message)
-        self.payload: dict[str, Any] = {"error": message, "variable": variable, "value": value,
-                                        "hint": hint}
-        if exit_code is not None:  # the parent's own exit code for it (this node evicted)
-            self.payload["exit_code"] = exit_code
-
 
 def _evicted(why: str) -> Refusal:
     """This node was evicted (``--on-hang evict``): the parent ends with
     :data:`unirank.exitcodes.EVICTED`."""
     return Refusal(why, hint="the other nodes go on without this one (--on-hang evict); see "
                    "the hang report on rank 0's node", exit_code=EVICTED)
-
-
-def _endpoint(spec: RdzvSpec) -> str:
-    return f"{spec.endpoint_host}:{spec.endpoint_port}"
-
-
-def node_identity() -> str:
-    """This node's identity in the rendezvous: host, the ``unirank run`` parent's pid and a
-    random part (as torchrun's agents: several on one host are several nodes)."""
-    return f"{socket.gethostname()}:{os.getppid()}:{secrets.token_hex(4)}"
-
-
-def serve_if_endpoint(spec: RdzvSpec, host: str) -> Server | None:
-    """Serve the rendezvous here where this node is on the endpoint's host and the port is free;
-    the server, or None (``host``: this node's identity)."""
-    endpoint = _endpoint_socket(spec)
-    if endpoint is None:
-        return None
-    from unirank.supervisor.rdzv.server import Server
-
-    server = Server([endpoint], spec, host)
-    server.start()
-    return server
-
-
-def _endpoint_socket(spec: RdzvSpec) -> socket.socket | None:
-    """The endpoint's port, listening, where this node is on its host and it is free."""
-    if not spec.serves_endpoint:
-        return None
-    from unirank.errors import ConfigError
-    from unirank.supervisor.listen import open_store_socket
-
-    try:
-        return open_store_socket(spec.endpoint_port, host=spec.endpoint_host,
-                                 option="--rdzv-endpoint")
-    except ConfigError:
-        return None  # in use: another node of this host serves it
-
-
-def connect(spec: RdzvSpec, address: tuple[str, int], deadline: float) -> Lines:
-    """A connection to the rendezvous at ``address``, tried until ``deadline`` (the endpoint's
-    node may start after this one)."""
-    while True:
-        try:
-            return Lines(socket.create_connection(address, timeout=2))
-        except OSError:
-            if time.monotonic() >= deadline:
-                raise Refusal(
-                    f"nothing serves the rendezvous at {address[0]}:{address[1]}",
-                    variable="--rdzv-endpoint", value=_endpoint(spec),
-                    hint="start unirank run on the endpoint's host too (its node serves the "
-                    "rendezvous), or give --rdzv-endpoint one of the nodes' addresses") from None
-            time.sleep(0.2)
 
 
 class Node:
@@ -140,10 +81,13 @@ class Node:
         self.explicit = spec.local_addr if spec.explicit_addr else None
         #: where this node serves the rendezvous, should it take it over
         self.spare = open_store_socket(0, host=spec.master_addr(), option="--local-addr")
-        self.lines = connect(spec, (spec.endpoint_host, spec.endpoint_port),
-                             time.monotonic() + spec.join_timeout)
+        #: the server's address this node is connected to
+        self.address = (spec.endpoint_host, spec.endpoint_port)
+        self.lines = connect(spec, self.address, time.monotonic() + spec.join_timeout)
         self.selector = selectors.DefaultSelector()
         self.joining = self.told = False
+        #: the server said it dropped this node (its connection's end then proves nothing)
+        self.dropped = False
         self.deadline = self.heard = time.monotonic()
         #: the last round: its number, members (in order), records and the node serving it
         self.round, self.server = -1, ""
@@ -155,7 +99,7 @@ class Node:
         running server, :func:`.rounds.follows`), say it there (at most :data:`MAX_HOPS`
         times)."""
         if hops > MAX_HOPS:
-            raise Refusal(f"the rendezvous at {_endpoint(self.spec)} sent this node on more "
+            raise Refusal(f"the rendezvous at {endpoint(self.spec)} sent this node on more "
                           f"than {MAX_HOPS} times", hint="run again; if it repeats, report it")
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
                          "name": self.spec.node_name, "explicit": self.explicit,
@@ -189,12 +133,16 @@ class Node:
         with selectors.DefaultSelector() as selector:
             selector.register(self.lines.sock, selectors.EVENT_READ)
             if left <= 0 or not selector.select(left):
-                raise Refusal(f"no answer from the rendezvous at {_endpoint(self.spec)} "
-                              f"({what})", hint="run again; if it repeats, check the endpoint")
+                silent = Refusal(f"no answer from the rendezvous at {endpoint(self.spec)} "
+                                 f"({what})", hint="run again; if it repeats, check the endpoint")
+                silent.silent = True
+                raise silent
         messages = self.lines.receive()
         if messages is None:
-            raise Refusal(f"the rendezvous at {_endpoint(self.spec)} closed its connection",
-                          hint="its node ended: start the job again")
+            closed = Refusal(f"the rendezvous at {endpoint(self.spec)} closed its connection",
+                             hint="its node ended: start the job again")
+            closed.silent = True
+            raise closed
         return messages
 
     def join(self) -> None:
@@ -213,12 +161,13 @@ class Node:
             self.selector.unregister(self.lines.sock)
         self.lines.close()
         self.serves = False
-        self.lines = connect(self.spec, (str(there["addr"]), int(there["port"])), deadline)
+        self.address = (str(there["addr"]), int(there["port"]))
+        self.lines = connect(self.spec, self.address, deadline)
 
     def follow(self, there: dict[str, Any]) -> None:
         """The server here followed the job's running server: join that one (at its next
         round; the workers of a round run here are stopped first)."""
-        wait = 2 * self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt + 2.0
+        wait = 2 * self.spec.lost_after + 2.0
         self._reconnect(there, time.monotonic() + wait)
         self.hello(time.monotonic() + wait)
         self._rejoin(f"store moved to node {there.get('name')} ({there['addr']}): the job "
@@ -233,6 +182,8 @@ class Node:
         self._tell(news, always=True)
 
     def on_message(self, message: dict[str, Any]) -> None:
+        if "dropped" in message:  # the server runs: the end of this connection proves nothing
+            self.dropped = True
         if "moved" in message:
             self.follow(message["moved"])
             return
@@ -255,56 +206,95 @@ class Node:
 
     def _tell(self, news: str, *, always: bool = False, kind: str | None = None) -> None:
         """Pass news on to the parent, once per round, while the workers run (``always``:
-        also while it waits for a round, which then only says it), with its ``kind`` where the
-        server gave one (``join``: a change of membership, which spends no restart)."""
+        whatever was told before, and while it waits for a round, which then only says it),
+        with its ``kind`` where the server gave one (``join``: a change of membership, which
+        spends no restart)."""
         payload = {"event": news, **({"kind": kind} if kind else {})}
-        if always and self.joining:
+        if always or (not self.joining and not self.told):
             _answer(payload)
-        elif not self.joining and not self.told:
-            _answer(payload)
-            self.told = True
+            self.told = self.told or not self.joining
 
-    def move(self) -> None:
-        """The node serving the rendezvous is lost: find its successor (or become it) by
-        :func:`~.rounds.successor` over the last round's members, connect, and go on."""
+    def move(self, *, ended: bool = False) -> None:
+        """The server went silent or its connection ended (``ended``): leave it (``abandon``:
+        silence, not death, should it still run), and join the job again at the same server
+        where it answers, else at its successor (:func:`~.rounds.successor` over the last
+        round's members), or become it. The server is proven dead
+        (:func:`~.rounds.has_quorum`) where its address refuses, or where its connection ended
+        without a word (no ``dropped``: the kernel closed it) and it does not answer."""
         from unirank.supervisor.rdzv.rounds import successor
 
+        self.lines.send({"op": "abandon"})
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.lines.sock)
         self.lines.close()
-        failed = {self.server}
-        wait = 2 * self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt + 2.0
+        lost = self.server
+        back = self._back()
+        if back is True:
+            self.dropped = False  # the server answered, or one that took the endpoint over
+            self._rejoin(self._moved_to(self.server) if self.server != lost else
+                         "this node lost the rendezvous's server for a while: it joins the "
+                         "job's next round")
+            return
+        proven, self.dropped = back is None or (ended and not self.dropped), False
+        failed, dead = {lost}, ({lost} if proven else set())
+        wait = 2 * self.spec.lost_after + 2.0
         while True:
             chosen = successor(self.members, failed) if self.server else None
             if chosen is None:
-                raise Refusal(f"the rendezvous at {_endpoint(self.spec)} ended (its node "
+                raise Refusal(f"the rendezvous at {endpoint(self.spec)} ended (its node "
                               "ended) and no node of the last round serves it",
                               hint="start the job again")
             record = self.records[chosen]
             if chosen == self.node:
-                self._take_over(frozenset(failed), record)
-            address = (str(record["addr"]), int(record["rdzv_port"]))
+                self._take_over(frozenset(failed), frozenset(dead), record)
+            self.address = (str(record["addr"]), int(record["rdzv_port"]))
             try:
-                self.lines = connect(self.spec, address, time.monotonic() + wait)
+                self.lines = connect(self.spec, self.address, time.monotonic() + wait,
+                                     refused_ends=True)
                 self.hello(time.monotonic() + wait)
                 break
-            except Refusal:
+            except Refusal as refusal:
+                if not (refusal.refused or refusal.silent):
+                    raise
                 failed.add(chosen)
+                dead.update([chosen] if refusal.refused else [])
         self.server = chosen
+        self._rejoin(self._moved_to(chosen))
+
+    def _moved_to(self, server: str) -> str:
+        """The news that the rendezvous moved to the node ``server``."""
         from unirank.supervisor.rdzv.names import node_label, of_records
 
-        label = node_label(chosen, of_records(self.records.values()), address=True)
-        self._rejoin(f"store moved to node {label}")
+        label = node_label(server, of_records(self.records.values()), address=True)
+        return f"store moved to node {label}"
 
-    def _take_over(self, failed: frozenset[str], record: dict[str, Any]) -> None:
+    def _back(self) -> bool | None:
+        """Connect to the server this node lost again and say hello: True where it answered
+        (the caller joins its next round), None where its address refused (its helper is
+        gone: proven dead), False where it stays silent (one beat interval)."""
+        deadline = time.monotonic() + self.spec.keep_alive_interval
+        try:
+            self.lines = connect(self.spec, self.address, deadline, refused_ends=True)
+            self.hello(deadline)
+        except Refusal as refusal:
+            if not (refusal.refused or refusal.silent):
+                raise
+            with contextlib.suppress(AttributeError):
+                self.lines.close()
+            return None if refusal.refused else False
+        return True
+
+    def _take_over(self, failed: frozenset[str], dead: frozenset[str],
+                   record: dict[str, Any]) -> None:
         """Serve the rendezvous here, resumed from the last round (this node is the
         successor); a server this process ran at the endpoint (one that followed the job
         here) now sends the nodes that reach it to this one."""
         from unirank.supervisor.rdzv.server import Resume, Server
 
-        listening = [self.spare, *filter(None, [_endpoint_socket(self.spec)])]
+        listening = [self.spare, *filter(None, [endpoint_socket(self.spec)])]
+        hold = 0.0 if self.server in dead else self.spec.successor_hold
         server = Server(listening, self.spec, self.node,
-                        Resume(self.round, self.members, self.records, failed))
+                        Resume(self.round, self.members, self.records, failed, dead, hold))
         server.start()
         if self.local is not None and self.local.moved is not None:
             self.local.moved = {"job": self.spec.run_id, "round": self.round,
@@ -318,27 +308,29 @@ class Node:
         self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
         self.join()
         beat_at = 0.0
-        lost_after = self.spec.keep_alive_interval * self.spec.keep_alive_max_attempt
         while True:
+            for key, _ in self.selector.select(min(0.5, self.spec.keep_alive_interval / 2)):
+                if key.data == "parent":
+                    if not self._from_parent():
+                        return
+                else:  # read before the silence is judged: a frozen node resumed
+                    self._from_store()
             now = time.monotonic()
             if now - beat_at >= self.spec.keep_alive_interval:
                 beat_at = now
                 self.lines.send({"op": "beat"})
             if self.joining and now >= self.deadline:
                 raise Refusal(
-                    f"the rendezvous {self.spec.run_id!r} at {_endpoint(self.spec)} did "
+                    f"the rendezvous {self.spec.run_id!r} at {endpoint(self.spec)} did "
                     f"not complete within join_timeout={self.spec.join_timeout:g} s "
                     f"(fewer than {counted(self.spec.min_nodes, 'node')} joined)",
                     hint="start unirank run with the same --rdzv-endpoint and --rdzv-id "
                     "on the other nodes, or raise --rdzv-conf join_timeout")
-            if now - self.heard >= lost_after and self.server != self.node:
-                self.move()  # the node serving it is silent: hung, or cut off
-            for key, _ in self.selector.select(min(0.5, self.spec.keep_alive_interval / 2)):
-                if key.data == "parent":
-                    if not self._from_parent():
-                        return
-                else:
-                    self._from_store()
+            if now - self.heard >= self.spec.fence_after and self.server != self.node:
+                # the node serving it is silent (hung, or cut off): fence first
+                self._tell(f"no word from the rendezvous's server for "
+                           f"{now - self.heard:.1f} s")
+                self.move()
 
     def _from_parent(self) -> bool:
         """The parent's ``{"next": true, "evict": [...], "why": ...}``, or its end."""
@@ -356,7 +348,7 @@ class Node:
     def _from_store(self) -> None:
         messages = self.lines.receive()
         if messages is None:
-            self.move()
+            self.move(ended=True)
             return
         self.heard = time.monotonic()
         for message in messages:

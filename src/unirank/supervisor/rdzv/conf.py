@@ -12,7 +12,10 @@ Known keys (torchrun's names; seconds may have a fraction):
   before that has not rejoined (its node is then left out);
 * ``keep_alive_interval`` (1 s) and ``keep_alive_max_attempt`` (3): a node beats every
   interval; one silent for interval x attempts (a hung machine, a cut network) is lost. A node
-  whose processes die is lost at once: the kernel closes its connection.
+  whose processes die is lost at once: the kernel closes its connection. A node that has not
+  heard from the rendezvous's server for :func:`fence_after` (half a beat less than
+  :func:`lost_after`) stops its workers and looks for the job elsewhere: the side of a split
+  that holds no quorum is fenced before the other side declares it lost.
 
 torchrun's other keys are accepted, as torchrun accepts them, and have no effect here (the run
 notes them): ``timeout`` (torch's legacy rendezvous timeout, which torchrun always sets and its
@@ -32,7 +35,28 @@ from dataclasses import dataclass, fields, replace
 
 from unirank.errors import ConfigError
 
-__all__ = ["KEYS", "TORCHRUN_ONLY", "RdzvConf", "parse_rdzv_conf"]
+__all__ = ["KEYS", "TORCHRUN_ONLY", "RdzvConf", "fence_after", "lost_after", "parse_rdzv_conf",
+           "successor_hold"]
+
+
+def lost_after(interval: float, attempts: int) -> float:
+    """Seconds of silence after which the server declares a node lost."""
+    return interval * attempts
+
+
+def fence_after(interval: float, attempts: int) -> float:
+    """Seconds of silence from its server after which a node stops its workers and leaves the
+    server (always less than :func:`lost_after`: the losing side of a split is fenced before
+    the winning side declares it lost)."""
+    return lost_after(interval, attempts) - interval / 2
+
+
+def successor_hold(interval: float, attempts: int) -> float:
+    """Seconds a successor's server waits before its first round where the server before it
+    is not proven dead: by then that server, cut off but alive, has declared this side's
+    nodes lost and stopped its own workers (a beat interval for the skew between the two
+    sides' last beats)."""
+    return lost_after(interval, attempts) - fence_after(interval, attempts) + interval
 
 
 @dataclass(frozen=True)
@@ -54,7 +78,7 @@ class RdzvConf:
     @property
     def lost_after(self) -> float:
         """Seconds of silence after which a node is lost."""
-        return self.keep_alive_interval * self.keep_alive_max_attempt
+        return lost_after(self.keep_alive_interval, self.keep_alive_max_attempt)
 
 
 #: the keys ``--rdzv-conf`` takes, in the order the help lists them

@@ -11,6 +11,21 @@ are its decisions, unit-tested in milliseconds:
   arrive: no last call). The last call is waited for only where nodes may still arrive: the
   first round below MAX, and a round a new node waits for. A node of the round before that has
   not rejoined within the close timeout is left out.
+* :func:`has_quorum`: one world at every moment. A round that follows another closes only
+  when the nodes of the round before that rejoin it are a strict majority of that round's
+  nodes not proven dead, or exactly half of them including the first of them in the round's
+  order (a fixed tie-break: in a two-node job the first node, normally the serving one,
+  wins). A node is *proven dead* when its connection ended without a word (EOF or RST with
+  no ``dropped`` or ``abandon`` before it), its rendezvous port refused a connection, or it
+  said ``leave`` or was evicted: the kernel closed its helper's sockets, and a ``unirank
+  run`` whose helper ended stops its workers and ends (the helper dies with its ``unirank
+  run`` by its parent-death signal). Silence (a hung machine, a cut link) proves nothing. A
+  node that heard nothing from its server for :func:`.conf.fence_after` stops its workers
+  before that server declares it lost (:func:`.conf.lost_after`). Two groups of
+  one round's nodes that lost each other can therefore never both close a round: at most one
+  holds a quorum, and the other waits (its workers stopped) until it reaches the job again.
+  A two-node job gives up telling a stalled or cut-off first node from a dead one: the
+  second waits for it to come back, or to be replaced (:func:`two_node_note`).
 * :func:`members_of`: the next round's nodes: those of the round before, in their order, then
   the new ones in the order they came, at most MAX.
 * :func:`successor`: which node serves the rendezvous once the node serving it is lost: the
@@ -25,6 +40,10 @@ are its decisions, unit-tested in milliseconds:
   earlier round (a fresh one is at round -1): it sends its nodes there (they join at the
   job's next round) and from then on answers every hello at the endpoint with the job's
   address. Nothing waits on one node: any successor probes, any endpoint server follows.
+  Probes go both ways (the probed server answers where it is) and also to the other
+  members' rendezvous ports, so the sides of a split meet again once it heals: the side
+  behind follows the side that closed a later round, and where neither did, the side
+  whose server comes later in the round's order follows the other.
 """
 
 from __future__ import annotations
@@ -32,7 +51,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Pending", "Served", "follows", "members_of", "round_closes", "successor"]
+__all__ = ["Pending", "Served", "follows", "has_quorum", "members_of", "round_closes",
+           "successor", "two_node_note"]
 
 
 @dataclass(frozen=True)
@@ -48,12 +68,39 @@ class Pending:
     #: seconds since the first node of this round came, and since MIN nodes waited
     open_for: float
     min_for: float
+    #: the nodes of the round before proven dead (see :func:`has_quorum`)
+    dead: frozenset[str] = frozenset()
+
+
+def has_quorum(before: Sequence[str], rejoined: Collection[str],
+               dead: Collection[str]) -> bool:
+    """Whether the nodes ``rejoined`` may form the round after ``before`` (its nodes in their
+    order): a strict majority of its nodes not ``dead``, or exactly half including the first
+    of them (see the module docstring). True for a first round and where every node of the
+    round before is dead (nothing is left to split from)."""
+    voters = [n for n in before if n not in dead]
+    count = sum(1 for n in voters if n in rejoined)
+    if 2 * count == len(voters):
+        return not voters or voters[0] in rejoined
+    return 2 * count > len(voters)
+
+
+def two_node_note(min_nodes: int, max_nodes: int) -> str | None:
+    """The one line an elastic job of at most two nodes says at its start (what
+    :func:`has_quorum` gives up there); None for any other job."""
+    if max_nodes != 2 or min_nodes >= max_nodes:
+        return None
+    return ("an elastic job of 2 nodes cannot tell a stalled or cut-off first node from a "
+            "lost one: the second waits for it to come back or be replaced (one world at "
+            "every moment)")
 
 
 def round_closes(p: Pending, *, min_nodes: int, max_nodes: int, last_call: float,
                  close_timeout: float) -> bool:
     """Whether the round ``p`` closes now (see the module docstring)."""
     waiting = [n for n in p.waiting if n in p.alive]
+    if not has_quorum(p.before, waiting, p.dead):
+        return False  # the other side of a split may hold the majority: never two worlds
     if p.before and not any(n in p.before for n in waiting) and \
             any(n in p.alive for n in p.before):
         return False  # the job runs and none of its nodes asked for a round: newcomers wait
@@ -94,10 +141,17 @@ class Served:
     job: str
     round: int
     server: str
+    #: the server's node's place in its last round's order (its length where it is not in it)
+    place: int = 0
 
 
 def follows(here: Served, there: Served) -> bool:
     """Whether the server ``here`` sends its nodes to ``there`` (see the module docstring): the
     same job, another server, a later round (the job that ran on; a fresh server is at round
-    -1). The rule is one-way, so two servers never send their nodes to each other."""
-    return here.job == there.job and here.server != there.server and there.round > here.round
+    -1), or the same round and a node earlier in its order (two sides of a split where
+    neither held a quorum: they meet at the first one's server). The rule is one-way, so two
+    servers never send their nodes to each other."""
+    if here.job != there.job or here.server == there.server:
+        return False
+    return there.round > here.round or \
+        (there.round == here.round >= 0 and there.place < here.place)

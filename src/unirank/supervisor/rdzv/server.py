@@ -4,23 +4,31 @@
 It holds the job's small state (its ``--rdzv-id``, the round, the members and their records)
 and keeps one connection per node (:mod:`.wire`). A node is any ``unirank run``: several on one
 host are several nodes (each helper names itself: host, pid and a random part). A node whose
-connection closes without a ``leave`` (its processes died: the kernel closes their sockets) is
-lost at once; one that sends nothing for ``keep_alive_interval x keep_alive_max_attempt`` (a
-hung machine, a cut network) is lost then. The members of the running round are told (one
-``event``) when one of them is lost, asks for a new round, or when a new node waits to join.
-Rounds close by :func:`.rounds.round_closes`. A successor (a server resumed from the last
-round) probes the original endpoint and redirects a fresh server of the job found there
-(:func:`.rounds.follows`); a server that followed answers ``moved`` to its nodes and to every
-later hello.
+connection closes without a word (its processes died: the kernel closes their sockets) is lost
+at once and *proven dead*, as one that said ``leave`` or was evicted; one silent for
+:func:`.conf.lost_after` (a hung machine, a cut network) is lost then and told ``dropped``
+(should it hear it, it comes back as a new node); one that says ``abandon`` (it heard nothing
+from this server for :func:`.conf.fence_after`) is lost: neither is proven dead. The members
+of the running round are told (one ``event``) when one of them is lost, asks for a new round,
+or when a new node waits to join. Rounds close by :func:`.rounds.round_closes`, under its
+quorum over the nodes of the round before not proven dead (:func:`.rounds.has_quorum`).
+
+A successor (a server resumed from the last round) probes the original endpoint and the other
+members' rendezvous ports once per beat interval: a server of the job found there at an
+earlier round follows it, one at a later round is followed (:func:`.rounds.follows`; the probe
+is answered with ``here``); a server that followed answers ``moved`` to its nodes and to every
+later hello. A successor not told that the server before it died (its address refused) waits
+``hold`` seconds before its first round: the other side of a split, cut off but alive, has then
+declared this side's nodes lost and stopped its own workers.
 
 Messages in: ``hello`` (job, node, name, explicit address), ``join`` (a
-:class:`~.spec.NodeRecord`), ``beat``, ``leave``, ``evict``, ``redirect`` (a successor's
-probe: its job, round, node and address). Out: ``ok``/``error`` (the hello's answer),
+:class:`~.spec.NodeRecord`), ``beat``, ``leave``, ``abandon``, ``evict``, ``redirect`` (a
+successor's probe: its job, round, node and address). Out: ``ok``/``error`` (the hello's answer),
 ``round`` (number and the members' records in order; the hello's ``ok`` carries the last
 round's too, so that a node waiting to join can follow the rendezvous to a successor),
 ``event`` (news, with its ``kind``: lost, restart, join; ``wait`` to a node that waits for
 a running job's next round), ``beat``, ``moved`` (where the job runs: address, rendezvous
-port, node).
+port, node), ``dropped`` (why this node was left out), ``here`` (a probe's answer).
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from typing import Any
 
 from unirank.supervisor.rdzv.names import node_label, of_records
 from unirank.supervisor.rdzv.rounds import Pending, Served, follows, members_of, round_closes
-from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
+from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 from unirank.words import counted
 
@@ -69,6 +77,10 @@ class Resume:
     records: dict[str, dict[str, Any]]
     #: the nodes known lost (the node that served before, and any found unreachable)
     failed: frozenset[str]
+    #: those of them proven dead (:func:`.rounds.has_quorum`)
+    dead: frozenset[str] = frozenset()
+    #: seconds before the first round may close (0 where the server before is proven dead)
+    hold: float = 0.0
 
 
 class Server:
@@ -88,12 +100,16 @@ class Server:
         self._records: dict[str, dict[str, Any]] = {}
         #: nodes of the round before counted alive until they reconnect (after a move)
         self._grace: dict[str, float] = {}
+        #: nodes proven dead (:func:`.rounds.has_quorum`); no round closes before ``_hold``
+        self._dead: set[str] = set()
+        self._hold = 0.0
         if resume is not None:
             self.round, self.members = resume.round, resume.members
             self._records = dict(resume.records)
-            grace = time.monotonic() + 2 * spec.keep_alive_interval * \
-                spec.keep_alive_max_attempt + 5.0
+            grace = time.monotonic() + 2 * spec.lost_after + 5.0
             self._grace = {m: grace for m in resume.members if m not in resume.failed}
+            self._dead = set(resume.dead)
+            self._hold = time.monotonic() + resume.hold
         self._waiting: list[str] = []
         #: nodes evicted (``--on-hang evict``), and why
         self._evicted: dict[str, str] = {}
@@ -102,6 +118,8 @@ class Server:
         self._beat_at = 0.0
         #: where the job runs once this server followed another (:func:`.rounds.follows`)
         self.moved: dict[str, Any] | None = None
+        #: a later server of the job its probe found (the loop follows it)
+        self._found: dict[str, Any] | None = None
         self._watching = resume is not None
 
     def start(self) -> None:
@@ -110,24 +128,43 @@ class Server:
             threading.Thread(target=self._watch, name="unirank-rdzv-watch", daemon=True).start()
 
     def _here(self) -> dict[str, Any]:
-        """Where this server's job runs: its node's record's address and rendezvous port."""
+        """Where this server's job runs: its node's record's address and the port it serves
+        (a successor's rendezvous port, else the endpoint's)."""
         record = self._records.get(self.host, {})
+        port = record.get("rdzv_port") if self._watching else self.spec.endpoint_port
+        place = (self.members.index(self.host) if self.host in self.members
+                 else len(self.members))
         return {"job": self.spec.run_id, "round": self.round, "server": self.host,
-                "addr": record.get("addr"), "port": record.get("rdzv_port"),
+                "place": place, "addr": record.get("addr"), "port": port,
                 "name": record.get("name")}
 
     def _watch(self) -> None:
-        """A successor's probe of the original endpoint, once per beat interval (its name
-        resolved afresh each time): whatever serves there is told where the job runs (a node
-        started again with the original command follows, :func:`.rounds.follows`)."""
+        """A successor's probe of the original endpoint (its name resolved afresh each time)
+        and of the other members' rendezvous ports, once per beat interval: whatever serves
+        there is told where this job runs and answers where it runs; the one behind follows
+        the other (:func:`.rounds.follows`: a node started again with the original command, or
+        the other side of a split that healed)."""
         interval = self.spec.keep_alive_interval
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(
-                    (self.spec.endpoint_host, self.spec.endpoint_port), timeout=interval) as sock:
-                sock.settimeout(interval)
-                if self.moved is None:  # one that followed another says nothing
-                    sock.sendall(to_line({"op": "redirect", **self._here()}))
+        while self.moved is None:  # one that followed another says nothing
+            members, records = self.members, dict(self._records)  # the loop replaces them
+            others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
+                      if m != self.host and records.get(m, {}).get("rdzv_port")]
+            for address in [(self.spec.endpoint_host, self.spec.endpoint_port), *others]:
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
+                        socket.create_connection(address, timeout=interval) as sock:
+                    lines = Lines(sock)
+                    sock.settimeout(interval)
+                    lines.send({"op": "redirect", **self._here()})
+                    there = (lines.receive() or [{}])[0].get("here")
+                    if isinstance(there, dict) and there.get("addr") and \
+                            follows(self._served(self._here()), self._served(there)):
+                        self._found = there  # the loop follows it (one thread sends)
             time.sleep(interval)  # a period, not a synchronisation
+
+    @staticmethod
+    def _served(state: dict[str, Any]) -> Served:
+        return Served(str(state["job"]), int(state["round"]), str(state["server"]),
+                      int(state.get("place") or 0))
 
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -149,8 +186,8 @@ class Server:
 
     def _read(self, node: _Node) -> None:
         messages = node.lines.receive()
-        if messages is None:
-            self._drop(node, "its connection closed")
+        if messages is None:  # the kernel closed its sockets: proven dead
+            self._drop(node, "its connection closed", dead=True)
             return
         node.seen = time.monotonic()
         for message in messages:
@@ -161,14 +198,17 @@ class Server:
     def _tick(self) -> None:
         now = time.monotonic()
         for node in list(self._nodes.values()):
-            if node.node and now - node.seen >= self.spec.keep_alive_interval * \
-                    self.spec.keep_alive_max_attempt:
-                self._drop(node, f"no beat for {now - node.seen:.0f} s")
+            if node.node and now - node.seen >= self.spec.lost_after:
+                why = f"no beat for {now - node.seen:.0f} s"
+                node.lines.send({"dropped": why})  # it comes back as a new node, if it hears
+                self._drop(node, why)
         if now - self._beat_at >= self.spec.keep_alive_interval:
             self._beat_at = now
             for node in list(self._nodes.values()):
                 if node.node:
                     node.lines.send({"beat": 1})
+        if self._found is not None and self.moved is None:
+            self.point_to(self._found)
         self._maybe_close(now)
 
     # messages ---------------------------------------------------------------------------
@@ -179,7 +219,10 @@ class Server:
         elif op == "join" and node.node:
             self._join(node, message.get("record") or {})
         elif op == "leave":
-            self._drop(node, None)
+            self._drop(node, None, dead=True)
+        elif op == "abandon":  # it stopped its workers; silence, not death
+            self._drop(node, "it heard nothing from the rendezvous's server for "
+                             f"{self.spec.fence_after:g} s")
         elif op == "redirect":
             self._redirect(node, message)
         elif op == "evict":
@@ -189,12 +232,11 @@ class Server:
         """A probe from the server of this job that ran on: follow it where
         :func:`.rounds.follows` says so (every node here is sent there, and so is every later
         hello)."""
+        here = self.moved or self._here()
+        node.lines.send({"here": here})  # the prober follows where it is behind
         self._forget(node)
-        here = self.moved or {"job": self.spec.run_id, "round": self.round, "server": self.host}
         with contextlib.suppress(KeyError, TypeError, ValueError):
-            if not follows(Served(str(here["job"]), int(here["round"]), str(here["server"])),
-                           Served(str(there["job"]), int(there["round"]),
-                                  str(there["server"]))) or not there.get("addr"):
+            if not follows(self._served(here), self._served(there)) or not there.get("addr"):
                 return
             self.point_to(there)
 
@@ -213,7 +255,7 @@ class Server:
         for node in list(self._nodes.values()):
             if node.node in self._evicted:
                 node.lines.send({"evicted": self._evicted[node.node]})
-                self._drop(node, None)
+                self._drop(node, None, dead=True)
 
     def _hello(self, node: _Node, message: dict[str, Any]) -> None:
         spec = self.spec
@@ -225,6 +267,10 @@ class Server:
                 "hint": "give every node of one job the same --rdzv-id, and each job its own "
                         "--rdzv-endpoint"})
             return
+        again = next((n for n in self._nodes.values() if n is not node and n.node
+                      and n.node == message.get("node")), None)
+        if again is not None:  # a node that lost this server and came back: the old is gone
+            self._drop(again, "it connected again")
         explicit = message.get("explicit")
         twin = next((n for n in self._nodes.values() if explicit and n.node
                      and n.explicit == explicit), None)
@@ -246,6 +292,7 @@ class Server:
         node.node, node.name = str(message.get("node")), str(message.get("name"))
         node.explicit, node.pid = explicit, int(message.get("pid") or 0)
         self._grace.pop(node.node, None)
+        self._dead.discard(node.node)
         node.lines.send({"ok": True, **self._state()})
 
     def _state(self) -> dict[str, Any]:
@@ -277,12 +324,15 @@ class Server:
                 waiting = sum(1 for n in self._waiting if n not in self.members)
                 self._tell(running, "join", f"{counted(waiting, 'node')} waiting to join")
 
-    def _drop(self, node: _Node, why: str | None) -> None:
-        """A node left (``why`` None: it said ``leave``) or is lost (``why``)."""
+    def _drop(self, node: _Node, why: str | None, *, dead: bool = False) -> None:
+        """A node left (``why`` None: it said ``leave``) or is lost (``why``); ``dead``: proven
+        dead (:func:`.rounds.has_quorum`)."""
         names = self._names()
         self._forget(node)
         if not node.node:
             return
+        if dead:
+            self._dead.add(node.node)
         if node.node in self._waiting:
             self._waiting.remove(node.node)
         if why is not None and node.node in self.members:
@@ -321,6 +371,8 @@ class Server:
         if not self._waiting:
             self._opened = self._min_at = None
             return
+        if now < self._hold:
+            return
         alive = self._alive()
         count = sum(1 for n in self._waiting if n in alive)
         if count < self.spec.min_nodes:
@@ -329,7 +381,8 @@ class Server:
             self._min_at = now
         pending = Pending(before=self.members, alive=alive, waiting=tuple(self._waiting),
                           open_for=now - (self._opened or now),
-                          min_for=now - (self._min_at or now))
+                          min_for=now - (self._min_at or now),
+                          dead=frozenset(self._dead))
         if not round_closes(pending, min_nodes=self.spec.min_nodes,
                             max_nodes=self.spec.max_nodes,
                             last_call=self.spec.last_call_timeout,

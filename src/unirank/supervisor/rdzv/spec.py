@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, is_dataclass
 
 from unirank.errors import ConfigError
+from unirank.supervisor.rdzv import conf
 
 __all__ = ["DEFAULT_ENDPOINT_PORT", "Assignment", "NodeRecord", "RdzvSpec", "assign",
            "assignment_of", "to_line"]
@@ -51,6 +52,22 @@ class RdzvSpec:
     keep_alive_max_attempt: int = 3
     #: ``local_addr`` was given (``--local-addr``): the same one twice is one node started twice
     explicit_addr: bool = False
+
+    @property
+    def lost_after(self) -> float:
+        """Seconds of silence after which a node is lost (:func:`.conf.lost_after`)."""
+        return conf.lost_after(self.keep_alive_interval, self.keep_alive_max_attempt)
+
+    @property
+    def fence_after(self) -> float:
+        """Seconds of silence from its server after which a node fences itself
+        (:func:`.conf.fence_after`)."""
+        return conf.fence_after(self.keep_alive_interval, self.keep_alive_max_attempt)
+
+    @property
+    def successor_hold(self) -> float:
+        """Seconds a successor waits before its first round (:func:`.conf.successor_hold`)."""
+        return conf.successor_hold(self.keep_alive_interval, self.keep_alive_max_attempt)
 
     def master_addr(self) -> str:
         """Where this node's rank 0 would serve the workers' store."""
