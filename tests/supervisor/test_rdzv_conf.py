@@ -162,3 +162,30 @@ def test_a_node_fences_itself_before_the_server_declares_it_lost() -> None:
             fence, lost = fence_after(interval, attempts), lost_after(interval, attempts)
             assert 0 < fence < lost
             assert fence + successor_hold(interval, attempts) > lost
+
+
+def test_the_rendezvous_waits_have_one_home_and_the_docs_say_its_values() -> None:
+    """Each wait of the rendezvous is derived from the beat settings in ``conf`` (the spec's
+    defaults are the conf's), longer waits follow shorter ones, and the sentences of the docs
+    that give them say what the code does."""
+    from pathlib import Path
+
+    from unirank.supervisor.rdzv import conf as rconf
+    from unirank.supervisor.rdzv.spec import RdzvSpec
+
+    spec = RdzvSpec(endpoint_host="h", endpoint_port=1, run_id="j", min_nodes=1, max_nodes=2,
+                    local_addr="a", node_name="n", nproc=1, serves_endpoint=False)
+    default = rconf.RdzvConf()
+    assert (spec.keep_alive_interval, spec.keep_alive_max_attempt, spec.join_timeout) == \
+        (default.keep_alive_interval, default.keep_alive_max_attempt, default.join_timeout)
+    assert spec.fence_after < spec.lost_after < spec.reconnect_within < spec.resume_grace
+    interval, attempts = default.keep_alive_interval, default.keep_alive_max_attempt
+    lost, fence = spec.lost_after, spec.fence_after
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    run, slurm = (docs / "run.md").read_text(), (docs / "slurm-jobs.md").read_text()
+    for said in (f"({attempts}: a node silent for {lost:g} s is lost)",
+                 f"after {lost:g} s without a beat",
+                 f"for {fence:g} s (half a beat less than the {lost:g} s",
+                 f"beats {interval:g} s x {attempts}"):
+        assert said in " ".join(run.split()), said
+    assert f"no beat for {lost:g} s" in " ".join(slurm.split())

@@ -167,7 +167,7 @@ class Node:
     def follow(self, there: dict[str, Any]) -> None:
         """The server here followed the job's running server: join that one (at its next
         round; the workers of a round run here are stopped first)."""
-        wait = 2 * self.spec.lost_after + 2.0
+        wait = self.spec.reconnect_within
         self._reconnect(there, time.monotonic() + wait)
         self.hello(time.monotonic() + wait)
         self._rejoin(f"store moved to node {there.get('name')} ({there['addr']}): the job "
@@ -237,7 +237,7 @@ class Node:
             return
         proven, self.dropped = back is None or (ended and not self.dropped), False
         failed, dead = {lost}, ({lost} if proven else set())
-        wait = 2 * self.spec.lost_after + 2.0
+        wait = self.spec.reconnect_within
         while True:
             chosen = successor(self.members, failed) if self.server else None
             if chosen is None:

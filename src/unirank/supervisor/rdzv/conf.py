@@ -36,7 +36,7 @@ from dataclasses import dataclass, fields, replace
 from unirank.errors import ConfigError
 
 __all__ = ["KEYS", "TORCHRUN_ONLY", "RdzvConf", "fence_after", "lost_after", "parse_rdzv_conf",
-           "successor_hold"]
+           "reconnect_within", "resume_grace", "successor_hold"]
 
 
 def lost_after(interval: float, attempts: int) -> float:
@@ -57,6 +57,19 @@ def successor_hold(interval: float, attempts: int) -> float:
     nodes lost and stopped its own workers (a beat interval for the skew between the two
     sides' last beats)."""
     return lost_after(interval, attempts) - fence_after(interval, attempts) + interval
+
+
+def reconnect_within(interval: float, attempts: int) -> float:
+    """Seconds a node gives the server it goes to (a successor, or where a server sent it) to
+    answer: that server may first have to find out that the one before it is lost (twice the
+    silence of a loss), plus a margin for its start."""
+    return 2 * lost_after(interval, attempts) + 2.0
+
+
+def resume_grace(interval: float, attempts: int) -> float:
+    """Seconds a successor counts the last round's nodes alive before they reach it: each
+    node's own search (:func:`reconnect_within`), plus a margin for its first message."""
+    return reconnect_within(interval, attempts) + 3.0
 
 
 @dataclass(frozen=True)

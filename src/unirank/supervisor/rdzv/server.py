@@ -106,7 +106,7 @@ class Server:
         if resume is not None:
             self.round, self.members = resume.round, resume.members
             self._records = dict(resume.records)
-            grace = time.monotonic() + 2 * spec.lost_after + 5.0
+            grace = time.monotonic() + spec.resume_grace
             self._grace = {m: grace for m in resume.members if m not in resume.failed}
             self._dead = set(resume.dead)
             self._hold = time.monotonic() + resume.hold

@@ -45,11 +45,11 @@ class RdzvSpec:
     #: the port of the store this node's rank 0 serves, should this node be node rank 0
     store_port: int = 0
     #: torchrun's ``--rdzv-conf`` keys, in seconds / counts (:class:`~.conf.RdzvConf`)
-    join_timeout: float = 600.0
-    last_call_timeout: float = 3.0
-    close_timeout: float = 30.0
-    keep_alive_interval: float = 1.0
-    keep_alive_max_attempt: int = 3
+    join_timeout: float = conf.RdzvConf.join_timeout
+    last_call_timeout: float = conf.RdzvConf.last_call_timeout
+    close_timeout: float = conf.RdzvConf.close_timeout
+    keep_alive_interval: float = conf.RdzvConf.keep_alive_interval
+    keep_alive_max_attempt: int = conf.RdzvConf.keep_alive_max_attempt
     #: ``local_addr`` was given (``--local-addr``): the same one twice is one node started twice
     explicit_addr: bool = False
 
@@ -68,6 +68,17 @@ class RdzvSpec:
     def successor_hold(self) -> float:
         """Seconds a successor waits before its first round (:func:`.conf.successor_hold`)."""
         return conf.successor_hold(self.keep_alive_interval, self.keep_alive_max_attempt)
+
+    @property
+    def reconnect_within(self) -> float:
+        """Seconds a node gives the server it goes to (:func:`.conf.reconnect_within`)."""
+        return conf.reconnect_within(self.keep_alive_interval, self.keep_alive_max_attempt)
+
+    @property
+    def resume_grace(self) -> float:
+        """Seconds a successor counts the last round's nodes alive
+        (:func:`.conf.resume_grace`)."""
+        return conf.resume_grace(self.keep_alive_interval, self.keep_alive_max_attempt)
 
     def master_addr(self) -> str:
         """Where this node's rank 0 would serve the workers' store."""
