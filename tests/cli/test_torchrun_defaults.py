@@ -127,12 +127,14 @@ print("got SIGHUP", flush=True)
 """
 
 
-def test_sighup_is_forwarded_to_the_workers(runner: Runner) -> None:
+def test_sighup_is_forwarded_to_the_workers_and_stops_the_run(runner: Runner) -> None:
+    """As torchrun, SIGHUP reaches the workers and stops the run (a closed terminal): the run
+    ends by it, 128 + SIGHUP as for SIGTERM, although the rank ended 0."""
     runner.script("hup.py", HUP)
     proc = runner.start(["-n", "1", "hup.py"], text=False)
     assert proc.stdout is not None
     runner.read_lines(proc.stdout, 1, contains="ready")
     proc.send_signal(signal.SIGHUP)
     out, err = proc.communicate(timeout=runner.timeout)
-    assert proc.returncode == 0, err
+    assert proc.returncode == 128 + signal.SIGHUP, err
     assert b"got SIGHUP" in out

@@ -1,5 +1,5 @@
 """One world at every moment across a partition (:func:`...rdzv.rounds.has_quorum`): three
-``unirank run`` nodes of one elastic 1:3 job, each in a network namespace of its own on
+(and five) ``unirank run`` nodes of one elastic 1:N job, each in a network namespace of its own on
 one bridge (tests/integration/_netns.py), node 1 serving the rendezvous. Node 1's link is cut
 until nodes 2 and 3 train on at a world of 2, then restored. Before the quorum, node 1 trained
 on alone at a world of 1 beside them; now it stops its workers, holds no quorum (one of three),
@@ -35,7 +35,7 @@ def _env(node: int) -> dict[str, str]:
     return {"UNIRANK_NODE_NAME": f"node{node}", "GLOO_SOCKET_IFNAME": "eth0"}
 
 
-@pytest.fixture(params=[3, 2])
+@pytest.fixture(params=[5, 3, 2])
 def net(request: pytest.FixtureRequest) -> Iterator[Net]:
     require()
     with Net(request.param) as made:
@@ -44,8 +44,8 @@ def net(request: pytest.FixtureRequest) -> Iterator[Net]:
 
 def test_the_serving_node_cut_off_then_restored_leaves_one_world(runner: Runner, tmp_path: Path,
                                                                  net: Net) -> None:
-    """Three nodes: nodes 2 and 3 (a majority) move the rendezvous and train at a world of 2;
-    node 1 waits. Two nodes (the rule's tie-break): node 1, the first of the round, trains on
+    """Three (five) nodes: the others (a majority) move the rendezvous and train at a world of
+    2 (4); node 1 waits. Two nodes (the rule's tie-break): node 1, the first of the round, trains on
     alone at a world of 1 and node 2 waits; either way one world, and all end 0 once healed."""
     count = len(net.nodes)
     job = Job(runner, tmp_path, nnodes=f"1:{count}", endpoint=address(1))
