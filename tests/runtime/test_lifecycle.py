@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -158,23 +158,33 @@ def test_ranks_whose_nodes_count_restarts_differently_start_one_group(tmp_path: 
     """A node that joined an elastic job starts at TORCHELASTIC_RESTART_COUNT=0 while the
     others count their restarts: ``ur.init`` under one such rank each must still start one
     group (real processes, a store of rank 0's)."""
+    codes, ended = _two_ranks(tmp_path, JOIN_ACROSS_RESTART_COUNTS, lambda rank: {
+        "UNIRANK_HANG_REPORT_AFTER": "off", "TORCHELASTIC_RESTART_COUNT": str(1 - rank),
+        "TORCHELASTIC_MAX_RESTARTS": "3"})
+    assert codes == [0, 0], ended
+    assert [out for out, _ in ended] == ["joined 0 2\n", "joined 1 2\n"], ended
+
+
+def _two_ranks(tmp_path: Path, program: str, extra: Callable[[int], dict[str, str]]
+               ) -> tuple[list[int], list[tuple[str, str]]]:
+    """Run ``program`` as ranks 0 and 1 of a world of 2 on loopback (each its own process, as
+    srun one task per rank starts them; ``extra(rank)``: more variables): their exit codes and
+    (stdout, stderr)."""
     import subprocess
 
     from _procs import free_port, launcher_free_environ
 
-    script = tmp_path / "join.py"
-    script.write_text(JOIN_ACROSS_RESTART_COUNTS)
+    script = tmp_path / "program.py"
+    script.write_text(program)
     port = str(free_port())
     procs = [subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=launcher_free_environ({
             "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "UNIRANK_HANG_REPORT_AFTER": "off",
-            "TORCHELASTIC_RESTART_COUNT": str(1 - rank), "TORCHELASTIC_MAX_RESTARTS": "3"}))
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, **extra(rank)}))
         for rank in (0, 1)]
     ended = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], ended
-    assert [out for out, _ in ended] == ["joined 0 2\n", "joined 1 2\n"], ended
+    return [p.returncode for p in procs], ended
 
 
 LEFT_ALIVE = """
@@ -199,19 +209,6 @@ def test_a_group_the_program_left_alive_is_ended_at_exit(tmp_path: Path) -> None
     at the interpreter's exit, so torch 2.13's teardown of a live gloo group cannot abort the
     rank after its last line (SIGABRT in about half of two-rank torchrun runs here): each
     rank's last atexit handler sees no group, and both end 0 (real processes)."""
-    import subprocess
-
-    from _procs import free_port, launcher_free_environ
-
-    script = tmp_path / "left_alive.py"
-    script.write_text(LEFT_ALIVE)
-    port = str(free_port())
-    procs = [subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env=launcher_free_environ({
-            "RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}))
-        for rank in (0, 1)]
-    ended = [p.communicate(timeout=120) for p in procs]
+    codes, ended = _two_ranks(tmp_path, LEFT_ALIVE, lambda rank: {})
     assert [out for out, _ in ended] == ["group at exit: False\n"] * 2, ended
-    assert [p.returncode for p in procs] == [0, 0], ended
+    assert codes == [0, 0], ended
