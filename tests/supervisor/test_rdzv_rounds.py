@@ -150,16 +150,3 @@ def test_a_two_node_elastic_job_says_what_it_gives_up() -> None:
     assert "cannot tell a stalled or cut-off first node from a lost one" in \
         str(two_node_note(1, 2))
     assert two_node_note(2, 2) is None and two_node_note(1, 3) is None
-
-
-def test_a_successor_never_follows_a_server_proven_dead() -> None:
-    """The successor after a second loss: a probe the lost server sent earlier waited in the
-    queue of this node's rendezvous port (nothing served it then) and names that server, at
-    the same round and an earlier place; following it would send every node to a dead
-    address (the fault harness's seed 5: a job whose serving node was lost twice ended)."""
-    from unirank.supervisor.rdzv.rounds import Served, follows
-
-    successor, gone = Served("j", 3, "node3", 1), Served("j", 3, "node2", 0)
-    assert follows(successor, gone)  # the rule alone would follow it
-    assert not follows(successor, gone, dead={"node2"})
-    assert follows(successor, Served("j", 4, "node4", 2), dead={"node2"})

@@ -145,17 +145,13 @@ class Served:
     place: int = 0
 
 
-def follows(here: Served, there: Served, dead: Collection[str] = ()) -> bool:
+def follows(here: Served, there: Served) -> bool:
     """Whether the server ``here`` sends its nodes to ``there`` (see the module docstring): the
     same job, another server, a later round (the job that ran on; a fresh server is at round
     -1), or the same round and a node earlier in its order (two sides of a split where
     neither held a quorum: they meet at the first one's server). The rule is one-way, so two
-    servers never send their nodes to each other. Never a server of a node in ``dead`` (proven
-    dead, :func:`has_quorum`): a probe that waited, unanswered, in the queue of a port nobody
-    served yet (a member's rendezvous port before it became the successor) names a server
-    that may be gone since. A server that was only silent (frozen, cut off) is followed when
-    it is back: the two sides meet again."""
-    if here.job != there.job or here.server == there.server or there.server in dead:
+    servers never send their nodes to each other."""
+    if here.job != there.job or here.server == there.server:
         return False
     return there.round > here.round or \
         (there.round == here.round >= 0 and there.place < here.place)

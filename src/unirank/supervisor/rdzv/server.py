@@ -157,8 +157,7 @@ class Server:
                     lines.send({"op": "redirect", **self._here()})
                     there = (lines.receive() or [{}])[0].get("here")
                     if isinstance(there, dict) and there.get("addr") and \
-                            follows(self._served(self._here()), self._served(there),
-                                    self._dead):
+                            follows(self._served(self._here()), self._served(there)):
                         self._found = there  # the loop follows it (one thread sends)
             time.sleep(interval)  # a period, not a synchronisation
 
@@ -237,8 +236,7 @@ class Server:
         node.lines.send({"here": here})  # the prober follows where it is behind
         self._forget(node)
         with contextlib.suppress(KeyError, TypeError, ValueError):
-            if not follows(self._served(here), self._served(there), self._dead) or \
-                    not there.get("addr"):
+            if not follows(self._served(here), self._served(there)) or not there.get("addr"):
                 return
             self.point_to(there)
 
