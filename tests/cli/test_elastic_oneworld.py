@@ -73,8 +73,8 @@ def test_a_frozen_node_resumed_never_trains_a_second_world(runner: Runner, tmp_p
     said = job.said()
     assert codes == [0, 0], said
     worlds = check_one_world((tmp_path / "steps.log").read_text())
-    assert "unirank run: an elastic job of 2 nodes cannot tell a stalled or cut-off first " \
-        "node from a lost one" in said, said
+    assert "unirank run: an elastic job of 2 nodes cannot tell a stalled or cut-off node " \
+        "serving the rendezvous from a lost one" in said, said
     assert worlds[-1][2][-1] == STEPS - 1, worlds
     if frozen == "other":
         assert [size for _ident, size, _steps in worlds][:2] == [2, 1], worlds

@@ -3,7 +3,7 @@ pure, milliseconds."""
 
 from __future__ import annotations
 
-from unirank.supervisor.rdzv.rounds import Pending, members_of, round_closes
+from unirank.supervisor.rdzv.rounds import Pending, has_quorum, members_of, round_closes
 
 SETTINGS = {"min_nodes": 1, "max_nodes": 3, "last_call": 3.0, "close_timeout": 30.0}
 
@@ -50,6 +50,16 @@ def test_members_keep_their_order_then_newcomers_up_to_max() -> None:
         ("c", "a", "x")
     assert members_of((), ("b", "a"), frozenset("ab"), 5) == ("b", "a")
     assert members_of(("a", "b"), ("b", "a"), frozenset("a"), 5) == ("a",)
+
+
+def test_the_serving_node_comes_first_so_a_tie_falls_to_it() -> None:
+    """In a two-node job whose other node joined first, the serving node still wins a tie."""
+    first = members_of((), ("b", "a"), frozenset("ab"), 2, serving="a")
+    assert first == ("a", "b")
+    assert has_quorum(first, {"a"}, ()) and not has_quorum(first, {"b"}, ())
+    assert members_of(("c", "a", "b"), ("a", "b", "c"), frozenset("abc"), 2, serving="b") == \
+        ("b", "c")
+    assert members_of(("a", "b"), ("a", "b"), frozenset("ab"), 5, serving="x") == ("a", "b")
 
 
 def test_the_successor_is_the_first_member_not_known_lost() -> None:
@@ -147,6 +157,6 @@ def test_no_split_of_a_round_s_nodes_lets_both_sides_close_a_round() -> None:
 def test_a_two_node_elastic_job_says_what_it_gives_up() -> None:
     from unirank.supervisor.rdzv.rounds import two_node_note
 
-    assert "cannot tell a stalled or cut-off first node from a lost one" in \
+    assert "cannot tell a stalled or cut-off node serving the rendezvous from a lost one" in \
         str(two_node_note(1, 2))
     assert two_node_note(2, 2) is None and two_node_note(1, 3) is None

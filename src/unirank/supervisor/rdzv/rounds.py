@@ -14,8 +14,8 @@ are its decisions, unit-tested in milliseconds:
 * :func:`has_quorum`: one world at every moment. A round that follows another closes only
   when the nodes of the round before that rejoin it are a strict majority of that round's
   nodes not proven dead, or exactly half of them including the first of them in the round's
-  order (a fixed tie-break: in a two-node job the first node, normally the serving one,
-  wins). A node is *proven dead* when its connection ended without a word (EOF or RST with
+  order (a fixed tie-break: the serving node is first in every round it is in, see
+  :func:`members_of`, so in a two-node job the node serving the rendezvous wins). A node is *proven dead* when its connection ended without a word (EOF or RST with
   no ``dropped`` or ``abandon`` before it), its rendezvous port refused a connection, or it
   said ``leave`` or was evicted: the kernel closed its helper's sockets, and a ``unirank
   run`` whose helper ended stops its workers and ends (the helper dies with its ``unirank
@@ -24,10 +24,10 @@ are its decisions, unit-tested in milliseconds:
   before that server declares it lost (:func:`.conf.lost_after`). Two groups of
   one round's nodes that lost each other can therefore never both close a round: at most one
   holds a quorum, and the other waits (its workers stopped) until it reaches the job again.
-  A two-node job gives up telling a stalled or cut-off first node from a dead one: the
-  second waits for it to come back, or to be replaced (:func:`two_node_note`).
-* :func:`members_of`: the next round's nodes: those of the round before, in their order, then
-  the new ones in the order they came, at most MAX.
+  A two-node job gives up telling a stalled or cut-off serving node from a dead one: the
+  other waits for it to come back, or to be replaced (:func:`two_node_note`).
+* :func:`members_of`: the next round's nodes: the serving node, then those of the round
+  before in their order, then the new ones in the order they came, at most MAX.
 * :func:`successor`: which node serves the rendezvous once the node serving it is lost: the
   first node of the last round's list that is not known lost. Every node holds the same list
   (the round's answer carries it), so the survivors agree without talking to each other.
@@ -90,9 +90,9 @@ def two_node_note(min_nodes: int, max_nodes: int) -> str | None:
     :func:`has_quorum` gives up there); None for any other job."""
     if max_nodes != 2 or min_nodes >= max_nodes:
         return None
-    return ("an elastic job of 2 nodes cannot tell a stalled or cut-off first node from a "
-            "lost one: the second waits for it to come back or be replaced (one world at "
-            "every moment)")
+    return ("an elastic job of 2 nodes cannot tell a stalled or cut-off node serving the "
+            "rendezvous from a lost one: the other waits for it to come back or be replaced "
+            "(one world at every moment)")
 
 
 def round_closes(p: Pending, *, min_nodes: int, max_nodes: int, last_call: float,
@@ -119,12 +119,18 @@ def round_closes(p: Pending, *, min_nodes: int, max_nodes: int, last_call: float
 
 
 def members_of(before: Sequence[str], waiting: Sequence[str], alive: frozenset[str],
-               max_nodes: int) -> tuple[str, ...]:
-    """The next round's nodes: the round before's that wait, in their order, then the new ones
-    in the order they came, at most ``max_nodes``."""
+               max_nodes: int, serving: str | None = None) -> tuple[str, ...]:
+    """The next round's nodes: the node ``serving`` the rendezvous where it waits, then the
+    round before's that wait, in their order, then the new ones in the order they came, at most
+    ``max_nodes``. The serving node comes first so that :func:`has_quorum`'s tie-break falls
+    to it: the node that holds the round is the one a two-node job keeps."""
     kept = [n for n in before if n in waiting and n in alive]
     new = [n for n in waiting if n not in before and n in alive]
-    return tuple((kept + new)[:max_nodes])
+    ordered = kept + new
+    if serving in ordered:
+        ordered.remove(serving)
+        ordered.insert(0, serving)
+    return tuple(ordered[:max_nodes])
 
 
 def successor(members: Sequence[str], failed: Collection[str]) -> str | None:

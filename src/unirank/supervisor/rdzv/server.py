@@ -388,7 +388,8 @@ class Server:
                             last_call=self.spec.last_call_timeout,
                             close_timeout=self.spec.close_timeout):
             return
-        self.members = members_of(self.members, self._waiting, alive, self.spec.max_nodes)
+        self.members = members_of(self.members, self._waiting, alive, self.spec.max_nodes,
+                                  self.host)
         self.round += 1
         records = [self._records[m] for m in self.members]
         for node in self._nodes.values():
