@@ -79,3 +79,47 @@ def test_a_server_of_another_job_is_not_redirected() -> None:
         _until(node, "beat")
     node.send({"op": "beat"})
     node.close()
+
+
+def test_a_node_that_took_part_in_a_later_round_is_refused_by_a_server_behind_it() -> None:
+    """A server of a side that lost the job (here at round 1) never counts a node that took
+    part in round 2 (a quorum over round 1 would not meet round 2's): it answers ``behind``."""
+    _endpoint, successor = _servers()
+    ahead = Lines(socket.create_connection(("127.0.0.1", successor), timeout=5))
+    ahead.send({"op": "hello", "job": "j", "node": "a", "name": "a", "explicit": None,
+                "pid": 1, "round": 2})
+    assert _until(ahead, "behind")["behind"] == 1
+    same = Lines(socket.create_connection(("127.0.0.1", successor), timeout=5))
+    same.send({"op": "hello", "job": "j", "node": "a", "name": "a", "explicit": None,
+               "pid": 1, "round": 1})
+    assert _until(same, "ok")["round"] == 1
+    for lines in (ahead, same):
+        lines.close()
+
+
+def test_a_probe_whose_prober_left_is_not_followed() -> None:
+    """A probe that waited in the queue of a node's rendezvous port while nothing served it
+    (its prober, a successor since lost, gave up waiting and closed) is stale: the node that
+    then serves there does not send its nodes to the address in it."""
+    spare = open_store_socket(0)
+    port = int(spare.getsockname()[1])
+    stale = socket.create_connection(("127.0.0.1", port), timeout=5)
+    Lines(stale).send({"op": "redirect", "job": "j", "round": 1, "server": "a", "place": 0,
+                       "addr": "127.0.0.1", "port": 9, "name": "a"})
+    stale.close()
+    record = {"addr": "127.0.0.1", "rdzv_port": port, "name": "b", "nproc": 1,
+              "store_port": 0, "serves_endpoint": False, "claim": "b"}
+    spec = replace(SPEC, endpoint_port=9)
+    Server([spare], spec, "b",
+           Resume(1, ("a", "b"), {"a": record, "b": record}, frozenset({"a"}))).start()
+    node = _hello(port, "c")
+    answer = _until(node, "ok")  # the stale probe was read before this hello (one queue)
+    assert answer["server"] == "b"
+    live = socket.create_connection(("127.0.0.1", port), timeout=5)
+    probe = Lines(live)
+    probe.send({"op": "redirect", "job": "j", "round": 1, "server": "a", "place": 0,
+                "addr": "127.0.0.1", "port": 9, "name": "a"})
+    assert _until(probe, "here")["here"]["server"] == "b"
+    assert _until(node, "moved")["moved"]["server"] == "a"  # a live prober is followed
+    for lines in (node, probe):
+        lines.close()

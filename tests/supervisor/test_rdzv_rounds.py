@@ -160,3 +160,10 @@ def test_a_two_node_elastic_job_says_what_it_gives_up() -> None:
     assert "cannot tell a stalled or cut-off node serving the rendezvous from a lost one" in \
         str(two_node_note(1, 2))
     assert two_node_note(2, 2) is None and two_node_note(1, 3) is None
+
+
+def test_a_server_at_an_earlier_round_is_behind_a_node() -> None:
+    from unirank.supervisor.rdzv.rounds import behind
+
+    assert behind(3, 4) and not behind(4, 4) and not behind(4, -1)
+    assert not behind(3, None) and not behind(3, "4")  # an old node's hello says no round

@@ -155,7 +155,7 @@ def _by_value_dumps(cloudpickle: Any, obj: Any) -> bytes:
         return rebuild, tuple(code.co_filename if field == _DYNAMIC_CODE else field
                               for field in fields)
 
-    class Pickler(cloudpickle.Pickler):  # type: ignore[misc,name-defined]
+    class Pickler(cloudpickle.Pickler):  # type: ignore[misc,name-defined,unused-ignore]
         dispatch_table = collections.ChainMap({types.CodeType: keep_filename},
                                               cloudpickle.Pickler.dispatch_table)
 

@@ -103,9 +103,15 @@ class Node:
                           f"than {MAX_HOPS} times", hint="run again; if it repeats, report it")
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
                          "name": self.spec.node_name, "explicit": self.explicit,
-                         "pid": os.getppid()})
+                         "pid": os.getppid(), "round": self.round})
         while True:
             for message in self._wait(deadline, "the rendezvous's answer"):
+                if "behind" in message:  # a server of a side that lost the job: not the job
+                    behind = Refusal(f"the rendezvous at {self.address[0]}:{self.address[1]} "
+                                     f"is at round {message['behind']}, behind this node's "
+                                     f"round {self.round}", hint="it looks further")
+                    behind.silent = True
+                    raise behind
                 if "moved" in message:
                     self._reconnect(message["moved"], deadline)
                     self.hello(deadline, hops + 1)
@@ -123,7 +129,8 @@ class Node:
     def _learn(self, state: dict[str, Any]) -> None:
         """The last round and its server, from the hello's answer: a node waiting to join
         (in no round yet) follows the rendezvous to the same successor as the members."""
-        if state.get("members") and state.get("server"):
+        if state.get("members") and state.get("server") and \
+                int(state.get("round", -1)) >= self.round:
             self.members = tuple(state["members"])
             self.records = {m: r for m, r in zip(self.members, state.get("records") or ())}
             self.server = str(state["server"])

@@ -11,21 +11,26 @@ are its decisions, unit-tested in milliseconds:
   arrive: no last call). The last call is waited for only where nodes may still arrive: the
   first round below MAX, and a round a new node waits for. A node of the round before that has
   not rejoined within the close timeout is left out.
-* :func:`has_quorum`: one world at every moment. A round that follows another closes only
-  when the nodes of the round before that rejoin it are a strict majority of that round's
-  nodes not proven dead, or exactly half of them including the first of them in the round's
-  order (a fixed tie-break: the serving node is first in every round it is in, see
-  :func:`members_of`, so in a two-node job the node serving the rendezvous wins). A node is *proven dead* when its connection ended without a word (EOF or RST with
-  no ``dropped`` or ``abandon`` before it), its rendezvous port refused a connection, or it
-  said ``leave`` or was evicted: the kernel closed its helper's sockets, and a ``unirank
-  run`` whose helper ended stops its workers and ends (the helper dies with its ``unirank
-  run`` by its parent-death signal). Silence (a hung machine, a cut link) proves nothing. A
-  node that heard nothing from its server for :func:`.conf.fence_after` stops its workers
-  before that server declares it lost (:func:`.conf.lost_after`). Two groups of
-  one round's nodes that lost each other can therefore never both close a round: at most one
-  holds a quorum, and the other waits (its workers stopped) until it reaches the job again.
-  A two-node job gives up telling a stalled or cut-off serving node from a dead one: the
-  other waits for it to come back, or to be replaced (:func:`two_node_note`).
+* :func:`has_quorum`: one world at every moment. A round that follows another closes only when
+  the nodes of the round before that rejoin it are a strict majority of that round's nodes not
+  proven dead, or exactly half of them including the first of them in the round's order (a fixed
+  tie-break: the serving node is first in every round it is in, see :func:`members_of`, so in a
+  two-node job the node serving the rendezvous wins). A node is *proven dead* when its
+  connection ended without a word (EOF or RST with no ``dropped`` or ``abandon`` before it), its
+  rendezvous port refused a connection, or it said ``leave`` or was evicted: the kernel closed
+  its helper's sockets, and a ``unirank run`` whose helper ended stops its workers and ends (the
+  helper dies with its ``unirank run`` by its parent-death signal). Silence (a hung machine, a
+  cut link) proves nothing. A node that heard nothing from its server for
+  :func:`.conf.fence_after` stops its workers before that server declares it lost
+  (:func:`.conf.lost_after`). Two groups of one round's nodes that lost each other can therefore
+  never both close a round: at most one holds a quorum, and the other waits (its workers
+  stopped) until it reaches the job again. A node never goes back in the job's history
+  (:func:`behind`): its hello names the last round it took part in, and a server at an earlier
+  round (the frozen server resumed, the other side of a split) refuses it, so a node that voted
+  for a round never votes again over the round before it, where a quorum of that older round
+  would not meet this one's. A two-node job gives up telling a stalled or cut-off serving node
+  from a dead one: the other waits for it to come back, or to be replaced
+  (:func:`two_node_note`).
 * :func:`members_of`: the next round's nodes: the serving node, then those of the round
   before in their order, then the new ones in the order they came, at most MAX.
 * :func:`successor`: which node serves the rendezvous once the node serving it is lost: the
@@ -51,8 +56,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Pending", "Served", "follows", "has_quorum", "members_of", "round_closes",
-           "successor", "two_node_note"]
+__all__ = ["Pending", "Served", "behind", "follows", "has_quorum", "members_of",
+           "round_closes", "successor", "two_node_note"]
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,13 @@ def has_quorum(before: Sequence[str], rejoined: Collection[str],
     if 2 * count == len(voters):
         return not voters or voters[0] in rejoined
     return 2 * count > len(voters)
+
+
+def behind(server_round: int, node_round: object) -> bool:
+    """Whether a server at ``server_round`` is behind a node that took part in (or learned)
+    ``node_round``: it serves a side of the job that lost the rest, and the node must not join
+    it (see the module docstring: a node never goes back in the job's history)."""
+    return isinstance(node_round, int) and node_round > server_round
 
 
 def two_node_note(min_nodes: int, max_nodes: int) -> str | None:

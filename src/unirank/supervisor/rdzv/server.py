@@ -21,14 +21,7 @@ later hello. A successor not told that the server before it died (its address re
 ``hold`` seconds before its first round: the other side of a split, cut off but alive, has then
 declared this side's nodes lost and stopped its own workers.
 
-Messages in: ``hello`` (job, node, name, explicit address), ``join`` (a
-:class:`~.spec.NodeRecord`), ``beat``, ``leave``, ``abandon``, ``evict``, ``redirect`` (a
-successor's probe: its job, round, node and address). Out: ``ok``/``error`` (the hello's answer),
-``round`` (number and the members' records in order; the hello's ``ok`` carries the last
-round's too, so that a node waiting to join can follow the rendezvous to a successor),
-``event`` (news, with its ``kind``: lost, restart, join; ``wait`` to a node that waits for
-a running job's next round), ``beat``, ``moved`` (where the job runs: address, rendezvous
-port, node), ``dropped`` (why this node was left out), ``here`` (a probe's answer).
+The messages, what each carries and how a bad one is handled: :mod:`.messages`.
 """
 
 from __future__ import annotations
@@ -36,36 +29,31 @@ from __future__ import annotations
 import contextlib
 import selectors
 import socket
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from unirank.supervisor.rdzv.conns import Conn, plain
+from unirank.supervisor.rdzv.messages import (
+    HELLO_WITHIN,
+    MAX_LINE_IN,
+    MAX_UNNAMED,
+    BadMessage,
+    Request,
+    other_job,
+    parse_request,
+    twice,
+)
 from unirank.supervisor.rdzv.names import node_label, of_records
-from unirank.supervisor.rdzv.rounds import Pending, Served, follows, members_of, round_closes
+from unirank.supervisor.rdzv.probe import probe_loop, served
+from unirank.supervisor.rdzv.rounds import Pending, behind, follows, members_of, round_closes
 from unirank.supervisor.rdzv.spec import RdzvSpec
-from unirank.supervisor.rdzv.wire import Lines
+from unirank.supervisor.rdzv.wire import BadLine, Lines
 from unirank.words import counted
 
 __all__ = ["Server"]
-
-
-@dataclass
-class _Node:
-    lines: Lines
-    node: str = ""
-    name: str = ""
-    explicit: str | None = None
-    pid: int = 0
-    #: where its connection comes from
-    peer: str = ""
-    seen: float = field(default_factory=time.monotonic)
-
-    @property
-    def addr(self) -> str:
-        """Its real address: its ``--local-addr``, else where its connection comes from (never
-        a name looked up again)."""
-        return self.explicit or self.peer
 
 
 @dataclass(frozen=True)
@@ -94,10 +82,10 @@ class Server:
         self._selector = selectors.DefaultSelector()
         for sock in listening:
             self._selector.register(sock, selectors.EVENT_READ, sock)
-        self._nodes: dict[int, _Node] = {}
+        self._nodes: dict[int, Conn] = {}
         self.round = -1
         self.members: tuple[str, ...] = ()
-        self._records: dict[str, dict[str, Any]] = {}
+        self.records: dict[str, dict[str, Any]] = {}
         #: nodes of the round before counted alive until they reconnect (after a move)
         self._grace: dict[str, float] = {}
         #: nodes proven dead (:func:`.rounds.has_quorum`); no round closes before ``_hold``
@@ -105,7 +93,7 @@ class Server:
         self._hold = 0.0
         if resume is not None:
             self.round, self.members = resume.round, resume.members
-            self._records = dict(resume.records)
+            self.records = dict(resume.records)
             grace = time.monotonic() + spec.resume_grace
             self._grace = {m: grace for m in resume.members if m not in resume.failed}
             self._dead = set(resume.dead)
@@ -119,52 +107,26 @@ class Server:
         #: where the job runs once this server followed another (:func:`.rounds.follows`)
         self.moved: dict[str, Any] | None = None
         #: a later server of the job its probe found (the loop follows it)
-        self._found: dict[str, Any] | None = None
-        self._watching = resume is not None
+        self.found: dict[str, Any] | None = None
+        self.watching = resume is not None
 
     def start(self) -> None:
         threading.Thread(target=self._loop, name="unirank-rdzv-server", daemon=True).start()
-        if self._watching:
-            threading.Thread(target=self._watch, name="unirank-rdzv-watch", daemon=True).start()
+        if self.watching:
+            threading.Thread(target=probe_loop, args=(self,), name="unirank-rdzv-watch",
+                             daemon=True).start()
 
-    def _here(self) -> dict[str, Any]:
+    def here(self) -> dict[str, Any]:
         """Where this server's job runs: its node's record's address and the port it serves
         (a successor's rendezvous port, else the endpoint's)."""
-        record = self._records.get(self.host, {})
-        port = record.get("rdzv_port") if self._watching else self.spec.endpoint_port
+        record = self.records.get(self.host, {})
+        port = record.get("rdzv_port") if self.watching else self.spec.endpoint_port
         place = (self.members.index(self.host) if self.host in self.members
                  else len(self.members))
         return {"job": self.spec.run_id, "round": self.round, "server": self.host,
                 "place": place, "addr": record.get("addr"), "port": port,
                 "name": record.get("name")}
 
-    def _watch(self) -> None:
-        """A successor's probe of the original endpoint (its name resolved afresh each time)
-        and of the other members' rendezvous ports, once per beat interval: whatever serves
-        there is told where this job runs and answers where it runs; the one behind follows
-        the other (:func:`.rounds.follows`: a node started again with the original command, or
-        the other side of a split that healed)."""
-        interval = self.spec.keep_alive_interval
-        while self.moved is None:  # one that followed another says nothing
-            members, records = self.members, dict(self._records)  # the loop replaces them
-            others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
-                      if m != self.host and records.get(m, {}).get("rdzv_port")]
-            for address in [(self.spec.endpoint_host, self.spec.endpoint_port), *others]:
-                with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
-                        socket.create_connection(address, timeout=interval) as sock:
-                    lines = Lines(sock)
-                    sock.settimeout(interval)
-                    lines.send({"op": "redirect", **self._here()})
-                    there = (lines.receive() or [{}])[0].get("here")
-                    if isinstance(there, dict) and there.get("addr") and \
-                            follows(self._served(self._here()), self._served(there)):
-                        self._found = there  # the loop follows it (one thread sends)
-            time.sleep(interval)  # a period, not a synchronisation
-
-    @staticmethod
-    def _served(state: dict[str, Any]) -> Served:
-        return Served(str(state["job"]), int(state["round"]), str(state["server"]),
-                      int(state.get("place") or 0))
 
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -180,25 +142,52 @@ class Server:
     def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
             sock, peer = listening.accept()
-            node = _Node(Lines(sock), peer=_plain(str(peer[0])))
+            node = Conn(Lines(sock, MAX_LINE_IN), peer=plain(str(peer[0])))
+            unnamed = [n for n in self._nodes.values() if not n.node]
+            if len(unnamed) >= MAX_UNNAMED:  # the oldest silent one goes (a slow sender)
+                self._bad(min(unnamed, key=lambda n: n.opened),
+                          f"more than {MAX_UNNAMED} connections without a hello")
             self._nodes[sock.fileno()] = node
             self._selector.register(sock, selectors.EVENT_READ, node)
 
-    def _read(self, node: _Node) -> None:
-        messages = node.lines.receive()
+    def _read(self, node: Conn) -> None:
+        try:
+            messages = node.lines.receive()
+        except BadLine as bad:
+            self._bad(node, str(bad))
+            return
         if messages is None:  # the kernel closed its sockets: proven dead
             self._drop(node, "its connection closed", dead=True)
             return
         node.seen = time.monotonic()
         for message in messages:
-            self._handle(node, message)
+            try:
+                self._handle(node, parse_request(message))
+            except BadMessage as bad:
+                self._bad(node, str(bad))
+            except Exception as exc:  # nothing a peer sends ends the server
+                self._bad(node, f"{type(exc).__name__} while handling it: {exc}")
             if node.lines.closed:
                 return
+
+    def _bad(self, node: Conn, why: str) -> None:
+        """Close the connection of a peer that sent what the server does not take (one line in
+        the rendezvous's log); a node of the job is then lost, not proven dead."""
+        who = node_label(node.node, self._names(), address=True) if node.node else \
+            f"{node.peer or 'a peer'} (before its hello)"
+        sys.stderr.write(f"unirank rdzv: closed the connection of {who}: {why}\n")
+        sys.stderr.flush()
+        if node.node:
+            self._drop(node, f"it sent {why}")
+        else:
+            self._forget(node)
 
     def _tick(self) -> None:
         now = time.monotonic()
         for node in list(self._nodes.values()):
-            if node.node and now - node.seen >= self.spec.lost_after:
+            if not node.node and now - node.opened >= HELLO_WITHIN:
+                self._bad(node, f"no hello within {HELLO_WITHIN:g} s")
+            elif node.node and now - node.seen >= self.spec.lost_after:
                 why = f"no beat for {now - node.seen:.0f} s"
                 node.lines.send({"dropped": why})  # it comes back as a new node, if it hears
                 self._drop(node, why)
@@ -207,36 +196,50 @@ class Server:
             for node in list(self._nodes.values()):
                 if node.node:
                     node.lines.send({"beat": 1})
-        if self._found is not None and self.moved is None:
-            self.point_to(self._found)
+        if self.found is not None and self.moved is None:
+            self.point_to(self.found)
         self._maybe_close(now)
 
     # messages ---------------------------------------------------------------------------
-    def _handle(self, node: _Node, message: dict[str, Any]) -> None:
-        op = message.get("op")
+    def _handle(self, node: Conn, request: Request) -> None:
+        op, message = request.op, request.fields
         if op == "hello":
             self._hello(node, message)
-        elif op == "join" and node.node:
-            self._join(node, message.get("record") or {})
+        elif op == "redirect":
+            self._redirect(node, message)
+        elif not node.node:
+            raise BadMessage(f"{op} before a hello")
+        elif op == "join":
+            self._join(node, message["record"])
         elif op == "leave":
             self._drop(node, None, dead=True)
         elif op == "abandon":  # it stopped its workers; silence, not death
             self._drop(node, "it heard nothing from the rendezvous's server for "
                              f"{self.spec.fence_after:g} s")
-        elif op == "redirect":
-            self._redirect(node, message)
         elif op == "evict":
-            self._evict([str(n) for n in message.get("nodes") or ()], str(message.get("why")))
+            if node.node not in self.members:
+                raise BadMessage("evict from a node not in the running round")
+            self._evict(message["nodes"], str(message.get("why") or "evicted"))
 
-    def _redirect(self, node: _Node, there: dict[str, Any]) -> None:
+    def _redirect(self, node: Conn, there: dict[str, Any]) -> None:
         """A probe from the server of this job that ran on: follow it where
         :func:`.rounds.follows` says so (every node here is sent there, and so is every later
-        hello)."""
-        here = self.moved or self._here()
+        hello). A probe whose prober closed its connection already is stale (it waited in the
+        queue of a rendezvous port nothing served yet; its server may be gone): ignored, as a
+        live prober probes again each beat. A server that closed a round follows only a node of
+        its job it knows, at the address that node joined with (anyone who reaches the port
+        could name any address)."""
+        if node.lines.peer_gone():
+            self._forget(node)
+            return
+        here = self.moved or self.here()
         node.lines.send({"here": here})  # the prober follows where it is behind
         self._forget(node)
         with contextlib.suppress(KeyError, TypeError, ValueError):
-            if not follows(self._served(here), self._served(there)) or not there.get("addr"):
+            if not follows(served(here), served(there)) or not there.get("addr"):
+                return
+            known = self.records.get(str(there["server"]), {}).get("addr")
+            if self.round >= 0 and known != there["addr"]:
                 return
             self.point_to(there)
 
@@ -257,15 +260,10 @@ class Server:
                 node.lines.send({"evicted": self._evicted[node.node]})
                 self._drop(node, None, dead=True)
 
-    def _hello(self, node: _Node, message: dict[str, Any]) -> None:
+    def _hello(self, node: Conn, message: dict[str, Any]) -> None:
         spec = self.spec
         if message.get("job") != spec.run_id:
-            self._refuse(node, {
-                "error": f"is not the job the rendezvous at {spec.endpoint_host}:"
-                         f"{spec.endpoint_port} serves, {spec.run_id!r}",
-                "variable": "--rdzv-id", "value": message.get("job"),
-                "hint": "give every node of one job the same --rdzv-id, and each job its own "
-                        "--rdzv-endpoint"})
+            self._refuse(node, other_job(spec, message.get("job")))
             return
         again = next((n for n in self._nodes.values() if n is not node and n.node
                       and n.node == message.get("node")), None)
@@ -275,22 +273,19 @@ class Server:
         twin = next((n for n in self._nodes.values() if explicit and n.node
                      and n.explicit == explicit), None)
         if twin is not None:
-            self._refuse(node, {
-                "error": f"this node already takes part in the rendezvous {spec.run_id!r} at "
-                         f"{spec.endpoint_host}:{spec.endpoint_port} (unirank run pid "
-                         f"{twin.pid} on {twin.name})",
-                "variable": "--local-addr", "value": explicit,
-                "hint": "a node joins a job once: end the other unirank run, or give this one "
-                        "another --local-addr (or another --rdzv-id for another job)"})
+            self._refuse(node, twice(spec, str(explicit), twin.pid, twin.name))
             return
         if self.moved is not None:
             self._refuse(node, {"moved": self.moved})
             return
+        if behind(self.round, message.get("round")):
+            self._refuse(node, {"behind": self.round})  # it never votes in a round it passed
+            return
         if message.get("node") in self._evicted:
             self._refuse(node, {"evicted": self._evicted[str(message.get("node"))]})
             return
-        node.node, node.name = str(message.get("node")), str(message.get("name"))
-        node.explicit, node.pid = explicit, int(message.get("pid") or 0)
+        node.node, node.name = str(message["node"]), str(message.get("name") or "")
+        node.explicit, node.pid = explicit, message.get("pid") or 0
         self._grace.pop(node.node, None)
         self._dead.discard(node.node)
         node.lines.send({"ok": True, **self._state()})
@@ -299,16 +294,16 @@ class Server:
         """The job's state a node needs to follow the rendezvous should this server be lost
         (also a node that only waits to join: it goes to the same successor)."""
         return {"round": self.round, "members": self.members, "server": self.host,
-                "records": [self._records[m] for m in self.members]}
+                "records": [self.records[m] for m in self.members]}
 
-    def _refuse(self, node: _Node, payload: dict[str, Any]) -> None:
+    def _refuse(self, node: Conn, payload: dict[str, Any]) -> None:
         node.lines.send(payload)
         self._forget(node)
 
-    def _join(self, node: _Node, record: dict[str, Any]) -> None:
+    def _join(self, node: Conn, record: dict[str, Any]) -> None:
         if node.node in self._waiting:
             return
-        self._records[node.node] = {**record, "seen_addr": node.addr, "pid": node.pid}
+        self.records[node.node] = {**record, "seen_addr": node.addr, "pid": node.pid}
         self._waiting.append(node.node)
         self._opened = self._opened if self._opened is not None else time.monotonic()
         running = [m for m in self.members if m not in self._waiting]
@@ -324,7 +319,7 @@ class Server:
                 waiting = sum(1 for n in self._waiting if n not in self.members)
                 self._tell(running, "join", f"{counted(waiting, 'node')} waiting to join")
 
-    def _drop(self, node: _Node, why: str | None, *, dead: bool = False) -> None:
+    def _drop(self, node: Conn, why: str | None, *, dead: bool = False) -> None:
         """A node left (``why`` None: it said ``leave``) or is lost (``why``); ``dead``: proven
         dead (:func:`.rounds.has_quorum`)."""
         names = self._names()
@@ -343,12 +338,12 @@ class Server:
     def _names(self) -> dict[str, dict[str, Any]]:
         """Every node known, for :func:`.names.node_label`: the records', then those connected
         now (their real addresses, as this server sees them)."""
-        names = of_records(self._records.values())
+        names = of_records(self.records.values())
         names.update({n.node: {"name": n.name, "addr": n.addr, "pid": n.pid}
                       for n in self._nodes.values() if n.node})
         return names
 
-    def _forget(self, node: _Node) -> None:
+    def _forget(self, node: Conn) -> None:
         if node.lines.closed:
             return
         with contextlib.suppress(KeyError, ValueError):
@@ -391,7 +386,7 @@ class Server:
         self.members = members_of(self.members, self._waiting, alive, self.spec.max_nodes,
                                   self.host)
         self.round += 1
-        records = [self._records[m] for m in self.members]
+        records = [self.records[m] for m in self.members]
         for node in self._nodes.values():
             if node.node in self.members:
                 node.lines.send({"round": self.round, "members": self.members,
@@ -399,8 +394,3 @@ class Server:
         self._waiting = [n for n in self._waiting if n not in self.members]
         self._opened = now if self._waiting else None
         self._min_at = None
-
-
-def _plain(addr: str) -> str:
-    """An IPv4 peer as IPv4 (a dual-stack socket gives ``::ffff:10.0.0.2``)."""
-    return addr[7:] if addr.startswith("::ffff:") and "." in addr else addr

@@ -1,0 +1,51 @@
+"""A successor's probe (:func:`probe_loop`, a thread of its server): where else this job is
+served. No torch; reads no environment variable.
+
+Once per beat interval it connects to the original endpoint (its name resolved afresh each
+time) and to the other members' rendezvous ports, tells whatever serves there where this job
+runs (``redirect``) and reads where that one runs (``here``); the one behind follows the other
+(:func:`.rounds.follows`: a node started again with the original command, or the other side of
+a split that healed). The probed server's side is :meth:`.server.Server._redirect`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from typing import TYPE_CHECKING, Any
+
+from unirank.supervisor.rdzv.rounds import Served, follows
+from unirank.supervisor.rdzv.wire import Lines
+
+if TYPE_CHECKING:
+    from unirank.supervisor.rdzv.server import Server
+
+__all__ = ["probe_loop", "served"]
+
+
+def served(state: dict[str, Any]) -> Served:
+    """A server's state as a probe and its answer carry it (:meth:`.server.Server.here`)."""
+    return Served(str(state["job"]), int(state["round"]), str(state["server"]),
+                  int(state.get("place") or 0))
+
+
+def probe_loop(server: Server) -> None:
+    """Probe until ``server`` followed another (one that followed says nothing); a later
+    server found is left in ``server.found`` (its loop follows it: one thread sends)."""
+    interval = server.spec.keep_alive_interval
+    while server.moved is None:
+        members, records = server.members, dict(server.records)  # the loop replaces them
+        others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
+                  if m != server.host and records.get(m, {}).get("rdzv_port")]
+        for address in [(server.spec.endpoint_host, server.spec.endpoint_port), *others]:
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
+                    socket.create_connection(address, timeout=interval) as sock:
+                lines = Lines(sock)
+                sock.settimeout(interval)
+                lines.send({"op": "redirect", **server.here()})
+                there = (lines.receive() or [{}])[0].get("here")
+                if isinstance(there, dict) and there.get("addr") and \
+                        follows(served(server.here()), served(there)):
+                    server.found = there
+        time.sleep(interval)  # a period, not a synchronisation
