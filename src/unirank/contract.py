@@ -135,6 +135,11 @@ RESTART_REASON_VAR = "UNIRANK_RESTART_REASON"
 STOP_SIGNALS_VAR = "UNIRANK_STOP_SIGNALS"
 #: how many times a Slurm job may be requeued (``SLURM_RESTART_COUNT``) before it stops failing
 MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"
+#: the job's rendezvous secret (:mod:`unirank.supervisor.rdzv.secret`): every node of one job
+#: the same; a node without it is refused, and no message without it steers the job
+RDZV_SECRET_VAR = "UNIRANK_RDZV_SECRET"
+#: a file that holds it, readable by its owner only (the way ``unirank sbatch`` passes it)
+RDZV_SECRET_FILE_VAR = "UNIRANK_RDZV_SECRET_FILE"
 #: ``1``: every worker starts as its own interpreter (``unirank run --no-preload``), not forked
 #: from the node's preloading fork server
 NO_PRELOAD_VAR = "UNIRANK_NO_PRELOAD"

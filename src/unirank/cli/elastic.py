@@ -98,6 +98,7 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
           outer: DistEnv, environ: Mapping[str, str]) -> RdzvSpec:
     from unirank.cli.counts import parse_nnodes_range
     from unirank.resolve import require_resolvable
+    from unirank.supervisor.rdzv.secret import secret_of
 
     conf = parse_rdzv_conf(args.rdzv_conf)
     host, port = endpoint
@@ -114,7 +115,7 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
         run_id=args.rdzv_id or DEFAULT_RUN_ID, min_nodes=least, max_nodes=most,
         local_addr=local_addr or outer.node_name, node_name=outer.node_name, nproc=nproc,
         serves_endpoint=_serves_endpoint(host, local_addr, environ, outer),
-        explicit_addr=local_addr is not None,
+        explicit_addr=local_addr is not None, secret=secret_of(environ),
         **{key: getattr(conf, key) for key in KEYS})
 
 

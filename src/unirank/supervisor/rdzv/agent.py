@@ -36,13 +36,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import selectors
 import sys
 import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from unirank.contract import RDZV_SECRET_VAR
 from unirank.exitcodes import EVICTED
+from unirank.supervisor.rdzv.messages import authentic, hello_tag
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
     Refusal,
@@ -101,9 +104,12 @@ class Node:
         if hops > MAX_HOPS:
             raise Refusal(f"the rendezvous at {endpoint(self.spec)} sent this node on more "
                           f"than {MAX_HOPS} times", hint="run again; if it repeats, report it")
+        nonce = secrets.token_hex(16)
+        signed = {"auth": hello_tag(self.spec, "hello", self.node, nonce)} \
+            if self.spec.secret else {}
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
                          "name": self.spec.node_name, "explicit": self.explicit,
-                         "pid": os.getppid(), "round": self.round})
+                         "pid": os.getppid(), "round": self.round, "nonce": nonce, **signed})
         while True:
             for message in self._wait(deadline, "the rendezvous's answer"):
                 if "behind" in message:  # a server of a side that lost the job: not the job
@@ -122,6 +128,11 @@ class Node:
                     raise Refusal(str(message["error"]), variable=message.get("variable"),
                                   value=message.get("value"), hint=str(message.get("hint")))
                 if message.get("ok"):
+                    if self.spec.secret and not authentic(
+                            message.get("auth"), hello_tag(self.spec, "ok", self.node, nonce)):
+                        raise Refusal(f"the rendezvous at {endpoint(self.spec)} does not hold "
+                                      f"this job's secret ({RDZV_SECRET_VAR})",
+                                      hint="give every node of one job the same secret")
                     self.heard = time.monotonic()
                     self._learn(message)
                     return

@@ -21,13 +21,17 @@ server's round, to a hello from a node that took part in a later one: :func:`.ro
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass, fields
 from typing import Any
 
+from unirank.contract import RDZV_SECRET_FILE_VAR, RDZV_SECRET_VAR
+from unirank.supervisor.rdzv.secret import tag
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec
 
 __all__ = ["HELLO_WITHIN", "MAX_EVICT", "MAX_LINE_IN", "MAX_TEXT", "MAX_UNNAMED", "REQUESTS",
-           "BadMessage", "Request", "other_job", "parse_request", "twice"]
+           "BadMessage", "Request", "authentic", "hello_refusal", "hello_tag", "other_job",
+           "parse_request", "place_tag", "twice", "wrong_secret"]
 
 #: the longest line the server reads from one connection (an eviction naming every node of a
 #: job of thousands fits many times over)
@@ -45,7 +49,8 @@ _TEXT, _INT, _BOOL, _NODES, _RECORD = "text", "int", "bool", "nodes", "record"
 #: each op's fields: name -> (kind, required); a field may also be null where not required
 REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
     "hello": {"job": (_TEXT, True), "node": (_TEXT, True), "name": (_TEXT, False),
-              "explicit": (_TEXT, False), "pid": (_INT, False), "round": (_INT, False)},
+              "explicit": (_TEXT, False), "pid": (_INT, False), "round": (_INT, False),
+              "nonce": (_TEXT, False), "auth": (_TEXT, False)},
     "join": {"record": (_RECORD, True)},
     "beat": {},
     "leave": {},
@@ -53,7 +58,7 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
     "evict": {"nodes": (_NODES, True), "why": (_TEXT, False)},
     "redirect": {"job": (_TEXT, True), "round": (_INT, True), "server": (_TEXT, True),
                  "place": (_INT, False), "addr": (_TEXT, False), "port": (_INT, False),
-                 "name": (_TEXT, False)},
+                 "name": (_TEXT, False), "auth": (_TEXT, False)},
 }
 _RECORD_KINDS = {f.name: (_BOOL if f.type == "bool" else _INT if f.type == "int" else _TEXT)
                  for f in fields(NodeRecord)}
@@ -151,3 +156,45 @@ def twice(spec: RdzvSpec, explicit: str, pid: int, name: str) -> dict[str, Any]:
             "variable": "--local-addr", "value": explicit,
             "hint": "a node joins a job once: end the other unirank run, or give this one "
                     "another --local-addr (or another --rdzv-id for another job)"}
+
+
+def wrong_secret(spec: RdzvSpec, given: bool) -> dict[str, Any]:
+    """The refusal of a hello without the job's secret (``given``: it had one, not the
+    job's), or with one where the job has none; the secret itself is never named."""
+    where = f"the rendezvous {spec.run_id!r} at {spec.endpoint_host}:{spec.endpoint_port}"
+    if not spec.secret:
+        error = f"this node has a rendezvous secret ({RDZV_SECRET_VAR}) and {where} has none"
+    elif given:
+        error = f"this node's rendezvous secret ({RDZV_SECRET_VAR}) is not the one of {where}"
+    else:
+        error = f"this node has no rendezvous secret ({RDZV_SECRET_VAR}) and {where} has one"
+    return {"error": error, "hint": f"give every node of one job the same {RDZV_SECRET_VAR} "
+                                    f"or {RDZV_SECRET_FILE_VAR} (or none to all)"}
+
+
+def hello_tag(spec: RdzvSpec, side: str, node: str, nonce: object) -> str:
+    """The tag of a hello (``side`` ``hello``) or of its answer (``ok``) under the job's
+    secret: its job, the node's identity and the node's nonce."""
+    return tag(spec.secret, side, spec.run_id, node, nonce)
+
+
+def place_tag(spec: RdzvSpec, side: str, state: dict[str, Any]) -> str:
+    """The tag of a probe (``side`` ``redirect``) or its answer (``here``): where a server of
+    the job says it runs."""
+    return tag(spec.secret, side, spec.run_id, state.get("round"), state.get("server"),
+               state.get("addr"), state.get("port"))
+
+
+def hello_refusal(spec: RdzvSpec, hello: dict[str, Any]) -> dict[str, Any] | None:
+    """Why a checked hello is refused for its secret (None: it is not)."""
+    given = hello.get("auth")
+    if not spec.secret:
+        return wrong_secret(spec, True) if given else None
+    if authentic(given, hello_tag(spec, "hello", hello["node"], hello.get("nonce"))):
+        return None
+    return wrong_secret(spec, given is not None)
+
+
+def authentic(given: object, expected: str) -> bool:
+    """Whether the tag ``given`` is ``expected`` (in constant time)."""
+    return isinstance(given, str) and hmac.compare_digest(given, expected)

@@ -15,6 +15,7 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from unirank.supervisor.rdzv.messages import authentic, place_tag
 from unirank.supervisor.rdzv.rounds import Served, follows
 from unirank.supervisor.rdzv.wire import Lines
 
@@ -43,9 +44,14 @@ def probe_loop(server: Server) -> None:
                     socket.create_connection(address, timeout=interval) as sock:
                 lines = Lines(sock)
                 sock.settimeout(interval)
-                lines.send({"op": "redirect", **server.here()})
-                there = (lines.receive() or [{}])[0].get("here")
+                here, spec = server.here(), server.spec
+                signed = {"auth": place_tag(spec, "redirect", here)} if spec.secret else {}
+                lines.send({"op": "redirect", **here, **signed})
+                answer = (lines.receive() or [{}])[0]
+                there = answer.get("here")
                 if isinstance(there, dict) and there.get("addr") and \
+                        (not spec.secret or authentic(answer.get("auth"),
+                                                      place_tag(spec, "here", there))) and \
                         follows(served(server.here()), served(there)):
                     server.found = there
         time.sleep(interval)  # a period, not a synchronisation

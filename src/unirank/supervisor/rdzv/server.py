@@ -42,8 +42,12 @@ from unirank.supervisor.rdzv.messages import (
     MAX_UNNAMED,
     BadMessage,
     Request,
+    authentic,
+    hello_refusal,
+    hello_tag,
     other_job,
     parse_request,
+    place_tag,
     twice,
 )
 from unirank.supervisor.rdzv.names import node_label, of_records
@@ -229,17 +233,21 @@ class Server:
         live prober probes again each beat. A server that closed a round follows only a node of
         its job it knows, at the address that node joined with (anyone who reaches the port
         could name any address)."""
-        if node.lines.peer_gone():
+        secret = self.spec.secret
+        if node.lines.peer_gone() or \
+                (secret and not authentic(there.get("auth"), place_tag(self.spec, "redirect",
+                                                                       there))):
             self._forget(node)
             return
         here = self.moved or self.here()
-        node.lines.send({"here": here})  # the prober follows where it is behind
+        signed = {"auth": place_tag(self.spec, "here", here)} if secret else {}
+        node.lines.send({"here": here, **signed})  # the prober follows where it is behind
         self._forget(node)
         with contextlib.suppress(KeyError, TypeError, ValueError):
             if not follows(served(here), served(there)) or not there.get("addr"):
                 return
             known = self.records.get(str(there["server"]), {}).get("addr")
-            if self.round >= 0 and known != there["addr"]:
+            if self.round >= 0 and not secret and known != there["addr"]:
                 return
             self.point_to(there)
 
@@ -265,6 +273,10 @@ class Server:
         if message.get("job") != spec.run_id:
             self._refuse(node, other_job(spec, message.get("job")))
             return
+        refusal = hello_refusal(spec, message)
+        if refusal is not None:
+            self._refuse(node, refusal)
+            return
         again = next((n for n in self._nodes.values() if n is not node and n.node
                       and n.node == message.get("node")), None)
         if again is not None:  # a node that lost this server and came back: the old is gone
@@ -288,7 +300,9 @@ class Server:
         node.explicit, node.pid = explicit, message.get("pid") or 0
         self._grace.pop(node.node, None)
         self._dead.discard(node.node)
-        node.lines.send({"ok": True, **self._state()})
+        signed = {"auth": hello_tag(spec, "ok", node.node, message.get("nonce"))} \
+            if spec.secret else {}
+        node.lines.send({"ok": True, **self._state(), **signed})
 
     def _state(self) -> dict[str, Any]:
         """The job's state a node needs to follow the rendezvous should this server be lost

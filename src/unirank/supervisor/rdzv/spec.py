@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import asdict, dataclass, field, is_dataclass
 
 from unirank.errors import ConfigError
 from unirank.supervisor.rdzv import conf
@@ -52,6 +52,8 @@ class RdzvSpec:
     keep_alive_max_attempt: int = conf.RdzvConf.keep_alive_max_attempt
     #: ``local_addr`` was given (``--local-addr``): the same one twice is one node started twice
     explicit_addr: bool = False
+    #: the job's rendezvous secret ("": none; :mod:`.secret`), never shown
+    secret: str = field(default="", repr=False)
 
     @property
     def lost_after(self) -> float:
