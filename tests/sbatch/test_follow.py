@@ -134,6 +134,12 @@ def test_explicit_env_keeps_a_master_the_user_set(capsys: pytest.CaptureFixture[
     assert jobenv_main(["OTHER"], environ) == 2
 
 
+def test_an_elastic_job_s_secret_is_fresh_each_time(capsys: pytest.CaptureFixture[str]) -> None:
+    assert jobenv_main(["RDZV_SECRET"], {}) == 0 and jobenv_main(["RDZV_SECRET"], {}) == 0
+    first, second = capsys.readouterr().out.split()
+    assert len(first) == 64 and int(first, 16) >= 0 and first != second
+
+
 def test_a_preempted_job_that_may_be_requeued_is_not_done() -> None:
     preempted = parse_scontrol(SCONTROL.replace("FAILED", "PREEMPTED"))
     assert preempted is not None and preempted.requeue and not preempted.done

@@ -1,15 +1,20 @@
-"""``python -m unirank.sbatch.jobenv MASTER_ADDR|MASTER_PORT``: a batch job's first step's master.
+"""``python -m unirank.sbatch.jobenv MASTER_ADDR|MASTER_PORT|RDZV_SECRET``: a batch job's first
+step's master, or a fresh rendezvous secret.
 
 The lines ``unirank sbatch --explicit-env`` writes call this from the batch shell, so that the
 values shown are those every rank of the job's first ``srun`` step derives on its own: the same
 rules (:func:`unirank.launchers._base.resolve_master`, :mod:`unirank.rendezvous`), with the
 job's first node as host and step 0 as step. MASTER_ADDR/MASTER_PORT already set win, as they
-do in the ranks. Never imports torch.
+do in the ranks. ``RDZV_SECRET`` prints a fresh random secret for an elastic job's rendezvous
+(:mod:`unirank.supervisor.rdzv.secret`): the batch shell keeps it in its environment, which its
+steps pass to every node, so it is never in the script nor on a command line. Never imports
+torch.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -44,10 +49,15 @@ def batch_master(environ: Mapping[str, str]) -> Master:
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
-    """Print the value of MASTER_ADDR or MASTER_PORT (the one argument) for this batch job."""
+    """Print the value of MASTER_ADDR or MASTER_PORT (the one argument) for this batch job, or
+    a fresh rendezvous secret (RDZV_SECRET)."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args == ["RDZV_SECRET"]:
+        print(secrets.token_hex(32))
+        return 0
     if args not in (["MASTER_ADDR"], ["MASTER_PORT"]):
-        print("usage: python -m unirank.sbatch.jobenv MASTER_ADDR|MASTER_PORT", file=sys.stderr)
+        print("usage: python -m unirank.sbatch.jobenv MASTER_ADDR|MASTER_PORT|RDZV_SECRET",
+              file=sys.stderr)
         return USAGE
     try:
         master = batch_master(os.environ if environ is None else environ)

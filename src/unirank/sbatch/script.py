@@ -13,7 +13,7 @@ from __future__ import annotations
 import shlex
 from pathlib import PurePath
 
-from unirank.contract import STOP_SIGNALS_VAR
+from unirank.contract import RDZV_SECRET_FILE_VAR, RDZV_SECRET_VAR, STOP_SIGNALS_VAR
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.launchers import slurm_vars as V
 from unirank.sbatch.spec import JobSpec, rank_stop_signals, signal_for_batch_shell
@@ -169,6 +169,13 @@ def _elastic(spec: JobSpec) -> list[str]:
         "# first node lost, the next takes the rendezvous over.",
         f'endpoint="$({python} -m unirank.sbatch.jobenv MASTER_ADDR):'
         f'$({python} -m unirank.sbatch.jobenv MASTER_PORT)"',
+        "# The rendezvous's secret, made here for this job unless one was set: the steps pass it",
+        "# to every node in their environment (never on a command line), so that a process that",
+        "# only knows the endpoint cannot join or steer the job.",
+        f'if [ -z "${{{RDZV_SECRET_VAR}:-}}${{{RDZV_SECRET_FILE_VAR}:-}}" ]; then',
+        f'    {RDZV_SECRET_VAR}="$({python} -m unirank.sbatch.jobenv RDZV_SECRET)"',
+        f"    export {RDZV_SECRET_VAR}",
+        "fi",
         "# Two steps: the first node's, whose exit status is the job's (srun's own would be the",
         "# worst task's: 137 for a node killed although the others finished), and the other",
         "# nodes'. --no-kill: a failed node does not end the step; --kill-on-bad-exit=0 and",
