@@ -10,8 +10,11 @@ OpenSSH's client and supervises them (:mod:`unirank.supervisor.ssh.fanout`).
 Reads (from the mapping it is given): the carried variables of
 :mod:`unirank.supervisor.ssh.remote` (``NCCL_*``, ``GLOO_*``, ``TORCH_*``, ``CUDA_*``,
 ``PYTHONPATH``, ``OMP_NUM_THREADS``, ``UNIRANK_INIT_TIMEOUT``, ``UNIRANK_NO_PRELOAD``,
-``UNIRANK_STOP_SIGNALS``), the ``-x`` names, and TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the grace
-period, :func:`unirank.cli.runconfig.grace_period`).
+``UNIRANK_STOP_SIGNALS``, ``UNIRANK_RDZV_SECRET``, ``UNIRANK_RDZV_SECRET_FILE``), the ``-x``
+names, and TORCH_ELASTIC_SHUTDOWN_TIMEOUT (the grace period,
+:func:`unirank.cli.runconfig.grace_period`). An elastic host list without a rendezvous secret
+gets a fresh one, sent to every host with the carried variables (over ssh's stdin, never on its
+command line).
 """
 
 from __future__ import annotations
@@ -19,10 +22,12 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import secrets
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from unirank.contract import RDZV_SECRET_FILE_VAR, RDZV_SECRET_VAR
 from unirank.errors import ConfigError
 from unirank.exitcodes import USAGE
 
@@ -129,6 +134,8 @@ def main_hosts(args: argparse.Namespace, environ: Mapping[str, str]) -> int:
     hosts = hosts_of(args)
     nproc = _nproc(args, [slots for _, slots in hosts])
     carried = carried_environ(environ, args.export)
+    if elastic(args) and not (carried.get(RDZV_SECRET_VAR) or carried.get(RDZV_SECRET_FILE_VAR)):
+        carried[RDZV_SECRET_VAR] = secrets.token_hex(32)  # the job's own, sent over stdin
     options = ssh_options(args.ssh_option)
     cwd = os.getcwd()
     names = [name for name, _ in hosts]

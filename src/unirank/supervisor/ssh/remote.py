@@ -16,7 +16,13 @@ import json
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 
-from unirank.contract import INIT_TIMEOUT_VAR, NO_PRELOAD_VAR, STOP_SIGNALS_VAR
+from unirank.contract import (
+    INIT_TIMEOUT_VAR,
+    NO_PRELOAD_VAR,
+    RDZV_SECRET_FILE_VAR,
+    RDZV_SECRET_VAR,
+    STOP_SIGNALS_VAR,
+)
 from unirank.errors import ConfigError
 
 __all__ = [
@@ -40,7 +46,7 @@ DEFAULT_CONNECT_TIMEOUT = 5
 #: variables carried to every host when set here, besides ``-x NAME``
 CARRIED_PREFIXES = ("NCCL_", "GLOO_", "TORCH_", "CUDA_")
 CARRIED_NAMES = ("PYTHONPATH", "OMP_NUM_THREADS", INIT_TIMEOUT_VAR, NO_PRELOAD_VAR,
-                 STOP_SIGNALS_VAR)
+                 STOP_SIGNALS_VAR, RDZV_SECRET_VAR, RDZV_SECRET_FILE_VAR)
 #: the one variable set on the remote command line rather than sent over stdin
 _ON_COMMAND_LINE = "PYTHONPATH"
 #: the start of the last stderr line of a remote ``unirank run --from-ssh``, read (and not
