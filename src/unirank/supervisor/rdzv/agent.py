@@ -79,6 +79,8 @@ class Node:
         from unirank.supervisor.listen import open_store_socket
 
         self.spec, self.node, self.serves = spec, node, local is not None
+        #: proves a later hello under this node's identity is this node's (never shown)
+        self.token = secrets.token_hex(16)
         #: the server this process runs (at the endpoint, or as the successor)
         self.local = local
         self.explicit = spec.local_addr if spec.explicit_addr else None
@@ -109,7 +111,8 @@ class Node:
             if self.spec.secret else {}
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
                          "name": self.spec.node_name, "explicit": self.explicit,
-                         "pid": os.getppid(), "round": self.round, "nonce": nonce, **signed})
+                         "pid": os.getppid(), "round": self.round, "nonce": nonce,
+                         "token": self.token, **signed})
         while True:
             for message in self._wait(deadline, "the rendezvous's answer"):
                 if "behind" in message:  # a server of a side that lost the job: not the job

@@ -29,13 +29,14 @@ from unirank.contract import RDZV_SECRET_FILE_VAR, RDZV_SECRET_VAR
 from unirank.supervisor.rdzv.secret import tag
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec
 
-__all__ = ["HELLO_WITHIN", "MAX_EVICT", "MAX_LINE_IN", "MAX_TEXT", "MAX_UNNAMED", "REQUESTS",
-           "BadMessage", "Request", "authentic", "hello_refusal", "hello_tag", "other_job",
-           "parse_request", "place_tag", "twice", "wrong_secret"]
+__all__ = ["HELLO_WITHIN", "MAX_EVICT", "MAX_HELLO_LINE", "MAX_LINE_IN", "MAX_TEXT", "MAX_UNNAMED",
+           "REQUESTS", "BadMessage", "Request", "authentic", "hello_refusal", "hello_tag",
+           "other_job", "parse_request", "place_tag", "twice", "wrong_secret"]
 
-#: the longest line the server reads from one connection (an eviction naming every node of a
-#: job of thousands fits many times over)
+#: the longest line the server reads from a node (an eviction naming every node of a job of
+#: thousands fits), and from a connection that has not said hello yet
 MAX_LINE_IN = 1 << 20
+MAX_HELLO_LINE = 16 << 10
 #: the longest text field (an id, a name, an address, a reason)
 MAX_TEXT = 4096
 #: the most nodes one eviction names
@@ -50,7 +51,7 @@ _TEXT, _INT, _BOOL, _NODES, _RECORD = "text", "int", "bool", "nodes", "record"
 REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
     "hello": {"job": (_TEXT, True), "node": (_TEXT, True), "name": (_TEXT, False),
               "explicit": (_TEXT, False), "pid": (_INT, False), "round": (_INT, False),
-              "nonce": (_TEXT, False), "auth": (_TEXT, False)},
+              "nonce": (_TEXT, False), "auth": (_TEXT, False), "token": (_TEXT, False)},
     "join": {"record": (_RECORD, True)},
     "beat": {},
     "leave": {},

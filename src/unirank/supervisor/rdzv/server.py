@@ -38,6 +38,7 @@ from typing import Any
 from unirank.supervisor.rdzv.conns import Conn, plain
 from unirank.supervisor.rdzv.messages import (
     HELLO_WITHIN,
+    MAX_HELLO_LINE,
     MAX_LINE_IN,
     MAX_UNNAMED,
     BadMessage,
@@ -95,6 +96,9 @@ class Server:
         #: nodes proven dead (:func:`.rounds.has_quorum`); no round closes before ``_hold``
         self._dead: set[str] = set()
         self._hold = 0.0
+        #: each node's token (its first hello here gives it; never sent on): a later hello
+        #: under its identity must bring it
+        self._tokens: dict[str, str] = {}
         if resume is not None:
             self.round, self.members = resume.round, resume.members
             self.records = dict(resume.records)
@@ -146,7 +150,7 @@ class Server:
     def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
             sock, peer = listening.accept()
-            node = Conn(Lines(sock, MAX_LINE_IN), peer=plain(str(peer[0])))
+            node = Conn(Lines(sock, MAX_HELLO_LINE), peer=plain(str(peer[0])))
             unnamed = [n for n in self._nodes.values() if not n.node]
             if len(unnamed) >= MAX_UNNAMED:  # the oldest silent one goes (a slow sender)
                 self._bad(min(unnamed, key=lambda n: n.opened),
@@ -279,6 +283,12 @@ class Server:
             return
         again = next((n for n in self._nodes.values() if n is not node and n.node
                       and n.node == message.get("node")), None)
+        token = self._tokens.setdefault(str(message["node"]), str(message.get("token")))
+        if token != str(message.get("token")):  # not the node: another process claims it
+            self._refuse(node, {"error": f"node {message['node']} takes part already (another "
+                                         "process claims its identity)",
+                                "hint": "start each node once"})
+            return
         if again is not None:  # a node that lost this server and came back: the old is gone
             self._drop(again, "it connected again")
         explicit = message.get("explicit")
@@ -297,6 +307,7 @@ class Server:
             self._refuse(node, {"evicted": self._evicted[str(message.get("node"))]})
             return
         node.node, node.name = str(message["node"]), str(message.get("name") or "")
+        node.lines.max_line = MAX_LINE_IN
         node.explicit, node.pid = explicit, message.get("pid") or 0
         self._grace.pop(node.node, None)
         self._dead.discard(node.node)
