@@ -6,23 +6,12 @@ from __future__ import annotations
 
 import selectors
 import socket
-from collections.abc import Iterator
-from dataclasses import replace
-from typing import Any
 
 import pytest
 
-from unirank.supervisor.listen import open_store_socket
+from _rdzv_wire import serve_round_zero, until
 from unirank.supervisor.rdzv.messages import MAX_LINE_IN
-from unirank.supervisor.rdzv.server import Resume, Server
-from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
-
-SPEC = RdzvSpec(endpoint_host="127.0.0.1", endpoint_port=0, run_id="none", min_nodes=1,
-                max_nodes=2, local_addr="127.0.0.1", node_name="n", nproc=1,
-                serves_endpoint=True)
-RECORD = {"addr": "127.0.0.1", "rdzv_port": 1, "name": "a", "nproc": 1, "store_port": 0,
-          "serves_endpoint": True, "claim": "a"}
 
 
 def _closed_within(sock: socket.socket, timeout: float = 30.0) -> bool:
@@ -38,27 +27,10 @@ def _closed_within(sock: socket.socket, timeout: float = 30.0) -> bool:
     return False
 
 
-def _until(lines: Lines, key: str, timeout: float = 30.0) -> dict[str, Any]:
-    with selectors.DefaultSelector() as selector:
-        selector.register(lines.sock, selectors.EVENT_READ)
-        while True:
-            assert selector.select(timeout), f"no {key!r} within {timeout:g} s"
-            messages = lines.receive()
-            assert messages is not None, f"closed before {key!r}"
-            found = [m for m in messages if key in m]
-            if found:
-                return found[0]
-
-
 @pytest.fixture
-def port() -> Iterator[int]:
+def port() -> int:
     """A server of job ``none`` that ran round 0 with nodes a and b."""
-    listening = open_store_socket(0)
-    spec = replace(SPEC, endpoint_port=int(listening.getsockname()[1]))
-    Server([listening], spec, "a",
-           Resume(0, ("a", "b"), {"a": RECORD, "b": {**RECORD, "claim": "b"}},
-                  frozenset())).start()
-    yield spec.endpoint_port
+    return serve_round_zero()
 
 
 def _connect(port: int) -> socket.socket:
@@ -84,7 +56,7 @@ def test_a_bad_message_closes_its_connection_and_the_server_serves_on(
     assert "unirank rdzv: closed the connection of " in capfd.readouterr().err
     node = Lines(_connect(port))
     node.send({"op": "hello", "job": "none", "node": "b", "name": "b", "pid": 2, "round": 0})
-    assert _until(node, "ok")["members"] == ["a", "b"]
+    assert until(node, "ok")["members"] == ["a", "b"]
     node.close()
 
 
@@ -100,31 +72,31 @@ def test_a_line_longer_than_the_limit_is_cut_off(port: int) -> None:
 def test_an_eviction_from_a_node_outside_the_running_round_is_refused(port: int) -> None:
     outsider = Lines(_connect(port))
     outsider.send({"op": "hello", "job": "none", "node": "x", "name": "x", "pid": 3})
-    _until(outsider, "ok")
+    until(outsider, "ok")
     member = Lines(_connect(port))
     member.send({"op": "hello", "job": "none", "node": "b", "name": "b", "pid": 2, "round": 0})
-    _until(member, "ok")
+    until(member, "ok")
     outsider.send({"op": "evict", "nodes": ["b"], "why": "made up"})
     assert _closed_within(outsider.sock)
     member.send({"op": "beat"})
-    assert "beat" in _until(member, "beat")  # b is still served, not evicted
+    assert "beat" in until(member, "beat")  # b is still served, not evicted
 
 
 def test_a_redirect_naming_an_address_the_server_does_not_know_is_not_followed(
         port: int) -> None:
     node = Lines(_connect(port))
     node.send({"op": "hello", "job": "none", "node": "b", "name": "b", "pid": 2, "round": 0})
-    _until(node, "ok")
+    until(node, "ok")
     probe = Lines(_connect(port))
     probe.send({"op": "redirect", "job": "none", "round": 9, "server": "b", "place": 0,
                 "addr": "192.0.2.1", "port": 9, "name": "evil"})
-    assert _until(probe, "here")["here"]["server"] == "a"
+    assert until(probe, "here")["here"]["server"] == "a"
     for _ in range(2):  # a probe is answered at once: a beat or two later, still served here
-        _until(node, "beat")
+        until(node, "beat")
     node.send({"op": "beat"})
     later = Lines(_connect(port))
     later.send({"op": "hello", "job": "none", "node": "c", "name": "c", "pid": 4})
-    assert "moved" not in _until(later, "ok")
+    assert "moved" not in until(later, "ok")
 
 
 def test_a_connection_that_says_no_hello_is_closed(port: int,

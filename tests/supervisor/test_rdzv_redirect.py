@@ -4,11 +4,10 @@ loopback sockets, a node's connection driven by hand."""
 
 from __future__ import annotations
 
-import selectors
 import socket
 from dataclasses import replace
-from typing import Any
 
+from _rdzv_wire import until
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.rdzv.server import Resume, Server
 from unirank.supervisor.rdzv.spec import RdzvSpec
@@ -17,19 +16,6 @@ from unirank.supervisor.rdzv.wire import Lines
 SPEC = RdzvSpec(endpoint_host="127.0.0.1", endpoint_port=0, run_id="j", min_nodes=1,
                 max_nodes=2, local_addr="127.0.0.1", node_name="n", nproc=1,
                 serves_endpoint=True)
-
-
-def _until(lines: Lines, key: str, timeout: float = 30.0) -> dict[str, Any]:
-    """The first message holding ``key`` on ``lines`` (fails after ``timeout`` s)."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(lines.sock, selectors.EVENT_READ)
-        while True:
-            assert selector.select(timeout), f"no {key!r} within {timeout:g} s"
-            messages = lines.receive()
-            assert messages is not None, f"closed before {key!r}"
-            found = [m for m in messages if key in m]
-            if found:
-                return found[0]
 
 
 def _hello(port: int, node: str) -> Lines:
@@ -57,14 +43,14 @@ def test_a_fresh_server_at_the_endpoint_sends_its_nodes_to_the_job_that_ran_on()
     endpoint, successor = _servers()
     node = _hello(endpoint, "a2")
     # sent on whether the probe came before its hello (then the answer) or after (then news)
-    moved = _until(node, "moved")["moved"]
+    moved = until(node, "moved")["moved"]
     assert (moved["addr"], moved["port"], moved["server"]) == ("127.0.0.1", successor, "b")
     # a later node started with the original command is sent there at its hello
     later = _hello(endpoint, "c")
-    assert _until(later, "moved")["moved"]["port"] == successor
+    assert until(later, "moved")["moved"]["port"] == successor
     # and the successor answers with the last round, so the node can follow it further
     there = _hello(successor, "a2")
-    answer = _until(there, "ok")
+    answer = until(there, "ok")
     assert (answer["members"], answer["server"]) == (["a", "b"], "b")
     for lines in (node, later, there):
         lines.close()
@@ -73,10 +59,10 @@ def test_a_fresh_server_at_the_endpoint_sends_its_nodes_to_the_job_that_ran_on()
 def test_a_server_of_another_job_is_not_redirected() -> None:
     endpoint, _successor = _servers(job="other")
     node = _hello(endpoint, "a2")
-    assert _until(node, "ok")["round"] == -1
+    assert until(node, "ok")["round"] == -1
     # the probe comes once per beat interval (1 s): two beats from the fresh server, no move
     for _ in range(2):
-        _until(node, "beat")
+        until(node, "beat")
     node.send({"op": "beat"})
     node.close()
 
@@ -88,11 +74,11 @@ def test_a_node_that_took_part_in_a_later_round_is_refused_by_a_server_behind_it
     ahead = Lines(socket.create_connection(("127.0.0.1", successor), timeout=5))
     ahead.send({"op": "hello", "job": "j", "node": "a", "name": "a", "explicit": None,
                 "pid": 1, "round": 2})
-    assert _until(ahead, "behind")["behind"] == 1
+    assert until(ahead, "behind")["behind"] == 1
     same = Lines(socket.create_connection(("127.0.0.1", successor), timeout=5))
     same.send({"op": "hello", "job": "j", "node": "a", "name": "a", "explicit": None,
                "pid": 1, "round": 1})
-    assert _until(same, "ok")["round"] == 1
+    assert until(same, "ok")["round"] == 1
     for lines in (ahead, same):
         lines.close()
 
@@ -113,13 +99,13 @@ def test_a_probe_whose_prober_left_is_not_followed() -> None:
     Server([spare], spec, "b",
            Resume(1, ("a", "b"), {"a": record, "b": record}, frozenset({"a"}))).start()
     node = _hello(port, "c")
-    answer = _until(node, "ok")  # the stale probe was read before this hello (one queue)
+    answer = until(node, "ok")  # the stale probe was read before this hello (one queue)
     assert answer["server"] == "b"
     live = socket.create_connection(("127.0.0.1", port), timeout=5)
     probe = Lines(live)
     probe.send({"op": "redirect", "job": "j", "round": 1, "server": "a", "place": 0,
                 "addr": "127.0.0.1", "port": 9, "name": "a"})
-    assert _until(probe, "here")["here"]["server"] == "b"
-    assert _until(node, "moved")["moved"]["server"] == "a"  # a live prober is followed
+    assert until(probe, "here")["here"]["server"] == "b"
+    assert until(node, "moved")["moved"]["server"] == "a"  # a live prober is followed
     for lines in (node, probe):
         lines.close()

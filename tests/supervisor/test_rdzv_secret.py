@@ -7,27 +7,23 @@ import os
 import re
 import selectors
 import socket
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from _rdzv_wire import SPEC as WIRE_SPEC
+from _rdzv_wire import serve_round_zero, until
 from unirank.errors import ConfigError
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.rdzv.messages import hello_tag, place_tag
 from unirank.supervisor.rdzv.secret import secret_of
-from unirank.supervisor.rdzv.server import Resume, Server
-from unirank.supervisor.rdzv.spec import RdzvSpec
+from unirank.supervisor.rdzv.server import Server
 from unirank.supervisor.rdzv.wire import Lines
 
 SECRET = "s3cr3t-of-the-job"
-SPEC = RdzvSpec(endpoint_host="127.0.0.1", endpoint_port=0, run_id="none", min_nodes=1,
-                max_nodes=2, local_addr="127.0.0.1", node_name="n", nproc=1,
-                serves_endpoint=True, secret=SECRET)
-RECORD = {"addr": "127.0.0.1", "rdzv_port": 1, "name": "a", "nproc": 1, "store_port": 0,
-          "serves_endpoint": True, "claim": "a"}
+SPEC = replace(WIRE_SPEC, secret=SECRET)
 
 
 def _file(tmp_path: Path, text: str, mode: int) -> str:
@@ -63,27 +59,10 @@ def test_a_missing_file_or_both_set_is_one_line(tmp_path: Path) -> None:
     assert SECRET not in repr(SPEC)  # never shown
 
 
-def _until(lines: Lines, key: str, timeout: float = 30.0) -> dict[str, Any]:
-    with selectors.DefaultSelector() as selector:
-        selector.register(lines.sock, selectors.EVENT_READ)
-        while True:
-            assert selector.select(timeout), f"no {key!r} within {timeout:g} s"
-            messages = lines.receive()
-            assert messages is not None, f"closed before {key!r}"
-            found = [m for m in messages if key in m]
-            if found:
-                return found[0]
-
-
 @pytest.fixture
-def port() -> Iterator[int]:
+def port() -> int:
     """A server of a job with a secret that ran round 0 with nodes a and b."""
-    listening = open_store_socket(0)
-    spec = replace(SPEC, endpoint_port=int(listening.getsockname()[1]))
-    Server([listening], spec, "a",
-           Resume(0, ("a", "b"), {"a": RECORD, "b": {**RECORD, "claim": "b"}},
-                  frozenset())).start()
-    yield spec.endpoint_port
+    return serve_round_zero(SPEC)
 
 
 def _hello(port: int, **extra: Any) -> Lines:
@@ -94,13 +73,13 @@ def _hello(port: int, **extra: Any) -> Lines:
 
 
 def test_a_hello_without_the_secret_is_refused_and_with_it_answered_in_kind(port: int) -> None:
-    assert _until(_hello(port), "error")["error"] == \
+    assert until(_hello(port), "error")["error"] == \
         f"this node has no rendezvous secret (UNIRANK_RDZV_SECRET) and the rendezvous 'none' " \
         f"at 127.0.0.1:{port} has one"
     assert "this node's rendezvous secret (UNIRANK_RDZV_SECRET) is not the one of" in \
-        _until(_hello(port, auth="0" * 64), "error")["error"]
+        until(_hello(port, auth="0" * 64), "error")["error"]
     good = _hello(port, auth=hello_tag(SPEC, "hello", "b", "n1"))
-    answer = _until(good, "ok")
+    answer = until(good, "ok")
     assert answer["auth"] == hello_tag(SPEC, "ok", "b", "n1")  # the server holds it too
     assert SECRET not in str(answer)
     good.close()
@@ -110,13 +89,13 @@ def test_a_job_without_a_secret_refuses_a_node_with_one() -> None:
     listening = open_store_socket(0)
     spec = replace(SPEC, endpoint_port=int(listening.getsockname()[1]), secret="")
     Server([listening], spec, "a").start()
-    answer = _until(_hello(spec.endpoint_port, auth="ab"), "error")
+    answer = until(_hello(spec.endpoint_port, auth="ab"), "error")
     assert "this node has a rendezvous secret (UNIRANK_RDZV_SECRET) and" in answer["error"]
 
 
 def test_a_probe_without_the_secret_gets_no_answer_and_moves_nothing(port: int) -> None:
     node = _hello(port, auth=hello_tag(SPEC, "hello", "b", "n1"))
-    _until(node, "ok")
+    until(node, "ok")
     there = {"job": "none", "round": 9, "server": "b", "place": 0, "addr": "127.0.0.1",
              "port": 9, "name": "b"}
     probe = Lines(socket.create_connection(("127.0.0.1", port), timeout=30))
@@ -126,9 +105,9 @@ def test_a_probe_without_the_secret_gets_no_answer_and_moves_nothing(port: int) 
         assert selector.select(30) and probe.receive() is None  # closed, no answer
     signed = Lines(socket.create_connection(("127.0.0.1", port), timeout=30))
     signed.send({"op": "redirect", **there, "auth": place_tag(SPEC, "redirect", there)})
-    answer = _until(signed, "here")
+    answer = until(signed, "here")
     assert answer["auth"] == place_tag(SPEC, "here", answer["here"])
-    assert _until(node, "moved")["moved"]["port"] == 9  # the job's own successor is followed
+    assert until(node, "moved")["moved"]["port"] == 9  # the job's own successor is followed
     for lines in (node, signed):
         lines.close()
     assert os.environ.get("UNIRANK_RDZV_SECRET") is None
