@@ -181,8 +181,8 @@ class PipeWatch:
             return None
         return data.decode().strip() or None
 
-    def joining(self) -> bool:
-        return False
+    def kind(self) -> str | None:
+        return None
 
 
 def test_a_change_of_the_world_stops_the_workers(tmp_path: Path) -> None:

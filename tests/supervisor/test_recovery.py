@@ -109,7 +109,8 @@ def test_the_evicting_node_s_reason_is_the_eviction_however_the_attempt_ended() 
 
 def test_a_node_told_of_an_eviction_while_its_workers_ran_says_it() -> None:
     why = "node evicted: rank 0 never entered all_reduce #3"
-    reason = restart_reason(RunResult((_exit(0, -15),), world_changed=why),
+    reason = restart_reason(RunResult((_exit(0, -15),), world_changed=why,
+                                      world_change_kind="evicted"),
                             _plan("nodeA", "nodeB"), _plan("nodeB"))
     assert (reason.kind, reason.headline()) == ("node evicted", why)
 

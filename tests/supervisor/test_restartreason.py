@@ -5,6 +5,7 @@ worker's rank and exit code, the hang timeout, a requeue."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from unirank.exitcodes import HANG_TIMEOUT
@@ -129,10 +130,15 @@ def test_the_hang_timeout_with_a_node_gone_after_is_that_node_evicted() -> None:
 
 
 def test_the_rendezvous_moved_is_said_so() -> None:
-    result = RunResult((_exit(0, -15),), world_changed="store moved to node nodeB (10.0.0.2)")
+    result = RunResult((_exit(0, -15),), world_changed="store moved to node nodeB (10.0.0.2)",
+                       world_change_kind="moved")
     reason = restart_reason(result, _plan("nodeA", "nodeB"), _plan("nodeB"))
     assert (reason.kind, reason.lost_nodes) == ("store moved", ("nodeA",))
     assert reason.message == "store moved to node nodeB (10.0.0.2)"
+    # the kind is data: the same words with another kind are not a move
+    other = restart_reason(replace(result, world_change_kind="lost"),
+                           _plan("nodeA", "nodeB"), _plan("nodeB"))
+    assert other.kind == "node lost"
 
 
 def test_a_verdict_without_a_stuck_rank_leaves_nothing_to_evict() -> None:

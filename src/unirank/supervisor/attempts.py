@@ -60,6 +60,7 @@ from unirank.supervisor.fork.client import ForkServer, fallback_line, server_env
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
+from unirank.supervisor.rdzv.messages import JOIN
 from unirank.supervisor.recovery import NextRound, Recovery, format_recovery, restart_line_waits
 from unirank.supervisor.restartreason import evicted_why, nothing_to_evict, restart_reason
 from unirank.supervisor.stopreport import StopReportSpec
@@ -283,7 +284,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
             if nothing := nothing_to_evict(verdict):
                 os.write(err_fd, f"{options.prog}: {nothing}\n".encode())
-            joining = watch is not None and watch.joining()
+            joining = watch is not None and watch.kind() == JOIN
             if is_last(result, spent, plan.max_restarts, environ, joining=joining) or nothing or (
                     on_hang == "exit" and _hang_timeout(result)):
                 _report_end(root.attempt(attempt).timeline_file, options, err_fd, recovery)

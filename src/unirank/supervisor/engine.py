@@ -53,6 +53,7 @@ from unirank.supervisor import stoppolicy
 from unirank.supervisor.deathcause import oom_verdict
 from unirank.supervisor.dstate import DStateWatch
 from unirank.supervisor.fork.client import ForkServer
+from unirank.supervisor.rdzv.messages import JOIN
 from unirank.supervisor.rootcause import root_cause
 from unirank.supervisor.spawn import exit_code, kill_all, send, start_worker
 from unirank.supervisor.stoppolicy import Action, StopRules, StopState
@@ -284,9 +285,10 @@ class Supervisor:
         if change is None:
             return
         self._selector.unregister(self._watch.fileno())
+        kind = self._watch.kind()
         action = stoppolicy.on_world_change(self._state, change, alive=bool(self._alive()),
                                             rules=self._rules, now=time.monotonic(),
-                                            node_gone=not self._watch.joining())
+                                            node_gone=kind != JOIN, kind=kind)
         self._apply(action)
         if action.stop is not None:
             self._output.fold()  # what they print while they end is no news
@@ -429,4 +431,5 @@ class Supervisor:
             remove_if_empty(worker.launch.fault_file)
         return RunResult(exits=exits, first_failure=None if blamed is None else exits[blamed],
                          stop_signal=self._state.stop_signal, unreaped=self._unreaped,
-                         world_changed=self._state.world_changed, stuck=self._state.stuck)
+                         world_changed=self._state.world_changed,
+                         world_change_kind=self._state.world_change_kind, stuck=self._state.stuck)

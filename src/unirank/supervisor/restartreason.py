@@ -15,6 +15,7 @@ from unirank.elasticstate import RestartReason, nodes_changed
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
+from unirank.supervisor.rdzv.messages import EVICTED, MOVED
 from unirank.supervisor.summary import RunResult
 
 __all__ = ["evicted_why", "nothing_to_evict", "restart_reason"]
@@ -71,7 +72,7 @@ def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = 
     first = result.first_failure
     if evicted and lost:
         return RestartReason("node evicted", evicted, lost, joined)
-    if first is None and (result.world_changed or "").startswith("node evicted"):
+    if first is None and result.world_changed and result.world_change_kind == EVICTED:
         return RestartReason("node evicted", str(result.world_changed), lost, joined)
     if moved and lost:
         return RestartReason("store moved", moved, lost, joined)
@@ -81,7 +82,7 @@ def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = 
                              f"({first.error}); gone at the next round: {', '.join(lost)}",
                              lost, joined)
     if first is None and result.world_changed:
-        kind = ("store moved" if result.world_changed.startswith("store moved")
+        kind = ("store moved" if result.world_change_kind == MOVED
                 else "node lost" if lost else "node joined" if joined else "world changed")
         return RestartReason(kind, result.world_changed, lost, joined)
     if first is None and result.requeued:

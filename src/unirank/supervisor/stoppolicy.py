@@ -92,8 +92,10 @@ class StopState:
     stop_signal: int | None = None
     #: a worker failed first, on its own account
     failed: bool = False
-    #: the change of the world that stopped the workers (None: none did)
+    #: the change of the world that stopped the workers (None: none did), and its kind
+    #: (:mod:`.rdzv.messages`)
     world_changed: str | None = None
+    world_change_kind: str | None = None
     #: the line naming the workers stuck in D state that stopped the others (None: none did)
     stuck: str | None = None
     #: the stop signal that waits for the hang report (None: no report being made)
@@ -240,14 +242,15 @@ def on_forwarded_end(state: StopState, signum: int, *, others: int, who: str,
 
 
 def on_world_change(state: StopState, change: str, *, alive: bool, rules: StopRules,
-                    now: float, node_gone: bool = False) -> Action:
-    """The world changed (``change`` says how, in one line): stop the workers, unless they
-    are being stopped already or none runs; ``node_gone``: a node is gone (lost, frozen,
-    evicted, the store moved, a peer's new round: every change but nodes joining), and the
-    workers that wait in a collective are ended after ``rules.peer_wait`` seconds."""
+                    now: float, node_gone: bool = False, kind: str | None = None) -> Action:
+    """The world changed (``change`` says how, in one line; ``kind``: its kind): stop the
+    workers, unless they are being stopped already or none runs; ``node_gone``: a node is gone
+    (lost, frozen, evicted, the store moved, a peer's new round: every change but nodes
+    joining), and the workers that wait in a collective are ended after ``rules.peer_wait``
+    seconds."""
     if state.failed or state.stop_signal is not None or not alive:
         return Action(state)
-    stopping = _grace(replace(state, world_changed=change), rules, now)
+    stopping = _grace(replace(state, world_changed=change, world_change_kind=kind), rules, now)
     waiting = ""
     if node_gone and rules.peer_wait < rules.grace_period:
         stopping = replace(stopping, peer_deadline=now + rules.peer_wait)

@@ -208,8 +208,10 @@ class RunResult:
     #: the results of earlier attempts that failed (``--max-restarts``)
     attempts: tuple[RunResult, ...] = field(default=())
     #: why the supervisor stopped the workers when the world changed (a node of the dynamic
-    #: rendezvous lost, or one waiting to join), as the rendezvous said it
+    #: rendezvous lost, or one waiting to join), as the rendezvous said it, and its kind
+    #: (:mod:`unirank.supervisor.rdzv.messages`)
     world_changed: str | None = None
+    world_change_kind: str | None = None
     #: the line naming the workers stuck in D state past the timeout, who ended the run
     #: (:mod:`unirank.supervisor.dstate`)
     stuck: str | None = None

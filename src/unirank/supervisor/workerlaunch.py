@@ -31,10 +31,11 @@ class WorldWatch(Protocol):
         """The news, read without blocking: one line saying how the world changed, or None
         (nothing yet)."""
 
-    def joining(self) -> bool:
-        """Whether the last news was nodes waiting to join, a change of membership alone,
-        which spends no restart (:mod:`.budget`), and keeps no worker waiting in a collective
-        with a node that is gone (:mod:`.stoppolicy`)."""
+    def kind(self) -> str | None:
+        """The kind of the last news (:mod:`.rdzv.messages`), None where it gave none:
+        ``join`` (nodes waiting to join) is a change of membership alone, which spends no
+        restart (:mod:`.budget`) and keeps no worker waiting in a collective with a node that
+        is gone (:mod:`.stoppolicy`)."""
 
 
 @dataclass(frozen=True)

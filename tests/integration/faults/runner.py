@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -233,8 +234,11 @@ def _end(job: Job) -> tuple[dict[int, int | None], dict[int, str]]:
 
 
 def run(schedule: Schedule, folder: Path) -> Outcome:
-    """Run ``schedule`` in fresh namespaces; what it left (see the module docstring)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Run ``schedule`` in fresh namespaces; what it left (see the module docstring). The
+    ``folder`` is emptied first: a run's files (its steps, its stop mark) must be its own."""
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
     with Net(schedule.nodes) as net:
         job = Job(net, folder, schedule)
         try:

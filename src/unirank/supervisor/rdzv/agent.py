@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.contract import RDZV_SECRET_VAR
 from unirank.exitcodes import EVICTED
-from unirank.supervisor.rdzv.messages import authentic, hello_tag
+from unirank.supervisor.rdzv.messages import FENCED, MOVED, WAIT, authentic, hello_tag
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
     Refusal,
@@ -194,13 +194,14 @@ class Node:
         self._rejoin(f"store moved to node {there.get('name')} ({there['addr']}): the job "
                      "runs there")
 
-    def _rejoin(self, news: str) -> None:
-        """After a new connection: watch it, join again if this node was joining, tell."""
+    def _rejoin(self, news: str, kind: str = MOVED) -> None:
+        """After a new connection: watch it, join again if this node was joining, tell (the
+        news of ``kind``)."""
         self.selector.register(self.lines.sock, selectors.EVENT_READ, "store")
         self.heard = time.monotonic()
         if self.joining:
             self.join()
-        self._tell(news, always=True)
+        self._tell(news, always=True, kind=kind)
 
     def on_message(self, message: dict[str, Any]) -> None:
         if "dropped" in message:  # the server runs: the end of this connection proves nothing
@@ -222,7 +223,7 @@ class Node:
             self.joining = False
         elif "event" in message:  # nodes waiting to join too: admitted at any budget
             kind = message.get("kind")
-            self._tell(str(message["event"]), always=kind == "wait",
+            self._tell(str(message["event"]), always=kind == WAIT,
                        kind=kind if isinstance(kind, str) else None)
 
     def _tell(self, news: str, *, always: bool = False, kind: str | None = None) -> None:
@@ -252,9 +253,11 @@ class Node:
         back = self._back()
         if back is True:
             self.dropped = False  # the server answered, or one that took the endpoint over
-            self._rejoin(self._moved_to(self.server) if self.server != lost else
-                         "this node lost the rendezvous's server for a while: it joins the "
-                         "job's next round")
+            if self.server != lost:
+                self._rejoin(self._moved_to(self.server))
+            else:
+                self._rejoin("this node lost the rendezvous's server for a while: it joins the "
+                             "job's next round", FENCED)
             return
         proven, self.dropped = back is None or (ended and not self.dropped), False
         failed, dead = {lost}, ({lost} if proven else set())
@@ -350,7 +353,7 @@ class Node:
             if now - self.heard >= self.spec.fence_after and self.server != self.node:
                 # the node serving it is silent (hung, or cut off): fence first
                 self._tell(f"no word from the rendezvous's server for "
-                           f"{now - self.heard:.1f} s")
+                           f"{now - self.heard:.1f} s", kind=FENCED)
                 self.move()
 
     def _from_parent(self) -> bool:

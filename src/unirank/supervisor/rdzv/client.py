@@ -20,9 +20,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from typing import Any
 
 from unirank.errors import ConfigError
+from unirank.exitcodes import EVICTED as EVICTED_EXIT
 from unirank.supervisor.helper import start_helper
+from unirank.supervisor.rdzv.messages import ENDED, EVICTED, MOVED
 from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to_line
 from unirank.sweep import RDZV_PREFIX, make_owned_folder
 
@@ -73,7 +76,7 @@ class RendezvousHelper:
         #: the news that the rendezvous moved (``store moved to node ...``), until read
         self._moved: str | None = None
         #: the last news was nodes waiting to join (:meth:`joining`)
-        self._joining = False
+        self._kind: str | None = None
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -93,8 +96,8 @@ class RendezvousHelper:
             self._send(to_line({"next": True, "evict": list(evict), "why": why}))
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         while '"event"' in line:  # news read too late to stop the workers: said only
-            with contextlib.suppress(ValueError, TypeError, KeyError, OSError):
-                news = self._note(str(json.loads(line)["event"]))
+            with contextlib.suppress(ValueError, TypeError, KeyError, OSError, AttributeError):
+                news = self._note(json.loads(line), line)
                 sys.stderr.write(f"unirank run: {news}\n")
                 sys.stderr.flush()
             line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
@@ -144,7 +147,7 @@ class RendezvousHelper:
         except BlockingIOError:
             chunk = None
         if chunk == b"":
-            self._keep_log, self._joining = True, False
+            self._keep_log, self._kind = True, ENDED
             return f"the rendezvous helper ended (its log: {self.log_path})"
         self._buffer += chunk or b""
         if b"\n" not in self._buffer:
@@ -155,17 +158,23 @@ class RendezvousHelper:
         except ValueError:
             news = {}
         self._news_at = time.monotonic()
-        self._joining = isinstance(news, dict) and news.get("kind") == "join"
-        if isinstance(news, dict) and "error" in news:  # evicted: said at the next round
+        if not isinstance(news, dict):
+            news = {}
+        if "error" in news:  # evicted (or the helper gave up): said at the next round
             self._refusal = line.decode(errors="replace")
+            self._kind = EVICTED if news.get("exit_code") == EVICTED_EXIT else ENDED
             return str(news["error"])
-        return self._note(str(news.get("event") or line.decode(errors="replace")))
+        return self._note(news, line.decode(errors="replace"))
 
-    def _note(self, news: str) -> str:
-        """``news``, kept where it says the rendezvous moved (:meth:`moved`)."""
-        if news.startswith("store moved"):
-            self._moved = news
-        return news
+    def _note(self, news: dict[str, Any], line: str) -> str:
+        """The text of ``news`` (a garbled ``line`` as it came); its kind kept
+        (:meth:`kind`), and the news itself where the rendezvous moved (:meth:`moved`)."""
+        kind = news.get("kind")
+        self._kind = kind if isinstance(kind, str) else None
+        text = str(news.get("event") or line)
+        if self._kind == MOVED:
+            self._moved = text
+        return text
 
     def moved(self) -> str | None:
         """The news that the rendezvous moved since the last call (``store moved to node
@@ -173,10 +182,10 @@ class RendezvousHelper:
         news, self._moved = self._moved, None
         return news
 
-    def joining(self) -> bool:
-        """Whether the last news was nodes waiting to join (a change of membership alone,
-        which spends no restart)."""
-        return self._joining
+    def kind(self) -> str | None:
+        """The kind of the last news (:mod:`.messages`: ``join`` is a change of membership
+        alone, which spends no restart), None where it gave none."""
+        return self._kind
 
     def noticed_before(self, began: float) -> float | None:
         """Seconds from the last news (a node lost, joining...) to ``began`` (the next

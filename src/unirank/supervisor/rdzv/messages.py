@@ -29,9 +29,40 @@ from unirank.contract import RDZV_SECRET_FILE_VAR, RDZV_SECRET_VAR
 from unirank.supervisor.rdzv.secret import tag
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec
 
-__all__ = ["HELLO_WITHIN", "MAX_EVICT", "MAX_HELLO_LINE", "MAX_LINE_IN", "MAX_TEXT", "MAX_UNNAMED",
-           "REQUESTS", "BadMessage", "Request", "authentic", "hello_refusal", "hello_tag",
-           "other_job", "parse_request", "place_tag", "twice", "wrong_secret"]
+__all__ = [
+    "ENDED",
+    "EVICTED",
+    "FENCED",
+    "HELLO_WITHIN",
+    "JOIN",
+    "LOST",
+    "MAX_EVICT",
+    "MAX_HELLO_LINE",
+    "MAX_LINE_IN",
+    "MAX_TEXT",
+    "MAX_UNNAMED",
+    "MOVED",
+    "REQUESTS",
+    "RESTART",
+    "WAIT",
+    "BadMessage",
+    "Request",
+    "authentic",
+    "hello_refusal",
+    "hello_tag",
+    "other_job",
+    "parse_request",
+    "place_tag",
+    "twice",
+    "wrong_secret",
+]
+
+#: the kinds of a world change, as data: the server's news (a member ``LOST``, one asking for
+#: a new ``RESTART``, nodes that ``JOIN``, a node that must ``WAIT`` for the job's next round),
+#: the helper's own (``FENCED``: no word from its server; ``MOVED``: the rendezvous moved), and
+#: the parent's reading of its helper (``EVICTED``: this node; ``ENDED``: the helper ended)
+LOST, RESTART, JOIN, WAIT = "lost", "restart", "join", "wait"
+FENCED, MOVED, EVICTED, ENDED = "fenced", "moved", "evicted", "ended"
 
 #: the longest line the server reads from a node (an eviction naming every node of a job of
 #: thousands fits), and from a connection that has not said hello yet

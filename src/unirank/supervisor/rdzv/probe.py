@@ -13,16 +13,28 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from unirank.supervisor.rdzv.messages import authentic, place_tag
 from unirank.supervisor.rdzv.rounds import Served, follows
+from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 
-if TYPE_CHECKING:
-    from unirank.supervisor.rdzv.server import Server
+__all__ = ["Probing", "probe_loop", "served"]
 
-__all__ = ["probe_loop", "served"]
+
+class Probing(Protocol):
+    """What the probe reads of its server (:class:`.server.Server`) and leaves there."""
+
+    spec: RdzvSpec
+    host: str
+    members: tuple[str, ...]
+    records: dict[str, dict[str, Any]]
+    moved: dict[str, Any] | None
+    found: dict[str, Any] | None
+
+    def here(self) -> dict[str, Any]:
+        """Where this server's job runs (its probe's message)."""
 
 
 def served(state: dict[str, Any]) -> Served:
@@ -31,7 +43,7 @@ def served(state: dict[str, Any]) -> Served:
                   int(state.get("place") or 0))
 
 
-def probe_loop(server: Server) -> None:
+def probe_loop(server: Probing) -> None:
     """Probe until ``server`` followed another (one that followed says nothing); a later
     server found is left in ``server.found`` (its loop follows it: one thread sends)."""
     interval = server.spec.keep_alive_interval

@@ -38,9 +38,13 @@ from typing import Any
 from unirank.supervisor.rdzv.conns import Conn, plain
 from unirank.supervisor.rdzv.messages import (
     HELLO_WITHIN,
+    JOIN,
+    LOST,
     MAX_HELLO_LINE,
     MAX_LINE_IN,
     MAX_UNNAMED,
+    RESTART,
+    WAIT,
     BadMessage,
     Request,
     authentic,
@@ -333,16 +337,16 @@ class Server:
         self._opened = self._opened if self._opened is not None else time.monotonic()
         running = [m for m in self.members if m not in self._waiting]
         if node.node in self.members:
-            self._tell(running, "restart",
+            self._tell(running, RESTART,
                        f"node {node_label(node.node, self._names())} asked for a new round")
         elif running:
             node.lines.send({"event": f"this node waits to join: the job {self.spec.run_id!r} "
                                       f"runs on {counted(len(self.members), 'node')} (at most "
                                       f"{self.spec.max_nodes}); it joins at the job's next "
-                                      "round", "kind": "wait"})
+                                      "round", "kind": WAIT})
             if len(self.members) < self.spec.max_nodes:
                 waiting = sum(1 for n in self._waiting if n not in self.members)
-                self._tell(running, "join", f"{counted(waiting, 'node')} waiting to join")
+                self._tell(running, JOIN, f"{counted(waiting, 'node')} waiting to join")
 
     def _drop(self, node: Conn, why: str | None, *, dead: bool = False) -> None:
         """A node left (``why`` None: it said ``leave``) or is lost (``why``); ``dead``: proven
@@ -358,7 +362,7 @@ class Server:
         if why is not None and node.node in self.members:
             running = [m for m in self.members if m not in self._waiting and m != node.node]
             label = node_label(node.node, names, address=True)
-            self._tell(running, "lost", f"node {label} is lost: {why}")
+            self._tell(running, LOST, f"node {label} is lost: {why}")
 
     def _names(self) -> dict[str, dict[str, Any]]:
         """Every node known, for :func:`.names.node_label`: the records', then those connected
