@@ -46,6 +46,13 @@ ONE_WORLD = {
     "seed-2": generate(2),
     # a node killed while the serving node is cut off for 5.5 s, then another replaced
     "seed-20": generate(20),
+    # 4 nodes: the serving node frozen 9.3 s, replaced, then a node cut off while the serving
+    # one is frozen again (two worlds of 2 once: the two sides' quorums over different last
+    # rounds; a node never goes back in the job's history now)
+    "seed-9": generate(9),
+    # 4 nodes: the serving node replaced, a node killed, then the successor killed (a stale
+    # probe of a lost successor once sent the job to a dead address)
+    "seed-5": generate(5),
 }
 
 

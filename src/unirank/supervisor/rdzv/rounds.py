@@ -83,6 +83,7 @@ def has_quorum(before: Sequence[str], rejoined: Collection[str],
     order): a strict majority of its nodes not ``dead``, or exactly half including the first
     of them (see the module docstring). True for a first round and where every node of the
     round before is dead (nothing is left to split from)."""
+    dead, rejoined = frozenset(dead), frozenset(rejoined)
     voters = [n for n in before if n not in dead]
     count = sum(1 for n in voters if n in rejoined)
     if 2 * count == len(voters):
@@ -113,8 +114,8 @@ def round_closes(p: Pending, *, min_nodes: int, max_nodes: int, last_call: float
     waiting = [n for n in p.waiting if n in p.alive]
     if not has_quorum(p.before, waiting, p.dead):
         return False  # the other side of a split may hold the majority: never two worlds
-    if p.before and not any(n in p.before for n in waiting) and \
-            any(n in p.alive for n in p.before):
+    before, waits = frozenset(p.before), frozenset(waiting)  # thousands of nodes: sets
+    if before and before.isdisjoint(waits) and not before.isdisjoint(p.alive):
         return False  # the job runs and none of its nodes asked for a round: newcomers wait
     if len(waiting) >= max_nodes:
         return True
@@ -122,10 +123,10 @@ def round_closes(p: Pending, *, min_nodes: int, max_nodes: int, last_call: float
         return False
     if not p.before:  # the first round: more may still come
         return p.min_for >= last_call
-    missing = [n for n in p.before if n in p.alive and n not in waiting]
+    missing = [n for n in p.before if n in p.alive and n not in waits]
     if missing:
         return p.open_for >= close_timeout
-    if any(n not in p.before for n in waiting):  # a new node: others may come with it
+    if not waits <= before:  # a new node: others may come with it
         return p.min_for >= last_call
     return True
 
@@ -136,8 +137,9 @@ def members_of(before: Sequence[str], waiting: Sequence[str], alive: frozenset[s
     round before's that wait, in their order, then the new ones in the order they came, at most
     ``max_nodes``. The serving node comes first so that :func:`has_quorum`'s tie-break falls
     to it: the node that holds the round is the one a two-node job keeps."""
-    kept = [n for n in before if n in waiting and n in alive]
-    new = [n for n in waiting if n not in before and n in alive]
+    waits, was = frozenset(waiting), frozenset(before)
+    kept = [n for n in before if n in waits and n in alive]
+    new = [n for n in waiting if n not in was and n in alive]
     ordered = kept + new
     if serving in ordered:
         ordered.remove(serving)

@@ -58,7 +58,7 @@ from unirank.supervisor.rdzv.messages import (
 from unirank.supervisor.rdzv.names import node_label, of_records
 from unirank.supervisor.rdzv.probe import probe_loop, served
 from unirank.supervisor.rdzv.rounds import Pending, behind, follows, members_of, round_closes
-from unirank.supervisor.rdzv.spec import RdzvSpec
+from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import BadLine, Lines
 from unirank.words import counted
 
@@ -381,9 +381,10 @@ class Server:
         node.lines.close()
 
     def _tell(self, members: list[str], kind: str, text: str) -> None:
+        told, line = frozenset(members), to_line({"event": text, "kind": kind})
         for node in self._nodes.values():
-            if node.node in members:
-                node.lines.send({"event": text, "kind": kind})
+            if node.node in told:
+                node.lines.send_line(line)
 
     # rounds -----------------------------------------------------------------------------
     def _alive(self) -> frozenset[str]:
@@ -415,11 +416,13 @@ class Server:
         self.members = members_of(self.members, self._waiting, alive, self.spec.max_nodes,
                                   self.host)
         self.round += 1
-        records = [self.records[m] for m in self.members]
+        line = to_line({"round": self.round, "members": self.members,
+                        "records": [self.records[m] for m in self.members],
+                        "server": self.host})  # encoded once: the same bytes to every member
+        members = frozenset(self.members)
         for node in self._nodes.values():
-            if node.node in self.members:
-                node.lines.send({"round": self.round, "members": self.members,
-                                 "records": records, "server": self.host})
+            if node.node in members:
+                node.lines.send_line(line)
         self._waiting = [n for n in self._waiting if n not in self.members]
         self._opened = now if self._waiting else None
         self._min_at = None

@@ -42,10 +42,15 @@ class Lines:
 
     def send(self, payload: object) -> bool:
         """Send one message; False when the connection is gone."""
+        return self.send_line(to_line(payload))
+
+    def send_line(self, line: bytes) -> bool:
+        """Send one message already encoded (:func:`~.spec.to_line`: one message to many
+        peers is encoded once); False when the connection is gone."""
         if self.closed:
             return False
         try:
-            self.sock.sendall(to_line(payload))
+            self.sock.sendall(line)
         except OSError:
             return False
         return True
