@@ -140,10 +140,11 @@ class Job:
 
     def resolve(self, fault: Fault, taken: set[int]) -> int | None:
         """The node ``fault`` strikes now (None: no node is free for it). The endpoint's node
-        is never lost for good before a replace: a node started again with the same command
-        finds the job through the endpoint, which then has no one (as under torchrun)."""
+        is never lost for good before a replace, nor at the same moment: a node started again
+        with the same command finds the job through the endpoint, which then has no one (as
+        under torchrun)."""
         free = [n for n in self.net.nodes if n not in self.gone | self.busy | taken]
-        replace_later = any(f.kind == "replace" and f.at > fault.at
+        replace_later = any(f.kind == "replace" and f.at >= fault.at and f is not fault
                             for f in self.schedule.faults)
         if fault.kind in PERMANENT and replace_later:
             free = [n for n in free if n != 1]

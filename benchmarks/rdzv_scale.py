@@ -1,0 +1,175 @@
+"""The rendezvous at scale: ``python3 benchmarks/rdzv_scale.py [--nodes 256 1024 4096]``.
+
+For each node count N, the real rendezvous server (:class:`unirank.supervisor.rdzv.server.
+Server`, in a process of its own, as in a node's helper) serves N lightweight simulated nodes
+(this process: each a real connection speaking the real protocol, hello, join, a beat each
+second, a join again when told a node was lost). It prints, per N: the time until every node
+had round 0; the time from one node's loss (its connection closed: proven dead) until every
+other node had round 1; the bytes every node received for that round (in all, and per node);
+and the server's CPU share over 5 s of steady beats. No torch; loopback only.
+
+What it does not cover yet (issue 41): the serving node's own loss (a successor taking over
+needs every node's helper logic), and the real two-rank job beside the simulated nodes.
+Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import selectors
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from unirank.supervisor.listen import open_store_socket  # noqa: E402
+from unirank.supervisor.rdzv.spec import to_line  # noqa: E402
+
+SERVER = """
+import json, sys, threading
+from unirank.supervisor.listen import open_store_socket
+from unirank.supervisor.rdzv.server import Server
+from unirank.supervisor.rdzv.spec import RdzvSpec
+nodes = int(sys.argv[1])
+listening = open_store_socket(0)
+spec = RdzvSpec(endpoint_host="127.0.0.1", endpoint_port=listening.getsockname()[1],
+                run_id="scale", min_nodes=1, max_nodes=nodes, local_addr="127.0.0.1",
+                node_name="server", nproc=1, serves_endpoint=True)
+Server([listening], spec, "server-node").start()
+print(spec.endpoint_port, flush=True)
+sys.stdin.read()
+"""
+
+
+class Nodes:
+    """N simulated nodes on one selector."""
+
+    def __init__(self, port: int, count: int) -> None:
+        self.selector = selectors.DefaultSelector()
+        self.socks: dict[int, socket.socket] = {}
+        self.buffers: dict[int, bytes] = {}
+        self.rounds: dict[int, int] = {}
+        self.received: dict[int, int] = {}
+        for index in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock.setblocking(False)
+            self.socks[index] = sock
+            self.buffers[index] = b""
+            self.received[index] = 0
+            self.selector.register(sock, selectors.EVENT_READ, index)
+            self._send(index, {"op": "hello", "job": "scale", "node": f"sim{index}",
+                               "name": f"sim{index}", "pid": index, "round": -1,
+                               "token": f"t{index}"})
+            self._send(index, {"op": "join", "record": {
+                "addr": "127.0.0.1", "name": f"sim{index}", "nproc": 1, "store_port": 1,
+                "serves_endpoint": False, "claim": f"sim{index}", "rdzv_port": 1}})
+
+    def _send(self, index: int, payload: object) -> None:
+        sock = self.socks[index]
+        sock.setblocking(True)
+        sock.sendall(to_line(payload))
+        sock.setblocking(False)
+
+    def beat(self) -> None:
+        for index in self.socks:
+            self._send(index, {"op": "beat"})
+
+    def pump(self, until: float) -> None:
+        """Read and answer until ``until`` (monotonic) or until every node has the round
+        :attr:`want`."""
+        while time.monotonic() < until:
+            for key, _ in self.selector.select(0.05):
+                self._read(int(key.data))
+            if all(r >= self.want for i, r in self.rounds.items() if i in self.socks) and \
+                    len(self.rounds) >= len(self.socks):
+                return
+
+    want = 0
+
+    def _read(self, index: int) -> None:
+        try:
+            chunk = self.socks[index].recv(1 << 20)
+        except BlockingIOError:
+            return
+        self.received[index] += len(chunk)
+        self.buffers[index] += chunk
+        while b"\n" in self.buffers[index]:
+            line, _, self.buffers[index] = self.buffers[index].partition(b"\n")
+            message = json.loads(line)
+            if "round" in message and "records" in message:
+                self.rounds[index] = int(message["round"])
+            elif message.get("kind") == "lost":
+                self._send(index, {"op": "join", "record": {
+                    "addr": "127.0.0.1", "name": f"sim{index}", "nproc": 1, "store_port": 1,
+                    "serves_endpoint": False, "claim": f"sim{index}", "rdzv_port": 1}})
+
+    def lose(self, index: int) -> None:
+        sock = self.socks.pop(index)
+        self.selector.unregister(sock)
+        sock.close()
+        self.rounds.pop(index, None)
+
+
+def _cpu(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(count: int) -> dict[str, float]:
+    server = subprocess.Popen([sys.executable, "-c", SERVER, str(count)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    try:
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+        began = time.monotonic()
+        nodes = Nodes(port, count)
+        nodes.want = 0
+        nodes.pump(began + 300)
+        joined = time.monotonic() - began
+        before = dict(nodes.received)
+        lost_at = time.monotonic()
+        nodes.lose(0)
+        nodes.want = 1
+        nodes.pump(lost_at + 300)
+        recovered = time.monotonic() - lost_at
+        sent = sum(nodes.received[i] - before[i] for i in nodes.socks)
+        cpu0, wall0 = _cpu(server.pid), time.monotonic()
+        for _ in range(5):
+            nodes.beat()
+            nodes.pump(time.monotonic() + 1.0)
+        share = (_cpu(server.pid) - cpu0) / (time.monotonic() - wall0)
+        return {"nodes": count, "join_s": joined, "loss_to_round_s": recovered,
+                "round_bytes": sent, "round_bytes_per_node": sent / max(1, count - 1),
+                "server_cpu_share": share}
+    finally:
+        server.kill()
+        server.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, nargs="+", default=[256, 1024, 4096])
+    args = parser.parse_args(argv)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, max(soft, 3 * max(args.nodes) + 64)),
+                                                hard))
+    for count in args.nodes:
+        row = measure(count)
+        print(f"{count:5d} nodes: all in round 0 after {row['join_s']:.2f} s; a node lost -> "
+              f"round 1 at every node after {row['loss_to_round_s']:.2f} s; that round: "
+              f"{row['round_bytes'] / 1e6:.1f} MB in all, {row['round_bytes_per_node']:.0f} B "
+              f"a node; server CPU at steady beats {100 * row['server_cpu_share']:.0f} % of a "
+              "core", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
