@@ -199,7 +199,8 @@ class Server:
         for node in list(self._nodes.values()):
             if not node.node and now - node.opened >= HELLO_WITHIN:
                 self._bad(node, f"no hello within {HELLO_WITHIN:g} s")
-            elif node.node and now - node.seen >= self.spec.lost_after:
+            elif node.node and now - node.seen >= self.spec.lost_after and \
+                    not node.lines.waiting():  # what it sent while this loop was busy counts
                 why = f"no beat for {now - node.seen:.0f} s"
                 node.lines.send({"dropped": why})  # it comes back as a new node, if it hears
                 self._drop(node, why)

@@ -86,6 +86,13 @@ class Lines:
         if self.max_line is not None and size > self.max_line:
             raise BadLine(f"a line longer than {self.max_line} bytes")
 
+    def waiting(self) -> bool:
+        """Whether something from the peer waits to be read (or its end)."""
+        try:
+            return bool(select.select([self.sock], [], [], 0)[0])
+        except (OSError, ValueError):
+            return False
+
     def peer_gone(self) -> bool:
         """Whether the peer already closed its side (its end is queued after what was read): a
         message read now was sent by a process that no longer waits for the answer."""
