@@ -138,7 +138,7 @@ MAX_REQUEUES_VAR = "UNIRANK_MAX_REQUEUES"
 #: the job's rendezvous secret (:mod:`unirank.supervisor.rdzv.secret`): every node of one job
 #: the same; a node without it is refused, and no message without it steers the job
 RDZV_SECRET_VAR = "UNIRANK_RDZV_SECRET"
-#: a file that holds it, readable by its owner only (the way ``unirank sbatch`` passes it)
+#: a file that holds it, which other users cannot read (mode 600, or 640 for its group)
 RDZV_SECRET_FILE_VAR = "UNIRANK_RDZV_SECRET_FILE"
 #: ``1``: every worker starts as its own interpreter (``unirank run --no-preload``), not forked
 #: from the node's preloading fork server

@@ -38,6 +38,10 @@ def test_the_secret_comes_from_the_variable_or_an_owner_only_file(tmp_path: Path
     assert secret_of({"UNIRANK_RDZV_SECRET": " abc\n"}) == "abc"
     path = _file(tmp_path, "from-a-file\n", 0o600)
     assert secret_of({"UNIRANK_RDZV_SECRET_FILE": path}) == "from-a-file"
+    os.chmod(path, 0o440)  # a pod's fsGroup may read it
+    link = tmp_path / "link"  # Kubernetes mounts a Secret's key as a link
+    link.symlink_to(path)
+    assert secret_of({"UNIRANK_RDZV_SECRET_FILE": str(link)}) == "from-a-file"
 
 
 @pytest.mark.parametrize(("text", "mode", "why"), [

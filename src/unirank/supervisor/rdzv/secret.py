@@ -35,7 +35,8 @@ MAX_SECRET = 4096
 
 def secret_of(environ: Mapping[str, str]) -> str:
     """The job's secret: ``UNIRANK_RDZV_SECRET``, else the content of the file
-    ``UNIRANK_RDZV_SECRET_FILE`` names (its owner's only, not empty); "" where neither is set.
+    ``UNIRANK_RDZV_SECRET_FILE`` names (not readable by others, not writable by its group: 600,
+    or 640/440 for a group such as a pod's fsGroup; not empty); "" where neither is set.
     A bad file, or both set, is a one-line :class:`ConfigError`."""
     value = environ.get(RDZV_SECRET_VAR, "")
     path = environ.get(RDZV_SECRET_FILE_VAR, "")
@@ -51,7 +52,7 @@ def secret_of(environ: Mapping[str, str]) -> str:
 
 def _read(path: str) -> str:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY)  # a link is followed (Kubernetes mounts Secrets so)
     except OSError as exc:
         raise ConfigError(f"cannot be read ({exc.strerror})", variable=RDZV_SECRET_FILE_VAR,
                           value=path, hint="name a file that every node can read, holding the "
@@ -61,7 +62,7 @@ def _read(path: str) -> str:
         if not stat.S_ISREG(info.st_mode):
             raise ConfigError("is not a regular file", variable=RDZV_SECRET_FILE_VAR,
                               value=path, hint="name a file holding the job's secret")
-        if info.st_mode & 0o077:
+        if info.st_mode & 0o027:  # others may not touch it, its group not write it
             raise ConfigError(f"can be read by other users (mode {info.st_mode & 0o777:o})",
                               variable=RDZV_SECRET_FILE_VAR, value=path,
                               hint=f"chmod 600 {path}")
