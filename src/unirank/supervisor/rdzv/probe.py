@@ -20,7 +20,7 @@ from unirank.supervisor.rdzv.rounds import Served, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 
-__all__ = ["Probing", "probe_loop", "served"]
+__all__ = ["Probing", "confirm", "probe_loop", "served"]
 
 
 class Probing(Protocol):
@@ -43,6 +43,36 @@ def served(state: dict[str, Any]) -> Served:
                   int(state.get("place") or 0))
 
 
+def confirm(server: Probing, claim: dict[str, Any]) -> None:
+    """A probe told ``server`` (no secret) that its job runs at ``claim``: ask that place
+    itself; where a server of the job answers there for the node ``claim`` names, at a round
+    ``server`` must follow, leave it in ``server.found`` (the loop follows it)."""
+    there = _ask(server, (str(claim["addr"]), int(claim["port"])))
+    if there is not None and there.get("server") == claim.get("server") and \
+            follows(served(server.here()), served(there)):
+        server.found = there
+
+
+def _ask(server: Probing, address: tuple[str, int]) -> dict[str, Any] | None:
+    """Probe the server at ``address`` once: where it says its job runs (None: no answer,
+    or one without the job's secret where there is one)."""
+    interval, spec = server.spec.keep_alive_interval, server.spec
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
+            socket.create_connection(address, timeout=interval) as sock:
+        lines = Lines(sock)
+        sock.settimeout(interval)
+        here = server.here()
+        signed = {"auth": place_tag(spec, "redirect", here)} if spec.secret else {}
+        lines.send({"op": "redirect", **here, **signed})
+        answer = (lines.receive() or [{}])[0]
+        there = answer.get("here")
+        if isinstance(there, dict) and there.get("addr") and there.get("job") == spec.run_id \
+                and (not spec.secret or authentic(answer.get("auth"),
+                                                  place_tag(spec, "here", there))):
+            return there
+    return None
+
+
 def probe_loop(server: Probing) -> None:
     """Probe until ``server`` followed another (one that followed says nothing); a later
     server found is left in ``server.found`` (its loop follows it: one thread sends)."""
@@ -52,18 +82,8 @@ def probe_loop(server: Probing) -> None:
         others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
                   if m != server.host and records.get(m, {}).get("rdzv_port")]
         for address in [(server.spec.endpoint_host, server.spec.endpoint_port), *others]:
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
-                    socket.create_connection(address, timeout=interval) as sock:
-                lines = Lines(sock)
-                sock.settimeout(interval)
-                here, spec = server.here(), server.spec
-                signed = {"auth": place_tag(spec, "redirect", here)} if spec.secret else {}
-                lines.send({"op": "redirect", **here, **signed})
-                answer = (lines.receive() or [{}])[0]
-                there = answer.get("here")
-                if isinstance(there, dict) and there.get("addr") and \
-                        (not spec.secret or authentic(answer.get("auth"),
-                                                      place_tag(spec, "here", there))) and \
-                        follows(served(server.here()), served(there)):
+            there = _ask(server, address)
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                if there is not None and follows(served(server.here()), served(there)):
                     server.found = there
         time.sleep(interval)  # a period, not a synchronisation
