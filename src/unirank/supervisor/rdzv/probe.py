@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import threading
 import time
 from typing import Any, Protocol
 
@@ -20,7 +21,7 @@ from unirank.supervisor.rdzv.rounds import Served, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 
-__all__ = ["Probing", "confirm", "probe_loop", "served"]
+__all__ = ["Probing", "answer", "confirm", "probe_loop", "served"]
 
 
 class Probing(Protocol):
@@ -28,13 +29,49 @@ class Probing(Protocol):
 
     spec: RdzvSpec
     host: str
+    round: int
     members: tuple[str, ...]
     records: dict[str, dict[str, Any]]
     moved: dict[str, Any] | None
     found: dict[str, Any] | None
+    confirming: threading.Thread | None
 
     def here(self) -> dict[str, Any]:
         """Where this server's job runs (its probe's message)."""
+
+    def point_to(self, there: dict[str, Any]) -> None:
+        """Send every node there, and every later hello."""
+
+
+def answer(server: Probing, lines: Lines, there: dict[str, Any]) -> None:
+    """A probe (``there``: where its prober says the job runs) read by ``server`` on
+    ``lines``: answered with where ``server``'s job runs, and followed where
+    :func:`.rounds.follows` says so (every node of ``server`` is sent there, and so is every
+    later hello). A probe whose prober closed its connection already is stale (it waited in
+    the queue of a rendezvous port nothing served yet; its server may be gone): ignored, as a
+    live prober probes again each beat; so is one without the job's secret where there is one.
+    Without a secret, a server that closed a round follows only a node of its job it knows, at
+    the address that node joined with, and only once that node's server, asked back, says
+    the same (:func:`confirm`; one check-back at a time): anyone who reaches the port could
+    name any place. The caller closes ``lines``."""
+    spec = server.spec
+    if lines.peer_gone() or \
+            (spec.secret and not authentic(there.get("auth"),
+                                           place_tag(spec, "redirect", there))):
+        return
+    here = server.moved or server.here()
+    signed = {"auth": place_tag(spec, "here", here)} if spec.secret else {}
+    lines.send({"here": here, **signed})  # the prober follows where it is behind
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        if not follows(served(here), served(there)) or not there.get("addr"):
+            return
+        if spec.secret or server.round < 0:
+            server.point_to(there)
+        elif server.records.get(str(there["server"]), {}).get("addr") == there["addr"] and \
+                not (server.confirming and server.confirming.is_alive()):
+            server.confirming = threading.Thread(target=confirm, args=(server, there),
+                                                 daemon=True, name="unirank-rdzv-confirm")
+            server.confirming.start()
 
 
 def served(state: dict[str, Any]) -> Served:

@@ -47,17 +47,15 @@ from unirank.supervisor.rdzv.messages import (
     WAIT,
     BadMessage,
     Request,
-    authentic,
     hello_refusal,
     hello_tag,
     other_job,
     parse_request,
-    place_tag,
     twice,
 )
 from unirank.supervisor.rdzv.names import node_label, of_records
-from unirank.supervisor.rdzv.probe import confirm, probe_loop, served
-from unirank.supervisor.rdzv.rounds import Pending, behind, follows, members_of, round_closes
+from unirank.supervisor.rdzv.probe import answer, probe_loop
+from unirank.supervisor.rdzv.rounds import Pending, behind, members_of, round_closes
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import BadLine, Lines
 from unirank.words import counted
@@ -120,7 +118,8 @@ class Server:
         self.moved: dict[str, Any] | None = None
         #: a later server of the job its probe found (the loop follows it)
         self.found: dict[str, Any] | None = None
-        self._confirming: threading.Thread | None = None
+        #: the check-back of a probe's claim under way (:func:`.probe.confirm`)
+        self.confirming: threading.Thread | None = None
         self.watching = resume is not None
 
     def start(self) -> None:
@@ -236,34 +235,9 @@ class Server:
             self._evict(message["nodes"], str(message.get("why") or "evicted"))
 
     def _redirect(self, node: Conn, there: dict[str, Any]) -> None:
-        """A probe from the server of this job that ran on: follow it where
-        :func:`.rounds.follows` says so (every node here is sent there, and so is every later
-        hello). A probe whose prober closed its connection already is stale (it waited in the
-        queue of a rendezvous port nothing served yet; its server may be gone): ignored, as a
-        live prober probes again each beat. Without a secret, a server that closed a round
-        follows only a node of its job it knows, at the address that node joined with, and only
-        once that server, probed back, says the same (:func:`.probe.confirm`: anyone who
-        reaches the port could name any place)."""
-        secret = self.spec.secret
-        if node.lines.peer_gone() or \
-                (secret and not authentic(there.get("auth"), place_tag(self.spec, "redirect",
-                                                                       there))):
-            self._forget(node)
-            return
-        here = self.moved or self.here()
-        signed = {"auth": place_tag(self.spec, "here", here)} if secret else {}
-        node.lines.send({"here": here, **signed})  # the prober follows where it is behind
+        """A probe: answered, and followed where it must be (:func:`.probe.answer`)."""
+        answer(self, node.lines, there)
         self._forget(node)
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            if not follows(served(here), served(there)) or not there.get("addr"):
-                return
-            if secret or self.round < 0:
-                self.point_to(there)
-            elif self.records.get(str(there["server"]), {}).get("addr") == there["addr"] and \
-                    not (self._confirming and self._confirming.is_alive()):  # one at a time
-                self._confirming = threading.Thread(target=confirm, args=(self, there),
-                                                    daemon=True, name="unirank-rdzv-confirm")
-                self._confirming.start()
 
     def point_to(self, there: dict[str, Any]) -> None:
         """Send every node here, and every later hello, to the server ``there``."""
