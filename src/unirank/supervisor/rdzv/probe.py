@@ -86,7 +86,7 @@ def confirm(server: Probing, claim: dict[str, Any]) -> None:
     ``server`` must follow, leave it in ``server.found`` (the loop follows it)."""
     there = _ask(server, (str(claim["addr"]), int(claim["port"])))
     if there is not None and there.get("server") == claim.get("server") and \
-            follows(served(server.here()), served(there)):
+            follows(served(server.moved or server.here()), served(there)):
         server.found = there
 
 

@@ -209,8 +209,9 @@ class Server:
             for node in list(self._nodes.values()):
                 if node.node:
                     node.lines.send({"beat": 1})
-        if self.found is not None and self.moved is None:
-            self.point_to(self.found)
+        if self.found is not None:  # a later server of the job found (also by one that moved)
+            found, self.found = self.found, None
+            self.point_to(found)
         self._maybe_close(now)
 
     # messages ---------------------------------------------------------------------------
