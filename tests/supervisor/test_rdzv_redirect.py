@@ -109,7 +109,7 @@ def test_a_probe_whose_prober_left_is_not_followed() -> None:
     assert answer["server"] == "b"
     probe = Lines(socket.create_connection(("127.0.0.1", port), timeout=5))
     probe.send(signed)
-    assert until(probe, "here")["here"]["server"] == "b"
+    assert until(probe, "here")["here"]["server"] == "a"  # b follows it: never sends it on
     assert until(node, "moved")["moved"]["server"] == "a"  # a live prober is followed
     for lines in (node, probe):
         lines.close()

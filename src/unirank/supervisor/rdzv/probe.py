@@ -60,15 +60,20 @@ def answer(server: Probing, lines: Lines, there: dict[str, Any]) -> None:
                                            place_tag(spec, "redirect", there))):
         return
     here = server.moved or server.here()
-    signed = {"auth": place_tag(spec, "here", here)} if spec.secret else {}
-    lines.send({"here": here, **signed})  # the prober follows where it is behind
+    trusted = bool(spec.secret) or server.round < 0
+    follow = False
     with contextlib.suppress(KeyError, TypeError, ValueError):
-        if not follows(served(here), served(there)) or not there.get("addr"):
+        follow = bool(there.get("addr")) and _later(server, here, there) and (
+            trusted or server.records.get(str(there["server"]), {}).get("addr") == there["addr"])
+    shown = there if follow else here  # never point a prober this server leaves at the one before
+    signed = {"auth": place_tag(spec, "here", shown)} if spec.secret else {}
+    lines.send({"here": shown, **signed})  # the prober follows where it is behind
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        if not follow:
             return
-        if spec.secret or server.round < 0:
+        if trusted:
             server.point_to(there)
-        elif server.records.get(str(there["server"]), {}).get("addr") == there["addr"] and \
-                not (server.confirming and server.confirming.is_alive()):
+        elif not (server.confirming and server.confirming.is_alive()):
             server.confirming = threading.Thread(target=confirm, args=(server, there),
                                                  daemon=True, name="unirank-rdzv-confirm")
             server.confirming.start()
@@ -80,14 +85,27 @@ def served(state: dict[str, Any]) -> Served:
                   int(state.get("place") or 0))
 
 
+def _later(server: Probing, here: dict[str, Any], there: dict[str, Any]) -> bool:
+    """Whether ``server`` (now at ``here``) sends its nodes to ``there``: by
+    :func:`.rounds.follows`; a server that followed another also follows a successor of that
+    one (another server of the job at the same round or later: a successor serves only once the
+    one before it is lost)."""
+    if server.moved is not None and str(there["job"]) == str(here["job"]) and \
+            str(there["server"]) != str(here["server"]) and \
+            int(there["round"]) >= int(here["round"]):
+        return True
+    return follows(served(here), served(there))
+
+
 def confirm(server: Probing, claim: dict[str, Any]) -> None:
     """A probe told ``server`` (no secret) that its job runs at ``claim``: ask that place
     itself; where a server of the job answers there for the node ``claim`` names, at a round
     ``server`` must follow, leave it in ``server.found`` (the loop follows it)."""
     there = _ask(server, (str(claim["addr"]), int(claim["port"])))
-    if there is not None and there.get("server") == claim.get("server") and \
-            follows(served(server.moved or server.here()), served(there)):
-        server.found = there
+    with contextlib.suppress(KeyError, TypeError, ValueError):
+        if there is not None and there.get("server") == claim.get("server") and \
+                _later(server, server.moved or server.here(), there):
+            server.found = there
 
 
 def _ask(server: Probing, address: tuple[str, int]) -> dict[str, Any] | None:
