@@ -94,15 +94,6 @@ def test_a_redirect_naming_an_address_the_server_does_not_know_is_not_followed(
     for _ in range(2):  # a probe is answered at once: a beat or two later, still served here
         until(node, "beat")
     node.send({"op": "beat"})
-    # a member at the address and port it joined with, where nothing answers: asked back,
-    # not followed
-    probe = Lines(_connect(port))
-    probe.send({"op": "redirect", "job": "none", "round": 9, "server": "b", "place": 0,
-                "addr": "127.0.0.1", "port": 1, "name": "b"})
-    until(probe, "here")
-    for _ in range(2):  # the check-back takes at most a beat interval
-        until(node, "beat")
-        node.send({"op": "beat"})
     later = Lines(_connect(port))
     later.send({"op": "hello", "job": "none", "node": "c", "name": "c", "pid": 4})
     assert "moved" not in until(later, "ok")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 import time
 from typing import Any, Protocol
 
@@ -21,7 +20,7 @@ from unirank.supervisor.rdzv.rounds import Served, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 
-__all__ = ["Probing", "answer", "confirm", "probe_loop", "served"]
+__all__ = ["Probing", "answer", "probe_loop", "served"]
 
 
 class Probing(Protocol):
@@ -34,7 +33,6 @@ class Probing(Protocol):
     records: dict[str, dict[str, Any]]
     moved: dict[str, Any] | None
     found: dict[str, Any] | None
-    confirming: threading.Thread | None
 
     def here(self) -> dict[str, Any]:
         """Where this server's job runs (its probe's message)."""
@@ -51,9 +49,8 @@ def answer(server: Probing, lines: Lines, there: dict[str, Any]) -> None:
     the queue of a rendezvous port nothing served yet; its server may be gone): ignored, as a
     live prober probes again each beat; so is one without the job's secret where there is one.
     Without a secret, a server that closed a round follows only a node of its job it knows, at
-    the address that node joined with, and only once that node's server, asked back, says
-    the same (:func:`confirm`; one check-back at a time): anyone who reaches the port could
-    name any place. The caller closes ``lines``."""
+    the address that node joined with (anyone who reaches the port could name any address).
+    The caller closes ``lines``."""
     spec = server.spec
     if lines.peer_gone() or \
             (spec.secret and not authentic(there.get("auth"),
@@ -69,14 +66,8 @@ def answer(server: Probing, lines: Lines, there: dict[str, Any]) -> None:
     signed = {"auth": place_tag(spec, "here", shown)} if spec.secret else {}
     lines.send({"here": shown, **signed})  # the prober follows where it is behind
     with contextlib.suppress(KeyError, TypeError, ValueError):
-        if not follow:
-            return
-        if trusted:
+        if follow:
             server.point_to(there)
-        elif not (server.confirming and server.confirming.is_alive()):
-            server.confirming = threading.Thread(target=confirm, args=(server, there),
-                                                 daemon=True, name="unirank-rdzv-confirm")
-            server.confirming.start()
 
 
 def served(state: dict[str, Any]) -> Served:
@@ -95,17 +86,6 @@ def _later(server: Probing, here: dict[str, Any], there: dict[str, Any]) -> bool
             int(there["round"]) >= int(here["round"]):
         return True
     return follows(served(here), served(there))
-
-
-def confirm(server: Probing, claim: dict[str, Any]) -> None:
-    """A probe told ``server`` (no secret) that its job runs at ``claim``: ask that place
-    itself; where a server of the job answers there for the node ``claim`` names, at a round
-    ``server`` must follow, leave it in ``server.found`` (the loop follows it)."""
-    there = _ask(server, (str(claim["addr"]), int(claim["port"])))
-    with contextlib.suppress(KeyError, TypeError, ValueError):
-        if there is not None and there.get("server") == claim.get("server") and \
-                _later(server, server.moved or server.here(), there):
-            server.found = there
 
 
 def _ask(server: Probing, address: tuple[str, int]) -> dict[str, Any] | None:

@@ -118,8 +118,6 @@ class Server:
         self.moved: dict[str, Any] | None = None
         #: a later server of the job its probe found (the loop follows it)
         self.found: dict[str, Any] | None = None
-        #: the check-back of a probe's claim under way (:func:`.probe.confirm`)
-        self.confirming: threading.Thread | None = None
         self.watching = resume is not None
 
     def start(self) -> None:
