@@ -9,7 +9,6 @@ from dataclasses import replace
 
 from _rdzv_wire import until
 from unirank.supervisor.listen import open_store_socket
-from unirank.supervisor.rdzv.messages import hello_tag, place_tag
 from unirank.supervisor.rdzv.server import Resume, Server
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
@@ -87,29 +86,26 @@ def test_a_node_that_took_part_in_a_later_round_is_refused_by_a_server_behind_it
 def test_a_probe_whose_prober_left_is_not_followed() -> None:
     """A probe that waited in the queue of a node's rendezvous port while nothing served it
     (its prober, a successor since lost, gave up waiting and closed) is stale: the node that
-    then serves there does not send its nodes to the place in it. (A job with a secret, whose
-    probes are followed without asking back: the stale probe bears the job's own tag.)"""
+    then serves there does not send its nodes to the address in it."""
     spare = open_store_socket(0)
     port = int(spare.getsockname()[1])
-    spec = replace(SPEC, endpoint_port=9, secret="k")
-    claim = {"job": "j", "round": 1, "server": "a", "place": 0, "addr": "127.0.0.1",
-             "port": 9, "name": "a"}
-    signed = {"op": "redirect", **claim, "auth": place_tag(spec, "redirect", claim)}
     stale = socket.create_connection(("127.0.0.1", port), timeout=5)
-    Lines(stale).send(signed)
+    Lines(stale).send({"op": "redirect", "job": "j", "round": 1, "server": "a", "place": 0,
+                       "addr": "127.0.0.1", "port": 9, "name": "a"})
     stale.close()
     record = {"addr": "127.0.0.1", "rdzv_port": port, "name": "b", "nproc": 1,
               "store_port": 0, "serves_endpoint": False, "claim": "b"}
+    spec = replace(SPEC, endpoint_port=9)
     Server([spare], spec, "b",
            Resume(1, ("a", "b"), {"a": record, "b": record}, frozenset({"a"}))).start()
-    node = Lines(socket.create_connection(("127.0.0.1", port), timeout=5))
-    node.send({"op": "hello", "job": "j", "node": "c", "name": "c", "pid": 1, "nonce": "n",
-               "auth": hello_tag(spec, "hello", "c", "n")})
+    node = _hello(port, "c")
     answer = until(node, "ok")  # the stale probe was read before this hello (one queue)
     assert answer["server"] == "b"
-    probe = Lines(socket.create_connection(("127.0.0.1", port), timeout=5))
-    probe.send(signed)
-    assert until(probe, "here")["here"]["server"] == "a"  # b follows it: never sends it on
+    live = socket.create_connection(("127.0.0.1", port), timeout=5)
+    probe = Lines(live)
+    probe.send({"op": "redirect", "job": "j", "round": 1, "server": "a", "place": 0,
+                "addr": "127.0.0.1", "port": 9, "name": "a"})
+    assert until(probe, "here")["here"]["server"] == "b"
     assert until(node, "moved")["moved"]["server"] == "a"  # a live prober is followed
     for lines in (node, probe):
         lines.close()

@@ -20,7 +20,7 @@ from unirank.supervisor.rdzv.rounds import Served, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 
-__all__ = ["Probing", "answer", "probe_loop", "served"]
+__all__ = ["Probing", "probe_loop", "served"]
 
 
 class Probing(Protocol):
@@ -28,7 +28,6 @@ class Probing(Protocol):
 
     spec: RdzvSpec
     host: str
-    round: int
     members: tuple[str, ...]
     records: dict[str, dict[str, Any]]
     moved: dict[str, Any] | None
@@ -37,75 +36,11 @@ class Probing(Protocol):
     def here(self) -> dict[str, Any]:
         """Where this server's job runs (its probe's message)."""
 
-    def point_to(self, there: dict[str, Any]) -> None:
-        """Send every node there, and every later hello."""
-
-
-def answer(server: Probing, lines: Lines, there: dict[str, Any]) -> None:
-    """A probe (``there``: where its prober says the job runs) read by ``server`` on
-    ``lines``: answered with where ``server``'s job runs, and followed where
-    :func:`.rounds.follows` says so (every node of ``server`` is sent there, and so is every
-    later hello). A probe whose prober closed its connection already is stale (it waited in
-    the queue of a rendezvous port nothing served yet; its server may be gone): ignored, as a
-    live prober probes again each beat; so is one without the job's secret where there is one.
-    Without a secret, a server that closed a round follows only a node of its job it knows, at
-    the address that node joined with (anyone who reaches the port could name any address).
-    The caller closes ``lines``."""
-    spec = server.spec
-    if lines.peer_gone() or \
-            (spec.secret and not authentic(there.get("auth"),
-                                           place_tag(spec, "redirect", there))):
-        return
-    here = server.moved or server.here()
-    trusted = bool(spec.secret) or server.round < 0
-    follow = False
-    with contextlib.suppress(KeyError, TypeError, ValueError):
-        follow = bool(there.get("addr")) and _later(server, here, there) and (
-            trusted or server.records.get(str(there["server"]), {}).get("addr") == there["addr"])
-    shown = there if follow else here  # never point a prober this server leaves at the one before
-    signed = {"auth": place_tag(spec, "here", shown)} if spec.secret else {}
-    lines.send({"here": shown, **signed})  # the prober follows where it is behind
-    with contextlib.suppress(KeyError, TypeError, ValueError):
-        if follow:
-            server.point_to(there)
-
 
 def served(state: dict[str, Any]) -> Served:
     """A server's state as a probe and its answer carry it (:meth:`.server.Server.here`)."""
     return Served(str(state["job"]), int(state["round"]), str(state["server"]),
                   int(state.get("place") or 0))
-
-
-def _later(server: Probing, here: dict[str, Any], there: dict[str, Any]) -> bool:
-    """Whether ``server`` (now at ``here``) sends its nodes to ``there``: by
-    :func:`.rounds.follows`; a server that followed another also follows a successor of that
-    one (another server of the job at the same round or later: a successor serves only once the
-    one before it is lost)."""
-    if server.moved is not None and str(there["job"]) == str(here["job"]) and \
-            str(there["server"]) != str(here["server"]) and \
-            int(there["round"]) >= int(here["round"]):
-        return True
-    return follows(served(here), served(there))
-
-
-def _ask(server: Probing, address: tuple[str, int]) -> dict[str, Any] | None:
-    """Probe the server at ``address`` once: where it says its job runs (None: no answer,
-    or one without the job's secret where there is one)."""
-    interval, spec = server.spec.keep_alive_interval, server.spec
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
-            socket.create_connection(address, timeout=interval) as sock:
-        lines = Lines(sock)
-        sock.settimeout(interval)
-        here = server.here()
-        signed = {"auth": place_tag(spec, "redirect", here)} if spec.secret else {}
-        lines.send({"op": "redirect", **here, **signed})
-        answer = (lines.receive() or [{}])[0]
-        there = answer.get("here")
-        if isinstance(there, dict) and there.get("addr") and there.get("job") == spec.run_id \
-                and (not spec.secret or authentic(answer.get("auth"),
-                                                  place_tag(spec, "here", there))):
-            return there
-    return None
 
 
 def probe_loop(server: Probing) -> None:
@@ -117,8 +52,18 @@ def probe_loop(server: Probing) -> None:
         others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
                   if m != server.host and records.get(m, {}).get("rdzv_port")]
         for address in [(server.spec.endpoint_host, server.spec.endpoint_port), *others]:
-            there = _ask(server, address)
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                if there is not None and follows(served(server.here()), served(there)):
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
+                    socket.create_connection(address, timeout=interval) as sock:
+                lines = Lines(sock)
+                sock.settimeout(interval)
+                here, spec = server.here(), server.spec
+                signed = {"auth": place_tag(spec, "redirect", here)} if spec.secret else {}
+                lines.send({"op": "redirect", **here, **signed})
+                answer = (lines.receive() or [{}])[0]
+                there = answer.get("here")
+                if isinstance(there, dict) and there.get("addr") and \
+                        (not spec.secret or authentic(answer.get("auth"),
+                                                      place_tag(spec, "here", there))) and \
+                        follows(served(server.here()), served(there)):
                     server.found = there
         time.sleep(interval)  # a period, not a synchronisation

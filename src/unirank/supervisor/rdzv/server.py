@@ -47,15 +47,17 @@ from unirank.supervisor.rdzv.messages import (
     WAIT,
     BadMessage,
     Request,
+    authentic,
     hello_refusal,
     hello_tag,
     other_job,
     parse_request,
+    place_tag,
     twice,
 )
 from unirank.supervisor.rdzv.names import node_label, of_records
-from unirank.supervisor.rdzv.probe import answer, probe_loop
-from unirank.supervisor.rdzv.rounds import Pending, behind, members_of, round_closes
+from unirank.supervisor.rdzv.probe import probe_loop, served
+from unirank.supervisor.rdzv.rounds import Pending, behind, follows, members_of, round_closes
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import BadLine, Lines
 from unirank.words import counted
@@ -207,9 +209,8 @@ class Server:
             for node in list(self._nodes.values()):
                 if node.node:
                     node.lines.send({"beat": 1})
-        if self.found is not None:  # a later server of the job found (also by one that moved)
-            found, self.found = self.found, None
-            self.point_to(found)
+        if self.found is not None and self.moved is None:
+            self.point_to(self.found)
         self._maybe_close(now)
 
     # messages ---------------------------------------------------------------------------
@@ -234,9 +235,30 @@ class Server:
             self._evict(message["nodes"], str(message.get("why") or "evicted"))
 
     def _redirect(self, node: Conn, there: dict[str, Any]) -> None:
-        """A probe: answered, and followed where it must be (:func:`.probe.answer`)."""
-        answer(self, node.lines, there)
+        """A probe from the server of this job that ran on: follow it where
+        :func:`.rounds.follows` says so (every node here is sent there, and so is every later
+        hello). A probe whose prober closed its connection already is stale (it waited in the
+        queue of a rendezvous port nothing served yet; its server may be gone): ignored, as a
+        live prober probes again each beat. A server that closed a round follows only a node of
+        its job it knows, at the address that node joined with (anyone who reaches the port
+        could name any address)."""
+        secret = self.spec.secret
+        if node.lines.peer_gone() or \
+                (secret and not authentic(there.get("auth"), place_tag(self.spec, "redirect",
+                                                                       there))):
+            self._forget(node)
+            return
+        here = self.moved or self.here()
+        signed = {"auth": place_tag(self.spec, "here", here)} if secret else {}
+        node.lines.send({"here": here, **signed})  # the prober follows where it is behind
         self._forget(node)
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            if not follows(served(here), served(there)) or not there.get("addr"):
+                return
+            known = self.records.get(str(there["server"]), {}).get("addr")
+            if self.round >= 0 and not secret and known != there["addr"]:
+                return
+            self.point_to(there)
 
     def point_to(self, there: dict[str, Any]) -> None:
         """Send every node here, and every later hello, to the server ``there``."""
