@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from unirank.contract import RDZV_SECRET_FILE_VAR, RDZV_SECRET_VAR
 from unirank.errors import ConfigError
 
-__all__ = ["check", "secret_of", "tag"]
+__all__ = ["secret_of", "tag"]
 
 #: the longest secret taken (a file of more is not a secret file)
 MAX_SECRET = 4096
@@ -79,8 +79,3 @@ def tag(secret: str, *fields: object) -> str:
     """The HMAC-SHA256 of ``fields`` (each as text, one per line) under ``secret``."""
     text = "\n".join(str(field) for field in fields).encode()
     return hmac.new(secret.encode(), text, hashlib.sha256).hexdigest()
-
-
-def check(secret: str, given: object, *fields: object) -> bool:
-    """Whether ``given`` is :func:`tag` of ``fields`` under ``secret`` (in constant time)."""
-    return isinstance(given, str) and hmac.compare_digest(given, tag(secret, *fields))

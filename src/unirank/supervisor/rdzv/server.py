@@ -155,7 +155,8 @@ class Server:
         with contextlib.suppress(OSError):
             sock, peer = listening.accept()
             node = Conn(Lines(sock, MAX_HELLO_LINE), peer=plain(str(peer[0])))
-            unnamed = [n for n in self._nodes.values() if not n.node]
+            unnamed = [n for n in self._nodes.values() if not n.node] \
+                if len(self._nodes) >= MAX_UNNAMED else []  # no scan per join below the limit
             if len(unnamed) >= MAX_UNNAMED:  # the oldest silent one goes (a slow sender)
                 self._bad(min(unnamed, key=lambda n: n.opened),
                           f"more than {MAX_UNNAMED} connections without a hello")
