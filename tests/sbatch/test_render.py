@@ -175,8 +175,10 @@ sys.exit({REQUEUE_EXIT_CODE})
 def _run_script(script: str, tmp_path: Path, signals: list[str]) -> tuple[int, str]:
     """Run a rendered batch script with stand-ins for srun and scontrol; once srun says READY,
     send ``signals`` to the batch shell (``TERM``: to its children as well, srun and the
-    poll's sleep, as Slurm does to every process of the job). The script's exit status and
-    output."""
+    poll's sleep, after the shell, as Slurm's step daemon walks the batch step's processes;
+    sent the other way round, a stand-in srun that exits at once could end before the shell
+    knows of the signal, which ranks that save a checkpoint first never do). The script's
+    exit status and output."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "srun").write_text(FAKE_SRUN)
@@ -194,11 +196,11 @@ def _run_script(script: str, tmp_path: Path, signals: list[str]) -> tuple[int, s
             ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True,
             timeout=30).stdout.split()]  # srun, and the poll's sleep
         for name in signals:
+            os.kill(proc.pid, signal.Signals["SIG" + name])
             if name == "TERM":  # as Slurm: to every process of the job
                 for child in children:
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(child, signal.SIGTERM)
-            os.kill(proc.pid, signal.Signals["SIG" + name])
         rest, _ = proc.communicate(timeout=90)  # the stand-in gives up after 60 s
     finally:
         if proc.poll() is None:
