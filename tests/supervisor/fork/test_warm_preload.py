@@ -134,7 +134,8 @@ def test_a_warm_variable_that_differs_is_not_forked() -> None:
 
 #: the runs here choose the fork server or not themselves: the no-preload lane's switch is dropped
 _PRELOAD_SWITCH = ("UNIRANK_NO_PRELOAD",)
-_WATCHED = ["sympy", "torch.fx.experimental.symbolic_shapes", "torch._dynamo"]
+_WATCHED = ["sympy", "torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor",
+            "torch._dynamo"]
 
 
 @pytest.mark.integration
@@ -155,7 +156,7 @@ def test_a_ddp_first_step(runner: Runner, flags: list[str]) -> None:
     for seen in start:
         assert (seen["ppid"] != pid) is forked
         assert seen["modules"] == {"sympy": forked, "torch.fx.experimental.symbolic_shapes": forked,
-                                   "torch._dynamo": False}
+                                   "torch.distributed.tensor": forked, "torch._dynamo": False}
     steps = _tagged(result.stdout, "STEP")
     assert [s["rank"] for s in steps] == [0, 1]
     assert steps[0]["params"] == steps[1]["params"]

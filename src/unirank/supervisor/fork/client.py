@@ -57,13 +57,13 @@ __all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "WARM_PRELOAD", "ForkServer", "fa
 
 #: what the server always imports; ``--preload`` adds to it
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "unirank.supervisor.fork.child")
-#: what a DDP job's first step imports that the server may import too: about a third of
+#: what a DDP job's first step imports that the server may import too: about half of
 #: ``torch._dynamo``'s import, which DDP's constructor triggers in every worker. They start no
-#: thread and keep no per-process state. ``torch._dynamo`` itself, ``torch._inductor`` and
-#: ``torch.distributed.fsdp`` are left out: imported before the script runs they make a DDP
-#: script hang at its end (torch's gloo thread waits for the GIL while the main thread joins
-#: it), under torchrun too when the script imports them first
-WARM_PRELOAD = ("sympy", "torch.fx.experimental.symbolic_shapes")
+#: thread and keep no per-process state. ``torch._dynamo`` itself, ``torch._inductor``,
+#: ``torch.distributed.fsdp`` and ``torch.distributed.nn`` are left out: imported before the
+#: script runs they make a DDP script that ends with ``destroy_process_group()`` hang at its
+#: end (torch's gloo thread waits for the GIL while the main thread joins it; run.md)
+WARM_PRELOAD = ("sympy", "torch.fx.experimental.symbolic_shapes", "torch.distributed.tensor")
 #: the variables :data:`WARM_PRELOAD` reads when imported: a worker whose values differ from
 #: those the server imported with cannot be forked from it
 _WARM_PREFIXES = ("SYMPY_", "MPMATH_")
