@@ -12,11 +12,13 @@ from faults.checks import (
     Happened,
     Step,
     ending,
+    in_flight,
     leftovers,
     parse_steps,
     recoveries,
     recovery_times,
     steps_backwards,
+    trained,
     two_worlds,
     worlds,
 )
@@ -107,3 +109,22 @@ def test_step_lines_parse_as_the_program_writes_them() -> None:
             "real": 1.0e9, "stop": False}
     assert parse_steps([json.dumps(line), "", json.dumps({**line, "step": 4, "stop": True})]) \
         == [Step(3, 2, 1, 2, 7, 5.5), Step(4, 2, 1, 2, 7, 5.5, stop=True)]
+
+
+def test_a_step_in_flight_when_its_node_froze_is_named_not_counted() -> None:
+    """Node 1 (rank 0 of the world of 3) froze at 5.5 s in the middle of step 5, which it
+    stamps once resumed at 12 s; nodes 2 and 3 redid it from 9 s. That one step is named and
+    left out; a second step of that world after the freeze is a second world."""
+    freeze = Happened("freeze", 1, 5.5, 12.0)
+    before = _world(1, 100, 3, range(0, 5), 1.0)
+    winners = _world(2, 200, 2, range(5, 9), 9.0)
+    late = Step(5, 3, 0, 1, 100, 11.95)
+    run = [*before, *winners, late]
+    assert two_worlds(run) and steps_backwards(run)  # as stamped
+    assert in_flight(run, [freeze]) == [late]
+    assert two_worlds(trained(run, [freeze])) == []
+    assert steps_backwards(trained(run, [freeze])) == []
+    another = Step(6, 3, 0, 1, 100, 12.2)
+    assert two_worlds(trained([*run, another], [freeze]))
+    fresh = Step(5, 1, 1, 1, 300, 11.95)  # a world started on node 1 after the freeze
+    assert in_flight([*before, *winners, fresh], [freeze]) == []

@@ -5,6 +5,10 @@ Each check returns the broken rules as lines, none when it held.
 
 * **One world at a time** (:func:`two_worlds`): a world is one rank 0 process (its node and
   pid); its interval runs from its first step's stamp to its last's. No two intervals overlap.
+  A rank 0 frozen in the middle of a step (its all-reduce under way) finishes that step when
+  resumed, before anything can stop it (docs/run.md says what a program can do about it):
+  that one step (:func:`in_flight`) is left out of this check and the next, and named in the
+  report; any further step of that world needs its peers after the freeze, and counts.
 * **Steps strictly increasing** (:func:`steps_backwards`): in stamp order every step is above
   the one before (a restart may skip a step whose checkpoint was lost, never repeat one).
 * **Each recovery within its bound** (:func:`recoveries`): after a fault is over (killed,
@@ -31,6 +35,9 @@ BOUNDS: Mapping[str, float] = {"kill": 20.0, "freeze": 20.0, "cut": 20.0, "repla
                                "stuck": HANG_TIMEOUT + 20.0}
 #: faults that began within this many seconds of each other happened at once
 TOGETHER = 1.0
+#: seconds before a freeze's recorded end from which its node may stamp again (SIGCONT is sent
+#: before the end is taken)
+RESUMED = 0.1
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,29 @@ def parse_steps(lines: Iterable[str]) -> list[Step]:
                               int(got["node"]), int(got["pid"]), float(got["mono"]),
                               bool(got.get("stop", False))))
     return steps
+
+
+def in_flight(steps: Sequence[Step], faults: Sequence[Happened]) -> list[Step]:
+    """For each freeze, the first step the frozen node stamped once resumed (from
+    :data:`RESUMED` before the freeze's recorded end, which the harness takes after SIGCONT),
+    where its world had stepped before the freeze: a step whose all-reduce began before the
+    freeze and returns after it (one at most: the next needs its peers, stopped by then)."""
+    found = []
+    for fault in faults:
+        if fault.kind != "freeze":
+            continue
+        ordered = sorted((s for s in steps if s.node == fault.node), key=lambda s: s.mono)
+        before = {s.rank0 for s in ordered if s.mono < fault.start}
+        first = next((s for s in ordered if s.mono >= fault.end - RESUMED), None)
+        if first is not None and first.rank0 in before:
+            found.append(first)
+    return found
+
+
+def trained(steps: Sequence[Step], faults: Sequence[Happened]) -> list[Step]:
+    """``steps`` but those :func:`in_flight` at a freeze (see the module docstring)."""
+    skip = {id(s) for s in in_flight(steps, faults)}
+    return [s for s in steps if id(s) not in skip]
 
 
 def worlds(steps: Sequence[Step]) -> list[World]:

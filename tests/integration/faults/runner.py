@@ -66,7 +66,8 @@ class Outcome:
     skipped: list[str] = field(default_factory=list)
 
     def violations(self) -> list[str]:
-        return [*checks.two_worlds(self.steps), *checks.steps_backwards(self.steps),
+        trained = checks.trained(self.steps, self.happened)
+        return [*checks.two_worlds(trained), *checks.steps_backwards(trained),
                 *checks.recoveries(self.steps, self.happened),
                 *checks.ending(self.steps, self.codes, min_nodes=self.schedule.min_nodes,
                                final_nodes=self.schedule.final_nodes, spared=self.spared),
@@ -79,6 +80,8 @@ class Outcome:
             said = "none" if seconds is None else f"{seconds:.1f} s"
             lines.append(f"  {fault.kind} node {fault.node}: recovered {said}")
         lines += [f"  skipped: {s}" for s in self.skipped]
+        lines += [f"  in flight at a freeze (stamped once resumed): step {s.step} of node "
+                  f"{s.node} pid {s.pid}" for s in checks.in_flight(self.steps, self.happened)]
         broken = self.violations()
         lines += [f"  BROKEN: {v}" for v in broken[:SHOWN]] or ["  ok"]
         if len(broken) > SHOWN:

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from unirank.contract import RDZV_SECRET_VAR
 from unirank.exitcodes import EVICTED
+from unirank.supervisor.rdzv.change import BadChange, read_round
 from unirank.supervisor.rdzv.messages import FENCED, MOVED, WAIT, authentic, hello_tag
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
@@ -94,8 +95,10 @@ class Node:
         #: the server said it dropped this node (its connection's end then proves nothing)
         self.dropped = False
         self.deadline = self.heard = time.monotonic()
-        #: the last round: its number, members (in order), records and the node serving it
-        self.round, self.server = -1, ""
+        #: the last round: its number, members (in order), records and the node serving it;
+        #: ``known``: the round whose members it holds (a later one where a hello's answer
+        #: gave it: :mod:`.change`)
+        self.round, self.server, self.known = -1, "", -1
         self.members: tuple[str, ...] = ()
         self.records: dict[str, dict[str, Any]] = {}
 
@@ -111,8 +114,8 @@ class Node:
             if self.spec.secret else {}
         self.lines.send({"op": "hello", "job": self.spec.run_id, "node": self.node,
                          "name": self.spec.node_name, "explicit": self.explicit,
-                         "pid": os.getppid(), "round": self.round, "nonce": nonce,
-                         "token": self.token, **signed})
+                         "pid": os.getppid(), "round": self.round, "known": self.known,
+                         "nonce": nonce, "token": self.token, **signed})
         while True:
             for message in self._wait(deadline, "the rendezvous's answer"):
                 if "behind" in message:  # a server of a side that lost the job: not the job
@@ -142,11 +145,16 @@ class Node:
 
     def _learn(self, state: dict[str, Any]) -> None:
         """The last round and its server, from the hello's answer: a node waiting to join
-        (in no round yet) follows the rendezvous to the same successor as the members."""
-        if state.get("members") and state.get("server") and \
-                int(state.get("round", -1)) >= self.round:
-            self.members = tuple(state["members"])
-            self.records = {m: r for m, r in zip(self.members, state.get("records") or ())}
+        (in no round yet) follows the rendezvous to the same successor as the members. The
+        members come only where this node did not hold that round already."""
+        number = int(state.get("round", -1))
+        if not state.get("server") or number < max(self.round, self.known):
+            return
+        if state.get("members"):
+            self.members, self.records = read_round(state, self.known, self.members,
+                                                    self.records)
+            self.known = number
+        if number == self.known >= 0:
             self.server = str(state["server"])
 
     def _wait(self, deadline: float, what: str) -> list[dict[str, Any]]:
@@ -215,10 +223,15 @@ class Node:
             raise Refusal(str(message["error"]), variable=message.get("variable"),
                           value=message.get("value"), hint=str(message.get("hint")))
         if "round" in message and self.joining:
-            self.round, self.members = int(message["round"]), tuple(message["members"])
-            self.records = {m: r for m, r in zip(self.members, message["records"])}
+            try:
+                self.members, self.records = read_round(message, self.known, self.members,
+                                                        self.records)
+            except BadChange as bad:
+                raise Refusal(f"the rendezvous at {endpoint(self.spec)} sent {bad}",
+                              hint="run again; if it repeats, report it") from None
+            self.round = self.known = int(message["round"])
             self.server = str(message.get("server") or "")
-            records = [NodeRecord(**r) for r in message["records"]]
+            records = [NodeRecord(**self.records[m]) for m in self.members]
             _answer(assign(records, self.members.index(self.node), self.round))
             self.joining = False
         elif "event" in message:  # nodes waiting to join too: admitted at any budget

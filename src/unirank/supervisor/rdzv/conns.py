@@ -24,6 +24,11 @@ class Conn:
     peer: str = ""
     seen: float = field(default_factory=time.monotonic)
     opened: float = field(default_factory=time.monotonic)
+    #: the round whose members the node holds (it was sent that round, whole or as a change:
+    #: :mod:`.change`); -1: none
+    known: int = -1
+    #: whether the server's loop waits for its socket to take more (:meth:`.wire.Lines.flush`)
+    writing: bool = False
 
     @property
     def addr(self) -> str:

@@ -8,15 +8,17 @@ that connection only and says so in one line of the rendezvous's log (:mod:`.ser
 Nothing a peer sends reaches the server's decisions unchecked: a line longer than
 :data:`MAX_LINE_IN` is refused by :class:`~.wire.Lines` before it is parsed.
 
-Messages in: ``hello`` (job, node, name, explicit address, the last round it took part in),
-``join`` (a :class:`~.spec.NodeRecord`), ``beat``, ``leave``, ``abandon``, ``evict``,
-``redirect`` (a successor's probe: its job, round, node and address). Out: ``ok``/``error`` (the
-hello's answer), ``round`` (number and the members' records in order; the hello's ``ok`` carries
-the last round's too, so that a node waiting to join can follow the rendezvous to a successor),
-``event`` (news, with its ``kind``: lost, restart, join; ``wait`` to a node that waits for a
-running job's next round), ``beat``, ``moved`` (where the job runs: address, rendezvous port,
-node), ``dropped`` (why this node was left out), ``here`` (a probe's answer), ``behind`` (this
-server's round, to a hello from a node that took part in a later one: :func:`.rounds.behind`).
+Messages in: ``hello`` (job, node, name, explicit address, the last round it took part in and
+the round whose members it holds), ``join`` (a :class:`~.spec.NodeRecord`), ``beat``,
+``leave``, ``abandon``, ``evict``, ``redirect`` (a successor's probe: its job, round, node and
+address). Out: ``ok``/``error`` (the hello's answer), ``round`` (number and the members'
+records in order, or the change against the round before: :mod:`.change`; the hello's ``ok``
+carries the last round's too where the node does not hold it, so that a node waiting to join
+can follow the rendezvous to a successor), ``event`` (news, with its ``kind``: lost, restart,
+join; ``wait`` to a node that waits for a running job's next round), ``beat``, ``moved``
+(where the job runs: address, rendezvous port, node), ``dropped`` (why this node was left
+out), ``here`` (a probe's answer), ``behind`` (this server's round, to a hello from a node that
+took part in a later one: :func:`.rounds.behind`).
 """
 
 from __future__ import annotations
@@ -82,7 +84,8 @@ _TEXT, _INT, _BOOL, _NODES, _RECORD = "text", "int", "bool", "nodes", "record"
 REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
     "hello": {"job": (_TEXT, True), "node": (_TEXT, True), "name": (_TEXT, False),
               "explicit": (_TEXT, False), "pid": (_INT, False), "round": (_INT, False),
-              "nonce": (_TEXT, False), "auth": (_TEXT, False), "token": (_TEXT, False)},
+              "known": (_INT, False), "nonce": (_TEXT, False), "auth": (_TEXT, False),
+              "token": (_TEXT, False)},
     "join": {"record": (_RECORD, True)},
     "beat": {},
     "leave": {},

@@ -32,9 +32,11 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from unirank.supervisor.rdzv.change import change_of, full_round
 from unirank.supervisor.rdzv.conns import Conn, plain
 from unirank.supervisor.rdzv.messages import (
     HELLO_WITHIN,
@@ -59,10 +61,14 @@ from unirank.supervisor.rdzv.names import node_label, of_records
 from unirank.supervisor.rdzv.probe import probe_loop, served
 from unirank.supervisor.rdzv.rounds import Pending, behind, follows, members_of, round_closes
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
-from unirank.supervisor.rdzv.wire import BadLine, Lines
+from unirank.supervisor.rdzv.wire import SEND_TIMEOUT, BadLine, Lines
 from unirank.words import counted
 
-__all__ = ["Server"]
+__all__ = ["CHECK_EVERY", "Server"]
+
+#: seconds between two scans of every node by the server's loop (a round that can close closes
+#: within it)
+CHECK_EVERY = 0.02
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,10 @@ class Server:
         for sock in listening:
             self._selector.register(sock, selectors.EVENT_READ, sock)
         self._nodes: dict[int, Conn] = {}
+        #: the same, by node (those that said hello), and those that did not yet (by id):
+        #: thousands of nodes joining at once are never scanned per hello
+        self._named: dict[str, Conn] = {}
+        self._unnamed: dict[int, Conn] = {}
         self.round = -1
         self.members: tuple[str, ...] = ()
         self.records: dict[str, dict[str, Any]] = {}
@@ -110,7 +120,13 @@ class Server:
             self._grace = {m: grace for m in resume.members if m not in resume.failed}
             self._dead = set(resume.dead)
             self._hold = time.monotonic() + resume.hold
-        self._waiting: list[str] = []
+        #: the nodes waiting for the next round, in the order they came
+        self._waiting: dict[str, None] = {}
+        #: the last round's records as its members hold them (a round goes as a change)
+        self._sent = dict(self.records)
+        #: members of the running round not told news since it closed (each hears the first
+        #: only: a node passes one on per round), nor waiting for the next
+        self._untold = set(self.members)
         #: nodes evicted (``--on-hang evict``), and why
         self._evicted: dict[str, str] = {}
         self._opened: float | None = None
@@ -142,25 +158,31 @@ class Server:
 
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
-        tick = min(0.25, self.spec.keep_alive_interval / 2)
+        """Read what arrived; every :data:`CHECK_EVERY` at most (a scan of every node, not one
+        per wake: thousands of nodes send thousands of messages a second), time limits, beats
+        and whether the round closes (every ``tick`` where no round is pending)."""
+        tick, checked = min(0.25, self.spec.keep_alive_interval / 2), 0.0
         while True:
-            for key, _ in self._selector.select(tick):
+            for key, events in self._selector.select(CHECK_EVERY if self._waiting else tick):
                 if isinstance(key.data, socket.socket):
                     self._accept(key.data)
-                else:
+                    continue
+                if events & selectors.EVENT_WRITE:
+                    key.data.lines.flush()
+                if events & selectors.EVENT_READ:
                     self._read(key.data)
-            self._tick()
+            if time.monotonic() - checked >= CHECK_EVERY:
+                checked = time.monotonic()
+                self._tick()
 
     def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
             sock, peer = listening.accept()
-            node = Conn(Lines(sock, MAX_HELLO_LINE), peer=plain(str(peer[0])))
-            unnamed = [n for n in self._nodes.values() if not n.node] \
-                if len(self._nodes) >= MAX_UNNAMED else []  # no scan per join below the limit
-            if len(unnamed) >= MAX_UNNAMED:  # the oldest silent one goes (a slow sender)
-                self._bad(min(unnamed, key=lambda n: n.opened),
+            node = Conn(Lines(sock, MAX_HELLO_LINE, queued=True), peer=plain(str(peer[0])))
+            if len(self._unnamed) >= MAX_UNNAMED:  # the oldest silent one goes (a slow sender)
+                self._bad(min(self._unnamed.values(), key=lambda n: n.opened),
                           f"more than {MAX_UNNAMED} connections without a hello")
-            self._nodes[sock.fileno()] = node
+            self._nodes[sock.fileno()] = self._unnamed[id(node)] = node
             self._selector.register(sock, selectors.EVENT_READ, node)
 
     def _read(self, node: Conn) -> None:
@@ -205,14 +227,28 @@ class Server:
                 why = f"no beat for {now - node.seen:.0f} s"
                 node.lines.send({"dropped": why})  # it comes back as a new node, if it hears
                 self._drop(node, why)
+            elif node.lines.stalled_for(now) >= SEND_TIMEOUT:
+                self._drop(node, f"it took nothing sent to it for {SEND_TIMEOUT:g} s")
+            else:
+                self._watch_writes(node)
         if now - self._beat_at >= self.spec.keep_alive_interval:
             self._beat_at = now
+            beat = to_line({"beat": 1})
             for node in list(self._nodes.values()):
                 if node.node:
-                    node.lines.send({"beat": 1})
+                    node.lines.send_line(beat)
         if self.found is not None and self.moved is None:
             self.point_to(self.found)
         self._maybe_close(now)
+
+    def _watch_writes(self, node: Conn) -> None:
+        """Wake the loop when ``node``'s socket takes more of what waits for it, and only
+        then."""
+        if node.lines.pending() != node.writing:
+            node.writing = not node.writing
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if node.writing else 0)
+            with contextlib.suppress(KeyError, ValueError, OSError):
+                self._selector.modify(node.lines.sock, events, node)
 
     # messages ---------------------------------------------------------------------------
     def _handle(self, node: Conn, request: Request) -> None:
@@ -264,7 +300,7 @@ class Server:
     def point_to(self, there: dict[str, Any]) -> None:
         """Send every node here, and every later hello, to the server ``there``."""
         self.moved = dict(there)
-        self._waiting = []
+        self._waiting = {}
         for other in list(self._nodes.values()):
             if other.node:
                 other.lines.send({"moved": self.moved})
@@ -287,8 +323,8 @@ class Server:
         if refusal is not None:
             self._refuse(node, refusal)
             return
-        again = next((n for n in self._nodes.values() if n is not node and n.node
-                      and n.node == message.get("node")), None)
+        again = self._named.get(str(message["node"]))
+        again = None if again is node else again
         token = self._tokens.setdefault(str(message["node"]), str(message.get("token")))
         if token != str(message.get("token")):  # not the node: another process claims it
             self._refuse(node, {"error": f"node {message['node']} takes part already (another "
@@ -298,8 +334,8 @@ class Server:
         if again is not None:  # a node that lost this server and came back: the old is gone
             self._drop(again, "it connected again")
         explicit = message.get("explicit")
-        twin = next((n for n in self._nodes.values() if explicit and n.node
-                     and n.explicit == explicit), None)
+        twin = next((n for n in self._named.values() if n.explicit == explicit), None) \
+            if explicit else None
         if twin is not None:
             self._refuse(node, twice(spec, str(explicit), twin.pid, twin.name))
             return
@@ -312,20 +348,25 @@ class Server:
         if message.get("node") in self._evicted:
             self._refuse(node, {"evicted": self._evicted[str(message.get("node"))]})
             return
+        self._unname(node)
         node.node, node.name = str(message["node"]), str(message.get("name") or "")
+        self._named[node.node] = node
         node.lines.max_line = MAX_LINE_IN
         node.explicit, node.pid = explicit, message.get("pid") or 0
         self._grace.pop(node.node, None)
         self._dead.discard(node.node)
         signed = {"auth": hello_tag(spec, "ok", node.node, message.get("nonce"))} \
             if spec.secret else {}
-        node.lines.send({"ok": True, **self._state(), **signed})
+        node.lines.send({"ok": True, **self._state(message.get("known")), **signed})
+        node.known = self.round
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self, known: object) -> dict[str, Any]:
         """The job's state a node needs to follow the rendezvous should this server be lost
-        (also a node that only waits to join: it goes to the same successor)."""
-        return {"round": self.round, "members": self.members, "server": self.host,
-                "records": [self.records[m] for m in self.members]}
+        (also a node that only waits to join: it goes to the same successor); its members
+        only where the node does not hold this round already (``known``)."""
+        if known == self.round:
+            return {"round": self.round, "server": self.host}
+        return full_round(self.round, self.members, self.records, self.host)
 
     def _refuse(self, node: Conn, payload: dict[str, Any]) -> None:
         node.lines.send(payload)
@@ -335,36 +376,37 @@ class Server:
         if node.node in self._waiting:
             return
         self.records[node.node] = {**record, "seen_addr": node.addr, "pid": node.pid}
-        self._waiting.append(node.node)
+        self._waiting[node.node] = None
+        self._untold.discard(node.node)
         self._opened = self._opened if self._opened is not None else time.monotonic()
-        running = [m for m in self.members if m not in self._waiting]
         if node.node in self.members:
-            self._tell(running, RESTART,
-                       f"node {node_label(node.node, self._names())} asked for a new round")
-        elif running:
+            self._tell(RESTART, lambda: f"node {node_label(node.node, self._names())} asked "
+                                        "for a new round")
+        elif any(m not in self._waiting for m in self.members):
             node.lines.send({"event": f"this node waits to join: the job {self.spec.run_id!r} "
                                       f"runs on {counted(len(self.members), 'node')} (at most "
                                       f"{self.spec.max_nodes}); it joins at the job's next "
                                       "round", "kind": WAIT})
             if len(self.members) < self.spec.max_nodes:
                 waiting = sum(1 for n in self._waiting if n not in self.members)
-                self._tell(running, JOIN, f"{counted(waiting, 'node')} waiting to join")
+                self._tell(JOIN, lambda: f"{counted(waiting, 'node')} waiting to join")
 
     def _drop(self, node: Conn, why: str | None, *, dead: bool = False) -> None:
         """A node left (``why`` None: it said ``leave``) or is lost (``why``); ``dead``: proven
         dead (:func:`.rounds.has_quorum`)."""
-        names = self._names()
+        seen = {node.node: {"name": node.name, "addr": node.addr, "pid": node.pid}}
         self._forget(node)
         if not node.node:
             return
         if dead:
             self._dead.add(node.node)
-        if node.node in self._waiting:
-            self._waiting.remove(node.node)
+        self._waiting.pop(node.node, None)
+        self._untold.discard(node.node)
         if why is not None and node.node in self.members:
-            running = [m for m in self.members if m not in self._waiting and m != node.node]
-            label = node_label(node.node, names, address=True)
-            self._tell(running, LOST, f"node {label} is lost: {why}")
+            def text() -> str:
+                label = node_label(node.node, {**self._names(), **seen}, address=True)
+                return f"node {label} is lost: {why}"
+            self._tell(LOST, text)
 
     def _names(self) -> dict[str, dict[str, Any]]:
         """Every node known, for :func:`.names.node_label`: the records', then those connected
@@ -380,10 +422,22 @@ class Server:
         with contextlib.suppress(KeyError, ValueError):
             self._selector.unregister(node.lines.sock)
         self._nodes.pop(node.lines.fileno(), None)
+        self._unname(node)
         node.lines.close()
 
-    def _tell(self, members: list[str], kind: str, text: str) -> None:
-        told, line = frozenset(members), to_line({"event": text, "kind": kind})
+    def _unname(self, node: Conn) -> None:
+        self._unnamed.pop(id(node), None)
+        if self._named.get(node.node) is node:
+            del self._named[node.node]
+
+    def _tell(self, kind: str, text: Callable[[], str]) -> None:
+        """News for the running round's members not told any since it closed and not waiting
+        for the next (each passes only the first on: at thousands of nodes, news for every
+        join would cost O(N^2) messages); ``text`` is made only where someone hears it."""
+        if not self._untold:
+            return
+        told, self._untold = self._untold, set()
+        line = to_line({"event": text(), "kind": kind})
         for node in self._nodes.values():
             if node.node in told:
                 node.lines.send_line(line)
@@ -415,16 +469,26 @@ class Server:
                             last_call=self.spec.last_call_timeout,
                             close_timeout=self.spec.close_timeout):
             return
-        self.members = members_of(self.members, self._waiting, alive, self.spec.max_nodes,
+        before = self.members
+        self.members = members_of(before, tuple(self._waiting), alive, self.spec.max_nodes,
                                   self.host)
         self.round += 1
-        line = to_line({"round": self.round, "members": self.members,
-                        "records": [self.records[m] for m in self.members],
-                        "server": self.host})  # encoded once: the same bytes to every member
-        members = frozenset(self.members)
-        for node in self._nodes.values():
-            if node.node in members:
-                node.lines.send_line(line)
-        self._waiting = [n for n in self._waiting if n not in self.members]
+        self._send_round(before)
+        admitted = frozenset(self.members)
+        self._waiting = {n: None for n in self._waiting if n not in admitted}
         self._opened = now if self._waiting else None
         self._min_at = None
+
+    def _send_round(self, before: tuple[str, ...]) -> None:
+        """The round just closed to its members: as a change against the round before to
+        those that hold it, else whole (:mod:`.change`); each encoded once."""
+        whole = to_line(full_round(self.round, self.members, self.records, self.host))
+        change = change_of(self.round, before, self._sent, self.members, self.records,
+                           self.host)
+        short = whole if change is None else to_line(change)
+        self._sent = {m: self.records[m] for m in self.members}
+        self._untold = set(self.members)
+        for node in self._nodes.values():
+            if node.node in self._untold:
+                node.lines.send_line(short if node.known == self.round - 1 >= 0 else whole)
+                node.known = self.round
