@@ -13,7 +13,9 @@ node starts it) serves and every node has round 2 from it. No torch; loopback on
 The simulated nodes play the helpers' part of a successor's takeover: each goes to the
 successor's port once its connection ended (a real helper first finds the old address
 refusing, which on loopback takes well under a millisecond). Not covered: a real job beside
-the simulated nodes. Environment variables read: none.
+the simulated nodes in one rendezvous (a member must hold at least one rank, and a simulated
+member's rank would hold the real job's world; as waiting nodes they would join at its next
+round). Environment variables read: none.
 """
 
 from __future__ import annotations

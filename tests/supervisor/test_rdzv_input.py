@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from _rdzv_wire import serve_round_zero, until
+from _rdzv_wire import RECORD, serve_round_zero, until
 from unirank.supervisor.rdzv.messages import MAX_LINE_IN
 from unirank.supervisor.rdzv.wire import Lines
 
@@ -97,6 +97,30 @@ def test_a_redirect_naming_an_address_the_server_does_not_know_is_not_followed(
     later = Lines(_connect(port))
     later.send({"op": "hello", "job": "none", "node": "c", "name": "c", "pid": 4})
     assert "moved" not in until(later, "ok")
+
+
+@pytest.mark.parametrize(("source", "rdzv_port", "followed"), [
+    ("127.0.0.1", RECORD["rdzv_port"], True),  # b's own place, from where b connects
+    ("127.0.0.1", 9, False),  # another port at b's address
+    ("127.0.0.2", RECORD["rdzv_port"], False),  # b's place, probed from another address
+], ids=["member", "other-port", "other-source"])
+def test_a_redirect_is_followed_only_to_a_member_s_own_place_from_its_own_address(
+        port: int, source: str, rdzv_port: object, followed: bool) -> None:
+    """Without a secret, a probe that names member b is followed only where it names b's
+    address and rendezvous port as b joined with them, and comes from the address b's own
+    connection comes from (anyone who said hello learns b's name and place)."""
+    node = Lines(_connect(port))
+    node.send({"op": "hello", "job": "none", "node": "b", "name": "b", "pid": 2, "round": 0,
+               "token": "b"})
+    until(node, "ok")
+    probe = Lines(socket.create_connection(("127.0.0.1", port), timeout=30,
+                                           source_address=(source, 0)))
+    probe.send({"op": "redirect", "job": "none", "round": 9, "server": "b", "place": 0,
+                "addr": RECORD["addr"], "port": rdzv_port, "name": "b"})
+    until(probe, "here")
+    later = Lines(_connect(port))
+    later.send({"op": "hello", "job": "none", "node": "c", "name": "c", "pid": 4})
+    assert ("moved" in until(later, "ok" if not followed else "moved")) is followed
 
 
 def test_a_connection_that_says_no_hello_is_closed(port: int,

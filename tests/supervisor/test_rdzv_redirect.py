@@ -97,7 +97,8 @@ def test_a_probe_whose_prober_left_is_not_followed() -> None:
               "store_port": 0, "serves_endpoint": False, "claim": "b"}
     spec = replace(SPEC, endpoint_port=9)
     Server([spare], spec, "b",
-           Resume(1, ("a", "b"), {"a": record, "b": record}, frozenset({"a"}))).start()
+           Resume(1, ("a", "b"), {"a": {**record, "rdzv_port": 9, "claim": "a"}, "b": record},
+                  frozenset({"a"}))).start()
     node = _hello(port, "c")
     answer = until(node, "ok")  # the stale probe was read before this hello (one queue)
     assert answer["server"] == "b"

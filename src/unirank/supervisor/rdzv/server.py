@@ -102,6 +102,8 @@ class Server:
         #: thousands of nodes joining at once are never scanned per hello
         self._named: dict[str, Conn] = {}
         self._unnamed: dict[int, Conn] = {}
+        #: where each node's connection came from, as this server saw it (:meth:`_vouched`)
+        self._peers: dict[str, str] = {}
         self.round = -1
         self.members: tuple[str, ...] = ()
         self.records: dict[str, dict[str, Any]] = {}
@@ -276,9 +278,10 @@ class Server:
         :func:`.rounds.follows` says so (every node here is sent there, and so is every later
         hello). A probe whose prober closed its connection already is stale (it waited in the
         queue of a rendezvous port nothing served yet; its server may be gone): ignored, as a
-        live prober probes again each beat. A server that closed a round follows only a node of
-        its job it knows, at the address that node joined with (anyone who reaches the port
-        could name any address)."""
+        live prober probes again each beat. Without a secret, a server that closed a round
+        follows only a node of its job it knows, at the address and rendezvous port that node
+        joined with, probing from the address its own connection came from (anyone who reaches
+        the port could name any place; :meth:`_vouched`)."""
         secret = self.spec.secret
         if node.lines.peer_gone() or \
                 (secret and not authentic(there.get("auth"), place_tag(self.spec, "redirect",
@@ -292,10 +295,18 @@ class Server:
         with contextlib.suppress(KeyError, TypeError, ValueError):
             if not follows(served(here), served(there)) or not there.get("addr"):
                 return
-            known = self.records.get(str(there["server"]), {}).get("addr")
-            if self.round >= 0 and not secret and known != there["addr"]:
+            if self.round >= 0 and not secret and not self._vouched(node, there):
                 return
             self.point_to(there)
+
+    def _vouched(self, probe: Conn, there: dict[str, Any]) -> bool:
+        """Whether a probe's place ``there`` is where its node joined this job (its record's
+        address and rendezvous port), and the probe came from where that node's connection
+        here came from, where this server saw one."""
+        name = str(there["server"])
+        record, seen = self.records.get(name, {}), self._peers.get(name)
+        return bool(record) and there["addr"] == record.get("addr") and \
+            there.get("port") == record.get("rdzv_port") and seen in (None, probe.peer)
 
     def point_to(self, there: dict[str, Any]) -> None:
         """Send every node here, and every later hello, to the server ``there``."""
@@ -351,6 +362,7 @@ class Server:
         self._unname(node)
         node.node, node.name = str(message["node"]), str(message.get("name") or "")
         self._named[node.node] = node
+        self._peers[node.node] = node.peer
         node.lines.max_line = MAX_LINE_IN
         node.explicit, node.pid = explicit, message.get("pid") or 0
         self._grace.pop(node.node, None)
