@@ -120,7 +120,7 @@ def test_a_server_sends_a_loss_as_a_change_and_tells_each_member_once() -> None:
     them."""
     listening = open_store_socket(0)
     spec = replace(SPEC, endpoint_port=int(listening.getsockname()[1]), min_nodes=2,
-                   max_nodes=4, last_call_timeout=0.0, close_timeout=60.0)
+                   max_nodes=3, last_call_timeout=600.0, close_timeout=600.0)  # closes at 3
     Server([listening], spec, "a").start()
     port = spec.endpoint_port
     nodes = {name: _Node(port, name) for name in ("a", "b", "c")}

@@ -21,7 +21,9 @@ later hello. A successor not told that the server before it died (its address re
 ``hold`` seconds before its first round: the other side of a split, cut off but alive, has then
 declared this side's nodes lost and stopped its own workers.
 
-The messages, what each carries and how a bad one is handled: :mod:`.messages`.
+The messages, what each carries and how a bad one is handled: :mod:`.messages`; the rounds
+(members, records, waiting nodes, news, the round's message): :mod:`.keeper`, which this class
+extends with the connections' loop.
 """
 
 from __future__ import annotations
@@ -32,21 +34,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from unirank.supervisor.rdzv.change import change_of, full_round
-from unirank.supervisor.rdzv.conns import Conn, plain
+from unirank.supervisor.rdzv.conns import Conn, Conns, plain
+from unirank.supervisor.rdzv.keeper import Resume, RoundKeeper
 from unirank.supervisor.rdzv.messages import (
     HELLO_WITHIN,
-    JOIN,
     LOST,
     MAX_HELLO_LINE,
     MAX_LINE_IN,
     MAX_UNNAMED,
-    RESTART,
-    WAIT,
     BadMessage,
     Request,
     authentic,
@@ -57,82 +54,35 @@ from unirank.supervisor.rdzv.messages import (
     place_tag,
     twice,
 )
-from unirank.supervisor.rdzv.names import node_label, of_records
+from unirank.supervisor.rdzv.names import node_label
 from unirank.supervisor.rdzv.probe import probe_loop, served
-from unirank.supervisor.rdzv.rounds import Pending, behind, follows, members_of, round_closes
+from unirank.supervisor.rdzv.rounds import behind, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import SEND_TIMEOUT, BadLine, Lines
-from unirank.words import counted
 
-__all__ = ["CHECK_EVERY", "Server"]
+__all__ = ["CHECK_EVERY", "Resume", "Server"]
 
 #: seconds between two scans of every node by the server's loop (a round that can close closes
 #: within it)
 CHECK_EVERY = 0.02
 
 
-@dataclass(frozen=True)
-class Resume:
-    """The state a successor takes over (every node holds it from the last round's answer)."""
-
-    round: int
-    members: tuple[str, ...]
-    records: dict[str, dict[str, Any]]
-    #: the nodes known lost (the node that served before, and any found unreachable)
-    failed: frozenset[str]
-    #: those of them proven dead (:func:`.rounds.has_quorum`)
-    dead: frozenset[str] = frozenset()
-    #: seconds before the first round may close (0 where the server before is proven dead)
-    hold: float = 0.0
-
-
-class Server:
+class Server(RoundKeeper):
     """The rendezvous of one job, served on ``listening`` until the process ends; ``host`` is
     the identity of the node whose helper runs it; ``resume`` the state of a server that was
     lost (this one is its successor)."""
 
     def __init__(self, listening: list[socket.socket], spec: RdzvSpec, host: str,
                  resume: Resume | None = None) -> None:
-        self.spec, self.host = spec, host
         self._selector = selectors.DefaultSelector()
         for sock in listening:
             self._selector.register(sock, selectors.EVENT_READ, sock)
-        self._nodes: dict[int, Conn] = {}
-        #: the same, by node (those that said hello), and those that did not yet (by id):
-        #: thousands of nodes joining at once are never scanned per hello
-        self._named: dict[str, Conn] = {}
-        self._unnamed: dict[int, Conn] = {}
-        #: where each node's connection came from, as this server saw it (:meth:`_vouched`)
-        self._peers: dict[str, str] = {}
-        self.round = -1
-        self.members: tuple[str, ...] = ()
-        self.records: dict[str, dict[str, Any]] = {}
-        #: nodes of the round before counted alive until they reconnect (after a move)
-        self._grace: dict[str, float] = {}
-        #: nodes proven dead (:func:`.rounds.has_quorum`); no round closes before ``_hold``
-        self._dead: set[str] = set()
-        self._hold = 0.0
+        super().__init__(spec, host, Conns(self._selector), resume)
         #: each node's token (its first hello here gives it; never sent on): a later hello
         #: under its identity must bring it
         self._tokens: dict[str, str] = {}
-        if resume is not None:
-            self.round, self.members = resume.round, resume.members
-            self.records = dict(resume.records)
-            grace = time.monotonic() + spec.resume_grace
-            self._grace = {m: grace for m in resume.members if m not in resume.failed}
-            self._dead = set(resume.dead)
-            self._hold = time.monotonic() + resume.hold
-        #: the nodes waiting for the next round, in the order they came
-        self._waiting: dict[str, None] = {}
-        #: the last round's records as its members hold them (a round goes as a change)
-        self._sent = dict(self.records)
-        #: members of the running round not told news since it closed (each hears the first
-        #: only: a node passes one on per round), nor waiting for the next
-        self._untold = set(self.members)
         #: nodes evicted (``--on-hang evict``), and why
         self._evicted: dict[str, str] = {}
-        self._opened: float | None = None
-        self._min_at: float | None = None
         self._beat_at = 0.0
         #: where the job runs once this server followed another (:func:`.rounds.follows`)
         self.moved: dict[str, Any] | None = None
@@ -181,11 +131,11 @@ class Server:
         with contextlib.suppress(OSError):
             sock, peer = listening.accept()
             node = Conn(Lines(sock, MAX_HELLO_LINE, queued=True), peer=plain(str(peer[0])))
-            if len(self._unnamed) >= MAX_UNNAMED:  # the oldest silent one goes (a slow sender)
-                self._bad(min(self._unnamed.values(), key=lambda n: n.opened),
+            unnamed = self._conns.unnamed
+            if len(unnamed) >= MAX_UNNAMED:  # the oldest silent one goes (a slow sender)
+                self._bad(min(unnamed.values(), key=lambda n: n.opened),
                           f"more than {MAX_UNNAMED} connections without a hello")
-            self._nodes[sock.fileno()] = self._unnamed[id(node)] = node
-            self._selector.register(sock, selectors.EVENT_READ, node)
+            self._conns.add(node)
 
     def _read(self, node: Conn) -> None:
         try:
@@ -221,7 +171,7 @@ class Server:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        for node in list(self._nodes.values()):
+        for node in self._conns.all():
             if not node.node and now - node.opened >= HELLO_WITHIN:
                 self._bad(node, f"no hello within {HELLO_WITHIN:g} s")
             elif node.node and now - node.seen >= self.spec.lost_after and \
@@ -232,25 +182,16 @@ class Server:
             elif node.lines.stalled_for(now) >= SEND_TIMEOUT:
                 self._drop(node, f"it took nothing sent to it for {SEND_TIMEOUT:g} s")
             else:
-                self._watch_writes(node)
+                self._conns.watch_writes(node)
         if now - self._beat_at >= self.spec.keep_alive_interval:
             self._beat_at = now
             beat = to_line({"beat": 1})
-            for node in list(self._nodes.values()):
+            for node in self._conns.all():
                 if node.node:
                     node.lines.send_line(beat)
         if self.found is not None and self.moved is None:
             self.point_to(self.found)
         self._maybe_close(now)
-
-    def _watch_writes(self, node: Conn) -> None:
-        """Wake the loop when ``node``'s socket takes more of what waits for it, and only
-        then."""
-        if node.lines.pending() != node.writing:
-            node.writing = not node.writing
-            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if node.writing else 0)
-            with contextlib.suppress(KeyError, ValueError, OSError):
-                self._selector.modify(node.lines.sock, events, node)
 
     # messages ---------------------------------------------------------------------------
     def _handle(self, node: Conn, request: Request) -> None:
@@ -304,7 +245,7 @@ class Server:
         address and rendezvous port), and the probe came from where that node's connection
         here came from, where this server saw one."""
         name = str(there["server"])
-        record, seen = self.records.get(name, {}), self._peers.get(name)
+        record, seen = self.records.get(name, {}), self._conns.peers.get(name)
         return bool(record) and there["addr"] == record.get("addr") and \
             there.get("port") == record.get("rdzv_port") and seen in (None, probe.peer)
 
@@ -312,7 +253,7 @@ class Server:
         """Send every node here, and every later hello, to the server ``there``."""
         self.moved = dict(there)
         self._waiting = {}
-        for other in list(self._nodes.values()):
+        for other in self._conns.all():
             if other.node:
                 other.lines.send({"moved": self.moved})
                 self._forget(other)
@@ -320,7 +261,7 @@ class Server:
     def _evict(self, nodes: list[str], why: str) -> None:
         """Stop these nodes (``--on-hang evict``): each is told why and left out for good."""
         self._evicted.update(dict.fromkeys(nodes, why))
-        for node in list(self._nodes.values()):
+        for node in self._conns.all():
             if node.node in self._evicted:
                 node.lines.send({"evicted": self._evicted[node.node]})
                 self._drop(node, None, dead=True)
@@ -334,7 +275,7 @@ class Server:
         if refusal is not None:
             self._refuse(node, refusal)
             return
-        again = self._named.get(str(message["node"]))
+        again = self._conns.named.get(str(message["node"]))
         again = None if again is node else again
         token = self._tokens.setdefault(str(message["node"]), str(message.get("token")))
         if token != str(message.get("token")):  # not the node: another process claims it
@@ -345,7 +286,7 @@ class Server:
         if again is not None:  # a node that lost this server and came back: the old is gone
             self._drop(again, "it connected again")
         explicit = message.get("explicit")
-        twin = next((n for n in self._named.values() if n.explicit == explicit), None) \
+        twin = next((n for n in self._conns.named.values() if n.explicit == explicit), None) \
             if explicit else None
         if twin is not None:
             self._refuse(node, twice(spec, str(explicit), twin.pid, twin.name))
@@ -359,10 +300,7 @@ class Server:
         if message.get("node") in self._evicted:
             self._refuse(node, {"evicted": self._evicted[str(message.get("node"))]})
             return
-        self._unname(node)
-        node.node, node.name = str(message["node"]), str(message.get("name") or "")
-        self._named[node.node] = node
-        self._peers[node.node] = node.peer
+        self._conns.name(node, str(message["node"]), str(message.get("name") or ""))
         node.lines.max_line = MAX_LINE_IN
         node.explicit, node.pid = explicit, message.get("pid") or 0
         self._grace.pop(node.node, None)
@@ -372,36 +310,9 @@ class Server:
         node.lines.send({"ok": True, **self._state(message.get("known")), **signed})
         node.known = self.round
 
-    def _state(self, known: object) -> dict[str, Any]:
-        """The job's state a node needs to follow the rendezvous should this server be lost
-        (also a node that only waits to join: it goes to the same successor); its members
-        only where the node does not hold this round already (``known``)."""
-        if known == self.round:
-            return {"round": self.round, "server": self.host}
-        return full_round(self.round, self.members, self.records, self.host)
-
     def _refuse(self, node: Conn, payload: dict[str, Any]) -> None:
         node.lines.send(payload)
         self._forget(node)
-
-    def _join(self, node: Conn, record: dict[str, Any]) -> None:
-        if node.node in self._waiting:
-            return
-        self.records[node.node] = {**record, "seen_addr": node.addr, "pid": node.pid}
-        self._waiting[node.node] = None
-        self._untold.discard(node.node)
-        self._opened = self._opened if self._opened is not None else time.monotonic()
-        if node.node in self.members:
-            self._tell(RESTART, lambda: f"node {node_label(node.node, self._names())} asked "
-                                        "for a new round")
-        elif any(m not in self._waiting for m in self.members):
-            node.lines.send({"event": f"this node waits to join: the job {self.spec.run_id!r} "
-                                      f"runs on {counted(len(self.members), 'node')} (at most "
-                                      f"{self.spec.max_nodes}); it joins at the job's next "
-                                      "round", "kind": WAIT})
-            if len(self.members) < self.spec.max_nodes:
-                waiting = sum(1 for n in self._waiting if n not in self.members)
-                self._tell(JOIN, lambda: f"{counted(waiting, 'node')} waiting to join")
 
     def _drop(self, node: Conn, why: str | None, *, dead: bool = False) -> None:
         """A node left (``why`` None: it said ``leave``) or is lost (``why``); ``dead``: proven
@@ -420,87 +331,6 @@ class Server:
                 return f"node {label} is lost: {why}"
             self._tell(LOST, text)
 
-    def _names(self) -> dict[str, dict[str, Any]]:
-        """Every node known, for :func:`.names.node_label`: the records', then those connected
-        now (their real addresses, as this server sees them)."""
-        names = of_records(self.records.values())
-        names.update({n.node: {"name": n.name, "addr": n.addr, "pid": n.pid}
-                      for n in self._nodes.values() if n.node})
-        return names
-
     def _forget(self, node: Conn) -> None:
-        if node.lines.closed:
-            return
-        with contextlib.suppress(KeyError, ValueError):
-            self._selector.unregister(node.lines.sock)
-        self._nodes.pop(node.lines.fileno(), None)
-        self._unname(node)
-        node.lines.close()
+        self._conns.forget(node)
 
-    def _unname(self, node: Conn) -> None:
-        self._unnamed.pop(id(node), None)
-        if self._named.get(node.node) is node:
-            del self._named[node.node]
-
-    def _tell(self, kind: str, text: Callable[[], str]) -> None:
-        """News for the running round's members not told any since it closed and not waiting
-        for the next (each passes only the first on: at thousands of nodes, news for every
-        join would cost O(N^2) messages); ``text`` is made only where someone hears it."""
-        if not self._untold:
-            return
-        told, self._untold = self._untold, set()
-        line = to_line({"event": text(), "kind": kind})
-        for node in self._nodes.values():
-            if node.node in told:
-                node.lines.send_line(line)
-
-    # rounds -----------------------------------------------------------------------------
-    def _alive(self) -> frozenset[str]:
-        now = time.monotonic()
-        return frozenset([n.node for n in self._nodes.values() if n.node]
-                         + [n for n, until in self._grace.items() if until > now])
-
-    def _maybe_close(self, now: float) -> None:
-        if not self._waiting:
-            self._opened = self._min_at = None
-            return
-        if now < self._hold:
-            return
-        alive = self._alive()
-        count = sum(1 for n in self._waiting if n in alive)
-        if count < self.spec.min_nodes:
-            self._min_at = None
-        elif self._min_at is None:
-            self._min_at = now
-        pending = Pending(before=self.members, alive=alive, waiting=tuple(self._waiting),
-                          open_for=now - (self._opened or now),
-                          min_for=now - (self._min_at or now),
-                          dead=frozenset(self._dead))
-        if not round_closes(pending, min_nodes=self.spec.min_nodes,
-                            max_nodes=self.spec.max_nodes,
-                            last_call=self.spec.last_call_timeout,
-                            close_timeout=self.spec.close_timeout):
-            return
-        before = self.members
-        self.members = members_of(before, tuple(self._waiting), alive, self.spec.max_nodes,
-                                  self.host)
-        self.round += 1
-        self._send_round(before)
-        admitted = frozenset(self.members)
-        self._waiting = {n: None for n in self._waiting if n not in admitted}
-        self._opened = now if self._waiting else None
-        self._min_at = None
-
-    def _send_round(self, before: tuple[str, ...]) -> None:
-        """The round just closed to its members: as a change against the round before to
-        those that hold it, else whole (:mod:`.change`); each encoded once."""
-        whole = to_line(full_round(self.round, self.members, self.records, self.host))
-        change = change_of(self.round, before, self._sent, self.members, self.records,
-                           self.host)
-        short = whole if change is None else to_line(change)
-        self._sent = {m: self.records[m] for m in self.members}
-        self._untold = set(self.members)
-        for node in self._nodes.values():
-            if node.node in self._untold:
-                node.lines.send_line(short if node.known == self.round - 1 >= 0 else whole)
-                node.known = self.round
