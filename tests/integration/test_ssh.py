@@ -281,3 +281,30 @@ def test_an_elastic_host_list_survives_a_lost_host(runner: Runner, ssh_testbed: 
     assert lost == "node2" or "unirank run: store moved to node node2" in err, err
     assert "rendezvous round 1: node rank 0 of 1, 1 worker in all" in err, err
     assert "step 59 rank 0 world 1 restart 1" in out.splitlines(), out
+
+
+SECRET_SEEN = """
+import hashlib, os
+import torch.distributed as dist
+dist.init_process_group("gloo")
+held = os.environ.get("UNIRANK_RDZV_SECRET", "")
+print(f"rank {dist.get_rank()} secret {hashlib.sha256(held.encode()).hexdigest()[:16]}",
+      flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_an_elastic_host_list_makes_one_secret_that_reaches_every_host(
+        runner: Runner, ssh_testbed: list[str]) -> None:
+    """``--hosts`` with ``--nnodes 1:2`` and no secret given: the launcher makes the job's
+    rendezvous secret and each host's unirank run gets it (over ssh's stdin, not a command
+    line): both hosts' ranks see the same one, and it is not the empty one."""
+    import hashlib
+
+    script = runner.script("secret_seen.py", SECRET_SEEN)
+    result = runner.run(["--hosts", "node1:1,node2:1", "--nnodes", "1:2", *ssh_testbed,
+                         str(script)], drop=("UNIRANK_RDZV_SECRET", "UNIRANK_RDZV_SECRET_FILE"))
+    assert result.returncode == 0, result.stderr
+    seen = dict(re.findall(r"rank (\d) secret (\w+)", result.stdout))
+    assert sorted(seen) == ["0", "1"], result.stdout
+    assert seen["0"] == seen["1"] != hashlib.sha256(b"").hexdigest()[:16], result.stdout
