@@ -166,3 +166,13 @@ def test_an_elastic_range_gets_the_one_elastic_default(argv: tuple[str, ...],
 
     assert build_request(_args(*argv), environ).max_restarts == restarts
     assert JobSpec("x.py", nodes=2, min_nodes=1).restarts() == ELASTIC_MAX_RESTARTS == 3
+
+
+def test_preload_given_twice_adds_up() -> None:
+    """``--preload numpy --preload a,b``: every module named, in order (argparse's store kept
+    only the last); other options given twice still keep the last, as torchrun's."""
+    from unirank.cli.runconfig import preload
+
+    args = _args("--preload", "numpy", "--preload", "a,b", "--role", "x", "--role", "y")
+    assert preload(args.preload, no_preload=False) == ("numpy", "a", "b")
+    assert args.role == "y"

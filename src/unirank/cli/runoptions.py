@@ -57,6 +57,17 @@ class _Store(argparse.Action):
         namespace.__dict__.setdefault(_GIVEN, set()).add(self.dest)
 
 
+class _Joined(_Store):
+    """:class:`_Store` for a comma-separated list: given again, the values add up
+    (``--preload numpy --preload transformers`` preloads both)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if self.dest in namespace.__dict__.get(_GIVEN, set()):
+            values = f"{getattr(namespace, self.dest)},{values}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _Flag(argparse.Action):
     """argparse's ``store_const`` (a flag) that also records the dest as given."""
 
@@ -84,6 +95,8 @@ class RunOption:
     flag: bool = False
     #: the value a flag stores (True, or ``"on"`` for a noted flag)
     const: Any = True
+    #: a comma-separated list whose values add up when the option is given again
+    joined: bool = False
 
     @property
     def name(self) -> str:
@@ -105,7 +118,7 @@ class RunOption:
         if self.flag:
             kwargs.update(action=_Flag, const=self.const)
         else:
-            kwargs.update(action=_Store, metavar=self.metavar)
+            kwargs.update(action=_Joined if self.joined else _Store, metavar=self.metavar)
         parser.add_argument(*dict.fromkeys(spellings), **kwargs)
 
 
@@ -207,9 +220,9 @@ OPTIONS: tuple[RunOption, ...] = (
          help="run PROGRAM as a module, like python -m"),
     _opt("--no-python", flag=True, default=False,
          help="run PROGRAM itself, not with python"),
-    _opt("--preload", pet=False, default="", metavar="MODULE,...",
+    _opt("--preload", pet=False, default="", metavar="MODULE,...", joined=True,
          help="modules the node's fork server imports, besides torch, before it forks the "
-         "workers"),
+         "workers (given again, they add up)"),
     _opt("--no-preload", pet=False, flag=True, default=False,
          help="start every worker as its own interpreter, not forked from a server that "
          f"imported torch once (also {NO_PRELOAD_VAR}=1)"),
