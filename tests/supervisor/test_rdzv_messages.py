@@ -32,6 +32,10 @@ def test_good_messages_keep_their_fields_and_drop_others() -> None:
     ({"op": "hello", "job": "j", "node": "n" * (MAX_TEXT + 1)}, "hello: node is not a text"),
     ({"op": "join", "record": "x"}, "join: record is not an object"),
     ({"op": "join", "record": {**RECORD, "nproc": "2"}}, "join: record.nproc is not a whole"),
+    # a node with no rank would stop every other node's plan ("every node runs at least one")
+    ({"op": "join", "record": {**RECORD, "nproc": 0}}, "join: record.nproc 0 is not in 1.."),
+    ({"op": "join", "record": {**RECORD, "store_port": 70000}},
+     "join: record.store_port 70000 is not in 0..65535"),
     ({"op": "join", "record": {"addr": "a"}}, "join: record: name, nproc, store_port"),
     ({"op": "join", "record": {**RECORD, "serves_endpoint": 1}},
      "join: record.serves_endpoint is not true or false"),

@@ -110,3 +110,18 @@ def test_a_probe_whose_prober_left_is_not_followed() -> None:
     assert until(node, "moved")["moved"]["server"] == "a"  # a live prober is followed
     for lines in (node, probe):
         lines.close()
+
+
+def test_a_successor_probes_the_endpoint_and_the_members_not_connected_to_it() -> None:
+    """A member connected to this server serves no other side: at thousands of nodes, all
+    connected, the probe goes to the endpoint only (each port probed where nothing serves holds
+    the probe up to a beat interval); the others in the round's order, this node's own never."""
+    from unirank.supervisor.rdzv.probe import targets
+
+    records = {m: {"addr": f"10.0.0.{i}", "rdzv_port": 7000 + i}
+               for i, m in enumerate(("s", "a", "b", "c"))}
+    spec = replace(SPEC, endpoint_host="node0", endpoint_port=29400)
+    members = ("s", "a", "b", "c")
+    assert targets(spec, "s", members, records, {"s", "a", "b", "c"}) == [("node0", 29400)]
+    assert targets(spec, "s", members, records, {"s", "b"}) == [
+        ("node0", 29400), ("10.0.0.1", 7001), ("10.0.0.3", 7003)]

@@ -98,6 +98,8 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
 _RECORD_KINDS = {f.name: (_BOOL if f.type == "bool" else _INT if f.type == "int" else _TEXT)
                  for f in fields(NodeRecord)}
 _RECORD_REQUIRED = ("addr", "name", "nproc", "store_port", "serves_endpoint")
+#: a record's numbers a node's plan takes as given: ranks on the node, ports
+_RECORD_RANGES = (("nproc", 1, 1 << 20), ("store_port", 0, 65535), ("rdzv_port", 0, 65535))
 
 
 class BadMessage(ValueError):
@@ -164,8 +166,12 @@ def _record(what: str, value: Any) -> dict[str, Any]:
     missing = [name for name in _RECORD_REQUIRED if value.get(name) is None]
     if missing:
         raise BadMessage(f"{what}: {', '.join(missing)} missing")
-    return {name: _checked(f"{what}.{name}", kind, value[name])
-            for name, kind in _RECORD_KINDS.items() if value.get(name) is not None}
+    record = {name: _checked(f"{what}.{name}", kind, value[name])
+              for name, kind in _RECORD_KINDS.items() if value.get(name) is not None}
+    for name, low, high in _RECORD_RANGES:  # a record every other node can plan with
+        if name in record and not low <= record[name] <= high:
+            raise BadMessage(f"{what}.{name} {record[name]} is not in {low}..{high}")
+    return record
 
 
 def _short(value: object) -> str:

@@ -2,10 +2,12 @@
 served. No torch; reads no environment variable.
 
 Once per beat interval it connects to the original endpoint (its name resolved afresh each
-time) and to the other members' rendezvous ports, tells whatever serves there where this job
-runs (``redirect``) and reads where that one runs (``here``); the one behind follows the other
-(:func:`.rounds.follows`: a node started again with the original command, or the other side of
-a split that healed). The probed server's side is :meth:`.server.Server._redirect`.
+time) and to the rendezvous ports of the members not connected to it (:func:`targets`: a node
+connected here serves no other side, and a job of thousands whose nodes are all here probes only
+the endpoint), tells whatever serves there where this job runs (``redirect``) and reads where
+that one runs (``here``); the one behind follows the other (:func:`.rounds.follows`: a node
+started again with the original command, or the other side of a split that healed). The probed
+server's side is :meth:`.server.Server._redirect`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from unirank.supervisor.rdzv.messages import authentic, place_tag
@@ -20,7 +23,7 @@ from unirank.supervisor.rdzv.rounds import Served, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 
-__all__ = ["Probing", "probe_loop", "served"]
+__all__ = ["Probing", "probe_loop", "served", "targets"]
 
 
 class Probing(Protocol):
@@ -36,11 +39,25 @@ class Probing(Protocol):
     def here(self) -> dict[str, Any]:
         """Where this server's job runs (its probe's message)."""
 
+    def connected(self) -> frozenset[str]:
+        """The nodes connected to this server now."""
+
 
 def served(state: dict[str, Any]) -> Served:
     """A server's state as a probe and its answer carry it (:meth:`.server.Server.here`)."""
     return Served(str(state["job"]), int(state["round"]), str(state["server"]),
                   int(state.get("place") or 0))
+
+
+def targets(spec: RdzvSpec, host: str, members: Sequence[str],
+            records: Mapping[str, Mapping[str, Any]],
+            connected: Collection[str]) -> list[tuple[str, int]]:
+    """Where a successor's probe goes, in order: the original endpoint, then the rendezvous
+    port of each member of the last round (in its order: the other side's successor is the
+    first of its nodes) that is neither this server's node nor connected here."""
+    others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
+              if m != host and m not in connected and records.get(m, {}).get("rdzv_port")]
+    return [(spec.endpoint_host, spec.endpoint_port), *others]
 
 
 def probe_loop(server: Probing) -> None:
@@ -49,9 +66,8 @@ def probe_loop(server: Probing) -> None:
     interval = server.spec.keep_alive_interval
     while server.moved is None:
         members, records = server.members, dict(server.records)  # the loop replaces them
-        others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
-                  if m != server.host and records.get(m, {}).get("rdzv_port")]
-        for address in [(server.spec.endpoint_host, server.spec.endpoint_port), *others]:
+        for address in targets(server.spec, server.host, members, records,
+                               server.connected()):
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
                     socket.create_connection(address, timeout=interval) as sock:
                 lines = Lines(sock)

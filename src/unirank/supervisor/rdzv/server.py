@@ -108,6 +108,10 @@ class Server(RoundKeeper):
                 "name": record.get("name")}
 
 
+    def connected(self) -> frozenset[str]:
+        """The nodes connected now (read by the probe's thread: a copy made under the GIL)."""
+        return frozenset(self._conns.named)
+
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
         """Read what arrived; every :data:`CHECK_EVERY` at most (a scan of every node, not one
