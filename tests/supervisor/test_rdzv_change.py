@@ -87,12 +87,13 @@ def test_a_whole_round_reads_as_it_always_did() -> None:
 class _Node:
     """A node driven by hand: every message it got, in order, none dropped."""
 
-    def __init__(self, port: int, name: str, known: int = -1) -> None:
+    def __init__(self, port: int, name: str, known: int = -1, *, hello: bool = True) -> None:
         self.name, self.seen = name, deque[dict[str, Any]]()
         self.lines = Lines(socket.create_connection(("127.0.0.1", port), timeout=10))
-        self.lines.send({"op": "hello", "job": "none", "node": name, "token": name,
-                         "round": known, "known": known})
-        self.ok = self.next("ok")
+        if hello:
+            self.lines.send({"op": "hello", "job": "none", "node": name, "token": name,
+                             "round": known, "known": known})
+            self.ok = self.next("ok")
 
     def next(self, key: str, timeout: float = 30.0) -> dict[str, Any]:
         """The next message (all before it are skipped); it must hold ``key``."""
@@ -162,3 +163,24 @@ def test_a_server_connection_never_blocks_on_a_peer_that_stops_reading() -> None
         lines.flush()
     assert got == line * count
     assert not lines.pending() and lines.stalled_for(1e12) == 0.0
+
+
+def test_a_server_whose_node_succeeded_serves_until_the_others_left() -> None:
+    """The serving node's run succeeded (its helper said leave): its server stays until the
+    other node left too (``drained``), so that node's workers, ending with the same last
+    step, never read its end as a lost server. A node that leaves first does not end it."""
+    listening = open_store_socket(0)
+    spec = replace(SPEC, endpoint_port=int(listening.getsockname()[1]), min_nodes=2,
+                   max_nodes=3, last_call_timeout=600.0, close_timeout=600.0)
+    server = Server([listening], spec, "a")
+    server.start()
+    port = spec.endpoint_port
+    a, b, c = (_Node(port, name) for name in ("a", "b", "c"))
+    b.lines.send({"op": "leave"})
+    a.lines.send({"op": "leave"})
+    probe = _Node(port, "probe", hello=False)  # answered after a's leave was read
+    probe.lines.send({"op": "redirect", "job": "none", "round": -1, "server": "x"})
+    probe.next("here")
+    assert not server.drained.is_set()  # c is still there
+    c.lines.send({"op": "leave"})
+    assert server.drained.wait(30)

@@ -195,13 +195,15 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
         return NextRound(plan_at(places[-1]), f"unirank run: {line}", noticed,
                          helper.moved())
 
+    result: RunResult | None = None
     try:
         plan = plan_at(assignment)
         # kept on every node: node rank 0 may move here (its node lost, the store moved)
-        return run_plan(plan, target, environ=environ, options=options, server=server,
-                        listening=sock, replan=replan, watch=helper)
+        result = run_plan(plan, target, environ=environ, options=options, server=server,
+                          listening=sock, replan=replan, watch=helper)
+        return result
     finally:
-        helper.close()
+        helper.close(succeeded=result is not None and result.exit_code == 0)
 
 
 def main(args: argparse.Namespace) -> int:

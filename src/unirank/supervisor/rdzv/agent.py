@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from unirank.contract import RDZV_SECRET_VAR
 from unirank.exitcodes import EVICTED
 from unirank.supervisor.rdzv.change import BadChange, read_round
+from unirank.supervisor.rdzv.conf import DRAIN_TIMEOUT
 from unirank.supervisor.rdzv.messages import FENCED, MOVED, WAIT, authentic, hello_tag
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
@@ -92,6 +93,8 @@ class Node:
         self.lines = connect(spec, self.address, time.monotonic() + spec.join_timeout)
         self.selector = selectors.DefaultSelector()
         self.joining = self.told = False
+        #: the parent's run succeeded (:meth:`_from_parent`)
+        self.done = False
         #: the server said it dropped this node (its connection's end then proves nothing)
         self.dropped = False
         self.deadline = self.heard = time.monotonic()
@@ -370,15 +373,24 @@ class Node:
                 self.move()
 
     def _from_parent(self) -> bool:
-        """The parent's ``{"next": true, "evict": [...], "why": ...}``, or its end."""
+        """The parent's ``{"next": true, "evict": [...], "why": ...}``, ``{"done": true}`` (its
+        run succeeded), or its end: this node leaves; where it serves the rendezvous and the
+        run succeeded, it serves on until the other nodes left (:data:`.conf.DRAIN_TIMEOUT`
+        at most)."""
         line = os.read(0, 65536)
         if not line.strip():
             self.lines.send({"op": "leave"})
+            if self.done and self.local is not None:
+                self.local.drained.wait(DRAIN_TIMEOUT)
             return False
+        order: dict[str, Any] = {}
         with contextlib.suppress(ValueError, AttributeError):
             order = json.loads(line.splitlines()[-1])
-            if order.get("evict"):
-                self.lines.send({"op": "evict", "nodes": order["evict"], "why": order["why"]})
+        if order.get("done"):
+            self.done = True
+            return True
+        if order.get("evict"):
+            self.lines.send({"op": "evict", "nodes": order["evict"], "why": order["why"]})
         self.join()
         return True
 

@@ -25,6 +25,7 @@ from typing import Any
 from unirank.errors import ConfigError
 from unirank.exitcodes import EVICTED as EVICTED_EXIT
 from unirank.supervisor.helper import start_helper
+from unirank.supervisor.rdzv.conf import CLOSE_TIMEOUT
 from unirank.supervisor.rdzv.messages import ENDED, EVICTED, MOVED
 from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to_line
 from unirank.sweep import RDZV_PREFIX, make_owned_folder
@@ -34,8 +35,6 @@ __all__ = ["ANSWER_MARGIN", "RendezvousHelper"]
 #: seconds the parent waits for an answer beyond the join timeout (the helper's start and its
 #: connect)
 ANSWER_MARGIN = 60.0
-#: seconds a helper gets to leave once its stdin closed
-CLOSE_TIMEOUT = 5.0
 
 
 def assignment_of_error(line: str) -> ConfigError:
@@ -193,8 +192,11 @@ class RendezvousHelper:
         at, self._news_at = self._news_at, None
         return None if at is None else max(0.0, began - at)
 
-    def close(self) -> None:
-        """End the helper: its node leaves the rendezvous (and the store it serves ends)."""
+    def close(self, *, succeeded: bool = False) -> None:
+        """End the helper: its node leaves the rendezvous (and the store it serves ends; where
+        the run ``succeeded``, once the other nodes left, :data:`.conf.DRAIN_TIMEOUT` at most)."""
+        if succeeded:
+            self._send(to_line({"done": True}))
         if self._proc.stdin is not None:
             with contextlib.suppress(OSError):
                 self._proc.stdin.close()

@@ -35,8 +35,8 @@ from dataclasses import dataclass, fields, replace
 
 from unirank.errors import ConfigError
 
-__all__ = ["KEYS", "TORCHRUN_ONLY", "RdzvConf", "fence_after", "lost_after", "parse_rdzv_conf",
-           "reconnect_within", "resume_grace", "successor_hold"]
+__all__ = ["CLOSE_TIMEOUT", "DRAIN_TIMEOUT", "KEYS", "TORCHRUN_ONLY", "RdzvConf", "fence_after",
+           "lost_after", "parse_rdzv_conf", "reconnect_within", "resume_grace", "successor_hold"]
 
 
 def lost_after(interval: float, attempts: int) -> float:
@@ -95,6 +95,14 @@ class RdzvConf:
 
 
 #: the keys ``--rdzv-conf`` takes, in the order the help lists them
+#: seconds a helper gets to leave once its stdin closed (:meth:`.client.RendezvousHelper.close`)
+CLOSE_TIMEOUT = 5.0
+#: seconds the helper of the node serving the rendezvous keeps serving once its run succeeded,
+#: until every other node left: their workers end with the same last step, and its server
+#: gone first would read to them as a lost server (a takeover, a restart). torchrun's agents
+#: wait at an exit barrier for the same reason.
+DRAIN_TIMEOUT = CLOSE_TIMEOUT - 1.0
+
 KEYS = tuple(f.name for f in fields(RdzvConf)
              if f.name not in ("given", "inert", "legacy_timeout"))
 #: torchrun's keys that unirank's rendezvous accepts and does not use (the two timeouts are

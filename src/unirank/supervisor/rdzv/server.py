@@ -84,6 +84,9 @@ class Server(RoundKeeper):
         #: nodes evicted (``--on-hang evict``), and why
         self._evicted: dict[str, str] = {}
         self._beat_at = 0.0
+        #: set once this server's own node left and no other node is connected any more
+        self.drained = threading.Event()
+        self._ending = False
         #: where the job runs once this server followed another (:func:`.rounds.follows`)
         self.moved: dict[str, Any] | None = None
         #: a later server of the job its probe found (the loop follows it)
@@ -209,6 +212,7 @@ class Server(RoundKeeper):
         elif op == "join":
             self._join(node, message["record"])
         elif op == "leave":
+            self._ending = self._ending or node.node == self.host
             self._drop(node, None, dead=True)
         elif op == "abandon":  # it stopped its workers; silence, not death
             self._drop(node, "it heard nothing from the rendezvous's server for "
@@ -337,4 +341,6 @@ class Server(RoundKeeper):
 
     def _forget(self, node: Conn) -> None:
         self._conns.forget(node)
+        if self._ending and not self._conns.named:  # its node left, then every other
+            self.drained.set()  # (.conf.DRAIN_TIMEOUT)
 
