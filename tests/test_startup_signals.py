@@ -78,8 +78,14 @@ def _ended(proc: subprocess.Popen[str]) -> str:
     try:
         return proc.communicate(timeout=60)[1]
     except subprocess.TimeoutExpired:
+        try:  # its signal state (what it blocked, ignored, caught): the CI saw it ignore SIGINT?
+            masks = [line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                     if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))]
+        except OSError:
+            masks = []
         proc.kill()
-        pytest.fail(f"the rank did not stop: {proc.communicate()[1][-2000:]}")
+        pytest.fail(f"the rank did not stop ({', '.join(masks)}): "
+                    f"{proc.communicate()[1][-2000:]}")
 
 
 def _start(command: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
