@@ -20,9 +20,8 @@ from unirank.supervisor.rdzv.change import (
     digest,
     full_round,
     read_round,
-    rebuilt,
 )
-from unirank.supervisor.rdzv.rounds import members_of
+from unirank.supervisor.rdzv.rounds import members_of, rebuilt
 from unirank.supervisor.rdzv.server import Server
 from unirank.supervisor.rdzv.wire import Lines
 

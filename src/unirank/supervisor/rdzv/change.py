@@ -6,9 +6,9 @@ every member needs them (its rank, the successor should the server be lost). Sen
 every member, a round of N nodes costs O(N^2) bytes: 3.5 GB at 4,096 nodes. A member that
 holds the round before gets the change instead: the nodes that left, those that came (in the
 order they came), the records that differ, and the serving node. It rebuilds the order by
-:func:`rebuilt`, the rule of :func:`.rounds.members_of` (the round before's nodes that stay,
-in their order, then the new ones, the serving node first); the server sends a change only
-where :func:`rebuilt` gives its members exactly (:func:`change_of`), else the whole round. A
+:func:`.rounds.rebuilt`, the rule :func:`.rounds.members_of` orders by (the round before's
+nodes that stay, in their order, then the new ones, the serving node first); the server sends
+a change only where it gives its members exactly (:func:`change_of`), else the whole round. A
 node that holds no round, or another one, gets the whole round (the server knows which round
 each connection holds: :mod:`.server`).
 
@@ -25,25 +25,15 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["BadChange", "change_of", "digest", "full_round", "read_round", "rebuilt"]
+from unirank.supervisor.rdzv.rounds import rebuilt
+
+__all__ = ["BadChange", "change_of", "digest", "full_round", "read_round"]
 
 Records = Mapping[str, dict[str, Any]]
 
 
 class BadChange(ValueError):
     """A change that does not apply to the round this node holds (a server's error)."""
-
-
-def rebuilt(before: Sequence[str], gone: Sequence[str], came: Sequence[str],
-            serving: str) -> tuple[str, ...]:
-    """The members after ``before``: its nodes not ``gone``, in order, then those that
-    ``came``, the ``serving`` node first where it is one of them."""
-    left = frozenset(gone)
-    ordered = [n for n in before if n not in left] + list(came)
-    if serving in ordered:
-        ordered.remove(serving)
-        ordered.insert(0, serving)
-    return tuple(ordered)
 
 
 def digest(members: Sequence[str]) -> str:

@@ -94,7 +94,6 @@ class RdzvConf:
         return lost_after(self.keep_alive_interval, self.keep_alive_max_attempt)
 
 
-#: the keys ``--rdzv-conf`` takes, in the order the help lists them
 #: seconds a helper gets to leave once its stdin closed (:meth:`.client.RendezvousHelper.close`)
 CLOSE_TIMEOUT = 5.0
 #: seconds the helper of the node serving the rendezvous keeps serving once its run succeeded,
@@ -103,6 +102,7 @@ CLOSE_TIMEOUT = 5.0
 #: wait at an exit barrier for the same reason.
 DRAIN_TIMEOUT = CLOSE_TIMEOUT - 1.0
 
+#: the keys ``--rdzv-conf`` takes, in the order the help lists them
 KEYS = tuple(f.name for f in fields(RdzvConf)
              if f.name not in ("given", "inert", "legacy_timeout"))
 #: torchrun's keys that unirank's rendezvous accepts and does not use (the two timeouts are

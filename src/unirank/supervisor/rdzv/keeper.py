@@ -121,7 +121,6 @@ class RoundKeeper:
             if node.node in told:
                 node.lines.send_line(line)
 
-
     def _alive(self) -> frozenset[str]:
         now = time.monotonic()
         return frozenset([*self._conns.named]
@@ -166,8 +165,9 @@ class RoundKeeper:
                            self.host)
         short = whole if change is None else to_line(change)
         self._sent = {m: self.records[m] for m in self.members}
-        self._untold = set(self.members)
+        members = frozenset(self.members)
+        self._untold = set(members)  # each hears its first news anew
         for node in self._conns.named.values():
-            if node.node in self._untold:
+            if node.node in members:
                 node.lines.send_line(short if node.known == self.round - 1 >= 0 else whole)
                 node.known = self.round

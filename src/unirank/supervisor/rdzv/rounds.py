@@ -57,7 +57,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 __all__ = ["Pending", "Served", "behind", "follows", "has_quorum", "members_of",
-           "round_closes", "successor", "two_node_note"]
+           "rebuilt", "round_closes", "successor", "two_node_note"]
 
 
 @dataclass(frozen=True)
@@ -138,13 +138,22 @@ def members_of(before: Sequence[str], waiting: Sequence[str], alive: frozenset[s
     ``max_nodes``. The serving node comes first so that :func:`has_quorum`'s tie-break falls
     to it: the node that holds the round is the one a two-node job keeps."""
     waits, was = frozenset(waiting), frozenset(before)
-    kept = [n for n in before if n in waits and n in alive]
-    new = [n for n in waiting if n not in was and n in alive]
-    ordered = kept + new
+    gone = [n for n in before if n not in waits or n not in alive]
+    came = [n for n in waiting if n not in was and n in alive]
+    return rebuilt(before, gone, came, serving)[:max_nodes]
+
+
+def rebuilt(before: Sequence[str], gone: Sequence[str], came: Sequence[str],
+            serving: str | None) -> tuple[str, ...]:
+    """The order of a round after ``before``: its nodes not ``gone``, in their order, then
+    those that ``came``, the ``serving`` node first where it is one of them (the one rule of
+    :func:`members_of`, and of a node rebuilding a round sent as a change: :mod:`.change`)."""
+    left = frozenset(gone)
+    ordered = [n for n in before if n not in left] + list(came)
     if serving in ordered:
         ordered.remove(serving)
         ordered.insert(0, serving)
-    return tuple(ordered[:max_nodes])
+    return tuple(ordered)
 
 
 def successor(members: Sequence[str], failed: Collection[str]) -> str | None:

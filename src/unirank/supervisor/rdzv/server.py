@@ -110,7 +110,6 @@ class Server(RoundKeeper):
                 "place": place, "addr": record.get("addr"), "port": port,
                 "name": record.get("name")}
 
-
     def connected(self) -> frozenset[str]:
         """The nodes connected now (read by the probe's thread: a copy made under the GIL)."""
         return frozenset(self._conns.named)
@@ -126,8 +125,9 @@ class Server(RoundKeeper):
                 if isinstance(key.data, socket.socket):
                     self._accept(key.data)
                     continue
-                if events & selectors.EVENT_WRITE:
+                if events & selectors.EVENT_WRITE:  # no wake for it once all went
                     key.data.lines.flush()
+                    self._conns.watch_writes(key.data)
                 if events & selectors.EVENT_READ:
                     self._read(key.data)
             if time.monotonic() - checked >= CHECK_EVERY:
