@@ -490,3 +490,52 @@ def test_a_wait_at_the_group_s_start_says_so() -> None:
     unknown = str(InitTimeoutError([], world_size=3, timeout=3.0, group_start=True))
     assert "not every one of the 3 ranks started its process group within 3 s" in unknown
     assert "\n" not in message + unknown
+
+
+_LATE_SIGNAL = """
+import signal, sys, threading, time
+from unirank.joincheck import _interruptible
+
+main = threading.main_thread()
+bystander_go = threading.Event()
+bystander = threading.Thread(target=bystander_go.wait, daemon=True)  # does not block SIGINT
+bystander.start()
+store_wait = threading.Event()
+
+
+def main_thread_asleep_in_the_wait():
+    frame = sys._current_frames().get(main.ident)
+    names = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    if names[:1] != ["wait"] or "_interruptible" not in names:
+        return False
+    with open(f"/proc/self/task/{main.native_id}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()[0] == "S"
+
+
+def call():
+    deadline = time.monotonic() + 20
+    while not main_thread_asleep_in_the_wait():  # nothing tells when a thread sleeps
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
+    # Python's handler runs in the bystander; the sleeping main thread is not woken by it,
+    # as with a signal that lands just before the main thread's sleep
+    signal.pthread_kill(bystander.ident, signal.SIGINT)
+    store_wait.wait(60)
+
+try:
+    _interruptible(call)
+except KeyboardInterrupt:
+    print("interrupted")
+"""
+
+
+def test_a_signal_the_main_thread_sleeps_through_still_interrupts_the_wait() -> None:
+    """A SIGINT whose handler ran while the main thread was not in its wait's system call (the
+    CI saw a rank go on waiting after SIGINT): staged by sending it to another thread while the
+    main thread sleeps in the wait. Before, the wait slept on until the store wait ended."""
+    proc = subprocess.run([sys.executable, "-c", _LATE_SIGNAL], capture_output=True, text=True,
+                          timeout=50)
+    assert proc.stdout == "interrupted\n", proc.stderr

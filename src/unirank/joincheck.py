@@ -299,10 +299,17 @@ def _join(store: StoreLike, *, rank: int, world_size: int, node_name: str) -> bo
     return False
 
 
+#: how often a main thread waiting in :func:`_interruptible` looks for a signal whose handler
+#: ran between its last look and its sleep (Python's untimed lock wait then sleeps on)
+_SIGNAL_LOOK = 0.05
+
+
 def _interruptible(call: Callable[[], Any]) -> Any:
     """``call()``, run in a helper thread when this is the main thread, so that a SIGINT
     (KeyboardInterrupt) or another Python signal handler is not held up until torch's C++ wait
-    returns (it retries when a signal interrupts it)."""
+    returns (it retries when a signal interrupts it). The main thread waits in short slices: a
+    signal that lands after Python last ran its handlers and before the thread sleeps (or in
+    another thread) does not wake an untimed wait, which then lasted the whole store wait."""
     if threading.current_thread() is not threading.main_thread():
         return call()
     outcome: list[Any] = []
@@ -318,7 +325,8 @@ def _interruptible(call: Callable[[], Any]) -> Any:
 
     # the SIGINT this thread exists for goes to the main thread
     start_shielded(threading.Thread(target=run, name="unirank-join-wait", daemon=True))
-    done.wait()
+    while not done.wait(_SIGNAL_LOOK):
+        pass
     ok, value = outcome[0]
     if not ok:
         raise value
