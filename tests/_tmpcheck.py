@@ -15,10 +15,11 @@ controller (or a run without xdist) checks its folder and every worker's:
 2. what is still there and named ``unirank-*`` is a leftover: a folder a dead run keeps for a
    report (the rule of :mod:`unirank.sweep`) is named as kept; anything else (a live owner:
    a process the tests leaked; an entry with no owner) is named too, and with ``CI=true``
-   fails the session;
+   fails the session; the same for the runs' snapshot memory, made in the folder's ``shm``
+   (UNIRANK_STATE_SHM points there for every process a test starts);
 3. the folder is removed, unless tests failed: then it is kept for its logs and named.
 
-Reads: CI (through ``in_ci``), TMPDIR.
+Reads: CI (through ``in_ci``), TMPDIR. Sets: TMPDIR, UNIRANK_STATE_SHM.
 """
 
 from __future__ import annotations
@@ -39,16 +40,19 @@ def leftovers(folder: Path) -> tuple[int, list[str], list[str]]:
     from unirank.owner import DEAD, state_of_record
     from unirank.sweep import read_owner, sweep
 
-    swept = len(sweep(tmp=str(folder)))
+    shm = folder / SHM
+    swept = len(sweep(tmp=str(folder), shm=str(shm)))
     kept: list[str] = []
     left: list[str] = []
-    for entry in sorted(folder.glob("unirank-*")):
+    for entry in sorted([*folder.glob("unirank-*"), *shm.glob("unirank-*")]):
         record = read_owner(str(entry)) if entry.is_dir() else None
         dead = record is not None and state_of_record(record) == DEAD
         (kept if dead else left).append(entry.name)
     return swept, kept, left
 
 
+#: inside it, where runs make their snapshot memory (UNIRANK_STATE_SHM: not ``/dev/shm``)
+SHM = "shm"
 #: this pytest process's own temporary folder
 _OWN = pytest.StashKey[Path]()
 
@@ -63,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = Path(tempfile.mkdtemp(prefix="ci-tests-"))
     os.environ["TMPDIR"] = str(folder)
     tempfile.tempdir = None  # gettempdir() looks again
+    (folder / SHM).mkdir()
+    os.environ["UNIRANK_STATE_SHM"] = str(folder / SHM)
     config.stash[_OWN] = folder
 
 

@@ -103,22 +103,27 @@ def test_sweep_removes_only_what_the_rule_gives_up(tmp: Path) -> None:
     (report / "attempt_0" / "hang" / "report-1.txt").write_text("rank 1 never entered")
     rdzv_empty = _owned(tmp, "unirank-rdzv-a", gone)
     (rdzv_empty / "helper.log").write_text("")
+    snapshots = _owned(tmp, "unirank-state-dead", gone)  # its files are never a report
+    (snapshots / "step-3").mkdir()
+    (snapshots / "step-3" / "__0_0.distcp").write_bytes(b"state")
     kept = [report, _owned(tmp, "unirank-run-live", mine),
+            _owned(tmp, "unirank-state-live", mine),
             _owned(tmp, "unirank-run-container", other_ns),
             _owned(tmp, "unirank-run-noowner", None), _owned(tmp, "not-unirank-run", gone)]
-    assert sorted(sweep.sweep()) == sorted([str(dead), str(rdzv_empty)])
+    assert sorted(sweep.sweep(shm=str(tmp))) == sorted([str(dead), str(rdzv_empty),
+                                                        str(snapshots)])
     assert [p.exists() for p in kept] == [True] * len(kept)
     old = tmp.stat().st_mtime - 8 * DAY
     for folder in (report, tmp / "unirank-run-noowner"):
         os.utime(folder, (old, old))
-    assert sorted(sweep.sweep()) == sorted(str(p) for p in kept[:1] + kept[3:4])
+    assert sorted(sweep.sweep(shm=str(tmp))) == sorted(str(p) for p in kept[:1] + kept[4:5])
 
 
 def test_an_owned_folder_names_its_maker(tmp: Path) -> None:
     path = sweep.make_owned_folder(sweep.RUN_PREFIX)
     assert os.path.basename(path).startswith("unirank-run-")
     assert sweep.read_owner(path) == own.owner_of().to_record()
-    assert sweep.sweep() == [] and os.path.isdir(path)
+    assert sweep.sweep(shm=str(tmp)) == [] and os.path.isdir(path)
 
 
 def test_the_sessions_check_names_what_a_sweep_leaves(tmp: Path) -> None:

@@ -51,6 +51,10 @@ _RUNTIME_NAMES = frozenset(
         "manual_seed",
         "save",
         "load",
+        # a job's state in memory and on disk (runtime/snapshots.py)
+        "save_state",
+        "load_state",
+        "restored_from",
         # stop -> checkpoint -> requeue (runtime/preemption.py)
         "stop_requested",
         "time_left",

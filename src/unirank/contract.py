@@ -76,6 +76,8 @@ __all__ = [
     "SHUTDOWN_TIMEOUT_VAR",
     "SIGNALS_TO_HANDLE_VAR",
     "SRUN_REEXEC_VAR",
+    "STATE_MEMORY_VAR",
+    "STATE_SHM_VAR",
     "STOP_SIGNALS_VAR",
     "STORE_FD_VAR",
     "SUPERVISOR_PID_VAR",
@@ -213,6 +215,11 @@ FAULT_FILE_VAR = "UNIRANK_FAULT_FILE"
 #: the worker's attempt folder (:mod:`unirank.runfolder`): where rank 0's hang reports and the
 #: detector's mark go; kept in the program's environment (never derived from the error file)
 ATTEMPT_DIR_VAR = "UNIRANK_ATTEMPT_DIR"
+#: the node's snapshot memory (:mod:`unirank.statekeep.memory`): ``unirank run`` makes it for
+#: the run and tells every worker; ``ur.save_state`` and DCP's unirank storage write there
+STATE_MEMORY_VAR = "UNIRANK_STATE_MEMORY"
+#: where the node's snapshot memory is made (default ``/dev/shm``; a test's own folder)
+STATE_SHM_VAR = "UNIRANK_STATE_SHM"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
 #: ``NAME,NAME``: how the two hang settings were given (:data:`HANG_OPTIONS`,

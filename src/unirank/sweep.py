@@ -11,12 +11,18 @@ A run puts four kinds of entries in the temporary folder (:func:`tempfile.gettem
 - ``unirank-<uid>/<run id>.<pid>.json``: the job files of ``unirank stacks``
   (:mod:`unirank.hang.jobs`); owned by the worker that wrote one.
 
+and one in the shared memory folder (``/dev/shm``, :mod:`unirank.statekeep.memory`):
+
+- ``unirank-state-XXXX/``: the node's snapshots of the job's state; owned by the launcher
+  (never a report: swept as soon as its owner is gone).
+
 Each folder holds ``owner.json`` and each job file its owner's fields: the owner named
 uniquely across PID namespaces and reboots (:mod:`unirank.owner`).
 
 What is removed, and when, is the rule of :func:`unirank.owner.should_sweep`.
 
-Reads: TMPDIR (through :func:`tempfile.gettempdir`).
+Reads: TMPDIR (through :func:`tempfile.gettempdir`), UNIRANK_STATE_SHM (through
+:func:`unirank.statekeep.memory.memory_root`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 from unirank.hang.jobs import sweep_jobs
 from unirank.owner import DEAD, Here, here, owner_of, should_sweep, state_of_record
 
-__all__ = ["OWNER_FILE", "PARALLEL_PREFIX", "PREFIXES", "RDZV_PREFIX", "RUN_PREFIX",
+__all__ = ["OWNER_FILE", "PARALLEL_PREFIX", "PREFIXES", "RDZV_PREFIX", "RUN_PREFIX", "STATE_PREFIX",
            "make_owned_folder", "read_owner", "sweep"]
 
 #: the owner's record in an owned folder
@@ -44,14 +50,18 @@ RDZV_PREFIX = "unirank-rdzv-"
 #: a call's folder of :class:`unirank.runtime.parallel.Parallel` (its pickle, its results:
 #: nothing to read once its owner is gone)
 PARALLEL_PREFIX = "unirank-parallel-"
+#: the node's snapshot memory's (:mod:`unirank.statekeep.memory`), in the shared memory folder
+STATE_PREFIX = "unirank-state-"
 #: the owned folders' name prefixes, in the temporary folder
 PREFIXES = (RUN_PREFIX, RDZV_PREFIX, PARALLEL_PREFIX)
+#: the owned folders of which nothing is ever kept to be read once the owner is gone
+_NEVER_REPORTS = (PARALLEL_PREFIX, STATE_PREFIX)
 
 
-def make_owned_folder(prefix: str) -> str:
-    """A new folder ``<tmp>/<prefix>XXXX`` with this process's :data:`OWNER_FILE`; its path.
-    OSError where it cannot be made."""
-    path = tempfile.mkdtemp(prefix=prefix)
+def make_owned_folder(prefix: str, where: str | None = None) -> str:
+    """A new folder ``<where>/<prefix>XXXX`` (default: the temporary folder) with this
+    process's :data:`OWNER_FILE`; its path. OSError where it cannot be made."""
+    path = tempfile.mkdtemp(prefix=prefix, dir=where)
     record = os.path.join(path, OWNER_FILE)
     with open(f"{record}.tmp", "w", encoding="utf-8") as fh:
         json.dump(owner_of().to_record(), fh)
@@ -92,7 +102,7 @@ def _sweep_folder(path: str, spot: Here, now: float) -> bool:
         return False  # another user's: theirs to sweep
     record = read_owner(path)
     state = None if record is None else state_of_record(record, spot)
-    holds = (state == DEAD and not os.path.basename(path).startswith(PARALLEL_PREFIX)
+    holds = (state == DEAD and not os.path.basename(path).startswith(_NEVER_REPORTS)
              and _holds_report(path))  # asked only where the answer counts
     if not should_sweep(state, holds, now - info.st_mtime):
         return False
@@ -100,18 +110,29 @@ def _sweep_folder(path: str, spot: Here, now: float) -> bool:
     return not os.path.exists(path)
 
 
-def sweep(now: float | None = None, tmp: str | None = None) -> list[str]:
-    """Remove from the temporary folder (``tmp``, default this process's) what the rule
-    (:func:`unirank.owner.should_sweep`) says nobody needs: this user's owned folders and job
-    files; the paths removed. ``now``: the time to measure ages from (default: now)."""
+def _sweep_in(folder: str, prefixes: tuple[str, ...], spot: Here, now: float) -> list[str]:
+    """Sweep the owned folders named with ``prefixes`` in ``folder``; the paths removed."""
+    removed: list[str] = []
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(folder)):
+            path = os.path.join(folder, name)
+            if (name.startswith(prefixes) and os.path.isdir(path)
+                    and not os.path.islink(path) and _sweep_folder(path, spot, now)):
+                removed.append(path)
+    return removed
+
+
+def sweep(now: float | None = None, tmp: str | None = None,
+          shm: str | None = None) -> list[str]:
+    """Remove from the temporary folder (``tmp``, default this process's) and the shared
+    memory folder (``shm``, default :func:`unirank.statekeep.memory.memory_root`) what the
+    rule (:func:`unirank.owner.should_sweep`) says nobody needs: this user's owned folders
+    and job files; the paths removed. ``now``: the time to measure ages from (default: now)."""
+    from unirank.statekeep.memory import memory_root
+
     now = time.time() if now is None else now
     spot = here()
     tmp = tmp or tempfile.gettempdir()
-    removed: list[str] = []
-    with contextlib.suppress(OSError):
-        for name in sorted(os.listdir(tmp)):
-            path = os.path.join(tmp, name)
-            if (name.startswith(PREFIXES) and os.path.isdir(path)
-                    and not os.path.islink(path) and _sweep_folder(path, spot, now)):
-                removed.append(path)
+    removed = _sweep_in(tmp, PREFIXES, spot, now)
+    removed += _sweep_in(shm or memory_root(), (STATE_PREFIX,), spot, now)
     return removed + sweep_jobs(spot, tmp)

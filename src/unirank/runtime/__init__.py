@@ -50,6 +50,7 @@ from unirank.runtime.preemption import (
     unwatch_stop_signals,
     watch_stop_signals,
 )
+from unirank.runtime.snapshots import load_state, restored_from, save_state
 from unirank.runtime.state import (
     backend,
     device,
@@ -105,13 +106,16 @@ __all__ = [
     "is_initialized",
     "launch",
     "load",
+    "load_state",
     "manual_seed",
     "model_name",
     "new_group",
     "one_rank_first",
     "one_rank_only",
     "print0",
+    "restored_from",
     "save",
+    "save_state",
     "set_local_rank",
     "show_config",
     "spawn",

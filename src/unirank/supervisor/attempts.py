@@ -55,6 +55,7 @@ from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.signals import FORWARDED, format_signals
+from unirank.statekeep.memory import make_memory_folder, remove_memory_folder
 from unirank.supervisor.budget import is_last, restarting_words, spends_restart
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
@@ -165,12 +166,13 @@ def run_plan(
 def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                      options: EngineOptions, restart_count: int, attempt_dir: str,
                      store_fd: int | None, keep_logs: bool, *,
-                     restart_reason: str | None = None) -> list[WorkerLaunch]:
+                     restart_reason: str | None = None,
+                     state_memory: str | None = None) -> list[WorkerLaunch]:
     """How to start each of this node's workers for an attempt after ``restart_count``
     restarts spent (:mod:`.budget`; TORCHELASTIC_RESTART_COUNT): its command line,
     environment base and wiring (error file in ``attempt_dir``, the store's listening
-    ``store_fd`` for rank 0, the timeline, why the attempt before ended), and where its output
-    goes."""
+    ``store_fd`` for rank 0, the timeline, why the attempt before ended, the run's snapshot
+    memory), and where its output goes."""
     from unirank.supervisor.engine import WorkerLaunch
 
     out = options.output
@@ -190,6 +192,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=folders.timeline_file if worker.rank == 0 else None,
             hang=options.hang, restart_reason=restart_reason, elastic=options.elastic,
+            state_memory=state_memory,
         )
         files = out.log_files(worker.local_rank, folders) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)
@@ -258,6 +261,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
 
     out_fd, err_fd = fds
     root, keep = _log_root(plan, options, err_fd)
+    memory = make_memory_folder(environ)  # the snapshots outlive the attempts, not the run
     earlier: list[RunResult] = []
     reason: str | None = None
     recovery: Recovery | None = None
@@ -267,7 +271,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             attempt_dir = root.attempt(attempt).path  # a new run's folder: nothing to delete
             launches = attempt_launches(plan, argv, environ, options, spent, attempt_dir,
                                         sock.fileno() if sock else None, keep,
-                                        restart_reason=reason)
+                                        restart_reason=reason, state_memory=memory)
             result = Supervisor(
                 launches, node_name=plan.node_name, grace_period=options.grace_period,
                 signals=options.signals, out_fd=out_fd, err_fd=err_fd, prog=options.prog,
@@ -314,6 +318,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                                 time.time() if replan is not None else None)
             reason = why.to_value(spent, before.world_size)
     finally:
+        remove_memory_folder(memory)
         # a temporary folder in which a hang report was written (which a report named), or
         # worker lines kept off the console (a line named the file), is kept
         if end_run_folder(root, temporary=not keep):

@@ -30,6 +30,7 @@ from unirank.contract import (
     RESTART_REASON_VAR,
     RUN_ID_VAR,
     SIGNALS_TO_HANDLE_VAR,
+    STATE_MEMORY_VAR,
     STORE_FD_VAR,
     SUPERVISOR_PID_VAR,
     TIMELINE_FILE_VAR,
@@ -60,6 +61,8 @@ class WorkerWiring:
     error_file: str | None = None
     #: the attempt's folder (UNIRANK_ATTEMPT_DIR, :mod:`unirank.runfolder`)
     attempt_dir: str | None = None
+    #: the node's snapshot memory (UNIRANK_STATE_MEMORY, :mod:`unirank.statekeep.memory`)
+    state_memory: str | None = None
     #: rank 0: the listening socket its TCPStore server takes over (UNIRANK_STORE_FD)
     store_fd: int | None = None
     #: the store's host: the read end of the linger pipe (UNIRANK_LINGER_FD)
@@ -150,7 +153,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     detector's UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_INTERVAL and UNIRANK_HANG_TIMEOUT (the
     wiring's settings, else those ``base`` gives; read and removed by the bootstrap),
     PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, UNIRANK_ATTEMPT_DIR (the wiring's attempt
-    folder), and for the bootstrap only the private
+    folder), UNIRANK_STATE_MEMORY (the wiring's snapshot memory; one in ``base`` is dropped),
+    and for the bootstrap only the private
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES (the nodes as a compressed host list),
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
     UNIRANK_EXIT_TIMEOUT (when ranks run under other supervisors too), and what the wiring
@@ -162,12 +166,15 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     if plan.master_port == 0:
         raise ValueError("the master port is not chosen yet: call Plan.with_port first")
     env = {k: v for k, v in base.items()
-           if k not in PRIVATE_VARIABLES and k not in (RESTART_REASON_VAR, ELASTIC_VAR)}
+           if k not in PRIVATE_VARIABLES
+           and k not in (RESTART_REASON_VAR, ELASTIC_VAR, STATE_MEMORY_VAR)}
     env.update(_torchrun_environ(plan, worker, base, wiring.restart_count))
     if wiring.error_file is not None:
         env[ERROR_FILE_VAR] = wiring.error_file
     if wiring.attempt_dir is not None:
         env[ATTEMPT_DIR_VAR] = wiring.attempt_dir
+    if wiring.state_memory is not None:
+        env[STATE_MEMORY_VAR] = wiring.state_memory
     if wiring.signals_to_handle is not None:
         env[SIGNALS_TO_HANDLE_VAR] = wiring.signals_to_handle
     if wiring.restart_reason is not None:

@@ -1,0 +1,217 @@
+"""The program's calls for a job's state: :func:`save_state` and :func:`load_state`, on top of
+torch.distributed.checkpoint (DCP), whose planner reshards a state at a new world size.
+
+Under ``unirank run`` each snapshot goes to the node's memory (``/dev/shm``, kept by the run
+across worker restarts: :mod:`unirank.statekeep.memory`) and, every ``persist_every`` steps
+and once a stop was agreed (:func:`unirank.stop_requested`), to the disk folder the program
+names. Under any other launcher (torchrun, srun, a plain ``python``) the same calls use the
+disk folder only, and rank 0 says so once. Which step a world restores, and from where, is
+the rule of :func:`unirank.statekeep.rules.choose`; rank 0 says it in one line.
+
+Reads: UNIRANK_STATE_MEMORY (:func:`unirank.statekeep.memory.memory_folder_of`),
+UNIRANK_STATE_DIR (the disk folder where the call names none).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from unirank.runtime import state
+from unirank.runtime.preemption import _STOP
+from unirank.statekeep.memory import memory_folder_of
+from unirank.statekeep.rules import (
+    KEEP_IN_MEMORY,
+    KEEP_ON_DISK,
+    METADATA,
+    Choice,
+    Holdings,
+    choose,
+    parse_step,
+    persists,
+    step_folder,
+    to_drop,
+)
+
+__all__ = ["STATE_DIR_VAR", "load_state", "restored_from", "save_state"]
+
+#: the disk folder of :func:`save_state` and :func:`load_state` where the call names none
+STATE_DIR_VAR = "UNIRANK_STATE_DIR"
+#: how often a snapshot goes to disk too, by default (a stop always sends it)
+PERSIST_EVERY = 10
+
+
+@dataclass
+class _Said:
+    """What rank 0 already said once, and the last restore."""
+
+    no_memory: bool = False
+    nowhere: bool = False
+    restored: Choice | None = None
+
+
+_SAID = _Said()
+
+
+def _say(line: str) -> None:
+    if state.get_rank() == 0:
+        sys.stderr.write(f"unirank: {line}\n")
+        sys.stderr.flush()
+
+
+def _disk_folder(folder: str | os.PathLike[str] | None,
+                 environ: Mapping[str, str]) -> str | None:
+    chosen = os.fspath(folder) if folder is not None else environ.get(STATE_DIR_VAR, "")
+    return chosen or None
+
+
+def _tiers(folder: str | os.PathLike[str] | None) -> tuple[str | None, str | None]:
+    """The node's memory (None: no ``unirank run``) and the disk folder (None: none named);
+    the first time either is missing, rank 0 says what that means."""
+    memory, disk = memory_folder_of(os.environ), _disk_folder(folder, os.environ)
+    if memory is None and disk is None and not _SAID.nowhere:
+        _SAID.nowhere = True
+        _say("the job's state is not kept: no unirank run holds it in memory and no folder "
+             f"was named (give folder= or set {STATE_DIR_VAR})")
+    elif memory is None and not _SAID.no_memory:
+        _SAID.no_memory = True
+        _say(f"no unirank run here: the job's state is kept in {disk} only")
+    return memory, disk
+
+
+def _group() -> bool:
+    """Whether a default process group is live (DCP then saves and loads collectively)."""
+    return dist.is_available() and dist.is_initialized()
+
+
+def _collective() -> bool:
+    return _group() and dist.get_world_size() > 1
+
+
+def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
+             keep: int) -> None:
+    """One DCP save of ``obj`` to ``tier``'s step folder (collective where a group is live).
+    The ``coordinator`` of the tier's folder (rank 0 on disk, the node's first rank in
+    memory) first takes away the step's ``.metadata`` from an earlier save, so that the step
+    counts again only once DCP renamed the new one in, and afterwards drops the oldest
+    steps."""
+    # on first use: it costs a program's import time
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
+
+    path = os.path.join(tier, step_folder(step))
+    if coordinator:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, METADATA))
+    save(obj, storage_writer=FileSystemWriter(path), no_dist=not _group())
+    if coordinator:
+        for old in to_drop(complete_steps(tier, check_files=False), keep, writing=step):
+            _remove(os.path.join(tier, step_folder(old)))
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(path, METADATA))  # first: the step stops counting at once
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str] | None = None,
+               persist_every: int = PERSIST_EVERY) -> None:
+    """Keep ``obj`` (a state dict: tensors, nested dicts, picklable values) as the snapshot of
+    ``step``. Every rank calls it at the same steps with its own state (DCP's rules: a
+    tensor saved by several ranks is written once). Under ``unirank run`` it goes to the
+    node's memory; also to ``folder`` (default UNIRANK_STATE_DIR) every ``persist_every``
+    steps (0: never but at a stop) and always once the ranks agreed to stop
+    (:func:`unirank.stop_requested`). Without ``unirank run``: to ``folder`` only, each call.
+    A step counts only once every rank's part is written; each tier keeps its newest steps
+    (2 in memory, 2 on disk)."""
+    if step < 0:
+        raise ValueError(f"a step is 0 or more, not {step}")
+    if persist_every < 0:
+        raise ValueError(f"persist_every is 0 or more, not {persist_every}")
+    memory, disk = _tiers(folder)
+    if memory is not None:
+        _save_to(memory, step, obj, state.get_local_rank() == 0, KEEP_IN_MEMORY)
+    if disk is not None and (memory is None or persists(step, persist_every, _STOP.agreed)):
+        _save_to(disk, step, obj, state.get_rank() == 0, KEEP_ON_DISK)
+
+
+def complete_steps(tier: str | None, check_files: bool = True) -> frozenset[int]:
+    """The steps complete in a tier's folder: their ``.metadata`` there and (``check_files``)
+    every file it names."""
+    if tier is None:
+        return frozenset()
+    try:
+        names = os.listdir(tier)
+    except OSError:
+        return frozenset()
+    found = set()
+    for name in names:
+        step = parse_step(name)
+        if step is not None and _complete(os.path.join(tier, name), check_files):
+            found.add(step)
+    return frozenset(found)
+
+
+def _complete(path: str, check_files: bool) -> bool:
+    metadata = os.path.join(path, METADATA)
+    if not check_files:
+        return os.path.exists(metadata)
+    try:
+        with open(metadata, "rb") as fh:
+            storage = pickle.load(fh).storage_data  # DCP's own record (torch's class)
+        needed = {entry.relative_path for entry in storage.values()}
+    except (OSError, pickle.UnpicklingError, AttributeError, EOFError):
+        return False
+    return all(os.path.exists(os.path.join(path, name)) for name in needed)
+
+
+def _gather(holdings: Holdings) -> list[Holdings]:
+    if not _collective():
+        return [holdings]
+    records: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(records, holdings.to_record())
+    return [Holdings.from_record(r) for r in records]
+
+
+def load_state(obj: dict[str, Any], *,
+               folder: str | os.PathLike[str] | None = None) -> int | None:
+    """Fill ``obj`` in place (DCP's ``load``: tensors copied into, other values replaced) with
+    the newest snapshot every rank can read, and return its step; None where there is none
+    (``obj`` untouched). Every rank calls it, after the process group started. Each rank reads
+    from the node's memory where it holds the step, else from ``folder`` (default
+    UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
+    (:func:`restored_from` says it too)."""
+    memory, disk = _tiers(folder)
+    here = Holdings(memory=complete_steps(memory), disk=complete_steps(disk))
+    began = time.monotonic()
+    choice = choose(_gather(here))
+    _SAID.restored = choice
+    if choice.step is None:
+        if here.memory or here.disk:
+            _say(choice.describe())
+        return None
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    tier = memory if here.tier_of(choice.step) == "memory" else disk
+    assert tier is not None  # the rule chose a step this rank holds
+    load(obj, storage_reader=FileSystemReader(os.path.join(tier, step_folder(choice.step))),
+             no_dist=not _group())
+    _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
+    return choice.step
+
+
+def restored_from() -> str | None:
+    """What the last :func:`load_state` restored, in its one line; None before any."""
+    return None if _SAID.restored is None else _SAID.restored.describe()

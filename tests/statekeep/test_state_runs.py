@@ -1,0 +1,105 @@
+"""``ur.save_state`` / ``ur.load_state`` run for real: under ``unirank run`` (2 gloo ranks on
+one node) a worker that fails is restarted and the world restores the last step from the
+node's memory, bit for bit; every few steps a snapshot also goes to disk; under a plain
+``python`` the same calls keep the state on disk only and say so once; the run's snapshot
+memory is gone when the run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from _procs import Runner
+
+#: a training loop: 6 steps of a deterministic update on 1 MiB of state per rank; attempt 0's
+#: rank 1 fails after saving step 3; every step's digest (and what was restored)
+#: goes to a JSON line on stdout
+PROGRAM = r"""
+import hashlib, json, os, sys
+import torch
+import unirank as ur
+
+def digest(state):
+    h = hashlib.sha256()
+    for key in sorted(state["model"]):
+        h.update(state["model"][key].numpy().tobytes())
+    h.update(str(state["step"]).encode())
+    return h.hexdigest()
+
+ur.init(backend="gloo")
+rank = ur.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(512, 512)  # 1 MiB of weights (the same on every rank)
+state = {"model": model.state_dict(), "step": -1}
+restored = ur.load_state(state, folder=os.environ.get("DISK"))
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print(json.dumps({"rank": rank, "attempt": attempt, "restored": restored,
+                  "digest": digest(state) if restored is not None else None,
+                  "from": ur.restored_from()}), flush=True)
+first = 0 if restored is None else restored + 1
+for step in range(first, 6):
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5).add_(step + rank * 0)
+    state["step"] = step
+    ur.save_state(step, state, folder=os.environ.get("DISK"), persist_every=4)
+    print(json.dumps({"rank": rank, "attempt": attempt, "saved": step,
+                      "digest": digest(state)}), flush=True)
+    if step == 3 and attempt == 0 and rank == 1 and os.environ.get("FAIL"):
+        sys.exit(3)
+ur.finalize()
+"""
+
+
+def _records(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if "{" in line]
+
+
+def test_a_restarted_world_restores_the_last_step_from_the_node_s_memory(
+        runner: Runner, tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    script = runner.script("train.py", PROGRAM)
+    result = runner.run(["-n", "2", "--max-restarts", "1", str(script)],
+                        env={"UNIRANK_STATE_SHM": str(shm), "DISK": str(tmp_path / "disk"),
+                             "FAIL": "1"})
+    assert result.returncode == 0, result.stderr
+    records = _records(result.stdout)
+    saved = {(r["rank"], r["saved"]): r["digest"] for r in records
+             if "saved" in r and r["attempt"] == 0}
+    restores = [r for r in records if "restored" in r and r["attempt"] == 1]
+    assert len(restores) == 2, result.stdout
+    for restore in restores:
+        # rank 1 failed after saving step 3; rank 0 may have saved step 4 alone: never used
+        assert restore["restored"] == 3, restore
+        assert restore["digest"] == saved[(restore["rank"], 3)], restore
+        assert restore["from"] == "state of step 3 restored from the nodes' memory"
+    assert "unirank: state of step 3 restored from the nodes' memory in " in result.stderr
+    assert sorted(os.listdir(shm)) == []  # the run's memory went with it
+    # the disk folder got steps 0 and 4 (every 4th), then the run ended: the newest two kept
+    assert sorted(os.listdir(tmp_path / "disk")) == ["step-0", "step-4"]
+
+
+def test_without_unirank_run_the_state_is_kept_on_disk_only(tmp_path: Path) -> None:
+    import subprocess
+
+    from _procs import launcher_free_environ
+
+    script = tmp_path / "train.py"
+    script.write_text(PROGRAM)
+    env = launcher_free_environ({"DISK": str(tmp_path / "disk"),
+                                 "TORCHELASTIC_RESTART_COUNT": "0"})
+    first = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("no unirank run here: the job's state is kept in "
+                              f"{tmp_path / 'disk'} only") == 1, first.stderr
+    again = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+    restore = _records(again.stdout)[0]
+    last = next(r for r in _records(first.stdout) if r.get("saved") == 5)
+    assert restore["restored"] == 5 and restore["digest"] == last["digest"], again.stdout
+    assert restore["from"] == "state of step 5 restored from the disk folder"
