@@ -48,6 +48,7 @@ ENVIRON_EDGES = {
     "runtime/lifecycle.py": "ur.init() reads the program's environment",
     "runtime/parallel.py": "ur.Parallel starts workers from the program's environment",
     "runtime/preemption.py": "ur.stop_requested/time_left/exit_for_requeue with no environ=",
+    "runtime/snapshots.py": "ur.save_state/load_state find the run's memory in the program's",
     "errorfile.py": "the error file the program's environment names when it dies",
     # libraries that read only the process environment are configured through it
     "runtime/backends/horovod.py": "Horovod's C library reads HOROVOD_* from the process",

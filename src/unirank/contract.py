@@ -76,6 +76,7 @@ __all__ = [
     "SHUTDOWN_TIMEOUT_VAR",
     "SIGNALS_TO_HANDLE_VAR",
     "SRUN_REEXEC_VAR",
+    "STATE_DIR_VAR",
     "STATE_MEMORY_VAR",
     "STATE_SHM_VAR",
     "STOP_SIGNALS_VAR",
@@ -220,6 +221,8 @@ ATTEMPT_DIR_VAR = "UNIRANK_ATTEMPT_DIR"
 STATE_MEMORY_VAR = "UNIRANK_STATE_MEMORY"
 #: where the node's snapshot memory is made (default ``/dev/shm``; a test's own folder)
 STATE_SHM_VAR = "UNIRANK_STATE_SHM"
+#: the disk folder of ``ur.save_state`` / ``ur.load_state`` where the program names none
+STATE_DIR_VAR = "UNIRANK_STATE_DIR"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
 #: ``NAME,NAME``: how the two hang settings were given (:data:`HANG_OPTIONS`,

@@ -169,26 +169,28 @@ def make_run_folder(log_dir: str, run_id: str) -> RunFolder:
     return RunFolder(tempfile.mkdtemp(prefix=f"{safe}_", dir=log_dir))
 
 
-def make_temporary_run_folder() -> RunFolder:
+def make_temporary_run_folder(shm: str | None = None) -> RunFolder:
     """A new run's folder in the temporary folder, owned by this process, once what earlier
-    runs left there is swept (:func:`unirank.sweep.sweep`). OSError when it cannot be made."""
+    runs left there (and in ``shm``, the snapshot memory's root) is swept
+    (:func:`unirank.sweep.sweep`). OSError when it cannot be made."""
     from unirank.sweep import RUN_PREFIX, make_owned_folder, sweep
 
-    sweep()
+    sweep(shm=shm)
     return RunFolder(make_owned_folder(RUN_PREFIX))
 
 
-def end_run_folder(root: RunFolder, temporary: bool) -> bool:
+def end_run_folder(root: RunFolder, temporary: bool, shm: str | None = None) -> bool:
     """At the run's end: remove its ``temporary`` folder unless it holds hang reports or
     worker lines kept off the console (``folded.log``, named by a line when written), then
-    sweep what the run's killed workers left (their job files: :func:`unirank.sweep.sweep`);
+    sweep what the run's killed workers left (their job files, and in ``shm``:
+    :func:`unirank.sweep.sweep`);
     whether a temporary folder is kept for its hang reports (which the caller names)."""
     from unirank.sweep import sweep
 
     reports = temporary and root.has_hang_reports()
     if temporary and not reports and not root.has_folded_lines():
         shutil.rmtree(root.path, ignore_errors=True)
-    sweep()
+    sweep(shm=shm)
     return reports
 
 

@@ -21,8 +21,7 @@ uniquely across PID namespaces and reboots (:mod:`unirank.owner`).
 
 What is removed, and when, is the rule of :func:`unirank.owner.should_sweep`.
 
-Reads: TMPDIR (through :func:`tempfile.gettempdir`), UNIRANK_STATE_SHM (through
-:func:`unirank.statekeep.memory.memory_root`).
+Reads: TMPDIR (through :func:`tempfile.gettempdir`).
 """
 
 from __future__ import annotations
@@ -124,15 +123,15 @@ def _sweep_in(folder: str, prefixes: tuple[str, ...], spot: Here, now: float) ->
 
 def sweep(now: float | None = None, tmp: str | None = None,
           shm: str | None = None) -> list[str]:
-    """Remove from the temporary folder (``tmp``, default this process's) and the shared
-    memory folder (``shm``, default :func:`unirank.statekeep.memory.memory_root`) what the
-    rule (:func:`unirank.owner.should_sweep`) says nobody needs: this user's owned folders
-    and job files; the paths removed. ``now``: the time to measure ages from (default: now)."""
-    from unirank.statekeep.memory import memory_root
-
+    """Remove from the temporary folder (``tmp``, default this process's) and from ``shm``
+    (where runs make their snapshot memory, :func:`unirank.statekeep.memory.memory_root`;
+    None: not looked at) what the rule (:func:`unirank.owner.should_sweep`) says nobody
+    needs: this user's owned folders and job files; the paths removed. ``now``: the time to
+    measure ages from (default: now)."""
     now = time.time() if now is None else now
     spot = here()
     tmp = tmp or tempfile.gettempdir()
     removed = _sweep_in(tmp, PREFIXES, spot, now)
-    removed += _sweep_in(shm or memory_root(), (STATE_PREFIX,), spot, now)
+    if shm is not None:
+        removed += _sweep_in(shm, (STATE_PREFIX,), spot, now)
     return removed + sweep_jobs(spot, tmp)

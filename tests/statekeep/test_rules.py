@@ -70,3 +70,10 @@ def test_disk_every_k_steps_and_at_a_stop() -> None:
     assert [s for s in range(25) if persists(s, 10, stopping=False)] == [0, 10, 20]
     assert persists(7, 10, stopping=True)
     assert not persists(7, 0, stopping=False)
+
+
+def test_the_docs_show_the_line_the_code_says() -> None:
+    from pathlib import Path
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "state.md").read_text()
+    assert f"unirank: {Choice(3, ('memory', 'memory')).describe()} in " in docs

@@ -25,6 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from unirank.contract import STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.statekeep.memory import memory_folder_of
@@ -41,10 +42,8 @@ from unirank.statekeep.rules import (
     to_drop,
 )
 
-__all__ = ["STATE_DIR_VAR", "load_state", "restored_from", "save_state"]
+__all__ = ["load_state", "restored_from", "save_state"]
 
-#: the disk folder of :func:`save_state` and :func:`load_state` where the call names none
-STATE_DIR_VAR = "UNIRANK_STATE_DIR"
 #: how often a snapshot goes to disk too, by default (a stop always sends it)
 PERSIST_EVERY = 10
 

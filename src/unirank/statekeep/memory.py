@@ -26,10 +26,9 @@ __all__ = ["SHM", "make_memory_folder", "memory_folder_of", "memory_root",
 SHM = "/dev/shm"
 
 
-def memory_root(environ: Mapping[str, str] | None = None) -> str:
+def memory_root(environ: Mapping[str, str]) -> str:
     """Where runs make their snapshot memory: UNIRANK_STATE_SHM, else ``/dev/shm`` where it is
     a folder this user can write, else the temporary folder (the snapshots then cost disk)."""
-    environ = os.environ if environ is None else environ
     chosen = environ.get(STATE_SHM_VAR, "")
     if chosen:
         return chosen
@@ -38,7 +37,7 @@ def memory_root(environ: Mapping[str, str] | None = None) -> str:
     return tempfile.gettempdir()
 
 
-def make_memory_folder(environ: Mapping[str, str] | None = None) -> str | None:
+def make_memory_folder(environ: Mapping[str, str]) -> str | None:
     """A new owned folder for a run's snapshots; None where none can be made (the workers then
     keep snapshots on disk only, and say so)."""
     from unirank.sweep import STATE_PREFIX, make_owned_folder

@@ -55,7 +55,7 @@ from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.signals import FORWARDED, format_signals
-from unirank.statekeep.memory import make_memory_folder, remove_memory_folder
+from unirank.statekeep.memory import make_memory_folder, memory_root, remove_memory_folder
 from unirank.supervisor.budget import is_last, restarting_words, spends_restart
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
@@ -260,7 +260,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     from unirank.supervisor.engine import Supervisor
 
     out_fd, err_fd = fds
-    root, keep = _log_root(plan, options, err_fd)
+    shm = memory_root(environ)
+    root, keep = _log_root(plan, options, err_fd, shm)
     memory = make_memory_folder(environ)  # the snapshots outlive the attempts, not the run
     earlier: list[RunResult] = []
     reason: str | None = None
@@ -321,7 +322,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
         remove_memory_folder(memory)
         # a temporary folder in which a hang report was written (which a report named), or
         # worker lines kept off the console (a line named the file), is kept
-        if end_run_folder(root, temporary=not keep):
+        if end_run_folder(root, temporary=not keep, shm=shm):
             os.write(err_fd, f"{options.prog}: hang reports kept in {root.path} (removed by "
                      f"a later run {KEEP_DAYS:g} days after this one)\n".encode())
 
@@ -381,9 +382,11 @@ def _attempt_end(result: RunResult, why: RestartReason | None = None) -> str:
     return f"failed ({cause})"
 
 
-def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[RunFolder, bool]:
-    """The run's folder (a new ``<log_dir>/<run_id>_<random>``, or a temporary one) and
-    whether to keep it afterwards; where some stream goes to a file, one line names it."""
+def _log_root(plan: Plan, options: EngineOptions, err_fd: int,
+              shm: str) -> tuple[RunFolder, bool]:
+    """The run's folder (a new ``<log_dir>/<run_id>_<random>``, or a temporary one, made once
+    what killed runs left there and in ``shm`` is swept) and whether to keep it afterwards;
+    where some stream goes to a file, one line names it."""
     out = options.output
     if out.log_dir:
         try:
@@ -393,7 +396,7 @@ def _log_root(plan: Plan, options: EngineOptions, err_fd: int) -> tuple[RunFolde
                               variable="--log-dir", value=out.log_dir,
                               hint="give a folder this user can write") from None
     else:
-        root = temporary_run_folder()
+        root = temporary_run_folder(shm)
     if out.writes_files:
         os.write(err_fd, f"{options.prog}: log files in {root.path}\n".encode())
     return root, bool(out.log_dir) or out.writes_files
