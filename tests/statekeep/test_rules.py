@@ -7,7 +7,6 @@ import pytest
 
 from unirank.statekeep.rules import (
     Choice,
-    Holdings,
     choose,
     parse_step,
     persists,
@@ -16,39 +15,25 @@ from unirank.statekeep.rules import (
 )
 
 
-def _h(memory: set[int] = set(), disk: set[int] = set()) -> Holdings:  # noqa: B006
-    return Holdings(frozenset(memory), frozenset(disk))
+def test_the_nodes_memory_wins_over_an_older_or_equal_disk_step() -> None:
+    assert choose([frozenset({0}), frozenset({0})], 5) == Choice(5, "memory")
+    assert choose([frozenset({5})], 5) == Choice(5, "memory")
+    assert choose([frozenset({5})], 5).describe() == \
+        "state of step 5 restored from the nodes' memory"
 
 
-def test_the_newest_step_every_rank_holds_wins_from_memory_first() -> None:
-    choice = choose([_h({4, 5}, {0}), _h({4, 5}, {0})])
-    assert choice == Choice(5, ("memory", "memory"))
-    assert choice.describe() == "state of step 5 restored from the nodes' memory"
+def test_the_disk_serves_what_memory_lacks_for_every_rank() -> None:
+    assert choose([frozenset({0, 10}), frozenset({10})], None) == Choice(10, "disk")
+    assert choose([frozenset({0, 10}), frozenset({10})], 4) == Choice(10, "disk")
+    # a step one rank lacks on disk is never restored in part
+    assert choose([frozenset({0, 10}), frozenset({0})], None) == Choice(0, "disk")
+    assert Choice(0, "disk").describe() == "state of step 0 restored from the disk folder"
 
 
-def test_a_step_one_rank_lacks_is_never_restored_in_part() -> None:
-    # rank 1 lost its memory (a new node): step 5 is only in rank 0's memory
-    choice = choose([_h({4, 5}, {0}), _h(set(), {0})])
-    assert choice == Choice(0, ("disk", "disk"))
-    assert choice.describe() == "state of step 0 restored from the disk folder"
-
-
-def test_ranks_may_read_the_same_step_from_different_tiers() -> None:
-    choice = choose([_h({10}, {10}), _h(set(), {10})])
-    assert choice == Choice(10, ("memory", "disk"))
-    assert "the nodes' memory and the disk folder" in choice.describe()
-
-
-def test_nothing_held_by_every_rank_starts_afresh() -> None:
-    assert choose([_h({3}), _h({4})]).step is None
-    assert choose([]).step is None
-    assert choose([_h(), _h()]).describe() == "no snapshot held by every rank: starting afresh"
-
-
-def test_a_rank_s_holdings_cross_as_lists() -> None:
-    held = _h({2, 1}, {0})
-    assert held.to_record() == [[1, 2], [0]]
-    assert Holdings.from_record(held.to_record()) == held
+def test_nothing_held_starts_afresh() -> None:
+    assert choose([frozenset({3}), frozenset({4})], None).step is None
+    assert choose([], None).step is None
+    assert Choice(None).describe() == "no snapshot held by every rank: starting afresh"
 
 
 def test_step_folders() -> None:
@@ -60,10 +45,12 @@ def test_step_folders() -> None:
         step_folder(-1)
 
 
-def test_a_tier_keeps_its_newest_steps_and_never_the_one_written() -> None:
-    assert to_drop({1, 2, 3, 4}, keep=2) == [1, 2]
-    assert to_drop({1, 2, 3}, keep=2, writing=1) == []
-    assert to_drop({5}, keep=2) == []
+def test_a_tier_keeps_its_newest_whole_steps_and_what_is_newer() -> None:
+    assert to_drop({1, 2, 3, 4}, {1, 2, 3, 4}, keep=2) == [1, 2]
+    # step 5 on its way (not whole yet), a torn step 0 of an earlier attempt
+    assert to_drop({0, 1, 2, 3, 5}, {1, 2, 3}, keep=2) == [0, 1]
+    assert to_drop({1, 2, 3}, {1, 2, 3}, keep=2, writing=1) == []
+    assert to_drop({4, 5}, {5}, keep=2) == []  # fewer whole steps than kept: nothing goes
 
 
 def test_disk_every_k_steps_and_at_a_stop() -> None:
@@ -76,4 +63,4 @@ def test_the_docs_show_the_line_the_code_says() -> None:
     from pathlib import Path
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "state.md").read_text()
-    assert f"unirank: {Choice(3, ('memory', 'memory')).describe()} in " in docs
+    assert f"unirank: {Choice(3, 'memory').describe()} in " in docs

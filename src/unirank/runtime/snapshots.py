@@ -28,13 +28,14 @@ import torch.distributed as dist
 from unirank.contract import STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
+from unirank.runtime.snapshotcopies import carry, gather
+from unirank.statekeep.copies import fill, memory_step, replicate
 from unirank.statekeep.memory import memory_folder_of
 from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
     METADATA,
     Choice,
-    Holdings,
     choose,
     parse_step,
     persists,
@@ -112,8 +113,15 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
             os.unlink(os.path.join(path, METADATA))
     save(obj, storage_writer=FileSystemWriter(path), no_dist=not _group())
     if coordinator:
-        for old in to_drop(complete_steps(tier, check_files=False), keep, writing=step):
+        for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
             _remove(os.path.join(tier, step_folder(old)))
+
+
+def _present(tier: str) -> list[int]:
+    """Every step folder of a tier, whole or not."""
+    with contextlib.suppress(OSError):
+        return [s for s in map(parse_step, os.listdir(tier)) if s is not None]
+    return []
 
 
 def _remove(path: str) -> None:
@@ -129,11 +137,11 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
     """Keep ``obj`` (a state dict: tensors, nested dicts, picklable values) as the snapshot of
     ``step``. Every rank calls it at the same steps with its own state (DCP's rules: a
     tensor saved by several ranks is written once). Under ``unirank run`` it goes to the
-    node's memory; also to ``folder`` (default UNIRANK_STATE_DIR) every ``persist_every``
-    steps (0: never but at a stop) and always once the ranks agreed to stop
-    (:func:`unirank.stop_requested`). Without ``unirank run``: to ``folder`` only, each call.
-    A step counts only once every rank's part is written; each tier keeps its newest steps
-    (2 in memory, 2 on disk)."""
+    node's memory, and each node's files to the next node's memory (two copies of each);
+    also to ``folder`` (default UNIRANK_STATE_DIR) every ``persist_every`` steps (0: never but
+    at a stop) and always once the ranks agreed to stop (:func:`unirank.stop_requested`).
+    Without ``unirank run``: to ``folder`` only, each call. A step counts only once every
+    rank's part is written; each tier keeps its newest steps (2 in memory, 2 on disk)."""
     if step < 0:
         raise ValueError(f"a step is 0 or more, not {step}")
     if persist_every < 0:
@@ -141,8 +149,17 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
     memory, disk = _tiers(folder)
     if memory is not None:
         _save_to(memory, step, obj, state.get_local_rank() == 0, KEEP_IN_MEMORY)
+        if _collective():
+            _to_peers(memory, step)
     if disk is not None and (memory is None or persists(step, persist_every, _STOP.agreed)):
         _save_to(disk, step, obj, state.get_rank() == 0, KEEP_ON_DISK)
+
+
+def _to_peers(memory: str, step: int) -> None:
+    """Each node's files of ``step`` to the next node's memory, the metadata to every node."""
+    rank = dist.get_rank()
+    gathered = gather(memory, frozenset(), rank, steps=[step])
+    carry(replicate(gathered.holdings, step, gathered.order), gathered, memory, step, rank)
 
 
 def complete_steps(tier: str | None, check_files: bool = True) -> frozenset[int]:
@@ -175,38 +192,36 @@ def _complete(path: str, check_files: bool) -> bool:
     return all(os.path.exists(os.path.join(path, name)) for name in needed)
 
 
-def _gather(holdings: Holdings) -> list[Holdings]:
-    if not _collective():
-        return [holdings]
-    records: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(records, holdings.to_record())
-    return [Holdings.from_record(r) for r in records]
-
-
 def load_state(obj: dict[str, Any], *,
                folder: str | os.PathLike[str] | None = None) -> int | None:
     """Fill ``obj`` in place (DCP's ``load``: tensors copied into, other values replaced) with
-    the newest snapshot every rank can read, and return its step; None where there is none
-    (``obj`` untouched). Every rank calls it, after the process group started. Each rank reads
-    from the node's memory where it holds the step, else from ``folder`` (default
+    the newest snapshot the world can read, and return its step; None where there is none
+    (``obj`` untouched). Every rank calls it, after the process group started. The newest
+    step the nodes' memory holds between them wins (each node is first sent what it lacks,
+    from the other nodes' memory), else the newest step in ``folder`` (default
     UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
     (:func:`restored_from` says it too)."""
     memory, disk = _tiers(folder)
-    here = Holdings(memory=complete_steps(memory), disk=complete_steps(disk))
     began = time.monotonic()
-    choice = choose(_gather(here))
+    rank = dist.get_rank() if _group() else 0
+    gathered = gather(memory, complete_steps(disk), rank)
+    whole = memory_step(gathered.holdings) if gathered.all_memory else None
+    choice = choose(gathered.disk, whole)
     _SAID.restored = choice
     if choice.step is None:
-        if here.memory or here.disk:
+        if memory_step(gathered.holdings) is not None or any(gathered.disk):
             _say(choice.describe())
         return None
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load
 
-    tier = memory if here.tier_of(choice.step) == "memory" else disk
-    assert tier is not None  # the rule chose a step this rank holds
+    tier = memory if choice.tier == "memory" else disk
+    assert tier is not None  # the rule chose a tier every rank holds
+    if choice.tier == "memory":
+        moves = fill(gathered.holdings, choice.step, gathered.order)
+        carry(moves, gathered, memory, choice.step, rank)
     load(obj, storage_reader=FileSystemReader(os.path.join(tier, step_folder(choice.step))),
-             no_dist=not _group())
+         no_dist=not _group())
     _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
     return choice.step
 

@@ -6,9 +6,9 @@ checkpoint: each rank's ``__<rank>_<i>.distcp`` files and, written last and atom
 coordinating rank once every rank's files were written, ``.metadata``. A step counts in a
 tier only where its ``.metadata`` is there and every file the metadata names is there too.
 
-Every rank restores the same step: the newest step that every rank of the world finds
-complete in some tier, each rank from its first tier that holds it (memory, then disk). A
-step none of them hold in full is never restored in part.
+Every rank restores the same step: the newest step the nodes' memory holds whole between them
+(:mod:`.copies`), or the newest step complete in the disk folder for every rank, memory first.
+A step nobody holds in full is never restored in part.
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ __all__ = [
     "KEEP_IN_MEMORY",
     "KEEP_ON_DISK",
     "METADATA",
-    "TIERS",
     "Choice",
-    "Holdings",
     "choose",
     "parse_step",
     "persists",
@@ -33,8 +31,6 @@ __all__ = [
 
 #: the file DCP writes last, once every rank's files are written
 METADATA = ".metadata"
-#: the tiers in the order a rank restores from them
-TIERS = ("memory", "disk")
 #: complete steps a node keeps in memory (the newest, and the one before while the next is
 #: written: a save under way never leaves the node with none)
 KEEP_IN_MEMORY = 2
@@ -62,63 +58,39 @@ def persists(step: int, every: int, stopping: bool) -> bool:
     return stopping or (every > 0 and step % every == 0)
 
 
-def to_drop(complete: Iterable[int], keep: int, writing: int | None = None) -> list[int]:
-    """The complete steps a tier drops: all but the newest ``keep`` (never the step being
-    written)."""
-    steps = sorted(set(complete), reverse=True)
-    return sorted(s for s in steps[keep:] if s != writing)
-
-
-@dataclass(frozen=True)
-class Holdings:
-    """The complete steps one rank can read, by tier."""
-
-    memory: frozenset[int] = frozenset()
-    disk: frozenset[int] = frozenset()
-
-    def tier_of(self, step: int) -> str | None:
-        """The first tier holding ``step``, in :data:`TIERS` order; None where none does."""
-        for tier in TIERS:
-            if step in getattr(self, tier):
-                return tier
-        return None
-
-    def to_record(self) -> list[list[int]]:
-        """What a rank sends the others (sorted lists, one per tier)."""
-        return [sorted(getattr(self, tier)) for tier in TIERS]
-
-    @classmethod
-    def from_record(cls, record: Sequence[Sequence[int]]) -> Holdings:
-        return cls(**{tier: frozenset(int(s) for s in steps)
-                      for tier, steps in zip(TIERS, record, strict=True)})
+def to_drop(present: Iterable[int], whole: Iterable[int], keep: int,
+            writing: int | None = None) -> list[int]:
+    """The step folders a tier drops: those older than the newest ``keep`` whole steps (a
+    newer one may be on its way: kept), never the step being written."""
+    kept = sorted(set(whole), reverse=True)[:keep]
+    if len(kept) < keep:
+        return []
+    return sorted(s for s in set(present) if s < kept[-1] and s != writing)
 
 
 @dataclass(frozen=True)
 class Choice:
-    """The step a world restores (None: none held by every rank) and each rank's tier."""
+    """The step a world restores (None: none) and the tier it comes from."""
 
     step: int | None
-    tiers: tuple[str, ...] = ()
+    tier: str = ""
 
     def describe(self) -> str:
         """One line: where the world's state came from."""
         if self.step is None:
             return "no snapshot held by every rank: starting afresh"
-        kinds = sorted(set(self.tiers), key=TIERS.index)
-        where = " and ".join("the nodes' memory" if t == "memory" else "the disk folder"
-                             for t in kinds)
+        where = "the nodes' memory" if self.tier == "memory" else "the disk folder"
         return f"state of step {self.step} restored from {where}"
 
 
-def choose(ranks: Sequence[Holdings]) -> Choice:
-    """The newest step every rank can read in some tier, and each rank's first tier for it."""
-    if not ranks:
-        return Choice(None)
-    shared = None
-    for holdings in ranks:
-        steps = holdings.memory | holdings.disk
-        shared = steps if shared is None else shared & steps
-    if not shared:
-        return Choice(None)
-    step = max(shared)
-    return Choice(step, tuple(str(h.tier_of(step)) for h in ranks))
+def choose(disk_by_rank: Sequence[frozenset[int]], memory_step: int | None) -> Choice:
+    """The newest step the world can restore: ``memory_step`` (the newest the nodes' memory
+    holds whole, :func:`unirank.statekeep.copies.memory_step`) or the newest step complete in
+    the disk folder for every rank, memory first where both hold the same step."""
+    on_disk = frozenset.intersection(*disk_by_rank) if disk_by_rank else frozenset()
+    newest_on_disk = max(on_disk, default=None)
+    if memory_step is not None and (newest_on_disk is None or memory_step >= newest_on_disk):
+        return Choice(memory_step, "memory")
+    if newest_on_disk is not None:
+        return Choice(newest_on_disk, "disk")
+    return Choice(None)

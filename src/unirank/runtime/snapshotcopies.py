@@ -1,0 +1,129 @@
+"""The snapshot files' travels between nodes' memory, over the job's own process group.
+
+Each node's first rank (its agent) lists what the node's memory holds
+(:func:`node_holdings`); the ranks gather the lists (:func:`gather`); the pure rules of
+:mod:`unirank.statekeep.copies` say which files go where; :func:`carry` sends them with
+point-to-point sends of the job's group, each file mapped from ``/dev/shm`` into a tensor on
+both sides (no copy but the wire's), written under a temporary name and renamed when whole.
+
+Reads: nothing from the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from unirank.statekeep.copies import NodeStep, Transfer
+from unirank.statekeep.rules import METADATA, parse_step, step_folder
+
+__all__ = ["Gathered", "carry", "gather", "node_holdings", "node_step"]
+
+#: the suffix of a file on its way in
+_PART = ".part"
+
+
+def node_step(path: str) -> NodeStep:
+    """What one step folder of a node's memory holds (whole files only)."""
+    held: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            if entry.is_file() and not entry.name.endswith(_PART):
+                held[entry.name] = entry.stat().st_size
+    needed = None
+    if METADATA in held:
+        with contextlib.suppress(OSError, pickle.UnpicklingError, AttributeError, EOFError):
+            with open(os.path.join(path, METADATA), "rb") as fh:
+                storage = pickle.load(fh).storage_data  # DCP's record (torch's class)
+            needed = frozenset(entry.relative_path for entry in storage.values())
+    return NodeStep(held, needed)
+
+
+def node_holdings(memory: str | None, steps: Sequence[int] | None = None) -> dict[int, NodeStep]:
+    """What a node's memory holds, by step (only ``steps`` where given)."""
+    if memory is None:
+        return {}
+    found: dict[int, NodeStep] = {}
+    with contextlib.suppress(OSError):
+        for name in os.listdir(memory):
+            step = parse_step(name)
+            if step is not None and (steps is None or step in steps):
+                found[step] = node_step(os.path.join(memory, name))
+    return found
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """The world's answer: each node's holdings, the rank that acts for each node, the ring,
+    each rank's disk steps, and whether every rank has a node memory (a rank without one
+    cannot read from memory)."""
+
+    holdings: Mapping[str, Mapping[int, NodeStep]]
+    agents: Mapping[str, int]
+    order: list[str]
+    disk: list[frozenset[int]]
+    all_memory: bool
+
+
+def _node_id(memory: str | None) -> str:
+    """A node's memory, named across the world (the folder's name is random per run)."""
+    return f"{socket.gethostname()}:{memory}" if memory else f"none:{os.getpid()}"
+
+
+def gather(memory: str | None, disk: frozenset[int], rank: int,
+           steps: Sequence[int] | None = None) -> Gathered:
+    """Every rank's node, holdings (of ``steps``) and disk steps; a single process alone."""
+    own = _node_id(memory)
+    mine = [own, rank, {s: h.to_record() for s, h in node_holdings(memory, steps).items()},
+            sorted(disk), memory is not None]
+    records: list[Any] = [mine]
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        records = [None] * dist.get_world_size()
+        dist.all_gather_object(records, mine)
+    agents: dict[str, int] = {}
+    holdings: dict[str, dict[int, NodeStep]] = {}
+    for node, r, held, _, has_memory in records:
+        if has_memory and (node not in agents or r < agents[node]):
+            agents[node] = r
+            holdings[node] = {int(s): NodeStep.from_record(h) for s, h in held.items()}
+    order = sorted(agents, key=lambda node: agents[node])
+    return Gathered(holdings, agents, order, [frozenset(r[3]) for r in records],
+                    all(r[4] for r in records))
+
+
+def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, step: int,
+          rank: int) -> int:
+    """Send and receive this rank's part of ``moves`` (every rank walks the same list, so
+    each pair meets in the same order); the bytes this node received."""
+    folder = os.path.join(memory, step_folder(step)) if memory else ""
+    received = 0
+    for tag, move in enumerate(moves):
+        source, target = gathered.agents[move.source], gathered.agents[move.target]
+        if rank == source and move.size:
+            data = torch.from_file(os.path.join(folder, move.name), shared=True,
+                                   size=move.size, dtype=torch.uint8)
+            dist.send(data, target, tag=tag)
+        elif rank == target:
+            os.makedirs(folder, exist_ok=True)
+            _receive(os.path.join(folder, move.name), move.size, source, tag)
+            received += move.size
+    return received
+
+
+def _receive(path: str, size: int, source: int, tag: int) -> None:
+    part = path + _PART
+    with open(part, "wb") as fh:
+        fh.truncate(size)
+    if size:
+        data = torch.from_file(part, shared=True, size=size, dtype=torch.uint8)
+        dist.recv(data, source, tag=tag)
+        del data
+    os.replace(part, path)

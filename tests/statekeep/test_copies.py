@@ -1,0 +1,79 @@
+"""Which node's memory holds which snapshot file, and which files go where (pure): each
+node's files to the next node of the ring after a save; at a restore, the newest step the
+nodes hold whole between them, and what each node lacks."""
+
+from __future__ import annotations
+
+import pytest
+
+from unirank.statekeep.copies import NodeStep, Transfer, fill, memory_step, node_order, replicate
+
+META = ".metadata"
+FILES = frozenset({"__0_0.distcp", "__1_0.distcp", "__2_0.distcp"})
+
+
+def _own(*names: str, meta: bool = False) -> NodeStep:
+    held = {name: 10 for name in names}
+    if meta:
+        held[META] = 1
+    return NodeStep(held, FILES if meta else None)
+
+
+def test_the_ring_follows_the_nodes_first_ranks() -> None:
+    assert node_order({"b": 4, "a": 0, "c": 8}) == ["a", "b", "c"]
+
+
+def test_after_a_save_each_node_s_files_go_to_the_next_and_the_metadata_everywhere() -> None:
+    held = {"a": {7: _own("__0_0.distcp", meta=True)}, "b": {7: _own("__1_0.distcp")},
+            "c": {7: _own("__2_0.distcp")}}
+    moves = replicate(held, 7, ["a", "b", "c"])
+    assert moves == [
+        Transfer("c", "a", "__2_0.distcp", 10),
+        Transfer("a", "b", "__0_0.distcp", 10), Transfer("a", "b", META, 1),
+        Transfer("b", "c", "__1_0.distcp", 10), Transfer("a", "c", META, 1),
+    ]
+
+
+def test_one_node_keeps_its_snapshot_to_itself() -> None:
+    assert replicate({"a": {7: _own("__0_0.distcp", meta=True)}}, 7, ["a"]) == []
+
+
+def _after_replication() -> dict[str, dict[int, NodeStep]]:
+    return {"a": {7: _own("__0_0.distcp", "__2_0.distcp", meta=True)},
+            "b": {7: _own("__1_0.distcp", "__0_0.distcp", meta=True)},
+            "c": {7: _own("__2_0.distcp", "__1_0.distcp", meta=True)}}
+
+
+@pytest.mark.parametrize("lost", ["a", "b", "c"])
+def test_any_one_lost_node_leaves_the_step_whole(lost: str) -> None:
+    held = {node: steps for node, steps in _after_replication().items() if node != lost}
+    assert memory_step(held) == 7
+
+
+def test_a_node_lost_with_its_peer_leaves_a_hole() -> None:
+    held = {"c": _after_replication()["c"]}  # a and b lost: a's file was on a and b only
+    assert memory_step(held) is None
+
+
+def test_the_newest_whole_step_wins_over_a_newer_torn_one() -> None:
+    held = {"a": {7: _own("__0_0.distcp", "__1_0.distcp", "__2_0.distcp", meta=True),
+                  8: _own("__0_0.distcp", meta=True)}}
+    assert memory_step(held) == 7
+
+
+def test_each_node_is_sent_what_it_lacks_the_metadata_last() -> None:
+    survivors = {"b": _after_replication()["b"], "c": _after_replication()["c"]}
+    moves = fill(survivors, 7, ["b", "c", "new"])
+    assert moves == [
+        Transfer("c", "b", "__2_0.distcp", 10),
+        Transfer("b", "c", "__0_0.distcp", 10),
+        Transfer("b", "new", "__0_0.distcp", 10), Transfer("b", "new", "__1_0.distcp", 10),
+        Transfer("c", "new", "__2_0.distcp", 10), Transfer("b", "new", META, 1),
+    ]
+
+
+def test_records_cross_as_lists() -> None:
+    step = _own("__0_0.distcp", meta=True)
+    assert NodeStep.from_record(step.to_record()) == step
+    with pytest.raises(ValueError, match="not a node's step record"):
+        NodeStep.from_record(["x", None])

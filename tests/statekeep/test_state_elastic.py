@@ -1,0 +1,120 @@
+"""A lost node's state comes back from the survivor's memory: an elastic job of two nodes on
+one host (``--nnodes 1:2``, the same command twice, default settings) saves every step with
+``ur.save_state``; one node's whole process tree is killed (either: the one serving the
+rendezvous, or the other); the survivor's restarted world restores the last step whole from
+its node's memory (its own files and the copy of the lost node's), bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _procs import Runner, free_port, process_tree
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120.0
+
+#: every step: an all-reduce, a deterministic update, a snapshot, a JSON line; at world 2,
+#: step 3 done, rank 0 writes "ready" to the FIFO (the test then kills a node)
+PROGRAM = r"""
+import hashlib, json, os, sys, time
+import torch
+import torch.distributed as dist
+import unirank as ur
+
+def digest(state):
+    h = hashlib.sha256()
+    for key in sorted(state["model"]):
+        h.update(state["model"][key].numpy().tobytes())
+    h.update(str(state["step"]).encode())
+    return h.hexdigest()
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
+model = torch.nn.Linear(256, 256)
+with torch.no_grad():
+    for p in model.parameters():
+        p.fill_(1.0)
+state = {"model": model.state_dict(), "step": -1}
+restored = ur.load_state(state)
+print(json.dumps({"rank": rank, "world": world, "restored": restored,
+                  "digest": digest(state), "from": ur.restored_from()}), flush=True)
+for step in range(0 if restored is None else restored + 1, int(sys.argv[2])):
+    dist.all_reduce(torch.ones(1))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.5).add_(step)
+    state["step"] = step
+    ur.save_state(step, state)
+    print(json.dumps({"rank": rank, "world": world, "saved": step, "digest": digest(state)}),
+          flush=True)
+    if step == 3 and world == 2 and rank == 0:
+        with open(sys.argv[1], "w") as fifo:
+            fifo.write("ready")
+    time.sleep(0.05)
+dist.destroy_process_group()
+"""
+
+
+def _records(stdout: str) -> list[dict[str, Any]]:
+    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines()
+            if line.lstrip().startswith("{") or ":{" in line]
+
+
+def _listening(port: int, proc: subprocess.Popen[Any]) -> None:
+    deadline = time.monotonic() + TIMEOUT
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)  # polling a port: nothing signals a listening socket
+    raise AssertionError("the first node's endpoint never listened")
+
+
+@pytest.mark.parametrize("lost", ["serving", "other"])
+def test_a_killed_node_s_state_comes_back_from_the_survivor_s_memory(
+        runner: Runner, tmp_path: Path, lost: str) -> None:
+    (tmp_path / "train.py").write_text(PROGRAM)
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    port = free_port()
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), "40"]
+    try:
+        first = runner.start(args, text=True)
+        _listening(port, first)
+        second = runner.start(args, text=True)
+        ready, _, _ = select.select([reader], [], [], TIMEOUT)
+        assert ready, "the world of 2 never reached step 3"
+        victim, survivor = (first, second) if lost == "serving" else (second, first)
+        for pid in [victim.pid, *process_tree(victim.pid)]:
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        out, err = survivor.communicate(timeout=TIMEOUT)
+        victim.communicate(timeout=TIMEOUT)
+    finally:
+        os.close(reader)
+        os.close(keep)
+    assert survivor.returncode == 0, err
+    records = _records(out)
+    saved = {r["saved"]: r["digest"] for r in records if "saved" in r and r["world"] == 2}
+    restores = [r for r in records if "restored" in r and r["world"] == 1]
+    assert len(restores) == 1, out
+    restore = restores[0]
+    assert restore["from"] == f"state of step {restore['restored']} restored from the nodes' memory"
+    assert restore["restored"] is not None and restore["restored"] >= 3, restore
+    assert restore["digest"] == saved[restore["restored"]], (restore, saved)
+    assert f"unirank: state of step {restore['restored']} restored from the nodes' memory" in err
