@@ -110,7 +110,7 @@ def test_workers_get_exactly_torchrun_s_variables(runner: Runner, tmp_path: Path
     unirank = _pair(runner, nodes(Runner.command([])), tmp_path / "unirank")
     base = runner.environ(drop=NO_OMP)
     own = {"UNIRANK_INIT_TIMEOUT", "UNIRANK_NODE_NAME",  # unirank's, documented in run.md
-           "UNIRANK_ATTEMPT_DIR"}
+           "UNIRANK_ATTEMPT_DIR", "UNIRANK_STATE_MEMORY"}
     assert sorted(torchrun) == sorted(unirank) == [0, 1, 2, 3]
     for rank in range(4):
         theirs = {k: v for k, v in torchrun[rank].items() if base.get(k) != v}

@@ -58,7 +58,7 @@ names = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "
          "UNIRANK_INIT_TIMEOUT", "TORCHELASTIC_ERROR_FILE", "UNIRANK_NODE_NAME"]
 private = sorted(k for k in os.environ if k.startswith("UNIRANK_")
                  and k not in ("UNIRANK_INIT_TIMEOUT", "UNIRANK_NODE_NAME",
-                               "UNIRANK_ATTEMPT_DIR"))
+                               "UNIRANK_ATTEMPT_DIR", "UNIRANK_STATE_MEMORY"))
 main = sys.modules["__main__"]
 print("ENV " + json.dumps({
     "env": {n: os.environ.get(n) for n in names}, "private": private,

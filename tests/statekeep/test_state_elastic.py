@@ -115,6 +115,8 @@ def test_a_killed_node_s_state_comes_back_from_the_survivor_s_memory(
     assert len(restores) == 1, out
     restore = restores[0]
     assert restore["from"] == f"state of step {restore['restored']} restored from the nodes' memory"
-    assert restore["restored"] is not None and restore["restored"] >= 3, restore
+    # step 2 was whole on both nodes before either began step 3 (a save returns once its
+    # copies are sent and received); step 3's copies may have been cut by the kill
+    assert restore["restored"] in (2, 3), restore
     assert restore["digest"] == saved[restore["restored"]], (restore, saved)
     assert f"unirank: state of step {restore['restored']} restored from the nodes' memory" in err

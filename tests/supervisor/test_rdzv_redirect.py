@@ -125,3 +125,36 @@ def test_a_successor_probes_the_endpoint_and_the_members_not_connected_to_it() -
     assert targets(spec, "s", members, records, {"s", "a", "b", "c"}) == [("node0", 29400)]
     assert targets(spec, "s", members, records, {"s", "b"}) == [
         ("node0", 29400), ("10.0.0.1", 7001), ("10.0.0.3", 7003)]
+
+
+def test_a_successor_never_follows_a_server_it_proved_dead_named_second_hand() -> None:
+    """The fault sweep's seed 51: the endpoint's server had followed the serving node, which
+    was then killed; its successor's probe of the endpoint heard that dead node's place (same
+    round, earlier in the order) and sent every node there, where nothing answered: the job
+    ended. A successor never follows a node it proved dead. Staged with a stand-in endpoint
+    that answers each probe with the dead node's place: the successor probes again (it did
+    not follow) and its node is told nothing."""
+    endpoint = open_store_socket(0)
+    spare = open_store_socket(0)
+    record = {"addr": "127.0.0.1", "rdzv_port": int(spare.getsockname()[1]), "name": "b",
+              "nproc": 1, "store_port": 0, "serves_endpoint": False, "claim": "b"}
+    dead_place = {"job": "j", "round": 1, "server": "a", "place": 0, "addr": "127.0.0.1",
+                  "port": 9, "name": "a"}
+    spec = replace(SPEC, endpoint_port=int(endpoint.getsockname()[1]))
+    Server([spare], spec, "b",
+           Resume(1, ("a", "b"), {"a": {**record, "rdzv_port": 9, "claim": "a"}, "b": record},
+                  frozenset({"a"}), frozenset({"a"}))).start()
+    node = _hello(record["rdzv_port"], "c")
+    assert until(node, "ok")["server"] == "b"
+    endpoint.settimeout(30)
+    for _ in range(2):  # a successor that followed would probe no more
+        probe, _address = endpoint.accept()
+        with probe:
+            lines = Lines(probe)
+            assert until(lines, "op")["op"] == "redirect"
+            lines.send({"here": dead_place})
+    node.sock.setblocking(False)
+    pending = node.receive() or []
+    assert not any("moved" in message for message in pending), pending
+    node.close()
+    endpoint.close()

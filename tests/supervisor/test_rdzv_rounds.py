@@ -96,6 +96,10 @@ def test_a_fresh_server_of_the_job_follows_the_one_that_ran_on() -> None:
     assert not follows(Served("j", 1, "x"), running)
     # a fresh server that lost the race and closed a round alone (round 0) still follows
     assert follows(Served("j", 0, "pod0'"), running)
+    # never a server proven dead, though named with a later round or an earlier place
+    assert not follows(fresh, running, dead={"pod1"})
+    assert not follows(Served("j", 1, "b", 1), Served("j", 1, "a", 0), dead={"a"})
+    assert follows(Served("j", 1, "b", 1), Served("j", 1, "a", 0), dead={"x"})
 
 
 def test_two_sides_of_a_split_without_a_quorum_meet_at_the_first_one_s_server() -> None:

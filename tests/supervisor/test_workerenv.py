@@ -99,7 +99,8 @@ def environments(layout: Layout, tmp: Path, sock: socket.socket) -> dict[str, An
         plan = plan.with_port(int(sock.getsockname()[1]))
         store_fd = sock.fileno()
     launches = attempt_launches(plan, worker_command(layout.target, "python3"), layout.base,
-                                layout.options, 0, str(tmp / "attempt_0"), store_fd, False)
+                                layout.options, 0, str(tmp / "attempt_0"), store_fd, False,
+                                state_memory=str(tmp / "state"))
     workers = []
     for launch in launches:
         read, write = os.pipe()

@@ -49,7 +49,7 @@ PROBE = ROOT / "tests" / "fixtures" / "probe" / "probe.py"
 TIMEOUT = 180.0
 #: values that differ between two runs, compared by presence
 RUN_VALUES = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-              "UNIRANK_ATTEMPT_DIR")
+              "UNIRANK_ATTEMPT_DIR", "UNIRANK_STATE_MEMORY")
 SWITCH = "UNIRANK_NO_PRELOAD"
 #: values drawn at random per process, compared by shape across ranks
 RANDOM = ("torch_seed", "torch_rand", "random", "numpy_legacy", "authkey", "hash")

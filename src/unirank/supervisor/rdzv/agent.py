@@ -299,6 +299,8 @@ class Node:
                 failed.add(chosen)
                 dead.update([chosen] if refusal.refused else [])
         self.server = chosen
+        if chosen != self.node:
+            self._point_local(chosen, record)
         self._rejoin(self._moved_to(chosen))
 
     def _moved_to(self, server: str) -> str:
@@ -336,11 +338,17 @@ class Node:
         server = Server(listening, self.spec, self.node,
                         Resume(self.round, self.members, self.records, failed, dead, hold))
         server.start()
+        self._point_local(self.node, record)
+        self.local, self.serves = server, True
+
+    def _point_local(self, chosen: str, record: dict[str, Any]) -> None:
+        """A server this process ran at the endpoint that followed the job's server sends the
+        nodes that reach it to ``chosen``, the server this node goes to now (else it would
+        name the lost one to every probe and every node started again)."""
         if self.local is not None and self.local.moved is not None:
             self.local.moved = {"job": self.spec.run_id, "round": self.round,
-                                "server": self.node, "addr": record["addr"],
+                                "server": chosen, "addr": record["addr"],
                                 "port": record["rdzv_port"], "name": record["name"]}
-        self.local, self.serves = server, True
 
     def run(self) -> None:
         """Join, then serve the parent until its stdin ends."""

@@ -42,6 +42,9 @@ class Probing(Protocol):
     def connected(self) -> frozenset[str]:
         """The nodes connected to this server now."""
 
+    def proven_dead(self) -> frozenset[str]:
+        """The nodes this server knows proven dead (never followed)."""
+
 
 def served(state: dict[str, Any]) -> Served:
     """A server's state as a probe and its answer carry it (:meth:`.server.Server.here`)."""
@@ -80,6 +83,6 @@ def probe_loop(server: Probing) -> None:
                 if isinstance(there, dict) and there.get("addr") and \
                         (not spec.secret or authentic(answer.get("auth"),
                                                       place_tag(spec, "here", there))) and \
-                        follows(served(server.here()), served(there)):
+                        follows(served(server.here()), served(there), server.proven_dead()):
                     server.found = there
         time.sleep(interval)  # a period, not a synchronisation

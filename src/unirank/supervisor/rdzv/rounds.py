@@ -174,13 +174,15 @@ class Served:
     place: int = 0
 
 
-def follows(here: Served, there: Served) -> bool:
+def follows(here: Served, there: Served, dead: Collection[str] = ()) -> bool:
     """Whether the server ``here`` sends its nodes to ``there`` (see the module docstring): the
     same job, another server, a later round (the job that ran on; a fresh server is at round
     -1), or the same round and a node earlier in its order (two sides of a split where
     neither held a quorum: they meet at the first one's server). The rule is one-way, so two
-    servers never send their nodes to each other."""
-    if here.job != there.job or here.server == there.server:
+    servers never send their nodes to each other. Never to a server ``here`` knows proven
+    dead (``dead``): a place heard second-hand (an endpoint server that followed it once still
+    names it) is not proof that it runs."""
+    if here.job != there.job or here.server == there.server or there.server in dead:
         return False
     return there.round > here.round or \
         (there.round == here.round >= 0 and there.place < here.place)

@@ -114,6 +114,10 @@ class Server(RoundKeeper):
         """The nodes connected now (read by the probe's thread: a copy made under the GIL)."""
         return frozenset(self._conns.named)
 
+    def proven_dead(self) -> frozenset[str]:
+        """The nodes proven dead (read by the probe's thread: a copy made under the GIL)."""
+        return frozenset(self._dead)
+
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
         """Read what arrived; every :data:`CHECK_EVERY` at most (a scan of every node, not one
