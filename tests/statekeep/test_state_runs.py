@@ -79,8 +79,10 @@ def test_a_restarted_world_restores_the_last_step_from_the_node_s_memory(
         assert restore["from"] == "state of step 3 restored from the nodes' memory"
     assert "unirank: state of step 3 restored from the nodes' memory in " in result.stderr
     assert sorted(os.listdir(shm)) == []  # the run's memory went with it
-    # the disk folder got steps 0 and 4 (every 4th), then the run ended: the newest two kept
-    assert sorted(os.listdir(tmp_path / "disk")) == ["step-0", "step-4"]
+    # the disk folder got steps 0 and 4 (every 4th), and step 5 from the memory at the end
+    assert sorted(os.listdir(tmp_path / "disk")) == ["step-0", "step-4", "step-5"]
+    assert f"unirank run: the state of step 5 kept in {tmp_path / 'disk'} (from this node's " \
+        "memory)" in result.stderr
 
 
 def test_without_unirank_run_the_state_is_kept_on_disk_only(tmp_path: Path) -> None:
@@ -103,3 +105,55 @@ def test_without_unirank_run_the_state_is_kept_on_disk_only(tmp_path: Path) -> N
     last = next(r for r in _records(first.stdout) if r.get("saved") == 5)
     assert restore["restored"] == 5 and restore["digest"] == last["digest"], again.stdout
     assert restore["from"] == "state of step 5 restored from the disk folder"
+
+
+#: a loop that saves every step (to memory only: persist_every=0) and never handles a stop;
+#: rank 0 writes "ready" to the FIFO after step 3
+STOPPED = PROGRAM.replace('persist_every=4', 'persist_every=0').replace(
+    "    if step == 3 and attempt == 0 and rank == 1 and os.environ.get(\"FAIL\"):\n"
+    "        sys.exit(3)\n",
+    "    if step == 3 and rank == 0 and os.environ.get(\"FIFO\"):\n"
+    "        open(os.environ[\"FIFO\"], \"w\").write(\"ready\")\n"
+    "    time.sleep(0.05)\n").replace("range(first, 6)", "range(first, 10**6)").replace(
+    "import hashlib, json, os, sys", "import hashlib, json, os, sys, time")
+
+
+def test_a_stopped_run_keeps_its_newest_step_on_disk_and_the_next_run_resumes_there(
+        runner: Runner, tmp_path: Path) -> None:
+    """SIGTERM to ``unirank run`` while the workers train (they do not handle it): as the run
+    ends it copies the newest step the node holds whole from memory to the disk folder; the
+    next run resumes there, no step lost (at most one saved after the last line printed)."""
+    import select
+    import signal
+
+    assert "persist_every=0" in STOPPED and "ready" in STOPPED
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    script = runner.script("train.py", STOPPED)
+    env = {"DISK": str(tmp_path / "disk"), "FIFO": str(fifo)}
+    try:
+        proc = runner.start(["-n", "2", str(script)], env=env, text=True)
+        assert select.select([reader], [], [], 120)[0], "step 3 never came"
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(reader)
+        os.close(keep)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    saved = {r["saved"]: r["digest"] for r in _records(out) if "saved" in r}
+    last = max(saved)
+    kept = [line for line in err.splitlines() if "kept in" in line]
+    assert len(kept) == 1 and kept[0].startswith("unirank run: the state of step "), err
+    step = int(kept[0].split("step ")[1].split()[0])
+    assert step in (last, last + 1), (step, last)
+    resumed = runner.start(["-n", "2", str(script)], env={"DISK": str(tmp_path / "disk")},
+                           text=True)
+    first = json.loads(resumed.stdout.readline())
+    resumed.send_signal(signal.SIGTERM)
+    resumed.communicate(timeout=120)
+    assert first["restored"] == step, first
+    assert first["from"] == f"state of step {step} restored from the disk folder"
+    if step in saved:
+        assert first["digest"] == saved[step]

@@ -12,6 +12,7 @@ Reads: nothing from the environment.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import socket
@@ -23,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from unirank.statekeep.copies import NodeStep, Transfer
-from unirank.statekeep.rules import METADATA, parse_step, step_folder
+from unirank.statekeep.rules import METADATA, WHOLE, parse_step, step_folder
 
-__all__ = ["Gathered", "carry", "gather", "node_holdings", "node_step"]
+__all__ = ["Gathered", "carry", "gather", "mark_whole", "node_holdings", "node_step"]
 
 #: the suffix of a file on its way in
 _PART = ".part"
@@ -36,7 +37,8 @@ def node_step(path: str) -> NodeStep:
     held: dict[str, int] = {}
     with contextlib.suppress(OSError):
         for entry in os.scandir(path):
-            if entry.is_file() and not entry.name.endswith(_PART):
+            if entry.is_file() and not entry.name.endswith(_PART) and \
+                    not entry.name.startswith(WHOLE):
                 held[entry.name] = entry.stat().st_size
     needed = None
     if METADATA in held:
@@ -71,6 +73,11 @@ class Gathered:
     order: list[str]
     disk: list[frozenset[int]]
     all_memory: bool
+    own_node: str
+
+    def acts(self, rank: int) -> bool:
+        """Whether ``rank`` acts for its node (its first rank)."""
+        return self.agents.get(self.own_node) == rank
 
 
 def _node_id(memory: str | None) -> str:
@@ -96,7 +103,7 @@ def gather(memory: str | None, disk: frozenset[int], rank: int,
             holdings[node] = {int(s): NodeStep.from_record(h) for s, h in held.items()}
     order = sorted(agents, key=lambda node: agents[node])
     return Gathered(holdings, agents, order, [frozenset(r[3]) for r in records],
-                    all(r[4] for r in records))
+                    all(r[4] for r in records), own)
 
 
 def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, step: int,
@@ -116,6 +123,21 @@ def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, ste
             _receive(os.path.join(folder, move.name), move.size, source, tag)
             received += move.size
     return received
+
+
+def mark_whole(memory: str, step: int) -> bool:
+    """Mark ``step`` whole in this node's memory where it holds the metadata and every file it
+    names (for ``unirank run``'s copy to disk at the end: :func:`unirank.statekeep.memory.
+    flush_to_disk`); whether it is."""
+    folder = os.path.join(memory, step_folder(step))
+    held = node_step(folder)
+    if held.needed is None or not held.needed <= set(held.held):
+        return False
+    part = os.path.join(folder, f"{WHOLE}.{os.getpid()}")
+    with open(part, "w", encoding="utf-8") as fh:
+        json.dump(sorted(held.needed | {METADATA}), fh)
+    os.replace(part, os.path.join(folder, WHOLE))
+    return True
 
 
 def _receive(path: str, size: int, source: int, tag: int) -> None:

@@ -28,9 +28,9 @@ import torch.distributed as dist
 from unirank.contract import STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import carry, gather
+from unirank.runtime.snapshotcopies import carry, gather, mark_whole
 from unirank.statekeep.copies import fill, memory_step, replicate
-from unirank.statekeep.memory import memory_folder_of
+from unirank.statekeep.memory import memory_folder_of, note_disk_folder
 from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
@@ -148,9 +148,14 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
         raise ValueError(f"persist_every is 0 or more, not {persist_every}")
     memory, disk = _tiers(folder)
     if memory is not None:
-        _save_to(memory, step, obj, state.get_local_rank() == 0, KEEP_IN_MEMORY)
+        first = state.get_local_rank() == 0
+        if first and disk is not None:
+            note_disk_folder(memory, os.path.abspath(disk))
+        _save_to(memory, step, obj, first, KEEP_IN_MEMORY)
         if _collective():
             _to_peers(memory, step)
+        elif first:
+            mark_whole(memory, step)
     if disk is not None and (memory is None or persists(step, persist_every, _STOP.agreed)):
         _save_to(disk, step, obj, state.get_rank() == 0, KEEP_ON_DISK)
 
@@ -160,6 +165,8 @@ def _to_peers(memory: str, step: int) -> None:
     rank = dist.get_rank()
     gathered = gather(memory, frozenset(), rank, steps=[step])
     carry(replicate(gathered.holdings, step, gathered.order), gathered, memory, step, rank)
+    if gathered.acts(rank):
+        mark_whole(memory, step)
 
 
 def complete_steps(tier: str | None, check_files: bool = True) -> frozenset[int]:
@@ -218,8 +225,11 @@ def load_state(obj: dict[str, Any], *,
     tier = memory if choice.tier == "memory" else disk
     assert tier is not None  # the rule chose a tier every rank holds
     if choice.tier == "memory":
+        assert memory is not None
         moves = fill(gathered.holdings, choice.step, gathered.order)
         carry(moves, gathered, memory, choice.step, rank)
+        if gathered.acts(rank):
+            mark_whole(memory, choice.step)
     load(obj, storage_reader=FileSystemReader(os.path.join(tier, step_folder(choice.step))),
          no_dist=not _group())
     _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")

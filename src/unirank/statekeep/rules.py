@@ -21,16 +21,21 @@ __all__ = [
     "KEEP_IN_MEMORY",
     "KEEP_ON_DISK",
     "METADATA",
+    "WHOLE",
     "Choice",
     "choose",
     "parse_step",
     "persists",
     "step_folder",
     "to_drop",
+    "to_flush",
 ]
 
 #: the file DCP writes last, once every rank's files are written
 METADATA = ".metadata"
+#: in a node's memory, beside a step's files: the node holds the step whole (a JSON list of
+#: its files, written once its copies came; read by ``unirank run``, which imports no torch)
+WHOLE = ".whole"
 #: complete steps a node keeps in memory (the newest, and the one before while the next is
 #: written: a save under way never leaves the node with none)
 KEEP_IN_MEMORY = 2
@@ -66,6 +71,15 @@ def to_drop(present: Iterable[int], whole: Iterable[int], keep: int,
     if len(kept) < keep:
         return []
     return sorted(s for s in set(present) if s < kept[-1] and s != writing)
+
+
+def to_flush(whole_in_memory: Iterable[int], on_disk: Iterable[int]) -> int | None:
+    """The step ``unirank run`` copies from the node's memory to the disk folder as the run
+    ends: the newest step the node holds whole, where it is newer than every step on disk."""
+    newest = max(whole_in_memory, default=None)
+    if newest is None or newest <= max(on_disk, default=-1):
+        return None
+    return newest
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,12 @@ from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.signals import FORWARDED, format_signals
-from unirank.statekeep.memory import make_memory_folder, memory_root, remove_memory_folder
+from unirank.statekeep.memory import (
+    flush_to_disk,
+    make_memory_folder,
+    memory_root,
+    remove_memory_folder,
+)
 from unirank.supervisor.budget import is_last, restarting_words, spends_restart
 from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
 from unirank.supervisor.listen import open_store_socket
@@ -319,6 +324,9 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
                                 time.time() if replan is not None else None)
             reason = why.to_value(spent, before.world_size)
     finally:
+        kept = flush_to_disk(memory)  # a stop (or any end) loses no step the disk lacks
+        if kept:
+            os.write(err_fd, f"{options.prog}: {kept}\n".encode())
         remove_memory_folder(memory)
         # a temporary folder in which a hang report was written (which a report named), or
         # worker lines kept off the console (a line named the file), is kept
