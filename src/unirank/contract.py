@@ -76,6 +76,7 @@ __all__ = [
     "SHUTDOWN_TIMEOUT_VAR",
     "SIGNALS_TO_HANDLE_VAR",
     "SRUN_REEXEC_VAR",
+    "STATE_BUDGET_VAR",
     "STATE_DIR_VAR",
     "STATE_MEMORY_VAR",
     "STATE_SHM_VAR",
@@ -223,6 +224,8 @@ STATE_MEMORY_VAR = "UNIRANK_STATE_MEMORY"
 STATE_SHM_VAR = "UNIRANK_STATE_SHM"
 #: the disk folder of ``ur.save_state`` / ``ur.load_state`` where the program names none
 STATE_DIR_VAR = "UNIRANK_STATE_DIR"
+#: the node's snapshot memory's budget (``50%`` of ``/dev/shm``, ``8G``: ``--state-budget``)
+STATE_BUDGET_VAR = "UNIRANK_STATE_BUDGET"
 #: ``--numa-binding``: ``MODE LOCAL_RANK/LOCAL_WORLD_SIZE`` (the supervisor's own numbers)
 NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
 #: ``NAME,NAME``: how the two hang settings were given (:data:`HANG_OPTIONS`,

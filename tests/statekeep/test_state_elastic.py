@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 TIMEOUT = 120.0
 
-#: every step: an all-reduce, a deterministic update, a snapshot, a JSON line; at world 2,
+#: every step: an all-reduce, a deterministic update, a snapshot, a JSON line in a file; at world 2,
 #: step 3 done, rank 0 writes "ready" to the FIFO (the test then kills a node)
 PROGRAM = r"""
 import hashlib, json, os, sys, time
@@ -57,8 +57,9 @@ for step in range(0 if restored is None else restored + 1, int(sys.argv[2])):
             p.mul_(0.5).add_(step)
     state["step"] = step
     ur.save_state(step, state)
-    print(json.dumps({"rank": rank, "world": world, "saved": step, "digest": digest(state)}),
-          flush=True)
+    with open(sys.argv[3], "a") as log:  # written here, not relayed: a kill loses no line
+        log.write(json.dumps({"rank": rank, "world": world, "saved": step,
+                              "digest": digest(state)}) + "\n")
     if step == 3 and world == 2 and rank == 0:
         with open(sys.argv[1], "w") as fifo:
             fifo.write("ready")
@@ -92,7 +93,8 @@ def test_a_killed_node_s_state_comes_back_from_the_survivor_s_memory(
     keep = os.open(fifo, os.O_WRONLY)
     port = free_port()
     args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), "40"]
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), "40",
+            str(tmp_path / "saved.jsonl")]
     try:
         first = runner.start(args, text=True)
         _listening(port, first)
@@ -110,7 +112,10 @@ def test_a_killed_node_s_state_comes_back_from_the_survivor_s_memory(
         os.close(keep)
     assert survivor.returncode == 0, err
     records = _records(out)
-    saved = {r["saved"]: r["digest"] for r in records if "saved" in r and r["world"] == 2}
+    # every rank holds the same state: either node's line for a step gives its digest (the
+    # survivor's worker may be stopped between a save and its line)
+    saved = {r["saved"]: r["digest"]
+             for r in _records((tmp_path / "saved.jsonl").read_text()) if r["world"] == 2}
     restores = [r for r in records if "restored" in r and r["world"] == 1]
     assert len(restores) == 1, out
     restore = restores[0]

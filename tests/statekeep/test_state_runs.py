@@ -157,3 +157,50 @@ def test_a_stopped_run_keeps_its_newest_step_on_disk_and_the_next_run_resumes_th
     assert first["from"] == f"state of step {step} restored from the disk folder"
     if step in saved:
         assert first["digest"] == saved[step]
+
+
+def test_a_snapshot_over_the_memory_budget_goes_to_disk_and_says_so_once(
+        runner: Runner, tmp_path: Path) -> None:
+    script = runner.script("train.py", PROGRAM)
+    result = runner.run(["-n", "2", "--max-restarts", "1", "--state-budget", "1K", str(script)],
+                        env={"DISK": str(tmp_path / "disk"), "FAIL": "1"})
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "does not fit" in line]
+    # once per attempt (each attempt's rank 0 is a new process)
+    assert said == [
+        "unirank: a snapshot of 4.0 MiB does not fit the node's snapshot memory (0 B held, "
+        "budget 1.0 KiB): the job's state goes to the disk folder only while it does not fit "
+        "(the budget: unirank run --state-budget or UNIRANK_STATE_BUDGET, default 50% of "
+        "/dev/shm)"] * 2, result.stderr
+    restores = [r for r in _records(result.stdout) if "restored" in r and r["attempt"] == 1]
+    assert [r["from"] for r in restores] == ["state of step 3 restored from the disk folder"] * 2
+
+
+TRUNCATE = """
+import glob, os, sys
+import torch
+import unirank as ur
+
+ur.init(backend="gloo")
+state = {"w": torch.arange(1000.0), "step": -1}
+restored = ur.load_state(state)
+print("restored", restored, ur.restored_from(), flush=True)
+if restored is None:
+    for step in range(4):
+        state["w"] += 1
+        state["step"] = step
+        ur.save_state(step, state)
+    # the newest snapshot's data cut short in the node's memory
+    part = glob.glob(os.path.join(os.environ["UNIRANK_STATE_MEMORY"], "step-3", "*.distcp"))[0]
+    os.truncate(part, os.path.getsize(part) // 2)
+    sys.exit(3)
+print("w0", float(state["w"][0]), "step", state["step"], flush=True)
+"""
+
+
+def test_a_truncated_copy_is_not_restored_the_step_before_is(runner: Runner) -> None:
+    script = runner.script("cut.py", TRUNCATE)
+    result = runner.run(["-n", "1", "--max-restarts", "1", str(script)])
+    assert result.returncode == 0, result.stderr
+    assert "restored 2 state of step 2 restored from the nodes' memory" in result.stdout
+    assert "w0 3.0 step 2" in result.stdout, result.stdout

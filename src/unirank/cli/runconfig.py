@@ -313,6 +313,7 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
                          timeline=bool(args.timeline or args.timeline_json),
                          timeline_json=args.timeline_json or None, hang=hang,
                          numa_binding=_numa_binding(args.numa_binding),
+                         state_budget=_state_budget(getattr(args, "state_budget", None)),
                          on_hang=_on_hang(args, environ, outer),
                          elastic=_elastic(args, outer),
                          dstate_timeout=dstate_timeout(environ))
@@ -337,6 +338,17 @@ def _on_hang(args: argparse.Namespace, environ: Mapping[str, str], outer: DistEn
         _int_option(args.max_restarts, "--max-restarts", "give 0 or more"), elastic=is_elastic)
     return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,
                            elastic=is_elastic)
+
+
+def _state_budget(given: str | None) -> str | None:
+    """``--state-budget``, checked here (refused in one line); None where not given (the
+    workers read UNIRANK_STATE_BUDGET, else the default)."""
+    if given is None:
+        return None
+    from unirank.statekeep.budget import parse_budget
+
+    parse_budget(given, 1 << 30, variable="--state-budget")
+    return given
 
 
 def _numa_binding(mode: str | None) -> str | None:

@@ -32,9 +32,11 @@ from unirank.contract import (
     ON_HANG_VAR,
     PET_PREFIX,
     SHUTDOWN_TIMEOUT_VAR,
+    STATE_BUDGET_VAR,
 )
 from unirank.errors import ConfigError
 from unirank.signals import HANDLED, STOP_SIGNALS, format_signals
+from unirank.statekeep.budget import DEFAULT_BUDGET
 
 __all__ = ["NOTED", "OPTIONS", "RunOption", "add_run_options", "describe_sources",
            "environ_defaults", "pet_names", "settle"]
@@ -194,6 +196,10 @@ OPTIONS: tuple[RunOption, ...] = (
     _opt("--init-timeout", pet=False, metavar=_SECONDS,
          help="seconds for every rank to join before each fails naming the missing ones "
          f"(default: {INIT_TIMEOUT_VAR}, else {DEFAULT_INIT_TIMEOUT:g})"),
+    _opt("--state-budget", pet=False, metavar="SIZE|N%",
+         help="how much of the node's shared memory the job's snapshots (ur.save_state) may "
+         f"take: a size (8G) or a share of /dev/shm (default: {STATE_BUDGET_VAR}, else "
+         f"{DEFAULT_BUDGET.replace('%', '%%')})"),
     _opt("--hang-report-after", pet=False, metavar=_SECONDS,
          help="report a hang (ranks waiting S seconds in a collective that others have not "
          "entered) with every rank's stack; 0 or off: never (default: "

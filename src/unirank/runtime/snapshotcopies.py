@@ -42,10 +42,17 @@ def node_step(path: str) -> NodeStep:
                 held[entry.name] = entry.stat().st_size
     needed = None
     if METADATA in held:
+        lengths: dict[str, int] = {}
         with contextlib.suppress(OSError, pickle.UnpicklingError, AttributeError, EOFError):
             with open(os.path.join(path, METADATA), "rb") as fh:
                 storage = pickle.load(fh).storage_data  # DCP's record (torch's class)
-            needed = frozenset(entry.relative_path for entry in storage.values())
+            for entry in storage.values():
+                end = int(entry.offset) + int(entry.length)
+                lengths[entry.relative_path] = max(lengths.get(entry.relative_path, 0), end)
+            needed = frozenset(lengths)
+        for name, length in lengths.items():  # a truncated copy is not held
+            if held.get(name, length) < length:
+                del held[name]
     return NodeStep(held, needed)
 
 

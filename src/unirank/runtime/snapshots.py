@@ -9,7 +9,8 @@ disk folder only, and rank 0 says so once. Which step a world restores, and from
 the rule of :func:`unirank.statekeep.rules.choose`; rank 0 says it in one line.
 
 Reads: UNIRANK_STATE_MEMORY (:func:`unirank.statekeep.memory.memory_folder_of`),
-UNIRANK_STATE_DIR (the disk folder where the call names none).
+UNIRANK_STATE_DIR (the disk folder where the call names none), UNIRANK_STATE_BUDGET (the
+memory's budget: :mod:`unirank.statekeep.budget`).
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
-from unirank.contract import STATE_DIR_VAR
+from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import carry, gather, mark_whole
+from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import fill, memory_step, replicate
 from unirank.statekeep.memory import memory_folder_of, note_disk_folder
 from unirank.statekeep.rules import (
@@ -55,6 +58,7 @@ class _Said:
 
     no_memory: bool = False
     nowhere: bool = False
+    budget: bool = False
     restored: Choice | None = None
 
 
@@ -147,6 +151,9 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
     if persist_every < 0:
         raise ValueError(f"persist_every is 0 or more, not {persist_every}")
     memory, disk = _tiers(folder)
+    refused = memory is not None and _over_budget(memory, obj)
+    if refused:
+        memory = None
     if memory is not None:
         first = state.get_local_rank() == 0
         if first and disk is not None:
@@ -158,6 +165,54 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
             mark_whole(memory, step)
     if disk is not None and (memory is None or persists(step, persist_every, _STOP.agreed)):
         _save_to(disk, step, obj, state.get_rank() == 0, KEEP_ON_DISK)
+
+
+def _part_bytes(obj: Any) -> int:
+    """The bytes of the tensors in a state dict (a DTensor's local shard)."""
+    if isinstance(obj, Mapping):
+        return sum(_part_bytes(v) for v in obj.values())
+    if isinstance(obj, list | tuple):
+        return sum(_part_bytes(v) for v in obj)
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return int(local.numel() * local.element_size())
+    return 0
+
+
+def _over_budget(memory: str, obj: dict[str, Any]) -> bool:
+    """Whether this step stays out of the node's memory (the ranks agree: one of them over
+    is enough); rank 0 says why, once, the first time.
+
+    Reads: UNIRANK_STATE_BUDGET.
+    """
+    room = os.statvfs(memory)
+    budget = parse_budget(os.environ.get(STATE_BUDGET_VAR) or DEFAULT_BUDGET,
+                          room.f_blocks * room.f_frsize, variable=STATE_BUDGET_VAR)
+    need = 2 * _part_bytes(obj) * max(state.get_local_world_size(), 1)  # and the peer's copy
+    why = refusal(need, _held_bytes(memory), room.f_bavail * room.f_frsize, budget)
+    over = why is not None
+    if _collective():
+        flag = torch.tensor([int(over)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        over = bool(flag.item())
+    if over and not _SAID.budget:
+        _SAID.budget = True
+        why = why or "a snapshot does not fit another node's snapshot memory"
+        _say(f"{why}: the job's state goes to the disk folder only while it does not fit "
+             f"(the budget: unirank run --state-budget or {STATE_BUDGET_VAR}, default "
+             f"{DEFAULT_BUDGET} of /dev/shm)")
+    return over
+
+
+def _held_bytes(memory: str) -> int:
+    """The bytes of the snapshots the node's memory holds now."""
+    total = 0
+    for step in _present(memory):
+        for top, _, names in os.walk(os.path.join(memory, step_folder(step))):
+            for name in names:
+                with contextlib.suppress(OSError):
+                    total += os.path.getsize(os.path.join(top, name))
+    return total
 
 
 def _to_peers(memory: str, step: int) -> None:
@@ -230,7 +285,31 @@ def load_state(obj: dict[str, Any], *,
         carry(moves, gathered, memory, choice.step, rank)
         if gathered.acts(rank):
             mark_whole(memory, choice.step)
-    load(obj, storage_reader=FileSystemReader(os.path.join(tier, step_folder(choice.step))),
+    try:
+        load(obj, storage_reader=FileSystemReader(os.path.join(tier, step_folder(choice.step))),
+             no_dist=not _group())
+    except Exception as exc:  # DCP raises on every rank alike (it gathers the ranks' errors)
+        if choice.tier != "memory" or disk is None:
+            raise
+        _say(f"the nodes' memory could not restore step {choice.step} "
+             f"({type(exc).__name__}): trying the disk folder")
+        return _from_disk(obj, disk, gathered.disk, began)
+    _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
+    return choice.step
+
+
+def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]],
+               began: float) -> int | None:
+    """The newest step every rank finds in the disk folder, after the memory failed."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    choice = choose(disk_by_rank, None)
+    _SAID.restored = choice
+    if choice.step is None:
+        _say(choice.describe())
+        return None
+    load(obj, storage_reader=FileSystemReader(os.path.join(disk, step_folder(choice.step))),
          no_dist=not _group())
     _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
     return choice.step

@@ -95,6 +95,8 @@ class EngineOptions:
     timeline_json: str | None = None
     #: ``--numa-binding``: the mode each worker binds itself by (None: no binding)
     numa_binding: str | None = None
+    #: ``--state-budget``: the workers' UNIRANK_STATE_BUDGET (None: as the environment says)
+    state_budget: str | None = None
     #: the hang detector's settings for every worker (None: the workers read the variables)
     hang: HangSettings | None = None
     #: ``--on-hang``: exit, restart or evict once ``--hang-timeout`` ended the workers (the
@@ -197,7 +199,7 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=folders.timeline_file if worker.rank == 0 else None,
             hang=options.hang, restart_reason=restart_reason, elastic=options.elastic,
-            state_memory=state_memory,
+            state_memory=state_memory, state_budget=options.state_budget,
         )
         files = out.log_files(worker.local_rank, folders) if keep_logs else (None, None)
         shown = out.shown(worker.local_rank)

@@ -30,6 +30,7 @@ from unirank.contract import (
     RESTART_REASON_VAR,
     RUN_ID_VAR,
     SIGNALS_TO_HANDLE_VAR,
+    STATE_BUDGET_VAR,
     STATE_MEMORY_VAR,
     STORE_FD_VAR,
     SUPERVISOR_PID_VAR,
@@ -63,6 +64,8 @@ class WorkerWiring:
     attempt_dir: str | None = None
     #: the node's snapshot memory (UNIRANK_STATE_MEMORY, :mod:`unirank.statekeep.memory`)
     state_memory: str | None = None
+    #: ``--state-budget`` (UNIRANK_STATE_BUDGET; None: ``base``'s)
+    state_budget: str | None = None
     #: rank 0: the listening socket its TCPStore server takes over (UNIRANK_STORE_FD)
     store_fd: int | None = None
     #: the store's host: the read end of the linger pipe (UNIRANK_LINGER_FD)
@@ -154,6 +157,7 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
     wiring's settings, else those ``base`` gives; read and removed by the bootstrap),
     PYTHONUNBUFFERED=1 with ``wiring.unbuffered``, UNIRANK_ATTEMPT_DIR (the wiring's attempt
     folder), UNIRANK_STATE_MEMORY (the wiring's snapshot memory; one in ``base`` is dropped),
+    UNIRANK_STATE_BUDGET (the wiring's ``--state-budget``, else ``base``'s),
     and for the bootstrap only the private
     UNIRANK_NODE_NAME, UNIRANK_NODE_NAMES (the nodes as a compressed host list),
     UNIRANK_RANKS_PER_NODE (the ranks on each node, where the plan knows them),
@@ -175,6 +179,8 @@ def worker_environ(plan: Plan, worker: Worker, base: Mapping[str, str],
         env[ATTEMPT_DIR_VAR] = wiring.attempt_dir
     if wiring.state_memory is not None:
         env[STATE_MEMORY_VAR] = wiring.state_memory
+    if wiring.state_budget is not None:
+        env[STATE_BUDGET_VAR] = wiring.state_budget
     if wiring.signals_to_handle is not None:
         env[SIGNALS_TO_HANDLE_VAR] = wiring.signals_to_handle
     if wiring.restart_reason is not None:
