@@ -115,21 +115,33 @@ def gather(memory: str | None, disk: frozenset[int], rank: int,
 
 def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, step: int,
           rank: int) -> int:
-    """Send and receive this rank's part of ``moves`` (every rank walks the same list, so
-    each pair meets in the same order); the bytes this node received."""
+    """Send and receive this rank's part of ``moves``, all at once (each move its own tag:
+    every rank walks the same list); a received file is renamed in place once every transfer
+    ended, in the list's order (the metadata comes last); the bytes this node received."""
     folder = os.path.join(memory, step_folder(step)) if memory else ""
-    received = 0
+    works: list[Any] = []
+    arriving: list[tuple[str, Any]] = []
     for tag, move in enumerate(moves):
         source, target = gathered.agents[move.source], gathered.agents[move.target]
         if rank == source and move.size:
             data = torch.from_file(os.path.join(folder, move.name), shared=True,
                                    size=move.size, dtype=torch.uint8)
-            dist.send(data, target, tag=tag)
+            works.append((dist.isend(data, target, tag=tag), data))
         elif rank == target:
             os.makedirs(folder, exist_ok=True)
-            _receive(os.path.join(folder, move.name), move.size, source, tag)
-            received += move.size
-    return received
+            part = os.path.join(folder, move.name + _PART)
+            with open(part, "wb") as fh:
+                fh.truncate(move.size)
+            data = None
+            if move.size:
+                data = torch.from_file(part, shared=True, size=move.size, dtype=torch.uint8)
+                works.append((dist.irecv(data, source, tag=tag), data))
+            arriving.append((part, data))
+    for work, _ in works:
+        work.wait()
+    for part, _ in arriving:
+        os.replace(part, part.removesuffix(_PART))
+    return sum(os.path.getsize(part.removesuffix(_PART)) for part, _ in arriving)
 
 
 def mark_whole(memory: str, step: int) -> bool:
@@ -145,14 +157,3 @@ def mark_whole(memory: str, step: int) -> bool:
         json.dump(sorted(held.needed | {METADATA}), fh)
     os.replace(part, os.path.join(folder, WHOLE))
     return True
-
-
-def _receive(path: str, size: int, source: int, tag: int) -> None:
-    part = path + _PART
-    with open(part, "wb") as fh:
-        fh.truncate(size)
-    if size:
-        data = torch.from_file(part, shared=True, size=size, dtype=torch.uint8)
-        dist.recv(data, source, tag=tag)
-        del data
-    os.replace(part, path)
