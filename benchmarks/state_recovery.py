@@ -1,0 +1,114 @@
+"""Recovery with state, measured: ``python3 benchmarks/state_recovery.py [--mib 256 1024]``.
+
+Two nodes of an elastic job on one host (``unirank run --nnodes 1:2 --rdzv-backend c10d``,
+the same command twice, default settings) train a model of N MiB in all, sharded over the two
+ranks (``benchmarks/_state_worker.py``: a DTensor), one step a second, ``ur.save_state`` every
+step. Once both ran 4 steps, one node's whole process tree is killed (the serving node's). The
+survivor's world of 1 restores and trains on. Printed, per N and per tier: the time a save
+blocks the loop (median), the restore's seconds and the bytes the worker read from storage
+meanwhile (``/proc/self/io``; the page cache is dropped first, root only), the time from the
+kill to the survivor's first step with its state, and whether that state is the newest step
+saved. Tiers, side by side in one run: ``memory`` (unirank's: the node's memory and a copy in
+the peer's) and ``disk`` (``--state-budget 0``: every snapshot to the disk folder, as a program
+saving with DCP to local disk each step). Loopback only. Environment variables read: none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "benchmarks" / "_state_worker.py"
+STEPS = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _records(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def _drop_caches() -> None:
+    try:
+        os.sync()
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        pass  # not root: storage reads may then come from the page cache
+
+
+def _node(args: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "unirank", "run", *args], env=env,
+                            stdout=out.open("wb"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
+    """One job: two nodes, the serving one killed after step 4; what the survivor saw."""
+    log, disk = folder / "log.jsonl", folder / "disk"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    extra = ["--state-budget", "0"] if tier == "disk" else []
+    args = [*extra, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(WORKER), str(mib),
+            str(STEPS), str(log), str(disk)]
+    first = _node(args, env, folder / "a.out")
+    time.sleep(1.0)  # the endpoint's node first, as a user starts them
+    second = _node(args, env, folder / "b.out")
+    deadline = time.monotonic() + 300
+    while not any(r.get("step") == 4 and r["world"] == 2 for r in _records(log)):
+        if time.monotonic() > deadline or first.poll() is not None:
+            raise SystemExit(f"the job never reached step 4: see {folder}")
+        time.sleep(0.05)  # polling a file the workers append to
+    _drop_caches()
+    killed = time.time()
+    os.killpg(first.pid, signal.SIGKILL)
+    second.wait(timeout=300)
+    first.wait(timeout=60)
+    records = _records(log)
+    saves = [r["save_s"] for r in records if "save_s" in r and r["world"] == 2]
+    restore = next(r for r in records if "restored" in r and r["world"] == 1)
+    after = next(r for r in records if r.get("step") == restore["restored"] + 1
+                 and r["world"] == 1)
+    newest = max(r["step"] for r in records if "step" in r and r["world"] == 2
+                 and r["time"] < killed)
+    return {"mib": mib, "tier": tier, "save_block_s": statistics.median(saves),
+            "restore_s": restore["load_s"], "read_bytes": restore["read"],
+            "kill_to_first_step_s": after["time"] - killed, "restored": restore["restored"],
+            "newest_saved": newest, "whole": after["value"] == restore["restored"] + 2,
+            "source": restore["source"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", type=int, nargs="+", default=[256, 1024])
+    args = parser.parse_args()
+    print(f"{'state':>8} {'tier':>6} {'save blocks':>12} {'restore':>8} {'read':>10} "
+          f"{'kill->step':>11} {'restored/newest':>16}")
+    for mib in args.mib:
+        for tier in ("memory", "disk"):
+            with tempfile.TemporaryDirectory(prefix="state-bench-") as folder:
+                row = run_case(mib, tier, Path(folder))
+            print(f"{mib:>5} MiB {tier:>6} {row['save_block_s']:>10.3f} s "
+                  f"{row['restore_s']:>6.2f} s {row['read_bytes'] / (1 << 20):>6.1f} MiB "
+                  f"{row['kill_to_first_step_s']:>9.2f} s "
+                  f"{row['restored']:>7}/{row['newest_saved']:<8}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
