@@ -28,8 +28,10 @@ def _read_bytes() -> int:
 
 def main() -> None:
     total_mib, steps, log, disk = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    started = time.time()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    grouped = time.time()
     mesh = init_device_mesh("cpu", (world,))
     local = torch.zeros(total_mib * (1 << 20) // 4 // world)
     param = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
@@ -43,15 +45,15 @@ def main() -> None:
     read, began = _read_bytes(), time.monotonic()
     restored = ur.load_state(state, folder=disk)
     out(restored=restored, load_s=time.monotonic() - began, read=_read_bytes() - read,
-        source=ur.restored_from())
+        source=ur.restored_from(), started=started, grouped=grouped)
     for step in range(0 if restored is None else restored + 1, steps):
         began = time.monotonic()
         param.to_local().add_(1.0)
         dist.all_reduce(torch.ones(1))
         state["step"] = step
-        saving = time.monotonic()
+        stepped, saving = time.time(), time.monotonic()
         ur.save_state(step, state, folder=disk)
-        out(step=step, save_s=time.monotonic() - saving,
+        out(step=step, save_s=time.monotonic() - saving, stepped=stepped,
             value=float(param.to_local()[0]))  # step + 1 where the state was whole
         time.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
     dist.destroy_process_group()
