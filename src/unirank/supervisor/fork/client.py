@@ -67,9 +67,11 @@ WARM_PRELOAD = ("sympy", "torch.fx.experimental.symbolic_shapes", "torch.distrib
 #: the variables :data:`WARM_PRELOAD` reads when imported: a worker whose values differ from
 #: those the server imported with cannot be forked from it
 _WARM_PREFIXES = ("SYMPY_", "MPMATH_")
-#: what names a script that builds a DDP or FSDP model, or compiles one
+#: what names a script that builds a DDP or FSDP model, or compiles one, or keeps its state
+#: with DCP (which imports ``torch.distributed.tensor``: at every restart)
 _WARM_MARKS = (b"DistributedDataParallel", b"FullyShardedDataParallel", b"fully_shard",
-               b"torch.compile", b"auto_model")
+               b"torch.compile", b"auto_model", b"DTensor", b"device_mesh",
+               b"torch.distributed.checkpoint", b"save_state", b"load_state")
 #: how much of a script :func:`warm_modules` reads
 _SCAN_BYTES = 1 << 20
 #: how long the server may take to import (a cold shared filesystem is slow)
@@ -113,7 +115,8 @@ def warm_modules(target: Sequence[str]) -> tuple[str, ...]:
 
 def warm_for(text: bytes) -> tuple[str, ...]:
     """:data:`WARM_PRELOAD` when ``text`` (a script, a pickled call, a module's source) names
-    DDP, FSDP, ``torch.compile`` or ``ur.auto_model``; otherwise nothing."""
+    DDP, FSDP, ``torch.compile``, ``ur.auto_model``, DTensor, DCP or ``ur.save_state`` /
+    ``load_state``; otherwise nothing."""
     return WARM_PRELOAD if any(mark in text for mark in _WARM_MARKS) else ()
 
 
