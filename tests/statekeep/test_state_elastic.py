@@ -125,3 +125,46 @@ def test_a_killed_node_s_state_comes_back_from_the_survivor_s_memory(
     assert restore["restored"] in (2, 3), restore
     assert restore["digest"] == saved[restore["restored"]], (restore, saved)
     assert f"unirank: state of step {restore['restored']} restored from the nodes' memory" in err
+
+
+def test_a_node_started_again_gets_the_state_from_the_survivor_s_memory(
+        runner: Runner, tmp_path: Path) -> None:
+    """The killed node started again with the same command: the world of 2 restores the
+    survivor's newest step, the new node's part sent from the survivor's memory (its own
+    memory is empty), and both ranks hold it bit for bit."""
+    (tmp_path / "train.py").write_text(PROGRAM)
+    fifo = tmp_path / "ready.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    port = free_port()
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), "12",
+            str(tmp_path / "saved.jsonl")]
+    try:
+        first = runner.start(args, text=True)
+        _listening(port, first)
+        second = runner.start(args, text=True)
+        assert select.select([reader], [], [], TIMEOUT)[0], "the world of 2 never reached step 3"
+        for pid in [second.pid, *process_tree(second.pid)]:
+            with __import__("contextlib").suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        second.communicate(timeout=TIMEOUT)
+        again = runner.start(args, text=True)
+        out, err = first.communicate(timeout=TIMEOUT)
+        again_out, again_err = again.communicate(timeout=TIMEOUT)
+    finally:
+        os.close(reader)
+        os.close(keep)
+    assert first.returncode == 0 and again.returncode == 0, err + again_err
+    saved = {(r["world"], r["saved"]): r["digest"]
+             for r in _records((tmp_path / "saved.jsonl").read_text())}
+    rejoined = [r for r in _records(out) + _records(again_out)
+                if "restored" in r and r["world"] == 2 and r["restored"] is not None]
+    assert {r["rank"] for r in rejoined} == {0, 1}, out + again_out
+    step = rejoined[-1]["restored"]
+    assert step >= 2 and all(r["restored"] == step for r in rejoined[-2:]), rejoined
+    world = 1 if (1, step) in saved else 2
+    assert all(r["digest"] == saved[(world, step)] for r in rejoined[-2:]), (rejoined, saved)
+    assert all(r["from"] == f"state of step {step} restored from the nodes' memory"
+               for r in rejoined[-2:])
