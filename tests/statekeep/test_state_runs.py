@@ -204,3 +204,12 @@ def test_a_truncated_copy_is_not_restored_the_step_before_is(runner: Runner) -> 
     assert result.returncode == 0, result.stderr
     assert "restored 2 state of step 2 restored from the nodes' memory" in result.stdout
     assert "w0 3.0 step 2" in result.stdout, result.stdout
+
+
+def test_a_call_before_the_process_group_is_refused_in_one_line(runner: Runner) -> None:
+    script = runner.script("early.py", "import torch, unirank as ur\n"
+                                       "ur.save_state(0, {'w': torch.zeros(1)})\n")
+    result = runner.run(["-n", "2", str(script)])
+    assert result.returncode != 0
+    assert "RuntimeError: ur.save_state needs the job's process group: call it after " \
+        "ur.init() (or torch.distributed.init_process_group), on every rank" in result.stderr

@@ -96,6 +96,14 @@ def _group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def _need_group(call: str) -> None:
+    """Refuse a call of a rank of a world larger than 1 made before its process group started
+    (its ranks would write the same files, each as the only one)."""
+    if not _group() and state.get_world_size() > 1:
+        raise RuntimeError(f"ur.{call} needs the job's process group: call it after ur.init() "
+                           "(or torch.distributed.init_process_group), on every rank")
+
+
 def _collective() -> bool:
     return _group() and dist.get_world_size() > 1
 
@@ -150,6 +158,7 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
         raise ValueError(f"a step is 0 or more, not {step}")
     if persist_every < 0:
         raise ValueError(f"persist_every is 0 or more, not {persist_every}")
+    _need_group("save_state")
     memory, disk = _tiers(folder)
     refused = memory is not None and _over_budget(memory, obj)
     if refused:
@@ -263,6 +272,7 @@ def load_state(obj: dict[str, Any], *,
     from the other nodes' memory), else the newest step in ``folder`` (default
     UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
     (:func:`restored_from` says it too)."""
+    _need_group("load_state")
     memory, disk = _tiers(folder)
     began = time.monotonic()
     rank = dist.get_rank() if _group() else 0
