@@ -64,3 +64,13 @@ def test_the_docs_show_the_line_the_code_says() -> None:
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "state.md").read_text()
     assert f"unirank: {Choice(3, 'memory').describe()} in " in docs
+
+
+def test_a_run_ends_copying_its_newest_whole_step_only_where_newer_than_the_disk_s() -> None:
+    from unirank.statekeep.rules import to_flush
+
+    assert to_flush([3, 4], [0]) == 4
+    assert to_flush([4], []) == 4
+    assert to_flush([4], [4]) is None
+    assert to_flush([4], [6]) is None
+    assert to_flush([], [1]) is None
