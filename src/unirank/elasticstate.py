@@ -114,6 +114,8 @@ class ElasticState:
     previous_world_size: int | None = None
     #: why the attempt before ended (None: this is the first attempt)
     reason: RestartReason | None = None
+    #: where the job's state came from at ``ur.load_state`` (its one line; None: not asked)
+    state_restored: str | None = None
 
     @property
     def restarted(self) -> bool:

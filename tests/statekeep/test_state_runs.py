@@ -38,7 +38,8 @@ restored = ur.load_state(state, folder=os.environ.get("DISK"))
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 print(json.dumps({"rank": rank, "attempt": attempt, "restored": restored,
                   "digest": digest(state) if restored is not None else None,
-                  "from": ur.restored_from()}), flush=True)
+                  "from": ur.restored_from(),
+                  "elastic": ur.elastic_state().state_restored}), flush=True)
 first = 0 if restored is None else restored + 1
 for step in range(first, 6):
     with torch.no_grad():
@@ -77,6 +78,7 @@ def test_a_restarted_world_restores_the_last_step_from_the_node_s_memory(
         assert restore["restored"] == 3, restore
         assert restore["digest"] == saved[(restore["rank"], 3)], restore
         assert restore["from"] == "state of step 3 restored from the nodes' memory"
+        assert restore["elastic"] == restore["from"]  # ur.elastic_state() says it too
     assert "unirank: state of step 3 restored from the nodes' memory in " in result.stderr
     assert sorted(os.listdir(shm)) == []  # the run's memory went with it
     # the disk folder got steps 0 and 4 (every 4th), and step 5 from the memory at the end

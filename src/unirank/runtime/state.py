@@ -166,12 +166,19 @@ def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
     is ``unknown``. ``environ``: read this mapping instead of the program's environment (the
     world size then from its WORLD_SIZE). A malformed value is a ConfigError naming it.
 
+    ``state_restored``: where this process's ``ur.load_state`` took the job's state from
+    (:func:`unirank.runtime.snapshots.restored_from`).
+
     Reads: TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, UNIRANK_RESTART_REASON, and
     the world size as :func:`get_world_size` (WORLD_SIZE where ``environ`` is given).
     """
-    if environ is not None:
-        return read_elastic_state(environ)
-    return read_elastic_state(os.environ, get_world_size())
+    from dataclasses import replace
+
+    from unirank.runtime.snapshots import restored_from
+
+    found = read_elastic_state(os.environ if environ is None else environ,
+                               None if environ is not None else get_world_size())
+    return replace(found, state_restored=restored_from())
 
 
 def _hand_made_layout() -> Layout | None:
