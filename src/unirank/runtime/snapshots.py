@@ -109,8 +109,9 @@ def _collective() -> bool:
 
 
 def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
-             keep: int) -> None:
-    """One DCP save of ``obj`` to ``tier``'s step folder (collective where a group is live).
+             keep: int, *, in_memory: bool = False) -> None:
+    """One DCP save of ``obj`` to ``tier``'s step folder (collective where a group is live;
+    ``in_memory``: the node's memory, one file per item: :mod:`.snapshotread`).
     The ``coordinator`` of the tier's folder (rank 0 on disk, the node's first rank in
     memory) first takes away the step's ``.metadata`` from an earlier save, so that the step
     counts again only once DCP renamed the new one in, and afterwards drops the oldest
@@ -119,11 +120,14 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
+    from unirank.runtime.snapshotread import memory_writer
+
     path = os.path.join(tier, step_folder(step))
     if coordinator:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(path, METADATA))
-    save(obj, storage_writer=FileSystemWriter(path), no_dist=not _group())
+    writer = memory_writer(path) if in_memory else FileSystemWriter(path)
+    save(obj, storage_writer=writer, no_dist=not _group())
     if coordinator:
         for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
             _remove(os.path.join(tier, step_folder(old)))
@@ -167,7 +171,7 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
         first = state.get_local_rank() == 0
         if first and disk is not None:
             note_disk_folder(memory, os.path.abspath(disk))
-        _save_to(memory, step, obj, first, KEEP_IN_MEMORY)
+        _save_to(memory, step, obj, first, KEEP_IN_MEMORY, in_memory=True)
         if _collective():
             _to_peers(memory, step)
         elif first:
@@ -295,8 +299,11 @@ def load_state(obj: dict[str, Any], *,
         carry(moves, gathered, memory, choice.step, rank)
         if gathered.acts(rank):
             mark_whole(memory, choice.step)
+    from unirank.runtime.snapshotread import MemoryReader
+
+    reader = MemoryReader if choice.tier == "memory" else FileSystemReader
     try:
-        load(obj, storage_reader=FileSystemReader(os.path.join(tier, step_folder(choice.step))),
+        load(obj, storage_reader=reader(os.path.join(tier, step_folder(choice.step))),
              no_dist=not _group())
     except Exception as exc:  # DCP raises on every rank alike (it gathers the ranks' errors)
         if choice.tier != "memory" or disk is None:
