@@ -81,6 +81,19 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def wait_listening(port: int, proc: subprocess.Popen[Any], timeout: float = 120.0) -> None:
+    """Until something accepts connections on the loopback ``port`` (the first node of an
+    elastic job serves its endpoint there), or ``proc`` ended; AssertionError after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)  # polling a port: nothing signals a listening socket
+    raise AssertionError(f"nothing listened on 127.0.0.1:{port}")
+
+
 def is_live(pid: int, mark: Optional[bytes] = None) -> bool:
     """True while ``pid`` is a running (not zombie) process, whose command line contains
     ``mark`` when one is given (so that a recycled pid is not mistaken for the old process)."""

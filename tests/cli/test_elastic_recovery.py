@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
-from _procs import Runner, free_port, process_tree
+from _procs import Runner, free_port, process_tree, wait_listening
 from unirank.exitcodes import EVICTED, HANG_TIMEOUT
 
 pytestmark = pytest.mark.integration
@@ -57,19 +56,6 @@ for step in range(steps):
     time.sleep(0.1)
 dist.destroy_process_group()
 """
-
-
-def _wait_listening(port: int, proc: subprocess.Popen[Any]) -> None:
-    """Until the endpoint accepts connections (node A serves it), or A ended."""
-    import time
-
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline and proc.poll() is None:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)  # polling a port, not synchronising on time
-    raise AssertionError("node A's endpoint never listened")
 
 
 class Job:
@@ -113,7 +99,7 @@ class Job:
                   env_b: dict[str, str] | None = None,
                   ) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
         first = self.node(env_a)
-        _wait_listening(self.port, first)
+        wait_listening(self.port, first, TIMEOUT)
         second = self.node(env_b)
         self.wait(1)  # the world of 2 ran a step
         return first, second

@@ -6,19 +6,19 @@ its node's memory (its own files and the copy of the lost node's), bit for bit."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from _procs import Runner, free_port, process_tree
+from _procs import Runner, free_port, process_tree, wait_listening
+from _state_programs import DIGEST
 
 pytestmark = pytest.mark.integration
 
@@ -26,18 +26,11 @@ TIMEOUT = 120.0
 
 #: every step: an all-reduce, a deterministic update, a snapshot, a JSON line in a file; at world 2,
 #: step 3 done, rank 0 writes "ready" to the FIFO (the test then kills a node)
-PROGRAM = r"""
-import hashlib, json, os, sys, time
+PROGRAM = DIGEST + r"""
+import json, os, sys, time
 import torch
 import torch.distributed as dist
 import unirank as ur
-
-def digest(state):
-    h = hashlib.sha256()
-    for key in sorted(state["model"]):
-        h.update(state["model"][key].numpy().tobytes())
-    h.update(str(state["step"]).encode())
-    return h.hexdigest()
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -73,49 +66,66 @@ def _records(stdout: str) -> list[dict[str, Any]]:
             if line.lstrip().startswith("{") or ":{" in line]
 
 
-def _listening(port: int, proc: subprocess.Popen[Any]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline and proc.poll() is None:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)  # polling a port: nothing signals a listening socket
-    raise AssertionError("the first node's endpoint never listened")
+class TwoNodes:
+    """The two nodes of the job (the same command twice: the endpoint's first), the FIFO
+    their rank 0 says "ready" through, and the file each step's digest goes to."""
+
+    def __init__(self, runner: Runner, tmp_path: Path, steps: int) -> None:
+        (tmp_path / "train.py").write_text(PROGRAM)
+        fifo = tmp_path / "ready.fifo"
+        os.mkfifo(fifo)
+        self.reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        self.keep = os.open(fifo, os.O_WRONLY)
+        self.saved = tmp_path / "saved.jsonl"
+        port = free_port()
+        self.args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), str(steps),
+                     str(self.saved)]
+        self.runner = runner
+        self.first = runner.start(self.args, text=True)
+        wait_listening(port, self.first, TIMEOUT)
+        self.second = runner.start(self.args, text=True)
+
+    def at_step_3(self) -> None:
+        assert select.select([self.reader], [], [], TIMEOUT)[0], \
+            "the world of 2 never reached step 3"
+
+    def saved_digests(self) -> dict[tuple[int, int], str]:
+        """(world, step) -> the digest any rank wrote after saving it (written by the worker,
+        not relayed: a kill loses no line; every rank holds the same state)."""
+        return {(r["world"], r["saved"]): r["digest"]
+                for r in _records(self.saved.read_text())}
+
+    def close(self) -> None:
+        os.close(self.reader)
+        os.close(self.keep)
+
+
+def _kill_tree(proc: subprocess.Popen[Any]) -> None:
+    for pid in [proc.pid, *process_tree(proc.pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("lost", ["serving", "other"])
 def test_a_killed_node_s_state_comes_back_from_the_survivor_s_memory(
         runner: Runner, tmp_path: Path, lost: str) -> None:
-    (tmp_path / "train.py").write_text(PROGRAM)
-    fifo = tmp_path / "ready.fifo"
-    os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    keep = os.open(fifo, os.O_WRONLY)
-    port = free_port()
-    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), "40",
-            str(tmp_path / "saved.jsonl")]
+    nodes = TwoNodes(runner, tmp_path, 40)
     try:
-        first = runner.start(args, text=True)
-        _listening(port, first)
-        second = runner.start(args, text=True)
-        ready, _, _ = select.select([reader], [], [], TIMEOUT)
-        assert ready, "the world of 2 never reached step 3"
-        victim, survivor = (first, second) if lost == "serving" else (second, first)
-        for pid in [victim.pid, *process_tree(victim.pid)]:
-            with __import__("contextlib").suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        nodes.at_step_3()
+        victim, survivor = ((nodes.first, nodes.second) if lost == "serving"
+                            else (nodes.second, nodes.first))
+        _kill_tree(victim)
         out, err = survivor.communicate(timeout=TIMEOUT)
         victim.communicate(timeout=TIMEOUT)
     finally:
-        os.close(reader)
-        os.close(keep)
+        nodes.close()
     assert survivor.returncode == 0, err
     records = _records(out)
     # every rank holds the same state: either node's line for a step gives its digest (the
     # survivor's worker may be stopped between a save and its line)
-    saved = {r["saved"]: r["digest"]
-             for r in _records((tmp_path / "saved.jsonl").read_text()) if r["world"] == 2}
+    saved = {step: digest for (world, step), digest in nodes.saved_digests().items()
+             if world == 2}
     restores = [r for r in records if "restored" in r and r["world"] == 1]
     assert len(restores) == 1, out
     restore = restores[0]
@@ -132,33 +142,19 @@ def test_a_node_started_again_gets_the_state_from_the_survivor_s_memory(
     """The killed node started again with the same command: the world of 2 restores the
     survivor's newest step, the new node's part sent from the survivor's memory (its own
     memory is empty), and both ranks hold it bit for bit."""
-    (tmp_path / "train.py").write_text(PROGRAM)
-    fifo = tmp_path / "ready.fifo"
-    os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    keep = os.open(fifo, os.O_WRONLY)
-    port = free_port()
-    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), "12",
-            str(tmp_path / "saved.jsonl")]
+    nodes = TwoNodes(runner, tmp_path, 12)
     try:
-        first = runner.start(args, text=True)
-        _listening(port, first)
-        second = runner.start(args, text=True)
-        assert select.select([reader], [], [], TIMEOUT)[0], "the world of 2 never reached step 3"
-        for pid in [second.pid, *process_tree(second.pid)]:
-            with __import__("contextlib").suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        second.communicate(timeout=TIMEOUT)
-        again = runner.start(args, text=True)
+        nodes.at_step_3()
+        _kill_tree(nodes.second)
+        nodes.second.communicate(timeout=TIMEOUT)
+        again = runner.start(nodes.args, text=True)
+        first = nodes.first
         out, err = first.communicate(timeout=TIMEOUT)
         again_out, again_err = again.communicate(timeout=TIMEOUT)
     finally:
-        os.close(reader)
-        os.close(keep)
+        nodes.close()
     assert first.returncode == 0 and again.returncode == 0, err + again_err
-    saved = {(r["world"], r["saved"]): r["digest"]
-             for r in _records((tmp_path / "saved.jsonl").read_text())}
+    saved = nodes.saved_digests()
     rejoined = [r for r in _records(out) + _records(again_out)
                 if "restored" in r and r["world"] == 2 and r["restored"] is not None]
     assert {r["rank"] for r in rejoined} == {0, 1}, out + again_out
