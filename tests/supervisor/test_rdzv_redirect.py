@@ -158,3 +158,29 @@ def test_a_successor_never_follows_a_server_it_proved_dead_named_second_hand() -
     assert not any("moved" in message for message in pending), pending
     node.close()
     endpoint.close()
+
+
+def test_a_hello_whose_sender_left_proves_nothing() -> None:
+    """The fault sweep's seed 151 (two worlds of 2 for 56 s): the serving node was frozen; the
+    other nodes, hearing nothing, each tried it once more (a hello on a new connection, closed
+    unanswered after a beat) and went to a successor. The frozen server, resumed, read those
+    hellos and then their connections' end, and took both nodes for dead: alone with a
+    newcomer it held a "majority" and trained beside the successor's world. A hello whose
+    sender already closed its side is stale: not answered, and it proves nothing (as a stale
+    probe). Staged with member b's hello sent and its side shut before the server reads it:
+    the server closes the connection unanswered, and b is not taken for dead."""
+    spare = open_store_socket(0)
+    port = int(spare.getsockname()[1])
+    stale = socket.create_connection(("127.0.0.1", port), timeout=30)
+    Lines(stale).send({"op": "hello", "job": "j", "node": "b", "name": "b", "explicit": None,
+                       "pid": 2, "round": 1})
+    stale.shutdown(socket.SHUT_WR)
+    record = {"addr": "127.0.0.1", "rdzv_port": port, "name": "a", "nproc": 1,
+              "store_port": 0, "serves_endpoint": False, "claim": "a"}
+    records = {n: {**record, "name": n, "claim": n} for n in "abc"}
+    server = Server([spare], replace(SPEC, endpoint_port=9, max_nodes=3), "a",
+                    Resume(1, ("a", "b", "c"), records, frozenset({"c"})))
+    server.start()
+    assert stale.recv(65536) == b""  # closed unanswered (it was answered "ok" before)
+    stale.close()
+    assert server.proven_dead() == frozenset()

@@ -17,7 +17,9 @@ are its decisions, unit-tested in milliseconds:
   tie-break: the serving node is first in every round it is in, see :func:`members_of`, so in a
   two-node job the node serving the rendezvous wins). A node is *proven dead* when its
   connection ended without a word (EOF or RST with no ``dropped`` or ``abandon`` before it), its
-  rendezvous port refused a connection, or it said ``leave`` or was evicted: the kernel closed
+  rendezvous port refused a connection, or it said ``leave`` or was evicted (a hello read after
+  its sender closed its side is stale: unanswered, it names no connection, so its end proves
+  nothing; a node gives up on a silent server that way): the kernel closed
   its helper's sockets, and a ``unirank run`` whose helper ended stops its workers and ends (the
   helper dies with its ``unirank run`` by its parent-death signal). Silence (a hung machine, a
   cut link) proves nothing. A node that heard nothing from its server for

@@ -8,7 +8,9 @@ connection closes without a word (its processes died: the kernel closes their so
 at once and *proven dead*, as one that said ``leave`` or was evicted; one silent for
 :func:`.conf.lost_after` (a hung machine, a cut network) is lost then and told ``dropped``
 (should it hear it, it comes back as a new node); one that says ``abandon`` (it heard nothing
-from this server for :func:`.conf.fence_after`) is lost: neither is proven dead. The members
+from this server for :func:`.conf.fence_after`) is lost: neither is proven dead; nor is a node
+whose hello is read after it closed that connection (a hello it gave up on while this server
+was frozen: unanswered, :meth:`Server._hello`). The members
 of the running round are told (one ``event``) when one of them is lost, asks for a new round,
 or when a new node waits to join. Rounds close by :func:`.rounds.round_closes`, under its
 quorum over the nodes of the round before not proven dead (:func:`.rounds.has_quorum`).
@@ -280,6 +282,9 @@ class Server(RoundKeeper):
 
     def _hello(self, node: Conn, message: dict[str, Any]) -> None:
         spec = self.spec
+        if node.lines.peer_gone():  # stale: its sender gave up on it (this server was frozen)
+            self._forget(node)  # unanswered; its end proves nothing about the node
+            return
         if message.get("job") != spec.run_id:
             self._refuse(node, other_job(spec, message.get("job")))
             return
