@@ -9,6 +9,8 @@
   (one sshd each, started by ``scripts/testbed``).
 - ``tmux`` (session): the path of tmux, a real terminal emulator (installed by ``scripts/testbed
   install`` as root when missing).
+- SIGINT and SIGQUIT ignored by the shell that started the tests (no job control) go back to
+  their defaults, so that every program a test starts takes a Ctrl-C as in a terminal.
 - TMPDIR (tests/_tmpcheck.py): each pytest process (each xdist worker) has a folder of its own,
   checked at the end for what unirank runs left there (fails with ``CI=true``) and removed.
 
@@ -28,6 +30,7 @@ import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +66,16 @@ def _cache_bytecode(environ: MutableMapping[str, str] = os.environ) -> None:
 
 
 _cache_bytecode()
+# A shell without job control (a script's ``cmd &``, nohup) starts its background jobs with
+# SIGINT and SIGQUIT ignored, and an ignored disposition is inherited across exec: every
+# program the tests start would then ignore the Ctrl-C the tests send it (a rank "that does not
+# stop"). The tests stand for a terminal's Ctrl-C: those two go back to their defaults here,
+# for this process and all it starts (a handled signal is reset to the default at exec).
+for _stop in (signal.SIGINT, signal.SIGQUIT):
+    if signal.getsignal(_stop) == signal.SIG_IGN:
+        signal.signal(_stop, signal.default_int_handler if _stop == signal.SIGINT
+                      else signal.SIG_DFL)
+
 # each pytest process's own TMPDIR, checked at the end for what runs left (tests/_tmpcheck.py)
 from _tmpcheck import pytest_configure, pytest_sessionfinish  # noqa: E402, F401
 

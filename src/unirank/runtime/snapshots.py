@@ -284,6 +284,7 @@ def load_state(obj: dict[str, Any], *,
     whole = memory_step(gathered.holdings) if gathered.all_memory else None
     choice = choose(gathered.disk, whole)
     _SAID.restored = choice
+    state.STATE.state_restored = choice.describe()
     if choice.step is None:
         if memory_step(gathered.holdings) is not None or any(gathered.disk):
             _say(choice.describe())
@@ -323,6 +324,7 @@ def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]
 
     choice = choose(disk_by_rank, None)
     _SAID.restored = choice
+    state.STATE.state_restored = choice.describe()
     if choice.step is None:
         _say(choice.describe())
         return None

@@ -53,6 +53,9 @@ class RuntimeState:
     """Mutable per-process state of the runtime (one instance: :data:`STATE`)."""
 
     env: DistEnv | None = None
+    #: where ``ur.load_state`` last took the job's state from, in its one line
+    #: (:mod:`unirank.runtime.snapshots` sets it); None before any
+    state_restored: str | None = None
     #: True while a default process group exists that unirank created (and will destroy)
     owns_group: bool = False
     #: whether :func:`unirank.runtime.lifecycle.init` registered its end at the interpreter's exit
@@ -174,11 +177,9 @@ def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
     """
     from dataclasses import replace
 
-    from unirank.runtime.snapshots import restored_from
-
     found = read_elastic_state(os.environ if environ is None else environ,
                                None if environ is not None else get_world_size())
-    return replace(found, state_restored=restored_from())
+    return replace(found, state_restored=STATE.state_restored)
 
 
 def _hand_made_layout() -> Layout | None:
