@@ -37,7 +37,10 @@ def reduce_ones(local_rank: int) -> None:
     rank, world = ur.get_rank(), ur.get_world_size()
     for turn in range(world):
         if turn == rank:
-            print(f"[{addr}] {where} process {rank}/{world} has data {data}", flush=True)
+            # one write for the line and its end: mpirun forwards each rank's output in the
+            # chunks written, and an unbuffered print writes the two apart
+            sys.stdout.write(f"[{addr}] {where} process {rank}/{world} has data {data}\n")
+            sys.stdout.flush()
         ur.barrier()
 
 
