@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import sys
 import time
 from collections.abc import Mapping
@@ -30,7 +29,7 @@ import torch.distributed as dist
 from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import carry, gather, mark_whole
+from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import fill, memory_step, replicate
 from unirank.statekeep.memory import memory_folder_of, note_disk_folder
@@ -38,7 +37,6 @@ from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
     METADATA,
-    Choice,
     choose,
     parse_step,
     persists,
@@ -54,12 +52,11 @@ PERSIST_EVERY = 10
 
 @dataclass
 class _Said:
-    """What rank 0 already said once, and the last restore."""
+    """What rank 0 already said once."""
 
     no_memory: bool = False
     nowhere: bool = False
     budget: bool = False
-    restored: Choice | None = None
 
 
 _SAID = _Said()
@@ -237,34 +234,17 @@ def _to_peers(memory: str, step: int) -> None:
         mark_whole(memory, step)
 
 
-def complete_steps(tier: str | None, check_files: bool = True) -> frozenset[int]:
-    """The steps complete in a tier's folder: their ``.metadata`` there and (``check_files``)
-    every file it names."""
+def complete_steps(tier: str | None) -> frozenset[int]:
+    """The steps complete in a tier's folder: their ``.metadata`` there and every file it
+    names, whole (:func:`.snapshotcopies.node_step`, the memory's rule too)."""
     if tier is None:
         return frozenset()
-    try:
-        names = os.listdir(tier)
-    except OSError:
-        return frozenset()
     found = set()
-    for name in names:
-        step = parse_step(name)
-        if step is not None and _complete(os.path.join(tier, name), check_files):
+    for step in _present(tier):
+        held = node_step(os.path.join(tier, step_folder(step)))
+        if held.needed is not None and held.needed <= set(held.held):
             found.add(step)
     return frozenset(found)
-
-
-def _complete(path: str, check_files: bool) -> bool:
-    metadata = os.path.join(path, METADATA)
-    if not check_files:
-        return os.path.exists(metadata)
-    try:
-        with open(metadata, "rb") as fh:
-            storage = pickle.load(fh).storage_data  # DCP's own record (torch's class)
-        needed = {entry.relative_path for entry in storage.values()}
-    except (OSError, pickle.UnpicklingError, AttributeError, EOFError):
-        return False
-    return all(os.path.exists(os.path.join(path, name)) for name in needed)
 
 
 def load_state(obj: dict[str, Any], *,
@@ -283,7 +263,6 @@ def load_state(obj: dict[str, Any], *,
     gathered = gather(memory, complete_steps(disk), rank)
     whole = memory_step(gathered.holdings) if gathered.all_memory else None
     choice = choose(gathered.disk, whole)
-    _SAID.restored = choice
     state.STATE.state_restored = choice.describe()
     if choice.step is None:
         if memory_step(gathered.holdings) is not None or any(gathered.disk):
@@ -323,7 +302,6 @@ def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]
     from torch.distributed.checkpoint.state_dict_loader import load
 
     choice = choose(disk_by_rank, None)
-    _SAID.restored = choice
     state.STATE.state_restored = choice.describe()
     if choice.step is None:
         _say(choice.describe())
@@ -336,4 +314,4 @@ def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]
 
 def restored_from() -> str | None:
     """What the last :func:`load_state` restored, in its one line; None before any."""
-    return None if _SAID.restored is None else _SAID.restored.describe()
+    return state.STATE.state_restored
