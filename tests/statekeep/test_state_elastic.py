@@ -70,7 +70,8 @@ class TwoNodes:
     """The two nodes of the job (the same command twice: the endpoint's first), the FIFO
     their rank 0 says "ready" through, and the file each step's digest goes to."""
 
-    def __init__(self, runner: Runner, tmp_path: Path, steps: int) -> None:
+    def __init__(self, runner: Runner, tmp_path: Path, steps: int, nnodes: str = "1:2",
+                 extra: tuple[str, ...] = ()) -> None:
         (tmp_path / "train.py").write_text(PROGRAM)
         fifo = tmp_path / "ready.fifo"
         os.mkfifo(fifo)
@@ -78,8 +79,9 @@ class TwoNodes:
         self.keep = os.open(fifo, os.O_WRONLY)
         self.saved = tmp_path / "saved.jsonl"
         port = free_port()
-        self.args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                     "--rdzv-endpoint", f"127.0.0.1:{port}", "train.py", str(fifo), str(steps),
+        self.args = [*extra, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", f"127.0.0.1:{port}", str(tmp_path / "train.py"), str(fifo),
+                     str(steps),
                      str(self.saved)]
         self.runner = runner
         self.first = runner.start(self.args, text=True)
@@ -164,3 +166,47 @@ def test_a_node_started_again_gets_the_state_from_the_survivor_s_memory(
     assert all(r["digest"] == saved[(world, step)] for r in rejoined[-2:]), (rejoined, saved)
     assert all(r["from"] == f"state of step {step} restored from the nodes' memory"
                for r in rejoined[-2:])
+
+
+def _final(saved: Path, steps: int) -> set[str]:
+    """The digests written after the last step's save (every rank holds the same state)."""
+    return {r["digest"] for r in _records(saved.read_text()) if r["saved"] == steps - 1}
+
+
+def test_a_fixed_size_job_killed_and_restarted_ends_bit_identical_to_an_unbroken_run(
+        runner: Runner, tmp_path: Path) -> None:
+    """``--nnodes 2:2`` (restarts asked for, as torchrun's user does): the second node killed
+    after step 3 and started again; the world of 2 restores from memory (the survivor's own
+    files and its copy of the lost node's) and trains on. Each step's update depends on the
+    state before it, so a restore of a wrong or torn step ends elsewhere: the final state is
+    bit for bit the unbroken run's."""
+    steps, extra = 12, ("--max-restarts", "3")
+    (tmp_path / "unbroken").mkdir()
+    whole = TwoNodes(runner, tmp_path / "unbroken", steps, "2:2", extra)
+    try:
+        for node in (whole.first, whole.second):
+            node.communicate(timeout=TIMEOUT)
+    finally:
+        whole.close()
+    assert whole.first.returncode == 0 and whole.second.returncode == 0
+    unbroken = _final(whole.saved, steps)
+    assert len(unbroken) == 1, unbroken
+
+    (tmp_path / "broken").mkdir()
+    nodes = TwoNodes(runner, tmp_path / "broken", steps, "2:2", extra)
+    try:
+        nodes.at_step_3()
+        _kill_tree(nodes.second)
+        nodes.second.communicate(timeout=TIMEOUT)
+        again = runner.start(nodes.args, text=True)
+        out, err = nodes.first.communicate(timeout=TIMEOUT)
+        again_out, again_err = again.communicate(timeout=TIMEOUT)
+    finally:
+        nodes.close()
+    assert nodes.first.returncode == 0 and again.returncode == 0, err + again_err
+    restores = [r for r in _records(out) + _records(again_out)
+                if "restored" in r and r["restored"] is not None]
+    assert {r["rank"] for r in restores} == {0, 1}, out + again_out
+    assert all(r["from"].endswith("restored from the nodes' memory") and r["restored"] >= 2
+               for r in restores), restores
+    assert _final(nodes.saved, steps) == unbroken
