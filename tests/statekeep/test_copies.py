@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from unirank.statekeep.copies import NodeStep, Transfer, fill, memory_step, node_order, replicate
+from unirank.statekeep.copies import (
+    NodeStep,
+    Transfer,
+    fill,
+    memory_step,
+    newest_in_part,
+    node_order,
+    replicate,
+)
 
 META = ".metadata"
 FILES = frozenset({"__0_0.distcp", "__1_0.distcp", "__2_0.distcp"})
@@ -53,6 +61,16 @@ def test_any_one_lost_node_leaves_the_step_whole(lost: str) -> None:
 def test_a_node_lost_with_its_peer_leaves_a_hole() -> None:
     held = {"c": _after_replication()["c"]}  # a and b lost: a's file was on a and b only
     assert memory_step(held) is None
+    assert newest_in_part(held) == 7
+
+
+def test_a_step_held_in_part_is_named_only_where_newer_than_the_whole_one() -> None:
+    whole = _after_replication()
+    assert newest_in_part(whole) is None
+    seven = _own("__0_0.distcp", "__1_0.distcp", "__2_0.distcp", meta=True)
+    assert newest_in_part({"a": {7: seven, 8: _own("__0_0.distcp", meta=True)}}) == 8
+    # files of a newer step with no metadata anywhere: a save cut short, not a lost part
+    assert newest_in_part({"a": {7: seven, 8: _own("__0_0.distcp")}}) is None
 
 
 def test_the_newest_whole_step_wins_over_a_newer_torn_one() -> None:

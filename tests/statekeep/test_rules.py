@@ -36,6 +36,18 @@ def test_nothing_held_starts_afresh() -> None:
     assert Choice(None).describe() == "no snapshot held by every rank: starting afresh"
 
 
+def test_a_newer_step_the_memory_holds_in_part_is_named_with_the_reason() -> None:
+    chosen = choose([frozenset({0}), frozenset({0})], None, in_part=3)
+    assert chosen == Choice(0, "disk", 3)
+    assert chosen.describe() == (
+        "state of step 0 restored from the disk folder (the nodes' memory holds step 3 only "
+        "in part: a node and the node that held its copy were both lost)")
+    assert choose([frozenset(), frozenset()], None, in_part=3).describe().startswith(
+        "no snapshot held by every rank: starting afresh (the nodes' memory holds step 3")
+    # older than the step taken: nothing to explain
+    assert choose([frozenset({5})], None, in_part=3) == Choice(5, "disk")
+
+
 def test_step_folders() -> None:
     assert step_folder(12) == "step-12"
     assert parse_step("step-12") == 12
@@ -64,6 +76,8 @@ def test_the_docs_show_the_line_the_code_says() -> None:
 
     docs = (Path(__file__).resolve().parents[2] / "docs" / "state.md").read_text()
     assert f"unirank: {Choice(3, 'memory').describe()} in " in docs
+    flat = " ".join(docs.split())
+    assert f"unirank: {Choice(0, 'disk', 3).describe()} in " in flat
 
 
 def test_a_run_ends_copying_its_newest_whole_step_only_where_newer_than_the_disk_s() -> None:

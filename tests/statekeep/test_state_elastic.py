@@ -51,9 +51,9 @@ for step in range(0 if restored is None else restored + 1, int(sys.argv[2])):
     state["step"] = step
     ur.save_state(step, state)
     with open(sys.argv[3], "a") as log:  # written here, not relayed: a kill loses no line
-        log.write(json.dumps({"rank": rank, "world": world, "saved": step,
+        log.write(json.dumps({"rank": rank, "world": world, "saved": step, "pid": os.getpid(),
                               "digest": digest(state)}) + "\n")
-    if step == 3 and world == 2 and rank == 0:
+    if step == 3 and world == int(sys.argv[4]) and rank == 0:
         with open(sys.argv[1], "w") as fifo:
             fifo.write("ready")
     time.sleep(0.05)
@@ -71,7 +71,8 @@ class TwoNodes:
     their rank 0 says "ready" through, and the file each step's digest goes to."""
 
     def __init__(self, runner: Runner, tmp_path: Path, steps: int, nnodes: str = "1:2",
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), count: int = 2,
+                 env: dict[str, str] | None = None) -> None:
         (tmp_path / "train.py").write_text(PROGRAM)
         fifo = tmp_path / "ready.fifo"
         os.mkfifo(fifo)
@@ -82,11 +83,13 @@ class TwoNodes:
         self.args = [*extra, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                      "--rdzv-endpoint", f"127.0.0.1:{port}", str(tmp_path / "train.py"), str(fifo),
                      str(steps),
-                     str(self.saved)]
+                     str(self.saved), str(count)]
         self.runner = runner
-        self.first = runner.start(self.args, text=True)
+        self.first = runner.start(self.args, text=True, env=env)
         wait_listening(port, self.first, TIMEOUT)
-        self.second = runner.start(self.args, text=True)
+        self.nodes = [self.first, *(runner.start(self.args, text=True, env=env)
+                                    for _ in range(count - 1))]
+        self.second = self.nodes[1]
 
     def at_step_3(self) -> None:
         assert select.select([self.reader], [], [], TIMEOUT)[0], \
@@ -210,3 +213,38 @@ def test_a_fixed_size_job_killed_and_restarted_ends_bit_identical_to_an_unbroken
     assert all(r["from"].endswith("restored from the nodes' memory") and r["restored"] >= 2
                for r in restores), restores
     assert _final(nodes.saved, steps) == unbroken
+
+
+def test_a_node_lost_with_the_node_holding_its_copy_falls_back_to_disk_in_one_line(
+        runner: Runner, tmp_path: Path) -> None:
+    """Three nodes (``--nnodes 1:3``), each node's files copied to the next node's memory:
+    the nodes of ranks 1 and 2 killed at once, rank 1's part is in neither copy. The
+    survivor (rank 0's node, which serves the rendezvous: it sees both die, so it may go on
+    alone; a survivor that cannot tell a partition from two deaths waits, by design)
+    restores the newest step of the disk folder (step 0: every 10th step goes there), and
+    says in one line why not the memory's newer step."""
+    env = {"UNIRANK_STATE_DIR": str(tmp_path / "disk")}
+    nodes = TwoNodes(runner, tmp_path, 20, "1:3", count=3, env=env)
+    try:
+        nodes.at_step_3()
+        pids = {r["rank"]: r["pid"] for r in _records(nodes.saved.read_text())
+                if r["world"] == 3}
+        survivor = next(node for node in nodes.nodes if pids[0] in process_tree(node.pid))
+        for node in nodes.nodes:
+            if node is not survivor:
+                _kill_tree(node)
+        out, err = survivor.communicate(timeout=TIMEOUT)
+        for node in nodes.nodes:
+            node.communicate(timeout=TIMEOUT)
+    finally:
+        nodes.close()
+    assert survivor.returncode == 0, err
+    restores = [r for r in _records(out) if "restored" in r and r["world"] == 1]
+    assert len(restores) == 1, out
+    assert restores[0]["restored"] == 0
+    assert restores[0]["digest"] == nodes.saved_digests()[(3, 0)]
+    said = [line for line in err.splitlines() if "restored from the disk folder" in line]
+    assert len(said) == 1, err
+    assert said[0].startswith("unirank: state of step 0 restored from the disk folder (the "
+                              "nodes' memory holds step "), said
+    assert "only in part: a node and the node that held its copy were both lost)" in said[0]

@@ -31,7 +31,7 @@ from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
-from unirank.statekeep.copies import fill, memory_step, replicate
+from unirank.statekeep.copies import fill, memory_step, newest_in_part, replicate
 from unirank.statekeep.memory import memory_folder_of, note_disk_folder
 from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
@@ -262,10 +262,12 @@ def load_state(obj: dict[str, Any], *,
     rank = dist.get_rank() if _group() else 0
     gathered = gather(memory, complete_steps(disk), rank)
     whole = memory_step(gathered.holdings) if gathered.all_memory else None
-    choice = choose(gathered.disk, whole)
+    in_part = newest_in_part(gathered.holdings) if gathered.all_memory else None
+    choice = choose(gathered.disk, whole, in_part)
     state.STATE.state_restored = choice.describe()
     if choice.step is None:
-        if memory_step(gathered.holdings) is not None or any(gathered.disk):
+        if (memory_step(gathered.holdings) is not None or in_part is not None
+                or any(gathered.disk)):
             _say(choice.describe())
         return None
     from torch.distributed.checkpoint.filesystem import FileSystemReader

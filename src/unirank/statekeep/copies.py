@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from unirank.statekeep.rules import METADATA
 
-__all__ = ["NodeStep", "Transfer", "fill", "memory_step", "node_order", "replicate"]
+__all__ = ["NodeStep", "Transfer", "fill", "memory_step", "newest_in_part", "node_order",
+           "replicate"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,18 @@ def memory_step(holdings: Holdings) -> int | None:
     for step in sorted(steps, reverse=True):
         needed = _needed(holdings, step)
         if needed is not None and needed <= set(_sizes(holdings, step)):
+            return step
+    return None
+
+
+def newest_in_part(holdings: Holdings) -> int | None:
+    """The newest step whose metadata some node holds but whose files the nodes do not hold
+    between them (its part on a node and that node's peer both lost). None: no such step."""
+    whole = memory_step(holdings)
+    for step in sorted({s for node_steps in holdings.values() for s in node_steps}, reverse=True):
+        if whole is not None and step <= whole:
+            return None
+        if _needed(holdings, step) is not None:
             return step
     return None
 

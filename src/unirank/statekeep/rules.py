@@ -84,27 +84,43 @@ def to_flush(whole_in_memory: Iterable[int], on_disk: Iterable[int]) -> int | No
 
 @dataclass(frozen=True)
 class Choice:
-    """The step a world restores (None: none) and the tier it comes from."""
+    """The step a world restores (None: none), the tier it comes from, and the newest step
+    the nodes' memory held only in part, where it is newer (a node lost with the node that
+    held its copy): the reason the memory was passed over."""
 
     step: int | None
     tier: str = ""
+    in_part: int | None = None
 
     def describe(self) -> str:
-        """One line: where the world's state came from."""
+        """One line: where the world's state came from (and why not the memory's newer
+        step)."""
         if self.step is None:
-            return "no snapshot held by every rank: starting afresh"
-        where = "the nodes' memory" if self.tier == "memory" else "the disk folder"
-        return f"state of step {self.step} restored from {where}"
+            line = "no snapshot held by every rank: starting afresh"
+        else:
+            where = "the nodes' memory" if self.tier == "memory" else "the disk folder"
+            line = f"state of step {self.step} restored from {where}"
+        if self.in_part is None:
+            return line
+        return (f"{line} (the nodes' memory holds step {self.in_part} only in part: a node "
+                "and the node that held its copy were both lost)")
 
 
-def choose(disk_by_rank: Sequence[frozenset[int]], memory_step: int | None) -> Choice:
+def choose(disk_by_rank: Sequence[frozenset[int]], memory_step: int | None,
+           in_part: int | None = None) -> Choice:
     """The newest step the world can restore: ``memory_step`` (the newest the nodes' memory
     holds whole, :func:`unirank.statekeep.copies.memory_step`) or the newest step complete in
-    the disk folder for every rank, memory first where both hold the same step."""
+    the disk folder for every rank, memory first where both hold the same step. ``in_part``
+    (:func:`unirank.statekeep.copies.newest_in_part`) is named where it is newer than the
+    step taken."""
     on_disk = frozenset.intersection(*disk_by_rank) if disk_by_rank else frozenset()
     newest_on_disk = max(on_disk, default=None)
     if memory_step is not None and (newest_on_disk is None or memory_step >= newest_on_disk):
-        return Choice(memory_step, "memory")
-    if newest_on_disk is not None:
-        return Choice(newest_on_disk, "disk")
-    return Choice(None)
+        chosen = Choice(memory_step, "memory")
+    elif newest_on_disk is not None:
+        chosen = Choice(newest_on_disk, "disk")
+    else:
+        chosen = Choice(None)
+    if in_part is not None and (chosen.step is None or in_part > chosen.step):
+        return Choice(chosen.step, chosen.tier, in_part)
+    return chosen
