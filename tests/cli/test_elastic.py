@@ -67,7 +67,10 @@ def test_the_same_command_on_two_nodes_gives_four_ranks_in_rank_order(
         runner: Runner, tmp_path: Path) -> None:
     args = _command(free_port(), "2", 2, *CONF)
     target = [HELLO, "--backend", "gloo"]
-    with open(tmp_path / "out.txt", "ab") as out:  # both nodes append: lines in print order
+    # both nodes append to one file; each node's `unirank run` relays its workers' lines, so
+    # lines of two nodes may land in either order (under load they did): rank order is
+    # checked by rank, below, never by the order of the lines
+    with open(tmp_path / "out.txt", "ab") as out:
         procs = [_node(runner, args, OTHER, "nodeB", target, stdout=out.fileno()),
                  _node(runner, args, ENDPOINT, "nodeA", target, stdout=out.fileno())]
         ended = [_ended(proc) for proc in procs]
@@ -75,7 +78,6 @@ def test_the_same_command_on_two_nodes_gives_four_ranks_in_rank_order(
     context = text + "".join(err for _code, _out, err in ended)
     assert [code for code, _out, _err in ended] == [0, 0], context
     lines = parse_hello(text)
-    assert [line.rank for line in lines] == [0, 1, 2, 3], context
     check_world(lines, 4, addr=ENDPOINT, nodes=["nodeA", "nodeA", "nodeB", "nodeB"],
                 context=context)
 
