@@ -36,6 +36,7 @@ pytestmark = pytest.mark.integration
 
 TRAIN = str(EXAMPLES / "train.py")
 STOP_JOB = str(REPO / "tests" / "runtime" / "scripts" / "stop_job.py")
+STATE_REQUEUE = str(Path(__file__).resolve().parent / "scripts" / "state_requeue.py")
 #: 8 steps per epoch over 2 ranks; enough epochs that a stop lands mid-run
 ARGS = ["--seed", "3", "--nb_samples", "128", "--batch_size", "16", "--log_interval", "1",
         "--epochs", "25"]
@@ -391,3 +392,33 @@ def test_scancel_saves_the_checkpoint_and_the_job_is_not_requeued(
     assert "requeueing job" not in done.stdout and "was requeued" not in done.stderr
     shown = _job_line(job)
     assert " JobState=CANCELLED " in shown and " Restarts=0 " in shown, shown
+
+
+@pytest.mark.slurm
+def test_a_requeued_job_resumes_its_state_at_the_last_saved_step_with_no_step_lost(
+    slurm_testbed: SlurmTestbed,
+) -> None:
+    """``unirank sbatch --requeue`` of a loop that keeps its state with ``ur.save_state`` at
+    every step (to memory; the folder only every 10th step) and ends for the requeue when
+    asked, saving nothing more: ``scancel --signal=USR2`` after step 3. Each node's
+    ``unirank run`` copies the newest step it holds whole to the folder as it ends; the
+    requeued job restores step 3, bit for bit, and goes on at step 4: no step lost."""
+    folder = slurm_testbed.work_dir / "state-requeue"
+    following, job = start(slurm_testbed, [
+        "-N", "2", "--ntasks-per-node", "1", "--launch", "node", "--requeue", "--follow",
+        "--env", "UNIRANK_INIT_TIMEOUT=60", f"--env=PYTHONPATH={REPO / 'src'}",
+        "--", STATE_REQUEUE, str(folder), "8", "3"], minutes=6)
+    try:
+        following.wait_for("^HOLDING")
+        subprocess.run(["scancel", "--signal=USR2", str(job)], check=True, timeout=30,
+                       capture_output=True)
+        slurm_testbed.release_requeued(job)
+        following.wait_for("^restored step 3")
+    finally:
+        done = following.finish()
+    out = done.stdout
+    assert done.returncode == 0, _described(done)
+    assert "stopped after step 3" in out, _described(done)
+    assert "restored step 3: w=4.0" in out, _described(done)  # step 3's state, bit for bit
+    assert "saved step 4" in out and "done: w=8.0" in out, _described(done)
+    assert f"unirank sbatch: job {job} was requeued (restart 1)" in done.stderr
