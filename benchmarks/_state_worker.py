@@ -1,7 +1,8 @@
 """A training loop for ``benchmarks/state_recovery.py``: one model parameter of TOTAL MiB,
-sharded over the ranks (a DTensor, as FSDP's), updated each step of STEP seconds and kept
-with ``ur.save_state`` (default settings). Each event goes to LOG as a JSON line: the restore
-(its step, seconds, the bytes the worker read from storage meanwhile), each step's save time.
+sharded over the ranks (a DTensor, as FSDP's), updated in place by an optimizer's step each
+step of a second and kept with ``ur.save_state`` (default settings). Each event goes to LOG
+as a JSON line: the restore (its step, seconds, the bytes the worker read from storage
+meanwhile), each step's save time.
 
 ``python _state_worker.py TOTAL_MIB STEPS LOG DISK`` under ``unirank run``.
 """
@@ -34,7 +35,10 @@ def main() -> None:
     grouped = time.time()
     mesh = init_device_mesh("cpu", (world,))
     local = torch.zeros(total_mib * (1 << 20) // 4 // world)
-    param = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+    param = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False))
+    param.grad = DTensor.from_local(torch.full_like(local, -1.0), mesh, [Shard(0)],
+                                    run_check=False)
+    optimizer = torch.optim.SGD([param], lr=1.0)  # each step adds 1 (in place, as any step)
     state = {"w": param, "step": -1}
 
     def out(**fields: object) -> None:
@@ -48,7 +52,7 @@ def main() -> None:
         source=ur.restored_from(), started=started, grouped=grouped)
     for step in range(0 if restored is None else restored + 1, steps):
         began = time.monotonic()
-        param.to_local().add_(1.0)
+        optimizer.step()
         dist.all_reduce(torch.ones(1))
         state["step"] = step
         stepped, saving = time.time(), time.monotonic()

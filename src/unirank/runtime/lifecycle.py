@@ -366,8 +366,11 @@ def init(
 
 def finalize() -> None:
     """End the process group (or Horovod/XLA backend) unirank started, through its backend's
-    entry (a group the user created is left alone)."""
+    entry (a group the user created is left alone), once a snapshot on its way
+    (:func:`unirank.save_state`) is kept."""
     entry = state.backend_entry()
+    if "unirank.runtime.snapshotstaging" in sys.modules:  # a save ran: its thread ends first
+        sys.modules["unirank.runtime.snapshotstaging"].BACKGROUND.join()
     try:
         if state.STATE.owns_group and entry is not None:
             entry.finalize()

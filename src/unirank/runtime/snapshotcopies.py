@@ -93,15 +93,16 @@ def _node_id(memory: str | None) -> str:
 
 
 def gather(memory: str | None, disk: frozenset[int], rank: int,
-           steps: Sequence[int] | None = None) -> Gathered:
-    """Every rank's node, holdings (of ``steps``) and disk steps; a single process alone."""
+           steps: Sequence[int] | None = None, group: Any = None) -> Gathered:
+    """Every rank's node, holdings (of ``steps``) and disk steps, over ``group`` (default:
+    the job's); a single process alone."""
     own = _node_id(memory)
     mine = [own, rank, {s: h.to_record() for s, h in node_holdings(memory, steps).items()},
             sorted(disk), memory is not None]
     records: list[Any] = [mine]
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         records = [None] * dist.get_world_size()
-        dist.all_gather_object(records, mine)
+        dist.all_gather_object(records, mine, group=group)
     agents: dict[str, int] = {}
     holdings: dict[str, dict[int, NodeStep]] = {}
     for node, r, held, _, has_memory in records:
@@ -114,10 +115,11 @@ def gather(memory: str | None, disk: frozenset[int], rank: int,
 
 
 def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, step: int,
-          rank: int) -> int:
+          rank: int, group: Any = None) -> int:
     """Send and receive this rank's part of ``moves``, all at once (each move its own tag:
     every rank walks the same list); a received file is renamed in place once every transfer
-    ended, in the list's order (the metadata comes last); the bytes this node received."""
+    ended, in the list's order (the metadata comes last); the bytes this node received.
+    Over ``group`` (default: the job's; its ranks are the job's)."""
     folder = os.path.join(memory, step_folder(step)) if memory else ""
     works: list[Any] = []
     arriving: list[tuple[str, Any]] = []
@@ -126,7 +128,7 @@ def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, ste
         if rank == source and move.size:
             data = torch.from_file(os.path.join(folder, move.name), shared=True,
                                    size=move.size, dtype=torch.uint8)
-            works.append((dist.isend(data, target, tag=tag), data))
+            works.append((dist.isend(data, target, group=group, tag=tag), data))
         elif rank == target:
             os.makedirs(folder, exist_ok=True)
             part = os.path.join(folder, move.name + _PART)
@@ -135,7 +137,7 @@ def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, ste
             data = None
             if move.size:
                 data = torch.from_file(part, shared=True, size=move.size, dtype=torch.uint8)
-                works.append((dist.irecv(data, source, tag=tag), data))
+                works.append((dist.irecv(data, source, group=group, tag=tag), data))
             arriving.append((part, data))
     for work, _ in works:
         work.wait()

@@ -30,6 +30,7 @@ from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step
+from unirank.runtime.snapshotstaging import BACKGROUND, Staged, stage, state_group
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import fill, memory_step, newest_in_part, replicate
 from unirank.statekeep.memory import memory_folder_of, note_disk_folder
@@ -57,6 +58,7 @@ class _Said:
     no_memory: bool = False
     nowhere: bool = False
     budget: bool = False
+    torn: bool = False
 
 
 _SAID = _Said()
@@ -106,13 +108,13 @@ def _collective() -> bool:
 
 
 def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
-             keep: int, *, in_memory: bool = False) -> None:
+             keep: int, *, in_memory: bool = False, group: Any = None) -> None:
     """One DCP save of ``obj`` to ``tier``'s step folder (collective where a group is live;
     ``in_memory``: the node's memory, one file per item: :mod:`.snapshotread`).
     The ``coordinator`` of the tier's folder (rank 0 on disk, the node's first rank in
     memory) first takes away the step's ``.metadata`` from an earlier save, so that the step
     counts again only once DCP renamed the new one in, and afterwards drops the oldest
-    steps."""
+    steps. Over ``group`` (default: the job's)."""
     # on first use: it costs a program's import time
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
@@ -124,7 +126,7 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(path, METADATA))
     writer = memory_writer(path) if in_memory else FileSystemWriter(path)
-    save(obj, storage_writer=writer, no_dist=not _group())
+    save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
     if coordinator:
         for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
             _remove(os.path.join(tier, step_folder(old)))
@@ -153,28 +155,86 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
     node's memory, and each node's files to the next node's memory (two copies of each);
     also to ``folder`` (default UNIRANK_STATE_DIR) every ``persist_every`` steps (0: never but
     at a stop) and always once the ranks agreed to stop (:func:`unirank.stop_requested`).
-    Without ``unirank run``: to ``folder`` only, each call. A step counts only once every
-    rank's part is written; each tier keeps its newest steps (2 in memory, 2 on disk)."""
+    Under ``unirank run`` it returns once the state is staged, and a thread writes it while
+    the loop goes on (:mod:`.snapshotstaging`: an optimizer's next ``step()`` waits until it
+    is written). Without ``unirank run``: to ``folder`` only, each call, before it returns.
+    A step counts only once every rank's part is written; each tier keeps its newest steps
+    (2 in memory, 2 on disk)."""
     if step < 0:
         raise ValueError(f"a step is 0 or more, not {step}")
     if persist_every < 0:
         raise ValueError(f"persist_every is 0 or more, not {persist_every}")
     _need_group("save_state")
+    _previous_save()
     memory, disk = _tiers(folder)
-    refused = memory is not None and _over_budget(memory, obj)
-    if refused:
+    if memory is not None and _over_budget(memory, obj):
         memory = None
-    if memory is not None:
-        first = state.get_local_rank() == 0
-        if first and disk is not None:
-            note_disk_folder(memory, os.path.abspath(disk))
-        _save_to(memory, step, obj, first, KEEP_IN_MEMORY, in_memory=True)
-        if _collective():
-            _to_peers(memory, step)
-        elif first:
-            mark_whole(memory, step)
-    if disk is not None and (memory is None or persists(step, persist_every, _STOP.agreed)):
-        _save_to(disk, step, obj, state.get_rank() == 0, KEEP_ON_DISK)
+    to_disk = disk if disk is not None and (
+        memory is None or persists(step, persist_every, _STOP.agreed)) else None
+    if memory is None:
+        if to_disk is not None:
+            _save_to(to_disk, step, obj, state.get_rank() == 0, KEEP_ON_DISK)
+        return
+    first = state.get_local_rank() == 0
+    if first and disk is not None:
+        note_disk_folder(memory, os.path.abspath(disk))
+    staged = stage(obj, frozenset(_torn))
+    group = state_group() if _collective() else None
+    BACKGROUND.start(lambda: _write(memory, to_disk, step, staged, group),
+                     lambda: _keep(memory, to_disk, step, staged, group))
+    if _STOP.agreed:  # the job ends next: this step is kept before the call returns
+        _previous_save()
+
+
+#: the paths of tensors the program changed while a save wrote them: copied at once since
+_torn: set[str] = set()
+
+
+def _previous_save() -> None:
+    """The running save ends first; one that failed fails this call."""
+    BACKGROUND.join()
+    error, BACKGROUND.error = BACKGROUND.error, None
+    if error is not None:
+        raise RuntimeError(f"ur.save_state: the last snapshot could not be kept ({error})") \
+            from error
+
+
+def _write(memory: str, disk: str | None, step: int, staged: Staged, group: Any) -> None:
+    """The thread's first half: the step into the node's memory (and the folder where due),
+    then the tensors kept by reference checked unchanged (:meth:`Staged.changed`)."""
+    first = state.get_local_rank() == 0
+    _save_to(memory, step, staged.obj, first, KEEP_IN_MEMORY, in_memory=True, group=group)
+    if disk is not None:
+        _save_to(disk, step, staged.obj, state.get_rank() == 0, KEEP_ON_DISK, group=group)
+    staged.torn = staged.changed()
+
+
+def _keep(memory: str, disk: str | None, step: int, staged: Staged, group: Any) -> None:
+    """The thread's second half, while the loop goes on: where any rank's tensor changed
+    while it was written, the step does not count (its metadata taken away); else the
+    copies to the peer node."""
+    torn = bool(staged.torn)
+    if _collective():
+        flag = torch.tensor([int(torn)])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        torn = bool(flag.item())
+    if torn:
+        _torn.update(staged.torn)
+        for tier in (memory, disk):
+            if tier is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(tier, step_folder(step), METADATA))
+        if not _SAID.torn:
+            _SAID.torn = True
+            which = ", ".join(staged.torn) or "a tensor of another rank"
+            _say(f"the snapshot of step {step} was not kept: {which} changed in place while "
+                 "it was written (outside an optimizer's step); copied before save_state "
+                 "returns from now on")
+        return
+    if _collective():
+        _to_peers(memory, step, group)
+    elif state.get_local_rank() == 0:
+        mark_whole(memory, step)
 
 
 def _part_bytes(obj: Any) -> int:
@@ -225,11 +285,13 @@ def _held_bytes(memory: str) -> int:
     return total
 
 
-def _to_peers(memory: str, step: int) -> None:
-    """Each node's files of ``step`` to the next node's memory, the metadata to every node."""
+def _to_peers(memory: str, step: int, group: Any = None) -> None:
+    """Each node's files of ``step`` to the next node's memory, the metadata to every node
+    (over ``group``: default the job's)."""
     rank = dist.get_rank()
-    gathered = gather(memory, frozenset(), rank, steps=[step])
-    carry(replicate(gathered.holdings, step, gathered.order), gathered, memory, step, rank)
+    gathered = gather(memory, frozenset(), rank, steps=[step], group=group)
+    carry(replicate(gathered.holdings, step, gathered.order), gathered, memory, step, rank,
+          group)
     if gathered.acts(rank):
         mark_whole(memory, step)
 
@@ -257,6 +319,7 @@ def load_state(obj: dict[str, Any], *,
     UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
     (:func:`restored_from` says it too)."""
     _need_group("load_state")
+    _previous_save()
     memory, disk = _tiers(folder)
     began = time.monotonic()
     rank = dist.get_rank() if _group() else 0

@@ -18,12 +18,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "COPY_NOW_BYTES",
     "KEEP_IN_MEMORY",
     "KEEP_ON_DISK",
     "METADATA",
     "WHOLE",
     "Choice",
     "choose",
+    "copied_now",
     "parse_step",
     "persists",
     "step_folder",
@@ -55,6 +57,18 @@ def parse_step(name: str) -> int | None:
     """The step of a folder name :func:`step_folder` made; None for any other name."""
     match = _STEP.fullmatch(name)
     return int(match.group(1)) if match else None
+
+
+#: a tensor this small is copied before ``save_state`` returns (buffers a ``forward`` changes
+#: in place are small; copying them costs little); larger ones are written by the thread
+COPY_NOW_BYTES = 1 << 20
+
+
+def copied_now(nbytes: int, path: str, torn_before: frozenset[str]) -> bool:
+    """Whether ``save_state`` copies a tensor before it returns: a small one, or one that
+    changed while an earlier save was writing it (the program changes it in place outside an
+    optimizer's step); else the thread writes it while the loop goes on."""
+    return nbytes <= COPY_NOW_BYTES or path in torn_before
 
 
 def persists(step: int, every: int, stopping: bool) -> bool:

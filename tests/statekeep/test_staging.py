@@ -1,0 +1,97 @@
+"""What ``ur.save_state`` hands its thread (:mod:`unirank.runtime.snapshotstaging`): small
+tensors and every other value copied at once, large tensors by reference with their version
+counters; a large tensor changed in place before the thread wrote it is found, the step is
+not kept (its metadata taken away), the line is said once, and that tensor is copied at once
+from then on. In-process, no process group (one process alone)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from unirank.runtime import snapshots
+from unirank.runtime.snapshotstaging import stage
+from unirank.statekeep.rules import COPY_NOW_BYTES, METADATA, copied_now, step_folder
+
+BIG = COPY_NOW_BYTES // 4 + 1  # float32 elements: one more than copied at once
+
+
+def test_small_or_once_torn_tensors_are_copied_at_once() -> None:
+    assert copied_now(COPY_NOW_BYTES, "model/w", frozenset())
+    assert not copied_now(COPY_NOW_BYTES + 1, "model/w", frozenset())
+    assert copied_now(COPY_NOW_BYTES + 1, "model/w", frozenset({"model/w"}))
+
+
+class Counter:
+    """A DCP ``Stateful``: its state dict is taken at the save."""
+
+    def __init__(self) -> None:
+        self.n = 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = state["n"]
+
+
+def test_the_staged_copy_keeps_large_tensors_by_reference_and_copies_the_rest() -> None:
+    big, small, groups = torch.zeros(BIG), torch.zeros(4), [{"lr": 0.1}]
+    counter = Counter()
+    staged = stage({"model": {"big": big, "small": small}, "groups": groups,
+                    "counter": counter}, frozenset())
+    assert staged.obj["model"]["big"] is big
+    assert staged.obj["model"]["small"] is not small
+    small.add_(1.0)
+    groups[0]["lr"] = 0.2
+    counter.n = 2
+    assert float(staged.obj["model"]["small"][0]) == 0.0
+    assert staged.obj["groups"] == [{"lr": 0.1}] and staged.obj["counter"] == {"n": 1}
+    assert staged.changed() == []
+    big.add_(1.0)  # an in-place change outside an optimizer's step, before the thread wrote
+    assert staged.changed() == ["model/big"]
+
+
+def test_a_dtensor_s_change_through_its_local_shard_is_seen(tmp_path: Path) -> None:
+    """``to_local().add_()`` moves the shard's version counter, not the DTensor's."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        param = DTensor.from_local(torch.zeros(BIG), mesh, [Shard(0)], run_check=False)
+        staged = stage({"w": param}, frozenset())
+        assert staged.obj["w"] is param and staged.changed() == []
+        param.to_local().add_(1.0)
+        assert staged.changed() == ["w"]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_step_changed_while_written_is_not_kept_and_said_once(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshots, "_torn", set())
+    monkeypatch.setattr(snapshots, "_SAID", snapshots._Said())
+    memory = tmp_path / "memory"
+    for step in (1, 2):
+        folder = memory / step_folder(step)
+        folder.mkdir(parents=True)
+        (folder / METADATA).write_bytes(b"")
+        staged = stage({"w": torch.zeros(BIG)}, frozenset(snapshots._torn))
+        staged.torn = ["w"]
+        snapshots._keep(str(memory), None, step, staged, None)
+        assert not os.path.exists(folder / METADATA)  # the step no longer counts
+    assert snapshots._torn == {"w"}
+    said = capsys.readouterr().err.splitlines()
+    assert said == ["unirank: the snapshot of step 1 was not kept: w changed in place while it "
+                    "was written (outside an optimizer's step); copied before save_state "
+                    "returns from now on"]
+    assert stage({"w": torch.zeros(BIG)}, frozenset(snapshots._torn)).versions == {}
