@@ -57,3 +57,27 @@ def test_a_worker_ended_by_a_forwarded_signal_is_stopped_not_failed(runner: Runn
     assert f"stopped by SIGUSR1 (exit code {128 + signal.SIGUSR1})" in text, text
     assert "READY" not in out.decode(), out
     assert runner.wait_gone(tree, mark=b"") == [], tree
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_while_a_node_waits_for_its_first_round_says_so_and_ends(
+        runner: Runner, signum: signal.Signals) -> None:
+    """``--nnodes 2`` with one node started: it waits for the other (no worker runs); a stop
+    signal ends the wait with one line and 128 + the signal (it died of it, silently, before),
+    and nothing of the run is left running."""
+    from _procs import free_port, wait_listening
+
+    script = runner.script("w.py", WAITS)
+    port = free_port()
+    proc = runner.start(["--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+                         "--rdzv-endpoint", f"127.0.0.1:{port}", str(script)])
+    wait_listening(port, proc, runner.timeout)  # the rendezvous is served: the node waits
+    tree = process_tree(proc.pid)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=runner.timeout)
+    text = err.decode()
+    assert proc.returncode == 128 + signum, text
+    assert f"unirank run: got {signum.name} while waiting for a rendezvous round: stopped (no " \
+        "worker was running)" in text, text
+    assert "Traceback" not in text and "READY" not in out.decode(), text
+    assert runner.wait_gone(tree, mark=b"") == [], tree

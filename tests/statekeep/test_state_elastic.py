@@ -248,3 +248,33 @@ def test_a_node_lost_with_the_node_holding_its_copy_falls_back_to_disk_in_one_li
     assert said[0].startswith("unirank: state of step 0 restored from the disk folder (the "
                               "nodes' memory holds step "), said
     assert "only in part: a node and the node that held its copy were both lost)" in said[0]
+
+
+def test_a_stop_while_the_survivor_waits_for_its_lost_node_keeps_the_state_on_disk(
+        runner: Runner, tmp_path: Path) -> None:
+    """``--nnodes 2:2``: the second node killed, the first waits for a second node in the
+    next round (no worker runs); SIGTERM then (a pod's, Slurm's) ends the wait in one line,
+    128 + 15, and the run's newest whole step goes from memory to the folder first (before,
+    the launcher died of the signal: no line, the memory folder left, nothing on disk)."""
+    from _procs import read_lines
+
+    disk = tmp_path / "disk"
+    nodes = TwoNodes(runner, tmp_path, 10**6, "2:2", ("--max-restarts", "3"),
+                     env={"UNIRANK_STATE_DIR": str(disk)})
+    try:
+        nodes.at_step_3()
+        _kill_tree(nodes.second)
+        nodes.second.communicate(timeout=TIMEOUT)
+        assert nodes.first.stderr is not None
+        read_lines(nodes.first.stderr, 1, contains="restarting the workers", timeout=TIMEOUT)
+        nodes.first.send_signal(signal.SIGTERM)
+        _, err = nodes.first.communicate(timeout=TIMEOUT)
+    finally:
+        nodes.close()
+    assert nodes.first.returncode == 128 + signal.SIGTERM, err
+    assert "unirank run: got SIGTERM while waiting for a rendezvous round: stopped (no worker " \
+        "was running)" in err, err
+    kept = [line for line in err.splitlines() if " kept in " in line]
+    assert len(kept) == 1 and kept[0].startswith("unirank run: the state of step "), err
+    step = int(kept[0].split("step ")[1].split()[0])
+    assert step >= 2 and (disk / f"step-{step}").is_dir(), (err, step)

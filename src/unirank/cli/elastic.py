@@ -120,13 +120,14 @@ def _spec(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npr
 
 
 def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], nproc: int,
-         outer: DistEnv, environ: Mapping[str, str],
+         outer: DistEnv, environ: Mapping[str, str], stop_fd: int | None = None,
          ) -> tuple[RendezvousHelper, socket.socket, Assignment]:
     """Take part in the rendezvous: the helper (the caller closes it when the run ends), the
     store's socket (for node rank 0; others close it) and this node's assignment; a node
     waiting to join stops the workers so that the next round admits it, whatever is left of
     ``--max-restarts`` (a change of membership spends no restart, as under torchrun). A
-    refusal is a one-line :class:`ConfigError`."""
+    refusal is a one-line :class:`ConfigError`; a stop signal on ``stop_fd`` while a round is
+    awaited ends the wait (:class:`~unirank.supervisor.rdzv.client.StoppedWaiting`)."""
     from unirank.supervisor.listen import open_store_socket
 
     spec = _spec(args, endpoint, nproc, outer, environ)
@@ -138,7 +139,7 @@ def join(args: argparse.Namespace, endpoint: tuple[str | None, int | None], npro
     helper = None
     try:
         spec = replace(spec, store_port=int(sock.getsockname()[1]))
-        helper = RendezvousHelper(spec, environ)
+        helper = RendezvousHelper(spec, environ, stop_fd)
         return helper, sock, helper.next()
     except BaseException:
         sock.close()

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from collections.abc import Mapping
@@ -38,15 +39,19 @@ from unirank.cli.runconfig import (
 )
 from unirank.cli.runoptions import describe_sources, settle
 from unirank.errors import ConfigError
-from unirank.exitcodes import USAGE
+from unirank.exitcodes import USAGE, killed_by
+from unirank.supervisor.rdzv.client import StoppedWaiting
 from unirank.supervisor.recovery import NextRound
 
 if TYPE_CHECKING:
+    import socket
+
     from unirank.distenv import DistEnv
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.filetimer import TimerServer
     from unirank.supervisor.fork.client import ForkServer
     from unirank.supervisor.plan import LaunchRequest, Plan
+    from unirank.supervisor.rdzv.client import RendezvousHelper
     from unirank.supervisor.rdzv.spec import Assignment
     from unirank.supervisor.summary import RunResult
 
@@ -167,14 +172,29 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
                         target: list[str], server: ForkServer | None) -> RunResult:
     """Join the dynamic rendezvous (:mod:`unirank.cli.elastic`), plan this node's workers at
     the node rank it assigned, then start and supervise them."""
+    from unirank.cli import elastic
+    from unirank.signals import STOP_SIGNALS
+    from unirank.supervisor.wakeup import signals_on_a_pipe
+
+    nproc = request.nproc_per_node or request.spawn_default or 1
+    # a stop signal while no worker runs (a round awaited) ends the wait: StoppedWaiting
+    with signals_on_a_pipe({*options.signals, *STOP_SIGNALS}) as stop_fd:
+        return _join_and_run(args, request, outer, environ, options, target, server,
+                             elastic.join(args, endpoint(args), nproc, outer, environ, stop_fd))
+
+
+def _join_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,
+                  environ: Mapping[str, str], options: EngineOptions, target: list[str],
+                  server: ForkServer | None,
+                  joined: tuple[RendezvousHelper, socket.socket, Assignment]) -> RunResult:
+    """Plan and run at each round's place (:func:`_rendezvous_and_run`)."""
     from dataclasses import replace
 
     from unirank.cli import elastic
     from unirank.supervisor.attempts import run_plan
     from unirank.supervisor.plan import make_plan
 
-    nproc = request.nproc_per_node or request.spawn_default or 1
-    helper, sock, assignment = elastic.join(args, endpoint(args), nproc, outer, environ)
+    helper, sock, assignment = joined
 
     def plan_at(place: Assignment) -> Plan:
         plan = make_plan(request, outer, environ, run_id_fallback=elastic.DEFAULT_RUN_ID,
@@ -248,6 +268,11 @@ def main(args: argparse.Namespace) -> int:
                               prog="unirank run")
         try:
             return _run(args, environ, target, server)
+        except StoppedWaiting as stop:  # no worker ran since: the stop is said here
+            name = signal.Signals(stop.signum).name
+            print(f"unirank run: got {name} while waiting for a rendezvous round: stopped "
+                  "(no worker was running)", file=sys.stderr, flush=True)
+            return killed_by(stop.signum)
         finally:
             if server is not None:
                 server.close()

@@ -16,6 +16,7 @@ import json
 import os
 import selectors
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -30,7 +31,7 @@ from unirank.supervisor.rdzv.messages import ENDED, EVICTED, MOVED
 from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to_line
 from unirank.sweep import RDZV_PREFIX, make_owned_folder
 
-__all__ = ["ANSWER_MARGIN", "RendezvousHelper"]
+__all__ = ["ANSWER_MARGIN", "RendezvousHelper", "StoppedWaiting"]
 
 #: seconds the parent waits for an answer beyond the join timeout (the helper's start and its
 #: connect)
@@ -53,12 +54,25 @@ def _spawn(environ: Mapping[str, str], err_fd: int) -> subprocess.Popen[bytes]:
                         stdout=subprocess.PIPE, stderr=err_fd)
 
 
+class StoppedWaiting(Exception):
+    """A stop signal came while this node waited for a rendezvous round (no worker runs)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class RendezvousHelper:
     """One node's rendezvous helper process, for the whole run (it keeps the node alive in the
     rendezvous and, on the endpoint's node, serves the rendezvous store)."""
 
-    def __init__(self, spec: RdzvSpec, environ: Mapping[str, str]) -> None:
+    def __init__(self, spec: RdzvSpec, environ: Mapping[str, str],
+                 stop_fd: int | None = None) -> None:
+        """``stop_fd``: the read end of the run's signal pipe
+        (:func:`unirank.supervisor.wakeup.signals_on_a_pipe`), watched while a round is
+        awaited: a signal on it other than SIGCHLD ends the wait (:class:`StoppedWaiting`)."""
         self.spec = spec
+        self._stop_fd = stop_fd
         self._folder = make_owned_folder(RDZV_PREFIX)
         self.log_path = os.path.join(self._folder, "helper.log")
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -115,13 +129,19 @@ class RendezvousHelper:
         deadline = time.monotonic() + timeout
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
+            if self._stop_fd is not None:
+                selector.register(self._stop_fd, selectors.EVENT_READ)
             while b"\n" not in self._buffer:
                 left = deadline - time.monotonic()
-                if left <= 0 or not selector.select(left):
+                ready = selector.select(left) if left > 0 else []
+                if not ready:
                     self._keep_log = True
                     raise ConfigError(
                         f"the rendezvous helper did not answer within {timeout:g} s",
                         hint=f"the rendezvous helper's log: {self.log_path}")
+                self._check_stop()
+                if all(key.fd != fd for key, _ in ready):
+                    continue
                 chunk = os.read(fd, 65536)
                 if not chunk:
                     self._keep_log = True
@@ -131,6 +151,15 @@ class RendezvousHelper:
                 self._buffer += chunk
         line, _, self._buffer = self._buffer.partition(b"\n")
         return line.decode(errors="replace")
+
+    def _check_stop(self) -> None:
+        """Raise :class:`StoppedWaiting` where a signal other than SIGCHLD is on the pipe."""
+        if self._stop_fd is None:
+            return
+        with contextlib.suppress(BlockingIOError):
+            for signum in os.read(self._stop_fd, 512):
+                if signum != signal.SIGCHLD:
+                    raise StoppedWaiting(signum)
 
     def fileno(self) -> int:
         """The helper's answers: readable when it has news (:meth:`world_change`)."""
