@@ -3,13 +3,15 @@
 ``_elastic_worker.py STEPS``: each rank all-reduces a one per step and prints
 ``step S rank R world W restart C at T`` (C: TORCHELASTIC_RESTART_COUNT, T: time.time()), then
 sleeps 0.1 s. With BENCH_STUCK_AT=N in its environment, a rank sleeps forever in user code
-before its step N (saying ``stuck at T`` first). The harness reads the lines for the first
+before its step N (saying ``stuck at T`` first); with BENCH_STUCK_HOW=stop too, it stops itself
+with SIGSTOP there instead (a rank stopped by a debugger, a job control's Ctrl-Z). The harness reads the lines for the first
 step at a new world.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
@@ -23,6 +25,8 @@ stuck_at = int(os.environ.get("BENCH_STUCK_AT", "-1"))
 for step in range(int(sys.argv[1])):
     if step == stuck_at:
         print(f"stuck at {time.time():.3f}", flush=True)
+        if os.environ.get("BENCH_STUCK_HOW") == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(1e9)
     t = torch.ones(1)
     dist.all_reduce(t)
