@@ -397,13 +397,17 @@ class Supervisor:
             send(worker.pid, signal.SIGKILL, group=True)
 
     def _signal_all(self, signum: int) -> None:
-        """Send a stop signal (or SIGKILL) to every live worker's process group, noting it."""
+        """Send a stop signal (or SIGKILL) to every live worker's process group, noting it;
+        then SIGCONT, so that a worker stopped (SIGSTOP, Ctrl-Z: an evicted stuck rank) takes
+        the stop signal now, not SIGKILL at the grace period's end."""
         now = time.time()
         for worker in self._alive():
             if worker.stopped_at is None:
                 worker.stopped_at = now
             worker.stop_signals.add(int(signum))
             send(worker.pid, signum, group=True)
+            if signum != signal.SIGKILL:
+                send(worker.pid, signal.SIGCONT, group=True)
 
     # -- the end ------------------------------------------------------------------------------
 
