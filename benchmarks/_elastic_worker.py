@@ -3,9 +3,9 @@
 ``_elastic_worker.py STEPS``: each rank all-reduces a one per step and prints
 ``step S rank R world W restart C at T`` (C: TORCHELASTIC_RESTART_COUNT, T: time.time()), then
 sleeps 0.1 s. With BENCH_STUCK_AT=N in its environment, a rank sleeps forever in user code
-before its step N (saying ``stuck at T`` first); with BENCH_STUCK_HOW=stop too, it stops itself
-with SIGSTOP there instead (a rank stopped by a debugger, a job control's Ctrl-Z). The harness reads the lines for the first
-step at a new world.
+before its step N (saying ``stuck at T`` first); with BENCH_STUCK_HOW=stop too, it stops
+itself with SIGSTOP there instead (a debugger, a job control's Ctrl-Z). The harness reads the
+lines for the first step at a new world.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from _procs import Runner, free_port, wait_listening
 from unirank.exitcodes import EVICTED
-from unirank.hang.learned import WARMUP
+from unirank.hang.learned import FLOOR, WARMUP
 
 pytestmark = pytest.mark.integration
 
@@ -98,8 +98,8 @@ def test_a_stuck_rank_is_evicted_with_no_hang_option(runner: Runner, tmp_path: P
     assert evicted.returncode == EVICTED, err_b
     why = "published nothing for" if how == "stop" else "used no CPU for"
     assert f"ending the job (rank 1 {why} " in err, err
-    assert "; learned --hang-timeout auto 3 s, exit code 86)" in err, err
-    assert f"unirank: HANG (a stuck rank): ranks have waited in a collective for " in err, err
+    assert f"; learned --hang-timeout auto {FLOOR:g} s, exit code 86)" in err, err
+    assert "unirank: HANG (a stuck rank): ranks have waited in a collective for " in err, err
     assert f"node evicted: rank 1 never entered all_reduce #{STUCK_AT + 1}" in err, err
     assert len(_steps(out, 2, 0)) == STUCK_AT, out  # the world of 2 up to the stuck step
     assert f"step {steps - 1} rank 0 world 1 restart 1" in out.splitlines(), out
@@ -152,8 +152,6 @@ dist.destroy_process_group()
 def test_ranks_slow_on_purpose_are_not_evicted(runner: Runner, tmp_path: Path,
                                                cases: str) -> None:
     """No eviction, no ending: both nodes finish at the world of 2, never restarted."""
-    from unirank.hang.learned import FLOOR
-
     steps = 24
     first, second = _nodes(runner, tmp_path, SLOW, [str(steps), f"{2 * FLOOR:g}", cases])
     out, err = first.communicate(timeout=TIMEOUT)

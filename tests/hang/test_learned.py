@@ -155,6 +155,5 @@ def test_phases_nest_and_name_the_innermost() -> None:
             assert current() == "save_state"
         assert current() == "eval"
     assert current() == ""
-    with pytest.raises(ValueError, match="non-empty"):
-        with phase(" "):
-            pass
+    with pytest.raises(ValueError, match="non-empty"), phase(" "):
+        pass
