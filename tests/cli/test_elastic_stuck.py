@@ -65,13 +65,13 @@ ARGS = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
 
 
 def _nodes(runner: Runner, tmp_path: Path, script: str, argv: list[str],
-           env_b: dict[str, str] | None = None
+           env_a: dict[str, str] | None = None, env_b: dict[str, str] | None = None
            ) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
     """Node A (serves the rendezvous), then node B once A listens: the same command."""
     (tmp_path / "steps.py").write_text(script)
     port = free_port()
     args = [*ARGS, "--rdzv-endpoint", f"127.0.0.1:{port}", "steps.py", *argv]
-    first = runner.start(args, text=True, drop=("OMP_NUM_THREADS",))
+    first = runner.start(args, text=True, drop=("OMP_NUM_THREADS",), env=env_a)
     wait_listening(port, first, TIMEOUT)
     second = runner.start(args, text=True, drop=("OMP_NUM_THREADS",), env=env_b)
     return first, second
@@ -82,25 +82,31 @@ def _steps(out: str, world: int, restart: int) -> list[str]:
             and line.endswith(f" world {world} restart {restart}")]
 
 
-@pytest.mark.parametrize("how", ["sleep", "stop", "dstate"])
+@pytest.mark.parametrize(("how", "rank"), [("sleep", 1), ("stop", 1), ("dstate", 1),
+                                           ("sleep", 0)])
 def test_a_stuck_rank_is_evicted_with_no_hang_option(runner: Runner, tmp_path: Path,
-                                                     how: str) -> None:
-    """Node B's rank asleep in user code, SIGSTOPped, or in D state before step
-    :data:`STUCK_AT`: no ``--hang-timeout`` given, the learned one evicts node B and node A
-    steps on alone to the end."""
+                                                     how: str, rank: int) -> None:
+    """A rank asleep in user code, SIGSTOPped, or in D state before step :data:`STUCK_AT`
+    (node B's rank 1; or rank 0 asleep, on node A that serves the rendezvous and runs the
+    detector): no ``--hang-timeout`` given, the learned one evicts its node and the other
+    node steps on alone to the end."""
     steps = STUCK_AT + 30
-    survivor, evicted = _nodes(runner, tmp_path, STEPS, [str(steps), str(STUCK_AT)],
-                               env_b={"HOW": how})
+    stuck = {"HOW": how}
+    first, second = _nodes(runner, tmp_path, STEPS, [str(steps), str(STUCK_AT)],
+                           *((None, stuck) if rank == 1 else (stuck, None)))
+    evicted, survivor = (second, first) if rank == 1 else (first, second)
     out, err = survivor.communicate(timeout=TIMEOUT)
     out_b, err_b = evicted.communicate(timeout=TIMEOUT)
-    assert f"stuck {how} rank 1" in out_b, out_b + err_b
+    assert f"stuck {how} rank {rank}" in out_b, out_b + err_b
     assert survivor.returncode == 0, err + err_b
     assert evicted.returncode == EVICTED, err_b
     why = "published nothing for" if how == "stop" else "used no CPU for"
-    assert f"ending the job (rank 1 {why} " in err, err
-    assert f"; learned --hang-timeout auto {FLOOR:g} s, exit code 86)" in err, err
-    assert "unirank: HANG (a stuck rank): ranks have waited in a collective for " in err, err
-    assert f"node evicted: rank 1 never entered all_reduce #{STUCK_AT + 1}" in err, err
+    report = err if rank == 1 else err_b  # rank 0's node prints it
+    assert f"ending the job (rank {rank} {why} " in report, report
+    assert f"; learned --hang-timeout auto {FLOOR:g} s, exit code 86)" in report, report
+    assert "unirank: HANG (a stuck rank): ranks have waited in a collective for " in report, \
+        report
+    assert f"node evicted: rank {rank} never entered all_reduce #{STUCK_AT + 1}" in err, err
     assert len(_steps(out, 2, 0)) == STUCK_AT, out  # the world of 2 up to the stuck step
     assert f"step {steps - 1} rank 0 world 1 restart 1" in out.splitlines(), out
 

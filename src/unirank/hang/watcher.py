@@ -167,7 +167,8 @@ class Watcher:
         #: its main thread's stack is the failure's traceback
         self.held = False
         self._failed_frames: list[list[Any]] | None = None
-        #: the hang timeout ends the job (its report was made): a failed collective adds none
+        #: the hang timeout ends the job (its report was made): under a learned one, a failed
+        #: collective adds none (:mod:`unirank.hang.failure`)
         self.ending = False
 
     def attempt_folder(self) -> str:
