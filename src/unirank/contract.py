@@ -317,8 +317,8 @@ class HangSettings:
                HANG_INTERVAL_VAR: format_seconds(self.interval)}
         if self.timeout is not None:
             env[HANG_TIMEOUT_VAR] = format_seconds(self.timeout)
-        elif self.learned:
-            env[HANG_TIMEOUT_VAR] = HANG_TIMEOUT_AUTO
+        else:  # off said, else an elastic job's worker would read its default, auto
+            env[HANG_TIMEOUT_VAR] = HANG_TIMEOUT_AUTO if self.learned else "off"
         env[HANG_NAMES_VAR] = ",".join(self.names)  # else the workers would name the variables
         return env
 

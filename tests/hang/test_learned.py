@@ -142,6 +142,8 @@ def test_a_number_or_off_keeps_its_meaning_in_an_elastic_job() -> None:
     assert (fixed.learned, fixed.timeout) == (False, 6.0)
     off = resolve_hang(None, "off", {}, elastic=True)
     assert (off.learned, off.timeout) == (False, None)
+    worker = {**off.environ(), "UNIRANK_ELASTIC": "1"}  # what an elastic job's worker reads
+    assert not resolve_hang(None, None, worker).learned
     no_detector = resolve_hang("off", None, {}, elastic=True)
     assert not no_detector.learned
     with pytest.raises(ConfigError, match="--hang-timeout='soon'"):
