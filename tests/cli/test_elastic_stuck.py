@@ -103,7 +103,7 @@ def test_a_stuck_rank_is_evicted_with_no_hang_option(runner: Runner, tmp_path: P
     why = "published nothing for" if how == "stop" else "used no CPU for"
     report = err if rank == 1 else err_b  # rank 0's node prints it
     assert f"ending the job (rank {rank} {why} " in report, report
-    assert f"; learned --hang-timeout auto {FLOOR:g} s, exit code 86)" in report, report
+    assert f"; the learned hang timeout, {FLOOR:g} s; exit code 86)" in report, report
     assert "unirank: HANG (a stuck rank): ranks have waited in a collective for " in report, \
         report
     assert f"node evicted: rank {rank} never entered all_reduce #{STUCK_AT + 1}" in err, err

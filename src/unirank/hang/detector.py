@@ -121,10 +121,11 @@ class Detector:
         files = self._dump_files(decision.number)
         settings = self.watcher.settings
         names = settings.names
-        if settings.learned:  # the reports name the learned timeout and why the ranks are stuck
-            names = (names[0], f"{names[1]} {HANG_TIMEOUT_AUTO}")
+        if settings.learned:  # the reports say the learned timeout and why the ranks are stuck
+            if names[1].startswith("-"):  # an option's default (or given): --hang-timeout auto
+                names = (names[0], f"{names[1]} {HANG_TIMEOUT_AUTO}")
             why = "; ".join(s.words() for s in self.stuck)
-            last = (f"ending the job ({why}; learned {shown_setting(names[1], limit or 0.0)}, "
+            last = (f"ending the job ({why}; the learned hang timeout, {limit or 0.0:g} s; "
                     f"exit code {HANG_TIMEOUT})")
         else:
             last = (f"ending the job ({shown_setting(names[1], limit or 0.0)}, exit code "
