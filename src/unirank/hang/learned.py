@@ -115,11 +115,12 @@ class Stuck:
     seconds: float
 
     def words(self) -> str:
-        """``rank 1 published nothing for 2.1 s (stopped, or its interpreter held)``."""
+        """``rank 1 published nothing for 2.1 s (stopped, or its interpreter held)``, ``rank 1
+        used no CPU for 1.5 s (asleep or blocked)``."""
         if self.why == SILENT:
             return (f"rank {self.rank} published nothing for {self.seconds:.1f} s (stopped, "
                     "or its interpreter held)")
-        return f"rank {self.rank} used no CPU for {self.seconds:.1f} s (asleep)"
+        return f"rank {self.rank} used no CPU for {self.seconds:.1f} s (asleep or blocked)"
 
 
 def stuck_reason(rank: int, record: Mapping[str, Any] | None,
