@@ -159,3 +159,18 @@ def test_phases_nest_and_name_the_innermost() -> None:
     assert current() == ""
     with pytest.raises(ValueError, match="non-empty"), phase(" "):
         pass
+
+
+def test_the_docs_state_the_rule_s_numbers() -> None:
+    """docs/run.md's rule says the module's numbers (the one home of each)."""
+    from pathlib import Path
+
+    from unirank.hang.learned import BUSY_SHARE
+
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "run.md").read_text()
+                    .split())
+    assert f"the larger of {FLOOR:g} s and {FACTOR:g} times the slowest wait" in text
+    assert f"The job's first {WARMUP} collectives of each group" in text
+    assert f"past the first {WARMUP} collectives" in text
+    assert f"less than {BUSY_SHARE:.0%} of a core over the last {QUIET:g} s" in text
+    assert f"every {LEARNED_INTERVAL:g} s" in text
