@@ -20,7 +20,8 @@ endpoint listens; once the world of 2 ran a few steps, one of:
   join (unirank says so; torchrun is given 5 s); node A's whole tree SIGKILLed: the time to node
   C's first step at a world of 2 (B and C: the waiting node followed the rendezvous);
 * ``stuck``: node B's rank sleeps forever in user code at step :data:`STUCK_AT` (alive, its
-  heartbeats fine); unirank run is given ``--hang-timeout`` :data:`HANG_TIMEOUT` (torchrun has no
+  heartbeats fine; BENCH_STUCK_HOW=stop: it stops itself with SIGSTOP there); unirank run keeps
+  its defaults (an elastic job's learned hang timeout: no ``--hang-timeout``; torchrun has no
   such option); the time from the sleep's start to node A's first step at the smaller world.
 
 A launcher that shows no such step within :data:`BOUND_S` counts as "none within N s" and
@@ -52,12 +53,12 @@ HOST = "127.0.0.1"
 BOUND_S = 75.0
 STEPS = 5000
 SCENARIOS = ("killed", "frozen", "endpoint", "restarted", "waiting", "stuck")
-#: the stuck scenario: the step before which node B's rank sleeps, unirank's --hang-timeout
-STUCK_AT, HANG_TIMEOUT = 40, 15.0
+#: the stuck scenario: the step before which node B's rank sleeps
+STUCK_AT = 40
 #: targets (issue 35): seconds, and the ratio to torchrun's agent where one is set
 TARGETS = {"killed": (6.0, 0.2), "frozen": (10.0, None), "endpoint": (10.0, None),
            "restarted": (None, None), "waiting": (10.0, None),
-           "stuck": (HANG_TIMEOUT + 10.0, None)}
+           "stuck": (8.0, None)}
 _STEP = re.compile(r"^step \d+ rank \d+ world (\d+) restart (\d+) at ([\d.]+)$", re.MULTILINE)
 
 
@@ -79,8 +80,6 @@ def command(name: str, port: int, scenario: str = "") -> list[str]:
     """The command every node runs (the same on both)."""
     launcher = ([PY, "-m", "unirank", "run"] if name == "unirank"
                 else [PY, "-m", "torch.distributed.run"])
-    if name == "unirank" and scenario == "stuck":
-        launcher += ["--hang-timeout", f"{HANG_TIMEOUT:g}"]
     return [*launcher, "--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{HOST}:{port}", "--rdzv-id",
             "bench", WORKER, str(STEPS)]
@@ -90,6 +89,7 @@ def _start(cmd: list[str], out: Path, stuck: bool = False) -> subprocess.Popen[b
     env = _env()
     if stuck:
         env["BENCH_STUCK_AT"] = str(STUCK_AT)
+        env["BENCH_STUCK_HOW"] = os.environ.get("BENCH_STUCK_HOW", "sleep")
     with open(out, "ab") as sink:
         return subprocess.Popen(cmd, env=env, stdout=sink, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)

@@ -36,7 +36,7 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d`), unirank run beside
            torchrun's agent: a killed node (<= 6 s and <= 0.2x), a frozen node (<= 10 s),
            the endpoint's node killed (<= 10 s), a killed node started again (the world
-           back to 2), a stuck rank (unirank: --hang-timeout 15, <= 25 s);
+           back to 2), a stuck rank (unirank: no hang option, the learned timeout, <= 8 s);
            benchmarks/_elastic.py
 """
 

@@ -80,6 +80,7 @@ _RUNTIME_NAMES = frozenset(
 
 if TYPE_CHECKING:  # pragma: no cover
     from unirank.distenv import DistEnv
+    from unirank.hang.phases import phase
     from unirank.launchers import detect
     from unirank.runtime import *  # noqa: F403
 
@@ -89,6 +90,10 @@ def __getattr__(name: str) -> Any:
         import unirank.runtime as runtime
 
         return getattr(runtime, name)
+    if name == "phase":  # no torch: the hang watcher's phases (hang/phases.py)
+        from unirank.hang.phases import phase
+
+        return phase
     if name == "detect":
         from unirank.launchers import detect
 
@@ -100,7 +105,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'unirank' has no attribute {name!r}")
 
 
-__all__ = ["ConfigError", "DistEnv", "__version__", "detect", *sorted(_RUNTIME_NAMES)]
+__all__ = ["ConfigError", "DistEnv", "__version__", "detect", "phase", *sorted(_RUNTIME_NAMES)]
 
 
 def __dir__() -> list[str]:

@@ -49,9 +49,11 @@ __all__ = [
     "HANG_NAMES_VAR",
     "HANG_OPTIONS",
     "HANG_REPORT_AFTER_VAR",
+    "HANG_TIMEOUT_AUTO",
     "HANG_TIMEOUT_VAR",
     "INIT_TIMEOUT_VAR",
     "LAUNCHER_VAR",
+    "LEARNED_INTERVAL",
     "LINGER_FD_VAR",
     "LOG_LINE_PREFIX_VAR",
     "LOST_PEER_WAIT",
@@ -156,8 +158,11 @@ MASTER_FORWARDED_VAR = "UNIRANK_MASTER_FORWARDED"
 #: seconds a rank may wait in a collective that another rank has not entered before the hang
 #: detector reports it (``--hang-report-after``; ``0`` or ``off``: no detector)
 HANG_REPORT_AFTER_VAR = "UNIRANK_HANG_REPORT_AFTER"
-#: seconds of such a hang after which the job ends (``--hang-timeout``; unset: never)
+#: seconds of such a hang after which the job ends (``--hang-timeout``; ``auto``: learned from
+#: the job, :mod:`unirank.hang.learned`, the default of an elastic job; unset: never)
 HANG_TIMEOUT_VAR = "UNIRANK_HANG_TIMEOUT"
+#: the value of UNIRANK_HANG_TIMEOUT / ``--hang-timeout`` that asks for the learned timeout
+HANG_TIMEOUT_AUTO = "auto"
 #: what the supervisor does when ``--hang-timeout`` ends the workers (``--on-hang``): ``exit``
 #: (the job ends, 86), ``restart`` (every node starts its workers again), ``evict`` (the nodes of
 #: the ranks that never entered the collective are stopped and left out; an elastic job only)
@@ -294,13 +299,16 @@ class HangSettings:
 
     #: seconds before a hang is reported; None: the detector is off
     report_after: float | None = DEFAULT_HANG_REPORT_AFTER
-    #: seconds of hang after which the job ends; None: never
+    #: seconds of hang after which the job ends; None: never (or learned, below)
     timeout: float | None = None
     #: seconds between two progress records of a rank
     interval: float = 5.0
     #: the names ``report_after`` and ``timeout`` were given by: :data:`HANG_OPTIONS`,
     #: :data:`HANG_KEYWORDS` or a variable's name; what the reports name them
     names: tuple[str, str] = HANG_OPTIONS
+    #: the timeout is learned from the job (``--hang-timeout auto``: :mod:`unirank.hang.
+    #: learned`), and ends the job only for a stuck rank, not a slow one
+    learned: bool = False
 
     def environ(self) -> dict[str, str]:
         """These settings as the worker's variables (what :func:`resolve_hang` reads back)."""
@@ -309,6 +317,8 @@ class HangSettings:
                HANG_INTERVAL_VAR: format_seconds(self.interval)}
         if self.timeout is not None:
             env[HANG_TIMEOUT_VAR] = format_seconds(self.timeout)
+        else:  # off said, else an elastic job's worker would read its default, auto
+            env[HANG_TIMEOUT_VAR] = HANG_TIMEOUT_AUTO if self.learned else "off"
         env[HANG_NAMES_VAR] = ",".join(self.names)  # else the workers would name the variables
         return env
 
@@ -343,24 +353,36 @@ def _off_or_seconds(given: str | float | None, environ: Mapping[str, str], varia
     return (parse_seconds(text, name, allow_zero=True) or None), True
 
 
+#: the watchers' interval where the timeout is learned (``auto``) and UNIRANK_HANG_INTERVAL
+#: is not set: a stuck rank is seen, and the job ends, within a few of them
+LEARNED_INTERVAL = 0.5
+
+
 def resolve_hang(report_after: str | float | None = None, timeout: str | float | None = None,
                  environ: Mapping[str, str] | None = None, *,
-                 names: tuple[str, str] = HANG_OPTIONS
+                 names: tuple[str, str] = HANG_OPTIONS, elastic: bool | None = None
                  ) -> HangSettings:
     """The hang detector's settings: the options given (``--hang-report-after``,
     ``--hang-timeout``, or the keywords ``hang_report_after=``, ``hang_timeout=`` of
     :func:`unirank.init` and ``Parallel``: ``names`` says which, for the errors), else the
-    variables, else 60 s and no timeout; ``0`` or ``off`` turns either one off. The interval
-    is UNIRANK_HANG_INTERVAL, else a quarter of the report delay (0.25 to 5 s). A bad value
-    is a ConfigError naming where it came from.
+    variables, else 60 s and no timeout, but the learned one (``auto``) in an elastic job
+    (``elastic``; None: UNIRANK_ELASTIC says); ``0`` or ``off`` turns either one off. The
+    interval is UNIRANK_HANG_INTERVAL, else a quarter of the report delay (0.25 to 5 s), else
+    :data:`LEARNED_INTERVAL` where the timeout is learned. A bad value is a ConfigError naming
+    where it came from.
 
-    Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL.
+    Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL,
+    UNIRANK_ELASTIC.
     """
     environ = environ or {}
     after, given = _off_or_seconds(report_after, environ, HANG_REPORT_AFTER_VAR, names[0])
     if not given:
         after = DEFAULT_HANG_REPORT_AFTER
-    limit, _ = _off_or_seconds(timeout, environ, HANG_TIMEOUT_VAR, names[1])
+    learned = _asks_auto(timeout, environ)
+    limit, set_ = (None, True) if learned else _off_or_seconds(timeout, environ,
+                                                               HANG_TIMEOUT_VAR, names[1])
+    if not set_:
+        learned = flag(environ, ELASTIC_VAR) if elastic is None else elastic
     shown = _hang_names(environ, names, report_after is None, timeout is None)
     text = environ.get(HANG_INTERVAL_VAR, "")
     if text.strip():
@@ -368,12 +390,20 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
     else:
         interval = min(5.0, max(0.25, (after or DEFAULT_HANG_REPORT_AFTER) / 4))
     if after is None:
-        limit = None  # no detector: nothing to time out
+        limit, learned = None, False  # no detector: nothing to time out
+    elif learned and not text.strip():
+        interval = min(interval, LEARNED_INTERVAL)
     elif limit is not None and limit < after:
         after = limit  # the hang must be seen (and reported) by the time it ends the job
         if not text.strip():  # and the job ended soon after: every rank ends within 2 looks
             interval = min(5.0, max(0.25, after / 8))
-    return HangSettings(after, limit, interval, shown)
+    return HangSettings(after, limit, interval, shown, learned)
+
+
+def _asks_auto(given: str | float | None, environ: Mapping[str, str]) -> bool:
+    """Whether the timeout given (else UNIRANK_HANG_TIMEOUT) is ``auto``."""
+    text = given if given is not None else environ.get(HANG_TIMEOUT_VAR, "")
+    return isinstance(text, str) and text.strip().lower() == HANG_TIMEOUT_AUTO
 
 
 def _hang_names(environ: Mapping[str, str], names: tuple[str, str], after_from_variable: bool,

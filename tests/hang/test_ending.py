@@ -70,3 +70,18 @@ def test_with_the_blamed_rank_frozen_the_detectors_rank_records_first() -> None:
     recorded.clear()
     assert end_in_turn(store, 2, 4, 1.0, ending, recorded.append, pause, lambda: now[0]) == 5.0
     assert recorded == ["no progress"] and store.counts[FIRST_KEY] == 1  # no wait: rank 1 did
+
+
+def test_with_the_blamed_rank_known_stopped_nobody_waits_nor_lingers() -> None:
+    """The learned timeout knows a stopped rank (no record for a late look): no rank waits
+    for its record, and none lingers for its supervisor."""
+    from unirank.hang.ending import FIRST_KEY, end_in_turn
+
+    store, recorded, waited = Store(), [], []
+    ending = Ending("no progress", (3,), by=0, frozen=(3,))
+    assert Ending.decode(ending.encode()) == ending
+    assert records_first(2, ending)
+    linger = end_in_turn(store, 2, 4, 1.0, ending, recorded.append, waited.append,
+                         lambda: 0.0)
+    assert (linger, waited, recorded) == (0.0, [], ["no progress"])
+    assert store.counts[FIRST_KEY] == 1

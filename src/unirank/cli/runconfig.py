@@ -307,7 +307,8 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
     )
     signals, handled = run_signals(args.signals, environ)
     hang = resolve_hang(getattr(args, "hang_report_after", None),
-                        getattr(args, "hang_timeout", None), environ)
+                        getattr(args, "hang_timeout", None), environ,
+                        elastic=_elastic(args, outer))
     return EngineOptions(grace_period=grace_period(args.grace_period, environ), output=output,
                          signals=signals, signals_to_handle=handled,
                          timeline=bool(args.timeline or args.timeline_json),

@@ -204,9 +204,10 @@ OPTIONS: tuple[RunOption, ...] = (
          help="report a hang (ranks waiting S seconds in a collective that others have not "
          "entered) with every rank's stack; 0 or off: never (default: "
          f"{HANG_REPORT_AFTER_VAR}, else {DEFAULT_HANG_REPORT_AFTER:g})"),
-    _opt("--hang-timeout", pet=False, metavar=_SECONDS,
-         help=f"end the job (exit code 86) when a hang lasts S seconds (default: "
-         f"{HANG_TIMEOUT_VAR}, else never)"),
+    _opt("--hang-timeout", pet=False, metavar="S|auto|off",
+         help=f"end the job (exit code 86) when a hang lasts S seconds; auto: when a rank "
+         f"is stuck (not slow) past a timeout learned from the job's own waits (default: "
+         f"{HANG_TIMEOUT_VAR}, else auto in an elastic job, never in a static one)"),
     _opt("--on-hang", pet=False, metavar="exit|restart|evict",
          help="once --hang-timeout ended the workers: end the job (86), restart every "
          "node, or stop the nodes of the ranks that never entered the collective and go on "

@@ -2,7 +2,8 @@
 the hangs found (:func:`unirank.hang.detect.find_hangs`), the reports made when
 :func:`unirank.hang.schedule.decide` says so (printed on rank 0's stderr, written with every
 rank's stacks as text and JSON in the attempt's ``hang/`` folder), the ranks-waiting mark kept
-for the supervisor, and the job ended at ``--hang-timeout``.
+for the supervisor, and the job ended at ``--hang-timeout`` (fixed, or learned:
+:mod:`unirank.hang.learned`, where only stuck ranks end it).
 
 Reads no environment variable.
 """
@@ -15,11 +16,12 @@ import os
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from unirank.contract import HangSettings, shown_setting
+from unirank.contract import HANG_TIMEOUT_AUTO, HangSettings, shown_setting
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.hang.detect import Hang, blame, find_hangs, verdict
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import read_records, request_stacks
+from unirank.hang.learned import SILENT, Learned, Stuck, observe, timeout_now, verdict_now
 from unirank.hang.render import changed_ranks, render_report, timeout_message
 from unirank.hang.schedule import Decision, Schedule, decide
 from unirank.hang.timings import ANSWER
@@ -61,6 +63,10 @@ class Detector:
         #: a standby's line (why it reports, not rank 0), printed with its first report only:
         #: a rank 0 held a while under load, with nothing to report, is no news
         self.standby_note = ""
+        #: what the learned timeout learned (:mod:`unirank.hang.learned`), the ranks it ends
+        #: the job for
+        self.learned = Learned()
+        self.stuck: tuple[Stuck, ...] = ()
 
     def records(self) -> dict[int, dict[str, Any] | None]:
         """Every rank's last record (None: it set none yet)."""
@@ -74,38 +80,70 @@ class Detector:
         records = self.records()
         self._mark_waiting(bool(find_hangs(records, self.watcher.world_size, settings.interval,
                                            now)))
-        hangs = find_hangs(records, self.watcher.world_size, self.report_after, now)
-        self.schedule, decision = decide(self.schedule, hangs, self.report_after,
-                                         settings.timeout)
+        limit = settings.timeout
+        if settings.learned:
+            hangs, limit = self._learned(records, now)
+        else:
+            hangs = find_hangs(records, self.watcher.world_size, self.report_after, now)
+        self.schedule, decision = decide(self.schedule, hangs, self.report_after, limit)
         if decision.report:
-            self.report(hangs, decision)
+            self.report(hangs, decision, limit)
 
-    def ask(self) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
+    def _learned(self, records: dict[int, dict[str, Any] | None], now: float
+                 ) -> tuple[list[Hang], float | None]:
+        """The learned timeout (:mod:`unirank.hang.learned`): the hangs past the report delay
+        or the timeout now, a hang whose ranks are stuck first; the timeout where such a hang
+        is past it (the job ends), else None (slow ranks: the reports go on as usual)."""
+        self.learned = observe(self.learned, records)
+        limit = timeout_now(self.learned)
+        hangs = find_hangs(records, self.watcher.world_size, min(self.report_after, limit),
+                           now)
+        interval = self.watcher.settings.interval
+        for hang in hangs:
+            stuck = verdict_now(self.learned, hang, records, now, interval)
+            if stuck and hang.waited >= limit:
+                self.stuck = stuck
+                return [hang, *(h for h in hangs if h is not hang)], limit
+        return [h for h in hangs if h.waited >= self.report_after], None
+
+    def ask(self, frozen: list[int] | None = None
+            ) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
         """Every rank's stacks (rank 0's own at once), those that did not answer in time, and
-        the nodes the answers came from."""
+        the nodes the answers came from; ``frozen``: ranks not waited for (stopped)."""
         return request_stacks(self.store, self.watcher.world_size, self.answer_timeout,
-                              own=self.watcher)
+                              own=self.watcher, skip=frozen or ())
 
-    def report(self, hangs: list[Hang], decision: Decision) -> None:
-        stacks, missing, nodes = self.ask()
+    def report(self, hangs: list[Hang], decision: Decision, limit: float | None) -> None:
+        frozen = [s.rank for s in self.stuck if s.why == SILENT] if decision.ending else []
+        stacks, missing, nodes = self.ask(frozen)
         for hang in hangs:
             nodes.update({r: n for r, n in hang.nodes.items() if n})
         files = self._dump_files(decision.number)
         settings = self.watcher.settings
-        limit, names = settings.timeout, settings.names
-        last = (f"ending the job ({shown_setting(names[1], limit or 0.0)}, exit code "
-                f"{HANG_TIMEOUT})" if decision.ending else "")
+        names = settings.names
+        if settings.learned:  # the reports say the learned timeout and why the ranks are stuck
+            if names[1].startswith("-"):  # an option's default (or given): --hang-timeout auto
+                names = (names[0], f"{names[1]} {HANG_TIMEOUT_AUTO}")
+            why = "; ".join(s.words() for s in self.stuck)
+            last = (f"ending the job ({why}; the learned hang timeout, {limit or 0.0:g} s; "
+                    f"exit code {HANG_TIMEOUT})")
+        else:
+            last = (f"ending the job ({shown_setting(names[1], limit or 0.0)}, exit code "
+                    f"{HANG_TIMEOUT})")
+        last = last if decision.ending else ""
         if decision.full:
             self.first_stacks = stacks
+        # a learned timeout's ending may come before the report delay: its head says why
+        cause = "a stuck rank" if settings.learned and decision.ending else ""
         full = render_report(hangs, stacks, unanswered=missing, number=decision.number,
                              report_after=self.report_after, nodes=nodes,
                              answer_timeout=self.answer_timeout, dump_files=files,
-                             ending=last, after_name=names[0])
+                             ending=last, after_name=names[0], cause=cause)
         text = full if decision.full else render_report(
             hangs, stacks, unanswered=missing, number=decision.number,
             report_after=self.report_after, nodes=nodes, answer_timeout=self.answer_timeout,
             dump_files=files, ending=last, since=(1, changed_ranks(self.first_stacks, stacks)),
-            after_name=names[0])
+            after_name=names[0], cause=cause)
         self._write_dump(files, full, stacks, hangs)
         text, self.standby_note = self.standby_note + text, ""
         with contextlib.suppress(OSError):
@@ -115,7 +153,7 @@ class Detector:
             self.watcher.write_verdict(found)  # here before any rank ends
             self.watcher.exit_for_timeout(self.store, Ending(
                 timeout_message(hangs, limit or 0.0, names[1]), blame(hangs[0]).ranks,
-                self.watcher.rank, found))
+                self.watcher.rank, found, frozen=tuple(frozen)))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's waiting mark

@@ -11,7 +11,9 @@ blamed rank has. Where none has within :func:`first_within` seconds (a frozen ra
 nothing), the detector's rank records and counts itself, the others after it (the message
 still names the rank it blames). Each counts itself in :data:`ENDED_KEY`; a blamed rank exits
 once all have (it ends first: its supervisor stops the others), the others
-:data:`unirank.hang.timings.LINGER` later (ranks under another supervisor end too).
+:data:`unirank.hang.timings.LINGER` later (ranks under another supervisor end too). Where
+every blamed rank is known to be stopped (:attr:`Ending.frozen`, from the learned timeout's
+:mod:`unirank.hang.learned`), no rank waits for it: each records and ends at once.
 
 The store protocol's keys live here; the waits take the clock and the sleep as arguments.
 Reads no environment variable.
@@ -46,10 +48,14 @@ class Ending:
     #: the hang's :func:`unirank.hang.detect.verdict` (``--on-hang evict``), which every rank
     #: writes in its attempt's folder, so that every node's supervisor reads the same one
     verdict: dict[str, Any] | None = None
+    #: blamed ranks known to be stopped (no record for a late look: :mod:`.learned`): no
+    #: rank waits for their record, nor lingers for their supervisor
+    frozen: tuple[int, ...] = ()
 
     def encode(self) -> str:
         return json.dumps({"message": self.message, "blamed": list(self.blamed),
-                           "by": self.by, "verdict": self.verdict})
+                           "by": self.by, "verdict": self.verdict,
+                           "frozen": list(self.frozen)})
 
     @classmethod
     def decode(cls, text: str) -> Ending:
@@ -58,14 +64,21 @@ class Ending:
             data = json.loads(text)
             verdict = data.get("verdict")
             return cls(str(data["message"]), tuple(int(r) for r in data.get("blamed", ())),
-                       int(data.get("by", -1)), verdict if isinstance(verdict, dict) else None)
+                       int(data.get("by", -1)), verdict if isinstance(verdict, dict) else None,
+                       tuple(int(r) for r in data.get("frozen", ())))
         except (ValueError, KeyError, TypeError):
             return cls(text)
 
 
+def _all_frozen(ending: Ending) -> bool:
+    """Whether every blamed rank is known to be stopped (it will record nothing)."""
+    return bool(ending.blamed) and set(ending.blamed) <= set(ending.frozen)
+
+
 def records_first(rank: int, ending: Ending) -> bool:
-    """Whether ``rank`` records at once (it is blamed) or waits for a blamed rank first."""
-    return rank in ending.blamed or not ending.blamed
+    """Whether ``rank`` records at once (it is blamed, or the blamed ranks are stopped) or
+    waits for a blamed rank first."""
+    return rank in ending.blamed or not ending.blamed or _all_frozen(ending)
 
 
 def first_within(interval: float) -> float:
@@ -116,4 +129,4 @@ def end_in_turn(store: Any, rank: int, world_size: int, interval: float, ending:
     if rank in ending.blamed:
         wait_for_count(store, ENDED_KEY, world_size, within, pause=pause, clock=clock)
         return 0.0
-    return LINGER.of(interval)
+    return 0.0 if _all_frozen(ending) else LINGER.of(interval)

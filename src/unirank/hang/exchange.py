@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -43,17 +44,21 @@ def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any] | None
             for r, k in enumerate(keys)}
 
 
-def request_stacks(store: Any, world_size: int, timeout: float, *, own: Answers | None = None
+def request_stacks(store: Any, world_size: int, timeout: float, *, own: Answers | None = None,
+                   skip: Collection[int] = ()
                    ) -> tuple[dict[int, list[dict[str, Any]]], list[int], dict[int, str]]:
     """Ask every rank's watcher for its stacks (``own``: answer for this process at once) and
-    wait for them at most ``timeout`` seconds: the stacks by rank, the ranks that did not
-    answer, and the nodes of those that did."""
+    wait for them at most ``timeout`` seconds (not for the ranks in ``skip``, known to be
+    stopped): the stacks by rank, the ranks that did not answer, and the nodes of those that
+    did."""
     number = int(store.add(ASK_KEY, 1))
     if own is not None:
         own.answer(store, number)
     keys = {r: stacks_key(number, r) for r in range(world_size)}
+    awaited = [key for rank, key in keys.items() if rank not in skip]
     with contextlib.suppress(Exception):
-        store.wait(list(keys.values()), timedelta(seconds=timeout))
+        if awaited:
+            store.wait(awaited, timedelta(seconds=timeout))
     stacks: dict[int, list[dict[str, Any]]] = {}
     nodes: dict[int, str] = {}
     for rank, key in keys.items():

@@ -39,6 +39,8 @@ class Watcher(Protocol):
     last_waiting: dict[str, Any] | None
     #: the program failed in a collective: no more records
     held: bool
+    #: the hang timeout ends the job: its report was made
+    ending: bool
     #: the watcher's own store connection (its ops are serialised with the thread's)
     store: Any
 
@@ -64,8 +66,9 @@ def failure_report(watcher: Watcher, exc: BaseException) -> str | None:
     ranks whose program ended ran fewer collectives (:func:`~unirank.hang.detect.find_uneven`)."""
     waiting = watcher.last_waiting
     interval = watcher.settings.interval
-    if isinstance(exc, SystemExit) or watcher.held:
-        return None
+    if isinstance(exc, SystemExit) or watcher.held or (watcher.ending and
+                                                       watcher.settings.learned):
+        return None  # the learned timeout's report was made: the peers' end fails the call
     frames = _traceback_frames(exc)
     if not any("/torch/distributed/" in f[0].replace(os.sep, "/") for f in frames):
         return None  # not raised inside a collective

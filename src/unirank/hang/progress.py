@@ -16,7 +16,9 @@ entered, wall clock); ``site`` is the user's line that issued it, where known; `
 group's last :data:`HISTORY` collectives (number, op, tensors, the user's line where the
 watcher saw it waiting), oldest first, so that the detector can find the earliest
 collective whose ops or shapes differ between ranks (present where the recorder's entries
-were read).
+were read). ``phase``: the phase the program is in (:mod:`unirank.hang.phases`; absent
+outside one); ``cpu``: the process's CPU seconds but its watcher's, set by the watcher as it
+publishes (:mod:`unirank.hang.learned`).
 
 Reads no environment variable.
 """
@@ -246,14 +248,17 @@ def trim_to_user(threads: list[dict[str, Any]], skip: Sequence[str]) -> list[dic
 
 def make_record(rank: int, node: str, now: float, groups: list[dict[str, Any]],
                 where: str, *, finished: bool = False,
-                recorder: bool = True) -> dict[str, Any]:
+                recorder: bool = True, phase: str = "") -> dict[str, Any]:
     """This rank's record (see the module docstring); ``finished``: its program has ended;
-    ``recorder``: the flight recorder could be read."""
+    ``recorder``: the flight recorder could be read; ``phase``: the phase the program is in
+    (:mod:`unirank.hang.phases`)."""
     record: dict[str, Any] = {"rank": rank, "node": node, "time": now, "where": where,
                               "groups": [{k: v for k, v in g.items() if k != "thread"}
                                          for g in groups]}
     if finished:
         record["finished"] = True
+    if phase:
+        record["phase"] = phase
     if not recorder:
         record["recorder"] = False
     return record

@@ -57,6 +57,7 @@ from unirank.hang.exchange import (
 )
 from unirank.hang.failure import add_hang_note, failure_report
 from unirank.hang.jobs import announce, withdraw
+from unirank.hang.phases import current as current_phase
 from unirank.hang.progress import (
     base_prefixes,
     frames_of,
@@ -166,6 +167,9 @@ class Watcher:
         #: its main thread's stack is the failure's traceback
         self.held = False
         self._failed_frames: list[list[Any]] | None = None
+        #: the hang timeout ends the job (its report was made): under a learned one, a failed
+        #: collective adds none (:mod:`unirank.hang.failure`)
+        self.ending = False
 
     def attempt_folder(self) -> str:
         """The attempt's folder as the worker was told it (:func:`unirank.runfolder.
@@ -317,12 +321,14 @@ class Watcher:
             where += f", waiting for {waits}"
         return make_record(self.rank, self.node, time.time(), groups, where,
                            finished=self._finished and self._stop.is_set(),
-                           recorder=dump is not None)
+                           recorder=dump is not None, phase=current_phase())
 
     def _publish(self, store: Any) -> None:
         if self.held:
             return
         record = self.record()
+        # the process's CPU seconds but this thread's: does the rank compute (hang/learned.py)
+        record["cpu"] = round(time.process_time() - time.thread_time(), 4)
         store.set(progress_key(self.rank), json.dumps(record))
         if any(g["entered"] > g["done"] for g in record["groups"]):
             self.last_waiting = record
@@ -381,6 +387,7 @@ class Watcher:
     def _end(self, store: Any, ending: Ending) -> None:
         """Every rank's part of the ending (:func:`~unirank.hang.ending.end_in_turn`), then
         this process ends with :data:`~unirank.exitcodes.HANG_TIMEOUT`."""
+        self.ending = True
         linger = LINGER.of(self.settings.interval)
         with contextlib.suppress(Exception):
             linger = end_in_turn(store, self.rank, self.world_size, self.settings.interval,

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
+from unirank.hang.phases import phase
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step
@@ -147,6 +148,7 @@ def _remove(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@phase("save_state")  # slow on purpose: the learned hang timeout waits (hang/phases.py)
 def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str] | None = None,
                persist_every: int = PERSIST_EVERY) -> None:
     """Keep ``obj`` (a state dict: tensors, nested dicts, picklable values) as the snapshot of
@@ -309,6 +311,7 @@ def complete_steps(tier: str | None) -> frozenset[int]:
     return frozenset(found)
 
 
+@phase("load_state")
 def load_state(obj: dict[str, Any], *,
                folder: str | os.PathLike[str] | None = None) -> int | None:
     """Fill ``obj`` in place (DCP's ``load``: tensors copied into, other values replaced) with

@@ -51,7 +51,7 @@ from unirank.runfolder import AttemptFolder
 from unirank.signals import FORWARDED
 from unirank.supervisor import stoppolicy
 from unirank.supervisor.deathcause import oom_verdict
-from unirank.supervisor.dstate import DStateWatch
+from unirank.supervisor.dstate import DStateWatch, read_state
 from unirank.supervisor.fork.client import ForkServer
 from unirank.supervisor.rdzv.messages import JOIN
 from unirank.supervisor.rootcause import root_cause
@@ -397,13 +397,17 @@ class Supervisor:
             send(worker.pid, signal.SIGKILL, group=True)
 
     def _signal_all(self, signum: int) -> None:
-        """Send a stop signal (or SIGKILL) to every live worker's process group, noting it."""
+        """Send a stop signal (or SIGKILL) to every live worker's process group, noting it;
+        then SIGCONT to a worker that is stopped (SIGSTOP, Ctrl-Z: an evicted stuck rank), so
+        that it takes the stop signal now, not SIGKILL at the grace period's end."""
         now = time.time()
         for worker in self._alive():
             if worker.stopped_at is None:
                 worker.stopped_at = now
             worker.stop_signals.add(int(signum))
             send(worker.pid, signum, group=True)
+            if signum != signal.SIGKILL and read_state(worker.pid) == "T":
+                send(worker.pid, signal.SIGCONT, group=True)
 
     # -- the end ------------------------------------------------------------------------------
 
