@@ -12,12 +12,14 @@ a tick finds it still, the watcher sets this rank's live record (:func:`live_rec
 The record is the progress record's summary (:mod:`.progress`: ``rank``, ``node``,
 ``time``, ``where``, ``finished``, each group's ``pg``, ``ranks``, ``entered``, ``done``,
 ``op``, ``since``: what :func:`unirank.hang.detect.find_hangs` reads) with the groups'
-numbers read now from the flight recorder's status (:func:`unirank.hang.waits.recorder_status`: microseconds, no entries), and
-``in_s`` (the rank's seconds in collectives so far, :class:`~unirank.hang.waits.WaitMeter`;
-None where not measured) and ``restart`` (the attempt's number, TORCHELASTIC_RESTART_COUNT).
-A group's ``op`` and ``since`` come from the last progress record where it was still at the
-same collective; past it, ``since`` is when this module first saw the new number (at most
-:data:`LIVE_PERIOD` late) and ``op`` is unknown.
+numbers read now from the flight recorder's status (:func:`~unirank.hang.waits.
+recorder_status`: microseconds, no entries), and ``in_s`` (the rank's seconds in
+collectives so far, :class:`~unirank.hang.waits.WaitMeter`; None where not measured) and
+``restart`` (the attempt's number, TORCHELASTIC_RESTART_COUNT); the watcher adds the last two
+to its progress records too (:meth:`Live.stamp`). A group's ``op`` and ``since`` come from
+the last progress record where it was still at the same collective; past it, ``since`` is
+when this module first saw the new number (at most :data:`LIVE_PERIOD` late) and ``op`` is
+unknown.
 
 Reads TORCHELASTIC_RESTART_COUNT, from the mapping the watcher passes (:func:`restart_of`).
 """
