@@ -118,6 +118,18 @@ def main(args: argparse.Namespace) -> int:
         return 0
 
 
+def _gone(run_id: str) -> int:
+    """The store stopped answering: 0 where the job ended (its job files are gone), else 1."""
+    from unirank.hang.jobs import find_jobs
+
+    if not find_jobs(run_id):
+        print(f"unirank top: job {run_id} ended", file=sys.stderr)
+        return 0
+    print(f"unirank top: the store of job {run_id} stopped answering (it restarts?): run "
+          "unirank top again", file=sys.stderr)
+    return 1
+
+
 def _loop(store: Any, job: dict[str, object], interval: float, count: int | None,
           as_json: bool, live: bool, stopped: _Stopped) -> int:
     from unirank.hang.exchange import read_live, read_records
@@ -140,9 +152,7 @@ def _loop(store: Any, job: dict[str, object], interval: float, count: int | None
             store.add(WATCH_KEY, 1)
             newest = newest_records(read_live(store, world), read_records(store, world))
         except Exception:
-            print("unirank top: the job's store stopped answering (the job ended, or it "
-                  "restarts: run unirank top again)", file=sys.stderr)
-            return 1
+            return _gone(str(job["run_id"]))
         for rank, record in newest.items():
             history.add(rank, record)
         now = time.time()
