@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from typing import Any, TextIO
 
 from unirank.errors import ConfigError
+from unirank.signals import STOP_SIGNALS
 
 __all__ = ["add_arguments", "main"]
 
@@ -58,7 +59,8 @@ def _count(text: str | None) -> int | None:
 
 
 class _Stopped:
-    """Set by SIGTERM or SIGHUP (the handler only sets it); the loop ends at its next look."""
+    """Set by a stop signal but SIGINT (:data:`unirank.signals.STOP_SIGNALS`: the handler
+    only sets it); the loop ends at its next refresh."""
 
     def __init__(self) -> None:
         self.flag = False
@@ -108,8 +110,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"unirank top: error: {exc.what}", file=sys.stderr)
         return 1
     stopped = _Stopped()
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, stopped)
+    for signum in STOP_SIGNALS:  # Ctrl-C stays Python's: it ends a store call at once
+        if signum != signal.SIGINT:
+            signal.signal(signum, stopped)
     live = sys.stdout.isatty() and not args.json
     try:
         with _screen(sys.stdout, live):

@@ -115,13 +115,16 @@ class Live:
         store.set(live_key(self.rank), json.dumps(record))
         self._next = time.monotonic() + LIVE_PERIOD
 
-    def look(self, store: Any, now: float, waits: WaitMeter | None) -> None:
-        """Between two ticks (``now``: monotonic): the live record, when one is due; a store
-        that fails here is the next tick's to find."""
+    def look(self, store: Any, now: float, waits: WaitMeter | None,
+             status: Mapping[str, Any] | None = None) -> None:
+        """Between two ticks (``now``: monotonic): the live record, when one is due, with the
+        recorder's ``status`` just read (None: read here); a store that fails here is the
+        next tick's to find."""
         if not self.watched or self._base is None or now < self._next:
             return
         with contextlib.suppress(Exception):
-            self.publish(store, self._base, waits, recorder_status())
+            self.publish(store, self._base, waits,
+                         recorder_status() if status is None else status)
 
     def period(self, sampling: float | None) -> float | None:
         """Seconds between two looks between ticks: ``sampling`` (the wait meter's), else

@@ -85,24 +85,10 @@ from unirank.hang.waits import SAMPLE_PERIOD, CollectiveMark, WaitMeter, recorde
 from unirank.runfolder import AttemptFolder
 from unirank.signals import start_shielded
 
-__all__ = [
-    "ASK_KEY",
-    "PROGRESS_PREFIX",
-    "RECORDER_ENTRIES",
-    "RECORDER_VAR",
-    "STACKS_PREFIX",
-    "THREAD_NAME",
-    "HangTimeoutError",
-    "Watcher",
-    "add_hang_note",
-    "enable_recorder",
-    "excepthook_with_report",
-    "progress_key",
-    "read_records",
-    "recorder_started",
-    "request_stacks",
-    "running",
-]
+__all__ = ["ASK_KEY", "PROGRESS_PREFIX", "RECORDER_ENTRIES", "RECORDER_VAR", "STACKS_PREFIX",
+           "THREAD_NAME", "HangTimeoutError", "Watcher", "add_hang_note", "enable_recorder",
+           "excepthook_with_report", "progress_key", "read_records", "recorder_started",
+           "request_stacks", "running"]
 
 THREAD_NAME = "unirank-hang-watch"
 
@@ -265,10 +251,11 @@ class Watcher:
         due = time.monotonic() + self.settings.interval
         while not self._stop.is_set():
             now = time.monotonic()
+            status = None
             if self.waits is not None:
-                self.waits.look(now, recorder_status())
+                self.waits.look(now, status := recorder_status())
                 self._mark.update(self.waits.waiting_for(now))
-            self._live.look(self.store, now, self.waits)
+            self._live.look(self.store, now, self.waits, status)
             if now >= due:
                 return False
             if self._stop.wait(min(period, due - now)):
