@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import signal
 import sys
@@ -93,7 +94,18 @@ def _draw(out: TextIO, lines: list[str], live: bool, first: bool) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Show the view until Ctrl-C, a stop signal or ``--count`` refreshes (module docstring)."""
+    """Show the view until Ctrl-C, a stop signal or ``--count`` refreshes (module docstring);
+    Ctrl-C and a reader that went away (``unirank top --json | head -1``) end it with 0."""
+    try:
+        return _view(args)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
+
+
+def _view(args: argparse.Namespace) -> int:
     from unirank.cli.stacks import find_job
     from unirank.contract import parse_seconds
 
@@ -114,11 +126,8 @@ def main(args: argparse.Namespace) -> int:
         if signum != signal.SIGINT:
             signal.signal(signum, stopped)
     live = sys.stdout.isatty() and not args.json
-    try:
-        with _screen(sys.stdout, live):
-            return _loop(store, job, interval, count, args.json, live, stopped)
-    except KeyboardInterrupt:
-        return 0
+    with _screen(sys.stdout, live):
+        return _loop(store, job, interval, count, args.json, live, stopped)
 
 
 def _gone(run_id: str) -> int:
