@@ -114,7 +114,7 @@ def view_json(view: View, header: Header, now: float) -> dict[str, Any]:
             "stuck_after": header.stuck_after,
             "ranks": [{"rank": r.rank, "node": r.node, "state": r.state,
                        "collectives_per_s": None if r.per_s is None else round(r.per_s, 3),
-                       "waiting": None if r.waiting is None else round(r.waiting, 4),
+                       "share_waiting": None if r.waiting is None else round(r.waiting, 4),
                        "op": r.op, "collective": r.number, "restarts": r.restarts}
                       for r in view.rows],
             **view.marked, "notes": list(view.notes)}
