@@ -1,5 +1,6 @@
 """``unirank top`` on a real ``unirank run`` job (gloo, 2 ranks, the detector's default
-settings) from another shell: ``--json`` shows every rank with rising collective counts, then
+settings) from another shell: ``--json`` shows every rank with collective counts rising at
+every refresh (the watchers' live records), then
 marks the rank that stops before its all_reduce as stuck; in a real terminal (tmux) the table
 is drawn in place and Ctrl-C ends it with 0, the screen restored.
 
@@ -90,19 +91,23 @@ def test_json_shows_every_rank_rising_then_the_stuck_rank(runner: Runner,
                            text=True)
     try:
         assert top.stdout is not None
-        first: list[int | None] | None = None
+        # live records: every rank's count rises at three refreshes in a row (the progress
+        # records alone move once per 5 s interval, never so)
+        previous: list[int | None] = [None, None]
+        rising = 0
         for line in top.stdout:  # each line a refresh; bounded by the test's timeout
             view = json.loads(line)
             assert view["job"] == job and view["world_size"] == 2
             counts = _collectives(view)
-            if None in counts:
-                continue
-            if first is None:
-                first = counts
-            elif all(c > f for c, f in zip(counts, first)):  # type: ignore[operator]
+            moved = None not in counts + previous and all(
+                c > p for c, p in zip(counts, previous))  # type: ignore[operator]
+            rising = rising + 1 if moved else 0
+            previous = counts
+            if rising == 3:
                 break
-        assert first is not None
-        assert {r["node"] for r in view["ranks"]} != {""}
+        assert rising == 3, view
+        assert {r["node"] for r in view["ranks"]} != {""} and view["ranks"][0]["restarts"] == 0
+        assert all(r["collectives_per_s"] > 0 for r in view["ranks"]), view
         stall.touch()  # rank 1 stops before its next all_reduce; rank 0 waits in it
         for line in top.stdout:
             view = json.loads(line)
