@@ -185,3 +185,8 @@ def test_docs_sample_is_the_golden_table() -> None:
     assert blocks, "docs/top.md shows no table"
     goldens = {(GOLDEN / f"{c}_{w}.txt").read_text() for c in ("slow", "stuck") for w in (80, 40)}
     assert all(block in goldens for block in blocks)
+
+
+def test_no_rate_from_a_record_made_before_the_first_collective() -> None:
+    old = {0: {"rank": 0, "node": "n", "time": T0, "groups": [], "in_s": None}}
+    assert make_view(old, {0: rec(0, T1, 50, 50, 1.0)}, 1, T1).rows[0].per_s is None

@@ -92,7 +92,7 @@ def test_json_shows_every_rank_rising_then_the_stuck_rank(runner: Runner,
     try:
         assert top.stdout is not None
         # live records: every rank's count rises at three refreshes in a row (the progress
-        # records alone move once per 5 s interval, never so)
+        # records alone move once per 5 s interval, never so), and its rate is known
         previous: list[int | None] = [None, None]
         rising = 0
         for line in top.stdout:  # each line a refresh; bounded by the test's timeout
@@ -103,11 +103,10 @@ def test_json_shows_every_rank_rising_then_the_stuck_rank(runner: Runner,
                 c > p for c, p in zip(counts, previous))  # type: ignore[operator]
             rising = rising + 1 if moved else 0
             previous = counts
-            if rising == 3:
+            if rising >= 3 and all((r["collectives_per_s"] or 0) > 0 for r in view["ranks"]):
                 break
-        assert rising == 3, view
+        assert rising >= 3, view
         assert {r["node"] for r in view["ranks"]} != {""} and view["ranks"][0]["restarts"] == 0
-        assert all(r["collectives_per_s"] > 0 for r in view["ranks"]), view
         stall.touch()  # rank 1 stops before its next all_reduce; rank 0 waits in it
         for line in top.stdout:
             view = json.loads(line)

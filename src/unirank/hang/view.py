@@ -127,19 +127,20 @@ def _main_group(record: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 def _rates(old: Mapping[str, Any] | None, new: Mapping[str, Any]
            ) -> tuple[float | None, float | None, float]:
-    """Collectives per second, share waiting, and the seconds between the two records."""
+    """Collectives per second (None: no group in both records: the old one was made before
+    the first collective), share waiting, and the seconds between the two records."""
     if old is None:
         return None, None, 0.0
     span = float(new["time"]) - float(old["time"])
     if span <= 0:
         return None, None, 0.0
     done = {str(g["pg"]): int(g["done"]) for g in old.get("groups", ())}
-    moved = sum(max(0, int(g["done"]) - done.get(str(g["pg"]), -1)) for g in
-                new.get("groups", ()) if str(g["pg"]) in done)
+    both = [g for g in new.get("groups", ()) if str(g["pg"]) in done]
+    moved = sum(max(0, int(g["done"]) - done[str(g["pg"])]) for g in both)
     share = None
     if new.get("in_s") is not None and old.get("in_s") is not None:
         share = min(1.0, max(0.0, (float(new["in_s"]) - float(old["in_s"])) / span))
-    return moved / span, share, span
+    return (moved / span if both else None), share, span
 
 
 def _state(record: Mapping[str, Any], now: float) -> str:
