@@ -190,3 +190,13 @@ def test_docs_sample_is_the_golden_table() -> None:
 def test_no_rate_from_a_record_made_before_the_first_collective() -> None:
     old = {0: {"rank": 0, "node": "n", "time": T0, "groups": [], "in_s": None}}
     assert make_view(old, {0: rec(0, T1, 50, 50, 1.0)}, 1, T1).rows[0].per_s is None
+
+
+def test_a_short_terminal_keeps_the_marked_rank_and_the_notes() -> None:
+    old, new = samples()["stuck"]
+    lines = render_view(make_view(old, new, 8, T1), HEADER, 80, height=10)
+    assert len(lines) <= 10, lines
+    assert any(re.match(r"! +3 .*STUCK", line) for line in lines)
+    assert lines[-2].startswith("! ranks 0-2, 4-7") and "more ranks (--json: all)" in lines[-3]
+    full = render_view(make_view(old, new, 8, T1), HEADER, 80, height=40)
+    assert full == render_view(make_view(old, new, 8, T1), HEADER, 80)

@@ -86,7 +86,7 @@ def _screen(out: TextIO, live: bool) -> Iterator[None]:
 def _draw(out: TextIO, lines: list[str], live: bool, first: bool) -> None:
     if live:
         rows = shutil.get_terminal_size().lines
-        shown = lines[:rows - 1] if len(lines) >= rows else lines
+        shown = lines[:rows - 1]  # the last row stays empty: no scroll
         out.write(_HOME + "".join(line + _EOL + "\n" for line in shown) + _EOS)
     else:
         out.write(("" if first else "\n") + "\n".join(lines) + "\n")
@@ -172,8 +172,9 @@ def _loop(store: Any, job: dict[str, object], interval: float, count: int | None
         if as_json:
             print(json.dumps(view_json(view, header, now)), flush=True)
         else:
-            width = shutil.get_terminal_size().columns
-            _draw(sys.stdout, render_view(view, header, width), live, shown == 0)
+            size = shutil.get_terminal_size()
+            lines = render_view(view, header, size.columns, size.lines - 1 if live else None)
+            _draw(sys.stdout, lines, live, shown == 0)
         shown += 1
         if count is None or shown < count:
             time.sleep(max(0.0, interval - (time.monotonic() - started)))

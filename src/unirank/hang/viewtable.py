@@ -88,8 +88,11 @@ def _line(cells: list[tuple[str, int, bool]], width: int) -> str:
     return text[:width]
 
 
-def render_view(view: View, header: Header, width: int) -> list[str]:
-    """The table's lines, none wider than ``width`` (see the module docstring)."""
+def render_view(view: View, header: Header, width: int, height: int | None = None
+                ) -> list[str]:
+    """The table's lines, none wider than ``width`` and, with ``height``, no more than that
+    where it can: then the marked ranks and the notes stay, the other ranks after the first
+    that fit are counted in one line (see the module docstring)."""
     width = max(width, 20)
     nodes = f" ({', '.join(view.nodes)})" if view.nodes and len(view.nodes) <= 4 else ""
     head = (f"unirank top: job {header.job}, {counted(header.world_size, 'rank')} on "
@@ -98,13 +101,28 @@ def render_view(view: View, header: Header, width: int) -> list[str]:
             f"{header.stuck_after:g} s")
     lines = [*textwrap.wrap(head, width, subsequent_indent="  "),
              *textwrap.wrap(more, width, subsequent_indent="  ")]
+    notes = [n for note in view.notes
+             for n in textwrap.wrap(f"! {note}", width, subsequent_indent="  ")]
+    rows = _shown(view.rows, None if height is None else height - len(lines) - 1 - len(notes))
     columns = _fit(view.rows, width)
     lines.append(_line([(c.title, w, c.right) for c, w in columns], width))
-    for row in view.rows:
-        lines.append(_line([(c.cell(row), w, c.right) for c, w in columns], width))
-    for note in view.notes:
-        lines += textwrap.wrap(f"! {note}", width, subsequent_indent="  ")
-    return lines
+    lines += [_line([(c.cell(row), w, c.right) for c, w in columns], width) for row in rows]
+    if len(rows) < len(view.rows):
+        lines.append(f"... {counted(len(view.rows) - len(rows), 'more rank')} (--json: all)"
+                     [:width])
+    return lines + notes
+
+
+def _shown(rows: tuple[Row, ...], room: int | None) -> list[Row]:
+    """The rows that fit in ``room`` lines (one kept to count the others): every marked
+    one, then the others in rank order; all of them where they fit or ``room`` is None."""
+    if room is None or len(rows) <= room:
+        return list(rows)
+    marked = {r.rank for r in rows if r.state in (STUCK, SLOW)}
+    free = max(0, room - 1 - len(marked))
+    others = [r.rank for r in rows if r.rank not in marked][:free]
+    kept = marked | set(others)
+    return [r for r in rows if r.rank in kept]
 
 
 def view_json(view: View, header: Header, now: float) -> dict[str, Any]:
