@@ -2,7 +2,7 @@
 settings) from another shell: ``--json`` shows every rank with collective counts rising at
 every refresh (the watchers' live records), then
 marks the rank that stops before its all_reduce as stuck; in a real terminal (tmux) the table
-is drawn in place and Ctrl-C ends it with 0, the screen restored.
+is drawn in place, marks the stuck rank, and Ctrl-C ends it with 0, the screen restored.
 
 The script's ranks synchronise through files and a FIFO the test writes, never through sleeps
 (the loop's 10 ms pause only paces it)."""
@@ -149,7 +149,7 @@ class _Tmux:
                        capture_output=True, timeout=30, check=False)
 
 
-def test_a_terminal_shows_one_table_redrawn_in_place(runner: Runner, tmp_path: Path,
+def test_a_terminal_shows_one_table_redrawn_in_place_with_the_mark(runner: Runner, tmp_path: Path,
                                                      tmux: str) -> None:
     job = f"topterm-{os.getpid()}"
     proc, release, stall = _start_job(runner, tmp_path, job)
@@ -175,6 +175,13 @@ def test_a_terminal_shows_one_table_redrawn_in_place(runner: Runner, tmp_path: P
         history = term("capture-pane", "-p", "-S", "-", "-t", "top")
         assert history.count("unirank top: job") == 1, history  # redrawn, never scrolled
         assert all(len(line) <= 80 for line in screen.splitlines())
+        stall.touch()  # rank 1 stops before its all_reduce: marked in the table
+        while not re.search(r"^! +1 .* STUCK ", screen, re.M):
+            assert time.monotonic() < deadline, screen
+            screen = term("capture-pane", "-p", "-t", "top")
+            time.sleep(0.2)  # paces the polling of the screen
+        assert re.search(r"^ +0 .* waiting ", screen, re.M), screen
+        assert "rank 1 (" in screen and "has not entered it" in screen, screen
         term("send-keys", "-t", "top", "C-c")
         while not rc.exists() or not rc.read_text().strip():
             assert time.monotonic() < deadline, term("capture-pane", "-p", "-t", "top")
