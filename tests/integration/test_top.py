@@ -149,8 +149,8 @@ class _Tmux:
                        capture_output=True, timeout=30, check=False)
 
 
-def test_a_terminal_shows_one_table_redrawn_in_place_with_the_mark(runner: Runner, tmp_path: Path,
-                                                     tmux: str) -> None:
+def test_a_terminal_shows_one_table_redrawn_in_place_with_the_mark(
+        runner: Runner, tmp_path: Path, tmux: str) -> None:
     job = f"topterm-{os.getpid()}"
     proc, release, stall = _start_job(runner, tmp_path, job)
     _wait_for_job(runner, job, proc)
@@ -181,7 +181,8 @@ def test_a_terminal_shows_one_table_redrawn_in_place_with_the_mark(runner: Runne
             screen = term("capture-pane", "-p", "-t", "top")
             time.sleep(0.2)  # paces the polling of the screen
         assert re.search(r"^ +0 .* waiting ", screen, re.M), screen
-        assert "rank 1 (" in screen and "has not entered it" in screen, screen
+        words = " ".join(screen.split())  # the note wrapped to the width
+        assert "rank 1 (" in words and "has not entered it" in words, screen
         term("send-keys", "-t", "top", "C-c")
         while not rc.exists() or not rc.read_text().strip():
             assert time.monotonic() < deadline, term("capture-pane", "-p", "-t", "top")
