@@ -200,3 +200,19 @@ def test_a_short_terminal_keeps_the_marked_rank_and_the_notes() -> None:
     assert lines[-2].startswith("! ranks 0-2, 4-7") and "more ranks (--json: all)" in lines[-3]
     full = render_view(make_view(old, new, 8, T1), HEADER, 80, height=40)
     assert full == render_view(make_view(old, new, 8, T1), HEADER, 80)
+
+
+def test_the_docs_state_the_rules_numbers() -> None:
+    from unirank.hang.live import LIVE_PERIOD
+    from unirank.hang.straggle import STRAGGLER_MARGIN
+    from unirank.hang.timings import SILENT
+    from unirank.hang.waits import MARK_AFTER
+
+    page = " ".join((ROOT / "docs" / "top.md").read_text().split())
+    for sentence in (f"waited in a collective for {STUCK_AFTER:g} s",
+                     f"over the last {WINDOW:g} s (at least {MIN_SPAN:g} s)",
+                     f"by more than {100 * STRAGGLER_MARGIN:.0f} points",
+                     f"in one collective for {MARK_AFTER:g} s or more",
+                     f"silent for {SILENT.words()}",
+                     f"every {'second' if LIVE_PERIOD == 1 else f'{LIVE_PERIOD:g} s'}"):
+        assert sentence in page, sentence
