@@ -89,3 +89,22 @@ def test_the_progress_record_gets_the_waits_and_the_restart() -> None:
     record = dict(BASE)
     Live(2, 4).stamp(record, WaitMeter(in_s=2.0))
     assert (record["in_s"], record["restart"]) == (2.0, 4)
+
+
+def test_a_watcher_publishes_its_live_record_at_its_tick_once_a_view_beats() -> None:
+    """The watcher's wiring: nothing under the live key until a view's beat moves between two
+    of its ticks; its progress records carry the restart count either way."""
+    from unirank.contract import HangSettings
+    from unirank.hang.watcher import Watcher, progress_key
+
+    store = Store()
+    watcher = Watcher(rank=5, world_size=8, node="nodeB", settings=HangSettings(60.0, None, 5.0),
+                      connect=lambda: store, environ={"TORCHELASTIC_RESTART_COUNT": "2"})
+    watcher._tick(store)
+    watcher._tick(store)
+    assert live_key(5) not in store.data
+    assert json.loads(store.data[progress_key(5)])["restart"] == 2
+    store.add(WATCH_KEY, 1)
+    watcher._tick(store)
+    live = json.loads(store.data[live_key(5)])
+    assert (live["rank"], live["node"], live["restart"], live["in_s"]) == (5, "nodeB", 2, None)
