@@ -27,6 +27,7 @@ from _procs import Runner
 pytestmark = pytest.mark.integration
 
 LOOP = """import os
+import sys
 import time
 
 import torch
@@ -35,7 +36,10 @@ import torch.distributed as dist
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 flag = torch.zeros(1)
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 while True:
+    if rank == 1 and attempt == 0 and os.path.exists(os.environ["FAIL_FILE"]):
+        sys.exit(1)  # the first attempt fails: unirank run starts the next one
     if rank == 1 and os.path.exists(os.environ["STALL_FILE"]):
         with open(os.environ["RELEASE_FILE"]) as fifo:  # blocks until the test writes
             fifo.read()
@@ -53,13 +57,14 @@ def _top(runner: Runner, *args: str) -> list[str]:
     return [sys.executable, "-m", "unirank", "top", *args]
 
 
-def _start_job(runner: Runner, tmp_path: Path, job: str) -> tuple[subprocess.Popen[Any], Path,
-                                                                  Path]:
+def _start_job(runner: Runner, tmp_path: Path, job: str, *options: str
+               ) -> tuple[subprocess.Popen[Any], Path, Path]:
     runner.script("loop.py", LOOP)
     release, stall = tmp_path / "release", tmp_path / "stall"
     os.mkfifo(release)
-    proc = runner.start(["--rdzv-id", job, "-n", "2", "loop.py"],
-                        env={"RELEASE_FILE": str(release), "STALL_FILE": str(stall)})
+    proc = runner.start(["--rdzv-id", job, *options, "-n", "2", "loop.py"],
+                        env={"RELEASE_FILE": str(release), "STALL_FILE": str(stall),
+                             "FAIL_FILE": str(tmp_path / "fail")})
     return proc, release, stall
 
 
@@ -196,3 +201,40 @@ def test_a_terminal_shows_one_table_redrawn_in_place_with_the_mark(
         stall.touch()  # rank 1 then reads the FIFO, and the job ends
         release.write_text("go")
     proc.communicate(timeout=TIMEOUT)
+
+
+def test_json_goes_on_with_the_next_attempt_after_a_restart(runner: Runner,
+                                                            tmp_path: Path) -> None:
+    """Rank 1 fails (exit 1) in the first attempt; ``--max-restarts 1`` starts the next one:
+    the view finds its store from its job file and shows its ranks with one restart."""
+    job = f"toprestart-{os.getpid()}"
+    proc, release, stall = _start_job(runner, tmp_path, job, "--max-restarts", "1")
+    _wait_for_job(runner, job, proc)
+    top = subprocess.Popen(_top(runner, "--job", job, "--json"), cwd=runner.cwd,
+                           env=runner.environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    try:
+        assert top.stdout is not None
+        for line in top.stdout:  # bounded by the test's timeout
+            view = json.loads(line)
+            if None not in _collectives(view):
+                break
+        assert [r["restarts"] for r in view["ranks"]] == [0, 0], view
+        (tmp_path / "fail").touch()
+        for line in top.stdout:
+            view = json.loads(line)
+            if [r["restarts"] for r in view["ranks"]] == [1, 1] and None not in _collectives(
+                    view):
+                break
+        assert [r["restarts"] for r in view["ranks"]] == [1, 1], view
+        stall.touch()
+        release.write_text("go")
+        _, err = top.communicate(timeout=TIMEOUT)
+        assert "looking for its next attempt" in err and f"job {job} ended" in err, err
+        assert top.returncode == 0, err
+    finally:
+        if top.poll() is None:
+            top.kill()
+            top.communicate()
+    _, job_err = proc.communicate(timeout=TIMEOUT)
+    assert proc.returncode == 0, job_err.decode()

@@ -7,7 +7,8 @@ live records, :mod:`unirank.hang.live`), reads every rank's live and progress re
 shows :func:`unirank.hang.view.make_view`'s rows. In a terminal it redraws the table in place
 on the alternate screen (restored at the end; Ctrl-C ends it with 0); otherwise it prints one
 table per refresh, a blank line between two; ``--json`` prints one JSON object per line per
-refresh (:func:`unirank.hang.viewtable.view_json`).
+refresh (:func:`unirank.hang.viewtable.view_json`). A store that stops answering (the job
+restarts) is looked for again from the job's file for :data:`REATTACH` seconds.
 
 Reads: SLURM_JOB_ID (through :func:`~unirank.cli.stacks.find_job`), TMPDIR, COLUMNS and LINES
 (through :func:`shutil.get_terminal_size`).
@@ -36,6 +37,8 @@ _ENTER, _LEAVE = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
 _HOME, _EOL, _EOS = "\x1b[H", "\x1b[K", "\x1b[J"
 #: seconds every store call of the view may take before the job counts as gone
 STORE_TIMEOUT = 10.0
+#: seconds a view waits for the next attempt of a job whose store stopped answering
+REATTACH = 15.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,19 +134,58 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _gone(run_id: str) -> int:
-    """The store stopped answering: 0 where the job ended (its job files are gone), else 1."""
+    """The store stopped answering and no next attempt came: 0 where the job ended (its job
+    files are gone), else 1."""
     from unirank.hang.jobs import find_jobs
 
     if not find_jobs(run_id):
         print(f"unirank top: job {run_id} ended", file=sys.stderr)
         return 0
-    print(f"unirank top: the store of job {run_id} stopped answering (it restarts?): run "
-          "unirank top again", file=sys.stderr)
+    print(f"unirank top: the store of job {run_id} stopped answering: run unirank top again",
+          file=sys.stderr)
     return 1
+
+
+def _reattach(run_id: str, stopped: _Stopped) -> tuple[Any, dict[str, object]] | None:
+    """The store of the job's next attempt and its job file, once one is written within
+    :data:`REATTACH` seconds (a restart: ``--max-restarts``, a change of nodes); None."""
+    from unirank.hang.jobs import find_jobs
+    from unirank.store import StoreError, open_store
+
+    print(f"unirank top: the store of job {run_id} stopped answering: looking for its next "
+          f"attempt for {REATTACH:g} s", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + REATTACH
+    while time.monotonic() < deadline and not stopped.flag:
+        for job in find_jobs(run_id):
+            try:
+                return open_store(str(job["master_addr"]), int(str(job["master_port"])),
+                                  rank=-1, timeout=STORE_TIMEOUT, served_by="rank 0",
+                                  hint="the job may have just ended"), job
+            except StoreError:
+                pass
+        time.sleep(0.5)  # the next attempt's first rank writes its job file as it starts
+    return None
 
 
 def _loop(store: Any, job: dict[str, object], interval: float, count: int | None,
           as_json: bool, live: bool, stopped: _Stopped) -> int:
+    """The view over the job's attempts: a store that stops answering is looked for again
+    (:func:`_reattach`); the numbers start over with the next attempt's."""
+    shown = 0
+    while True:
+        shown, done = _watch(store, job, interval, count, as_json, live, stopped, shown)
+        if done:
+            return 0
+        attached = _reattach(str(job["run_id"]), stopped)
+        if attached is None:
+            return _gone(str(job["run_id"]))
+        store, job = attached
+
+
+def _watch(store: Any, job: dict[str, object], interval: float, count: int | None,
+           as_json: bool, live: bool, stopped: _Stopped, shown: int) -> tuple[int, bool]:
+    """Refresh until stopped or ``count`` refreshes in all (True), or until the store stops
+    answering (False); the refreshes shown so far."""
     from unirank.hang.exchange import read_live, read_records
     from unirank.hang.standby import silent_after
     from unirank.hang.view import History, make_view, newest_records, stuck_after
@@ -157,14 +199,13 @@ def _loop(store: Any, job: dict[str, object], interval: float, count: int | None
     header = Header(str(job["run_id"]), world, f"{job['master_addr']}:{job['master_port']}",
                     interval, stuck_after(limit))
     history = History()
-    shown = 0
     while not stopped.flag and (count is None or shown < count):
         started = time.monotonic()
         try:
             store.add(WATCH_KEY, 1)
             newest = newest_records(read_live(store, world), read_records(store, world))
         except Exception:
-            return _gone(str(job["run_id"]))
+            return shown, False
         for rank, record in newest.items():
             history.add(rank, record)
         now = time.time()
@@ -178,4 +219,4 @@ def _loop(store: Any, job: dict[str, object], interval: float, count: int | None
         shown += 1
         if count is None or shown < count:
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
-    return 0
+    return shown, True
