@@ -32,6 +32,9 @@ Targets (2-core machine; torchrun is `python -m torch.distributed.run` and unira
            its time.thread_time, which bounds the cost whatever the machine's noise; and
            the 20 looks a second alone, A/B in alternating windows of one training process:
            benchmarks/_look_ab_worker.py)
+  top      samples/s of that loop with `unirank top` open beside it / closed, 2 local ranks,
+           interleaved runs, the ratio per pair; the watchers' CPU time open and closed
+           (benchmarks/_top.py; no target asserted: docs/top.md has the figures)
   elastic  recovery with default settings, the same command twice on one host (`--nnodes
            1:2 --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d`), unirank run beside
            torchrun's agent: a killed node (<= 6 s and <= 0.2x), a frozen node (<= 10 s),
@@ -57,6 +60,7 @@ from pathlib import Path
 import _pss
 from _elastic import bench_elastic
 from _ssh import bench_ssh
+from _top import bench_top
 
 HERE = Path(__file__).resolve().parent
 PY = sys.executable
@@ -368,6 +372,7 @@ BENCHES: dict[str, Callable[[int], bool]] = {
     "init16": bench_init16,
     "train": bench_train,
     "hang": bench_hang,
+    "top": lambda repeat: bench_top(repeat, clean_env),
     "ddp": bench_ddp,
     "ddp8": bench_ddp8,
     "ssh": bench_ssh,

@@ -22,7 +22,7 @@ def _keys() -> list[str]:
     found = [getattr(m, name) for m in (hang, init, join, timeline) for name in m.__all__
              if isinstance(getattr(m, name), str) and name != "ABORT_PREFIX"]  # a value's
     return [*found,
-            hang.progress_key(3), hang.stacks_key(2, 3), init.init_prefix(1),
+            hang.progress_key(3), hang.stacks_key(2, 3), hang.live_key(3), init.init_prefix(1),
             init.group_prefix(2), init.rank_claim_key(3), join.join_key(3), join.seen_key(3),
             timeline.record_key(3)]
 

@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sbatch": ("unirank.cli.sbatch", "write a job's Slurm batch script; print or submit it"),
     "bench": ("unirank.cli.bench", "collective bandwidth per message size, like nccl-tests"),
     "stacks": ("unirank.cli.stacks", "every rank's progress and Python stack of a running job"),
+    "top": ("unirank.cli.top", "a live view of every rank of a running job, every second"),
     "doctor": ("unirank.cli.doctor", "pre-flight checks: layout, master, port, interfaces, group"),
 }
 

@@ -24,7 +24,7 @@ import time
 from unirank.errors import ConfigError
 from unirank.hang.timings import ANSWER
 
-__all__ = ["add_arguments", "main"]
+__all__ = ["add_arguments", "find_job", "main"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,14 +66,21 @@ def _pick(job: str | None, named: bool = False) -> dict[str, object]:
                       "detector is on (not --hang-report-after off)")
 
 
+def find_job(named: str | None) -> dict[str, object]:
+    """The job file of the job ``--job`` names (None: in a Slurm job's shell that job, else
+    the one job running on this node); a :class:`ConfigError` where there is none or several
+    (also ``unirank top``'s)."""
+    from unirank.launchers import slurm_vars
+
+    job_id = named or slurm_vars.job_id(os.environ)[0]
+    return (_pick(job_id, named=bool(named)) if named or _has(job_id) else _pick(None))
+
+
 def main(args: argparse.Namespace) -> int:
     """Print every rank's progress and stacks (see the module docstring)."""
     from unirank.contract import HangSettings, parse_seconds
-    from unirank.launchers import slurm_vars
 
-    job_id = args.job or slurm_vars.job_id(os.environ)[0]
-    job = (_pick(job_id, named=bool(args.job)) if args.job or _has(job_id)
-           else _pick(None))
+    job = find_job(args.job)
     interval = float(str(job.get("interval", HangSettings.interval)))
     timeout = (parse_seconds(str(args.timeout), "--timeout") if args.timeout is not None
                else ANSWER.of(interval))

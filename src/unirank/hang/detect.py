@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["AHEAD", "ENDED", "MISMATCH", "NOT_ENTERED", "Ahead", "Blame", "Call", "Hang",
-           "Laggard", "Uneven", "blame", "blamed", "find_hangs", "find_uneven", "verdict"]
+           "Laggard", "Uneven", "blame", "blamed", "find_hangs", "find_uneven", "verdict",
+           "waited_in"]
 
 #: why a hang is blamed on its ranks (:attr:`Blame.kind`): they called another op or shape
 MISMATCH = "mismatch"
@@ -105,6 +106,12 @@ def _waited(record: Mapping[str, Any], group: Mapping[str, Any], now: float) -> 
         return None
     published = float(record["time"])
     return max(0.0, published - float(group["since"])) + max(0.0, now - published)
+
+
+def waited_in(record: Mapping[str, Any], group: Mapping[str, Any], now: float) -> float | None:
+    """Seconds ``record``'s rank has waited in ``group``'s last entered collective at wall
+    clock ``now`` (the rule :func:`find_hangs` uses); None if it finished it."""
+    return _waited(record, group, now)
 
 
 def _groups(records: Mapping[int, Mapping[str, Any] | None]) -> dict[str, list[int] | None]:

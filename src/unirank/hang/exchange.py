@@ -15,7 +15,8 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 __all__ = ["ASK_KEY", "FAILED_KEY", "PROGRESS_PREFIX", "REPORTED_KEY", "STACKS_PREFIX",
-           "Answers", "progress_key", "read_records", "request_stacks", "stacks_key"]
+           "Answers", "progress_key", "read_live", "read_records", "request_stacks",
+           "stacks_key"]
 
 from unirank.storekeys.hang import (  # the exchange's keys: one home (unirank.storekeys)
     ASK_KEY,
@@ -23,6 +24,7 @@ from unirank.storekeys.hang import (  # the exchange's keys: one home (unirank.s
     PROGRESS_PREFIX,
     REPORTED_KEY,
     STACKS_PREFIX,
+    live_key,
     progress_key,
     stacks_key,
 )
@@ -37,7 +39,16 @@ class Answers(Protocol):
 def read_records(store: Any, world_size: int) -> dict[int, dict[str, Any] | None]:
     """Every rank's last progress record (None: it set none yet): one ``multi_get`` when all
     are there."""
-    keys = [progress_key(r) for r in range(world_size)]
+    return _read(store, [progress_key(r) for r in range(world_size)])
+
+
+def read_live(store: Any, world_size: int) -> dict[int, dict[str, Any] | None]:
+    """Every rank's last live record (:mod:`unirank.hang.live`; None: none yet), as
+    :func:`read_records` reads."""
+    return _read(store, [live_key(r) for r in range(world_size)])
+
+
+def _read(store: Any, keys: list[str]) -> dict[int, dict[str, Any] | None]:
     if store.check(keys):
         return {r: json.loads(bytes(v)) for r, v in enumerate(store.multi_get(keys))}
     return {r: (json.loads(bytes(store.get(k))) if store.check([k]) else None)

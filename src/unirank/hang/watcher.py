@@ -17,7 +17,8 @@ looks at the groups' status every 50 ms between two records, to measure the rank
 collectives (:mod:`unirank.hang.waits`); :meth:`Watcher.end_record` gives that, with the
 thread's own CPU time, to the rank's end-of-run record. There it also keeps the attempt
 folder's mark of a rank that waits in one collective (:class:`~unirank.hang.waits.
-CollectiveMark`), for its supervisor when a node is gone.
+CollectiveMark`), for its supervisor when a node is gone. While a live view watches
+(``unirank top``), it also sets the rank's live record every second (:mod:`unirank.hang.live`).
 
 The thread uses a store connection of its own, so it never waits behind the program's or
 torch's use of the store. When an exception leaves the program, :func:`unirank.hang.failure.
@@ -25,7 +26,7 @@ failure_report` has its say (:meth:`Watcher.failure_report`); :func:`excepthook_
 calls it where no worker bootstrap does (:func:`unirank.init` under srun, mpirun, torchrun).
 
 Reads: TORCHELASTIC_ERROR_FILE (where this rank records a hang timeout), UNIRANK_ATTEMPT_DIR
-(the attempt folder that holds the dumps).
+(the attempt folder that holds the dumps), TORCHELASTIC_RESTART_COUNT (the live record's).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ from unirank.hang.exchange import (
 )
 from unirank.hang.failure import add_hang_note, failure_report
 from unirank.hang.jobs import announce, withdraw
+from unirank.hang.live import Live, restart_of
 from unirank.hang.phases import current as current_phase
 from unirank.hang.progress import (
     base_prefixes,
@@ -84,24 +86,10 @@ from unirank.hang.waits import SAMPLE_PERIOD, CollectiveMark, WaitMeter, recorde
 from unirank.runfolder import AttemptFolder
 from unirank.signals import start_shielded
 
-__all__ = [
-    "ASK_KEY",
-    "PROGRESS_PREFIX",
-    "RECORDER_ENTRIES",
-    "RECORDER_VAR",
-    "STACKS_PREFIX",
-    "THREAD_NAME",
-    "HangTimeoutError",
-    "Watcher",
-    "add_hang_note",
-    "enable_recorder",
-    "excepthook_with_report",
-    "progress_key",
-    "read_records",
-    "recorder_started",
-    "request_stacks",
-    "running",
-]
+__all__ = ["ASK_KEY", "PROGRESS_PREFIX", "RECORDER_ENTRIES", "RECORDER_VAR", "STACKS_PREFIX",
+           "THREAD_NAME", "HangTimeoutError", "Watcher", "add_hang_note", "enable_recorder",
+           "excepthook_with_report", "progress_key", "read_records", "recorder_started",
+           "request_stacks", "running"]
 
 THREAD_NAME = "unirank-hang-watch"
 
@@ -147,6 +135,7 @@ class Watcher:
         #: this rank's time in collectives (:mod:`unirank.hang.waits`; None: not measured,
         #: nothing gathers it), and the thread's cost
         self.waits = WaitMeter() if measure_waits else None
+        self._live = Live(rank, restart_of(environ))
         folder = self.attempt_folder()
         #: kept while this rank waits in one collective (where the waits are measured)
         self._mark = CollectiveMark(AttemptFolder(folder).collective_mark(rank) if folder
@@ -202,7 +191,8 @@ class Watcher:
         _RUNNING.append(self)
         if self._job is not None:
             self._job_file = announce({**self._job, "world_size": self.world_size,
-                                       "interval": self.settings.interval})
+                                       "interval": self.settings.interval,
+                                       "report_after": self.settings.report_after})
         start_shielded(self._thread)  # the program's signals go to its main thread
         # before the interpreter's teardown: a daemon thread inside a store call at that
         # moment aborts the process ("terminate called without an active exception")
@@ -259,16 +249,20 @@ class Watcher:
         :data:`~unirank.hang.waits.SAMPLE_PERIOD` seconds (:class:`WaitMeter`), until the
         next record is due; True when the watcher is stopped."""
         self.ticks += 1
-        if self.waits is None:
+        period = self._live.period(None if self.waits is None else SAMPLE_PERIOD)
+        if period is None:
             return self._stop.wait(self.settings.interval)
         due = time.monotonic() + self.settings.interval
         while not self._stop.is_set():
             now = time.monotonic()
-            self.waits.look(now, recorder_status())
-            self._mark.update(self.waits.waiting_for(now))
+            status = None
+            if self.waits is not None:
+                self.waits.look(now, status := recorder_status())
+                self._mark.update(self.waits.waiting_for(now))
+            self._live.look(self.store, now, self.waits, status)
             if now >= due:
                 return False
-            if self._stop.wait(min(SAMPLE_PERIOD, due - now)):
+            if self._stop.wait(min(period, due - now)):
                 break
         return True
 
@@ -284,6 +278,7 @@ class Watcher:
         return record
 
     def _tick(self, store: Any) -> None:
+        self._live.tick(store)
         self._publish(store)
         self.answer_pending(store)
         if self.detector is not None and self._check_duty(store):
@@ -329,7 +324,9 @@ class Watcher:
         record = self.record()
         # the process's CPU seconds but this thread's: does the rank compute (hang/learned.py)
         record["cpu"] = round(time.process_time() - time.thread_time(), 4)
+        self._live.stamp(record, self.waits)
         store.set(progress_key(self.rank), json.dumps(record))
+        self._live.publish(store, record, self.waits)
         if any(g["entered"] > g["done"] for g in record["groups"]):
             self.last_waiting = record
 

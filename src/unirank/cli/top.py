@@ -1,0 +1,222 @@
+"""``unirank top``: a live view of every rank of a running job, refreshed every second.
+
+From another shell on any node of the job, found as ``unirank stacks`` finds it (the node's
+job file, :func:`unirank.cli.stacks.find_job`): at every refresh the command beats the job's
+store (:data:`~unirank.storekeys.hang.WATCH_KEY`, so that the ranks' watchers publish their
+live records, :mod:`unirank.hang.live`), reads every rank's live and progress records, and
+shows :func:`unirank.hang.view.make_view`'s rows. In a terminal it redraws the table in place
+on the alternate screen (restored at the end; Ctrl-C ends it with 0); otherwise it prints one
+table per refresh, a blank line between two; ``--json`` prints one JSON object per line per
+refresh (:func:`unirank.hang.viewtable.view_json`). A store that stops answering (the job
+restarts) is looked for again from the job's file for :data:`REATTACH` seconds.
+
+Reads: SLURM_JOB_ID (through :func:`~unirank.cli.stacks.find_job`), TMPDIR, COLUMNS and LINES
+(through :func:`shutil.get_terminal_size`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, TextIO
+
+from unirank.errors import ConfigError
+from unirank.signals import STOP_SIGNALS
+
+__all__ = ["add_arguments", "main"]
+
+#: the alternate screen and a hidden cursor; home; erase to the line's end; to the screen's end
+_ENTER, _LEAVE = "\x1b[?1049h\x1b[?25l", "\x1b[?25h\x1b[?1049l"
+_HOME, _EOL, _EOS = "\x1b[H", "\x1b[K", "\x1b[J"
+#: seconds every store call of the view may take before the job counts as gone
+STORE_TIMEOUT = 10.0
+#: seconds a view waits for the next attempt of a job whose store stopped answering
+REATTACH = 15.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``unirank top``."""
+    parser.add_argument("--job", default=None, metavar="ID",
+                        help="the job's run id or Slurm job id (as unirank stacks)")
+    parser.add_argument("--interval", default="1", metavar="S",
+                        help="seconds between two refreshes (default: 1)")
+    parser.add_argument("--json", action="store_true",
+                        help="one JSON object per line per refresh (for scripts)")
+    parser.add_argument("--count", default=None, metavar="N",
+                        help="stop after N refreshes (default: until Ctrl-C)")
+
+
+def _count(text: str | None) -> int | None:
+    if text is None:
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ConfigError("is not a count of refreshes", variable="--count", value=text,
+                          hint="give a whole number, 1 or more")
+    return int(text)
+
+
+class _Stopped:
+    """Set by a stop signal but SIGINT (:data:`unirank.signals.STOP_SIGNALS`: the handler
+    only sets it); the loop ends at its next refresh."""
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.flag = True
+
+
+@contextmanager
+def _screen(out: TextIO, live: bool) -> Iterator[None]:
+    """The alternate screen while the view runs in a terminal, restored however it ends."""
+    if live:
+        out.write(_ENTER)
+    try:
+        yield
+    finally:
+        if live:
+            out.write(_LEAVE)
+            out.flush()
+
+
+def _draw(out: TextIO, lines: list[str], live: bool, first: bool) -> None:
+    if live:
+        rows = shutil.get_terminal_size().lines
+        shown = lines[:rows - 1]  # the last row stays empty: no scroll
+        out.write(_HOME + "".join(line + _EOL + "\n" for line in shown) + _EOS)
+    else:
+        out.write(("" if first else "\n") + "\n".join(lines) + "\n")
+    out.flush()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Show the view until Ctrl-C, a stop signal or ``--count`` refreshes (module docstring);
+    Ctrl-C and a reader that went away (``unirank top --json | head -1``) end it with 0."""
+    try:
+        return _view(args)
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    from unirank.cli.stacks import find_job
+    from unirank.contract import parse_seconds
+
+    interval = parse_seconds(str(args.interval), "--interval")
+    count = _count(args.count)
+    job = find_job(args.job)
+    from unirank.store import StoreError, open_store
+
+    try:
+        store = open_store(str(job["master_addr"]), int(str(job["master_port"])), rank=-1,
+                           timeout=STORE_TIMEOUT, served_by="rank 0",
+                           hint="the job may have just ended")
+    except StoreError as exc:
+        print(f"unirank top: error: {exc.what}", file=sys.stderr)
+        return 1
+    stopped = _Stopped()
+    for signum in STOP_SIGNALS:  # Ctrl-C stays Python's: it ends a store call at once
+        if signum != signal.SIGINT:
+            signal.signal(signum, stopped)
+    live = sys.stdout.isatty() and not args.json
+    with _screen(sys.stdout, live):
+        return _loop(store, job, interval, count, args.json, live, stopped)
+
+
+def _gone(run_id: str) -> int:
+    """The store stopped answering and no next attempt came: 0 where the job ended (its job
+    files are gone), else 1."""
+    from unirank.hang.jobs import find_jobs
+
+    if not find_jobs(run_id):
+        print(f"unirank top: job {run_id} ended", file=sys.stderr)
+        return 0
+    print(f"unirank top: the store of job {run_id} stopped answering: run unirank top again",
+          file=sys.stderr)
+    return 1
+
+
+def _reattach(run_id: str, stopped: _Stopped) -> tuple[Any, dict[str, object]] | None:
+    """The store of the job's next attempt and its job file, once one is written within
+    :data:`REATTACH` seconds (a restart: ``--max-restarts``, a change of nodes); None."""
+    from unirank.hang.jobs import find_jobs
+    from unirank.store import StoreError, open_store
+
+    print(f"unirank top: the store of job {run_id} stopped answering: looking for its next "
+          f"attempt for {REATTACH:g} s", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + REATTACH
+    while time.monotonic() < deadline and not stopped.flag:
+        for job in find_jobs(run_id):
+            try:
+                return open_store(str(job["master_addr"]), int(str(job["master_port"])),
+                                  rank=-1, timeout=STORE_TIMEOUT, served_by="rank 0",
+                                  hint="the job may have just ended"), job
+            except StoreError:
+                pass
+        time.sleep(0.5)  # the next attempt's first rank writes its job file as it starts
+    return None
+
+
+def _loop(store: Any, job: dict[str, object], interval: float, count: int | None,
+          as_json: bool, live: bool, stopped: _Stopped) -> int:
+    """The view over the job's attempts: a store that stops answering is looked for again
+    (:func:`_reattach`); the numbers start over with the next attempt's."""
+    shown = 0
+    while True:
+        shown, done = _watch(store, job, interval, count, as_json, live, stopped, shown)
+        if done:
+            return 0
+        attached = _reattach(str(job["run_id"]), stopped)
+        if attached is None:
+            return _gone(str(job["run_id"]))
+        store, job = attached
+
+
+def _watch(store: Any, job: dict[str, object], interval: float, count: int | None,
+           as_json: bool, live: bool, stopped: _Stopped, shown: int) -> tuple[int, bool]:
+    """Refresh until stopped or ``count`` refreshes in all (True), or until the store stops
+    answering (False); the refreshes shown so far."""
+    from unirank.hang.exchange import read_live, read_records
+    from unirank.hang.standby import silent_after
+    from unirank.hang.view import History, make_view, newest_records, stuck_after
+    from unirank.hang.viewtable import Header, render_view, view_json
+    from unirank.storekeys.hang import WATCH_KEY
+
+    world = int(str(job["world_size"]))
+    report_after = job.get("report_after")
+    limit = None if report_after is None else float(str(report_after))
+    silent = silent_after(float(str(job.get("interval", 5.0))))
+    header = Header(str(job["run_id"]), world, f"{job['master_addr']}:{job['master_port']}",
+                    interval, stuck_after(limit))
+    history = History()
+    while not stopped.flag and (count is None or shown < count):
+        started = time.monotonic()
+        try:
+            store.add(WATCH_KEY, 1)
+            newest = newest_records(read_live(store, world), read_records(store, world))
+        except Exception:
+            return shown, False
+        for rank, record in newest.items():
+            history.add(rank, record)
+        now = time.time()
+        view = make_view(history.oldest(), history.newest(), world, now, limit, silent)
+        if as_json:
+            print(json.dumps(view_json(view, header, now)), flush=True)
+        else:
+            size = shutil.get_terminal_size()
+            lines = render_view(view, header, size.columns, size.lines - 1 if live else None)
+            _draw(sys.stdout, lines, live, shown == 0)
+        shown += 1
+        if count is None or shown < count:
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    return shown, True

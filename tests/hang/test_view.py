@@ -1,0 +1,218 @@
+"""``unirank top``'s rows (pure): rates between two records of a rank, the states, the stuck
+mark (the detector's rule at the view's threshold) and the slow mark (the straggler rule over
+the window); the window kept per rank; the table for 80 and 40 columns and the JSON object
+against golden files in tests/fixtures/top (regenerate with ``UNIRANK_REGEN_GOLDEN=1`` and
+review the diff), and docs/top.md's sample."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from unirank.hang.view import (
+    ENDED,
+    MIN_SPAN,
+    NONE,
+    RUNNING,
+    SLOW,
+    STUCK,
+    STUCK_AFTER,
+    WAITING,
+    WINDOW,
+    History,
+    judged_at,
+    make_view,
+    newest_records,
+    stuck_after,
+)
+from unirank.hang.viewtable import Header, render_view, view_json
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "fixtures" / "top"
+T0, T1 = 1000.0, 1005.0
+
+
+def rec(rank: int, t: float, entered: int, done: int, in_s: float | None, *,
+        since: float | None = None, node: str = "", finished: bool = False,
+        where: str = "") -> dict[str, Any]:
+    node = node or ("nodeA" if rank < 4 else "nodeB")
+    return {"rank": rank, "node": node, "time": t, "where": where, "finished": finished,
+            "in_s": in_s, "restart": 0,
+            "groups": [{"pg": "0", "ranks": None, "entered": entered, "done": done,
+                        "op": "all_reduce", "since": since}]}
+
+
+def world(t: float, count: int, in_s: float, **over: dict[str, Any]) -> dict[int, Any]:
+    return {r: rec(r, t, count, count, in_s) for r in range(8)} | {int(k[1:]): v
+                                                                    for k, v in over.items()}
+
+
+def test_rates_are_per_rank_between_its_two_records() -> None:
+    old = world(T0, 100, 2.0)
+    new = world(T1, 150, 4.5)
+    view = make_view(old, new, 8, T1)
+    assert {r.per_s for r in view.rows} == {10.0}  # 50 collectives in 5 s
+    assert {r.waiting for r in view.rows} == {0.5}  # 2.5 s of 5 in collectives
+    assert {r.state for r in view.rows} == {RUNNING}
+    assert view.nodes == ("nodeA", "nodeB") and view.marked == {STUCK: [], SLOW: []}
+
+
+def test_no_rates_from_one_record_and_none_for_a_rank_without_any() -> None:
+    new = world(T1, 150, 4.5)
+    new[3] = None
+    view = make_view({}, new, 8, T1)
+    assert view.rows[0].per_s is None and view.rows[0].waiting is None
+    assert view.rows[3].state == NONE and view.rows[0].number == 150
+
+
+def test_the_rank_that_keeps_the_others_waiting_is_slow() -> None:
+    old = world(T0, 100, 2.0)
+    new = world(T1, 150, 5.0, r5=rec(5, T1, 150, 150, 2.1))  # 0.6 vs 0.02
+    view = make_view(old, new, 8, T1)
+    assert view.marked == {STUCK: [], SLOW: [5]}
+    assert view.notes == ("rank 5 (nodeB) keeps the others waiting: 58 % of the time",)
+
+
+def test_no_slow_mark_from_a_window_shorter_than_the_minimum() -> None:
+    short = T0 + MIN_SPAN / 2
+    old = world(T0, 100, 2.0)
+    new = world(short, 110, 2.0 + 0.6 * MIN_SPAN / 2, r5=rec(5, short, 110, 110, 2.0))
+    assert make_view(old, new, 8, short).marked[SLOW] == []
+
+
+def stalled(waited: float) -> dict[int, Any]:
+    """Ranks 0-6 wait in all_reduce #151 since ``waited`` s; rank 3 still at #150."""
+    records = {r: rec(r, T1, 151, 150, 4.0, since=T1 - waited) for r in range(8)}
+    records[3] = rec(3, T1, 150, 150, 1.0, where="load (train.py:12)")
+    return records
+
+
+def test_the_rank_the_others_wait_for_is_stuck_after_the_threshold_not_before() -> None:
+    before = make_view({}, stalled(STUCK_AFTER - 1), 8, T1)
+    assert before.marked[STUCK] == [] and before.rows[0].state == WAITING
+    view = make_view(world(T0, 100, 1.0), stalled(STUCK_AFTER), 8, T1)
+    assert view.marked == {STUCK: [3], SLOW: []}  # stuck wins; no slow mark in a hang
+    assert view.rows[3].number == 150 and view.rows[0].number == 151
+    assert view.notes[0].endswith("rank 3 (nodeA) has not entered it: its main thread is in "
+                                  "load (train.py:12)")
+
+
+def test_the_threshold_is_the_detectors_where_shorter() -> None:
+    assert stuck_after(None) == STUCK_AFTER and stuck_after(60.0) == STUCK_AFTER
+    assert stuck_after(2.0) == 2.0
+    assert make_view({}, stalled(2.5), 8, T1, report_after=2.0).marked[STUCK] == [3]
+
+
+def test_waits_are_judged_at_the_oldest_record_not_stretched() -> None:
+    records = stalled(1.0)
+    records[3] = rec(3, T1 - 3, 150, 150, 1.0)  # its record is 3 s old
+    # judged at now: the others would have waited 1 + 10 s; judged at T1 - 3: none long
+    assert judged_at(records, T1 + 10, silent=20) == T1 - 3
+    assert make_view({}, records, 8, T1 + 10, silent=20).marked[STUCK] == []
+    # a rank silent past ``silent`` no longer holds the clock back
+    assert judged_at(records, T1 + 10, silent=12) == T1
+
+
+def test_ended_and_waiting_states() -> None:
+    records = world(T1, 150, 4.0, r2=rec(2, T1, 150, 150, 4.0, finished=True),
+                    r4=rec(4, T1, 151, 150, 4.0, since=T1 - 2))
+    states = [r.state for r in make_view({}, records, 8, T1).rows]
+    assert states[2] == ENDED and states[4] == WAITING and states[0] == RUNNING
+
+
+def test_history_keeps_about_one_window_of_each_rank() -> None:
+    history = History()
+    for t in range(0, 20):
+        history.add(0, rec(0, T0 + t, t, t, 0.0))
+    history.add(0, rec(0, T0 + 5, 5, 5, 0.0))  # older than the newest: ignored
+    assert history.newest()[0]["time"] == T0 + 19
+    assert history.oldest()[0]["time"] == T0 + 19 - WINDOW
+    stale = History()
+    stale.add(1, rec(1, T0, 0, 0, 0.0))
+    stale.add(1, rec(1, T0 + 600, 9, 9, 0.0))  # a live record left by a view long ago
+    assert stale.oldest() == {}
+
+
+def test_the_newer_of_a_ranks_live_and_progress_records_counts() -> None:
+    live = {0: rec(0, T0, 1, 1, 0.0), 1: rec(1, T1, 9, 9, 0.0), 2: None}
+    progress = {0: rec(0, T1, 5, 5, 0.0), 1: rec(1, T0, 1, 1, 0.0), 2: rec(2, T0, 1, 1, 0.0)}
+    found = newest_records(live, progress)
+    assert [found[r]["groups"][0]["entered"] for r in range(3)] == [5, 9, 1]  # type: ignore
+
+
+HEADER = Header("demo", 8, "nodeA:29500", 1.0, STUCK_AFTER)
+
+
+def samples() -> dict[str, tuple[dict[int, Any], dict[int, Any]]]:
+    slow = world(T1, 150, 5.0, r5=rec(5, T1, 150, 150, 2.1))
+    return {"slow": (world(T0, 100, 2.0), slow),
+            "stuck": (world(T0, 100, 1.0), stalled(7.0))}
+
+
+def _check_golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("UNIRANK_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}: run with UNIRANK_REGEN_GOLDEN=1"
+    assert text == path.read_text(), f"the view changed; if deliberate, regenerate {path}"
+
+
+@pytest.mark.parametrize("width", [80, 40])
+@pytest.mark.parametrize("case", ["slow", "stuck"])
+def test_table_golden(case: str, width: int) -> None:
+    old, new = samples()[case]
+    lines = render_view(make_view(old, new, 8, T1), HEADER, width)
+    assert all(len(line) <= width for line in lines)
+    assert sum(1 for line in lines if re.match(r"! +\d", line)) == 1  # the marked row
+    _check_golden(f"{case}_{width}.txt", "\n".join(lines) + "\n")
+
+
+def test_json_golden() -> None:
+    old, new = samples()["stuck"]
+    data = view_json(make_view(old, new, 8, T1), HEADER, T1)
+    assert data["stuck"] == [3] and len(data["ranks"]) == 8
+    _check_golden("stuck.json", json.dumps(data, indent=1) + "\n")
+
+
+def test_docs_sample_is_the_golden_table() -> None:
+    page = (ROOT / "docs" / "top.md").read_text()
+    blocks = re.findall(r"```\n(unirank top: .*?)```", page, re.S)
+    assert blocks, "docs/top.md shows no table"
+    goldens = {(GOLDEN / f"{c}_{w}.txt").read_text() for c in ("slow", "stuck") for w in (80, 40)}
+    assert all(block in goldens for block in blocks)
+
+
+def test_no_rate_from_a_record_made_before_the_first_collective() -> None:
+    old = {0: {"rank": 0, "node": "n", "time": T0, "groups": [], "in_s": None}}
+    assert make_view(old, {0: rec(0, T1, 50, 50, 1.0)}, 1, T1).rows[0].per_s is None
+
+
+def test_a_short_terminal_keeps_the_marked_rank_and_the_notes() -> None:
+    old, new = samples()["stuck"]
+    lines = render_view(make_view(old, new, 8, T1), HEADER, 80, height=10)
+    assert len(lines) <= 10, lines
+    assert any(re.match(r"! +3 .*STUCK", line) for line in lines)
+    assert lines[-2].startswith("! ranks 0-2, 4-7") and "more ranks (--json: all)" in lines[-3]
+    full = render_view(make_view(old, new, 8, T1), HEADER, 80, height=40)
+    assert full == render_view(make_view(old, new, 8, T1), HEADER, 80)
+
+
+def test_the_docs_state_the_rules_numbers() -> None:
+    from unirank.hang.live import LIVE_PERIOD
+    from unirank.hang.straggle import STRAGGLER_MARGIN
+    from unirank.hang.timings import SILENT
+    from unirank.hang.waits import MARK_AFTER
+
+    page = " ".join((ROOT / "docs" / "top.md").read_text().split())
+    for sentence in (f"waited in a collective for {STUCK_AFTER:g} s",
+                     f"over the last {WINDOW:g} s (at least {MIN_SPAN:g} s)",
+                     f"by more than {100 * STRAGGLER_MARGIN:.0f} points",
+                     f"in one collective for {MARK_AFTER:g} s or more",
+                     f"silent for {SILENT.words()}",
+                     f"every {'second' if LIVE_PERIOD == 1 else f'{LIVE_PERIOD:g} s'}"):
+        assert sentence in page, sentence
