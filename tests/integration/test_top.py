@@ -87,14 +87,19 @@ def _collectives(view: dict[str, Any]) -> list[int | None]:
     return [r["collective"] for r in view["ranks"]]
 
 
+def _json_view(runner: Runner, job: str) -> subprocess.Popen[str]:
+    """``unirank top --job JOB --json`` started, its lines to read."""
+    return subprocess.Popen(_top(runner, "--job", job, "--json"), cwd=runner.cwd,
+                            env=runner.environ(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
 def test_json_shows_every_rank_rising_then_the_stuck_rank(runner: Runner,
                                                           tmp_path: Path) -> None:
     job = f"top-{os.getpid()}"
     proc, release, stall = _start_job(runner, tmp_path, job)
     _wait_for_job(runner, job, proc)
-    top = subprocess.Popen(_top(runner, "--job", job, "--json"), cwd=runner.cwd,
-                           env=runner.environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    top = _json_view(runner, job)
     try:
         assert top.stdout is not None
         # live records: every rank's count rises at three refreshes in a row (the progress
@@ -212,9 +217,7 @@ def test_json_goes_on_with_the_next_attempt_after_a_restart(runner: Runner,
     job = f"toprestart-{os.getpid()}"
     proc, release, stall = _start_job(runner, tmp_path, job, "--max-restarts", "1")
     _wait_for_job(runner, job, proc)
-    top = subprocess.Popen(_top(runner, "--job", job, "--json"), cwd=runner.cwd,
-                           env=runner.environ(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True)
+    top = _json_view(runner, job)
     try:
         assert top.stdout is not None
         for line in top.stdout:  # bounded by the test's timeout
