@@ -44,7 +44,7 @@ from unirank.hang.waits import MARK_AFTER
 
 __all__ = ["ENDED", "MIN_SPAN", "NONE", "RUNNING", "SLOW", "STUCK", "STUCK_AFTER", "WAITING",
            "WINDOW", "History", "Row", "View", "judged_at", "make_view", "newest_records",
-           "stuck_after"]
+           "share_of", "stuck_after"]
 
 STUCK, ENDED, SLOW, WAITING, RUNNING, NONE = "stuck", "ended", "slow", "waiting", "running", "-"
 #: seconds of a rank's records its rates span (at most)
@@ -143,6 +143,17 @@ def _rates(old: Mapping[str, Any] | None, new: Mapping[str, Any]
     return (moved / span if both else None), share, span
 
 
+def share_of(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> float | None:
+    """A rank's share waiting between its records ``old`` and ``new`` where the straggler
+    rule may judge it (the window spans :data:`MIN_SPAN` seconds, the rank has not ended),
+    else None: the one window rule of the view and of the detector's stragglers
+    (:mod:`unirank.hang.slowrank`)."""
+    _, share, span = _rates(old, new)
+    if share is None or span < MIN_SPAN or new.get("finished"):
+        return None
+    return share
+
+
 def _state(record: Mapping[str, Any], now: float) -> str:
     if record.get("finished"):
         return ENDED
@@ -178,9 +189,10 @@ def make_view(old: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[st
             rows[rank] = Row(rank)
             continue
         nodes[rank] = str(record.get("node", ""))
-        per_s, share, span = _rates(old.get(rank), record)
-        if share is not None and span >= MIN_SPAN and not record.get("finished"):
-            shares[rank] = share
+        per_s, share, _ = _rates(old.get(rank), record)
+        judged = share_of(old.get(rank), record)
+        if judged is not None:
+            shares[rank] = judged
         group = _main_group(record)
         rows[rank] = Row(rank, nodes[rank], STUCK if rank in stuck else _state(record, now),
                          per_s, share, str((group or {}).get("op", "")),
