@@ -31,9 +31,10 @@ from typing import Any
 
 from unirank.hang.straggle import Straggler, find_stragglers
 from unirank.hang.view import share_of
+from unirank.storekeys.hang import STRAGGLERS_KEY
 
 __all__ = ["MIN_WINDOWS", "NAME_SPAN", "Change", "Slow", "Streak", "change_line", "decode_named",
-           "encode_named", "observe"]
+           "encode_named", "observe", "read_named"]
 
 #: seconds of consecutive windows that name a rank (or say it recovered)
 NAME_SPAN = 8.0
@@ -167,4 +168,16 @@ def decode_named(value: bytes | str) -> tuple[Straggler, ...]:
         return tuple(Straggler(int(i["rank"]), str(i["node"]), float(i["margin"]))
                      for i in items)
     except (ValueError, TypeError, KeyError):
+        return ()
+
+
+def read_named(store: Any) -> tuple[Straggler, ...]:
+    """The ranks named now, read from the job's ``store`` (one ``check``, one ``get``; called
+    from the program's thread, beside the watcher's: a TCPStore serialises its calls); ``()``
+    where none is kept or the store does not answer."""
+    try:
+        if store is None or not store.check([STRAGGLERS_KEY]):
+            return ()
+        return decode_named(bytes(store.get(STRAGGLERS_KEY)))
+    except Exception:
         return ()
