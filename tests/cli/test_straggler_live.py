@@ -1,0 +1,105 @@
+"""A straggler named while the job runs (unirank.hang.slowrank): ``unirank run -n 2`` with
+real workers; once both step, rank 1 is put in a cgroup v1 CPU quota (half a CPU; a quarter
+where the test has one CPU: the two ranks then share it, each had half already), and rank 0's
+stderr names it in one line, which ``ur.elastic_state().stragglers`` on both ranks agrees
+with. Every assertion reads the job's output (no clock).
+
+Environment variables read: the caller's environment, from which launcher variables are removed
+(see ``tests/_procs.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from _procs import Runner
+
+pytestmark = pytest.mark.integration
+
+CPU = Path("/sys/fs/cgroup/cpu")
+TIMEOUT = 90.0
+
+# Steps of 50 ms of this thread's CPU and one all-reduce, until the file argv[1] exists (the
+# ranks agree on the step to stop at); rank 1 says its pid at step 20; at the end each rank
+# says the stragglers ur.elastic_state() names.
+STEPS = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+import unirank as ur
+
+stop = sys.argv[1]
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+step = 0
+while True:
+    begun = time.thread_time()
+    while time.thread_time() - begun < 0.05:
+        sum(range(1000))
+    flag = torch.tensor([1.0 if os.path.exists(stop) else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() > 0:
+        break
+    step += 1
+    if step == 20 and rank == 1:
+        print(f"ready rank 1 pid {os.getpid()}", flush=True)
+named = [s.rank for s in ur.elastic_state().stragglers]
+print(f"stragglers seen by rank {rank}: {named}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _quota() -> int:
+    """Half a CPU, or a quarter where this test has one CPU (module docstring)."""
+    return 50000 if len(os.sched_getaffinity(0)) >= 2 else 25000
+
+
+def _cgroup() -> Path:
+    group = CPU / f"unirank-test-{os.getpid()}"
+    try:
+        group.mkdir()
+        (group / "cpu.cfs_period_us").write_text("100000")
+        (group / "cpu.cfs_quota_us").write_text(str(_quota()))
+    except OSError as exc:
+        pytest.skip(f"no cgroup v1 CPU quota here ({exc})")
+    return group
+
+
+def _release(group: Path, pid: int) -> None:
+    """Back to the root group (where the rank still runs), then remove the group."""
+    try:
+        (CPU / "cgroup.procs").write_text(str(pid))
+    except OSError:
+        pass  # it ended
+    group.rmdir()
+
+
+def test_a_rank_cut_to_half_a_cpu_is_named_while_it_runs(runner: Runner,
+                                                        tmp_path: Path) -> None:
+    group = _cgroup()
+    runner.script("steps.py", STEPS)
+    stop = tmp_path / "stop"
+    pid = 0
+    try:
+        proc = runner.start(["-n", "2", "steps.py", str(stop)],
+                            env={"UNIRANK_HANG_INTERVAL": "2.5"})
+        assert proc.stdout is not None and proc.stderr is not None
+        ready = runner.read_lines(proc.stdout, 1, contains="ready rank 1 pid ",
+                                  timeout=TIMEOUT)
+        pid = int(next(line for line in ready if "ready rank 1" in line).split()[-1])
+        (group / "cgroup.procs").write_text(str(pid))
+        said = runner.read_lines(proc.stderr, 1, contains="unirank: straggler: ",
+                                 timeout=TIMEOUT)
+        stop.touch()
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        _release(group, pid)
+    line = next(line for line in said if "unirank: straggler: " in line)
+    assert line.startswith("unirank: straggler: rank 1 (") and \
+        " keeps the others waiting " in line, said
+    assert proc.returncode == 0, err
+    out_lines = out.splitlines()
+    assert "stragglers seen by rank 0: [1]" in out_lines, out
+    assert "stragglers seen by rank 1: [1]" in out_lines, out
