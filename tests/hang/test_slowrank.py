@@ -133,3 +133,15 @@ def test_the_view_marks_slow_by_the_same_window_rule() -> None:
     state, _ = observe(Slow(), old, hung=False)
     state, _ = observe(state, new, hung=False)
     assert view.marked["slow"] == [1] == [r for r, s in state.streaks.items() if s.slow]
+
+
+def test_the_view_marks_slow_a_rank_the_detector_names() -> None:
+    """A window that alone names nobody (`unirank top`'s 5 s) still shows the detector's
+    straggler slow: the view and the detector agree."""
+    old = {0: record(0, 0.0, 0.0), 1: record(1, 0.0, 0.0)}
+    new = {0: record(0, 5.0, 1.0), 1: record(1, 5.0, 0.5)}
+    assert make_view(old, new, 2, now=5.0).marked["slow"] == []
+    named = (Straggler(1, "node1", 0.4),)
+    view = make_view(old, new, 2, now=5.0, named=named)
+    assert view.marked["slow"] == [1]
+    assert "rank 1 (node1) keeps the others waiting: 40 % of the time" in view.notes
