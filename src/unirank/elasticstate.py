@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from unirank.contract import MAX_RESTARTS_VAR, RESTART_COUNT_VAR, RESTART_REASON_VAR
 from unirank.envvars import read_int
 from unirank.errors import ConfigError
+from unirank.hang.straggle import Straggler
 
 __all__ = ["KINDS", "UNKNOWN", "ElasticState", "RestartReason", "nodes_changed", "parse_reason",
            "read_elastic_state"]
@@ -116,6 +117,9 @@ class ElasticState:
     reason: RestartReason | None = None
     #: where the job's state came from at ``ur.load_state`` (its one line; None: not asked)
     state_restored: str | None = None
+    #: the ranks that keep the others waiting now, as the hang detector names them while the
+    #: job runs (:mod:`unirank.hang.slowrank`; ``()``: none, or no detector)
+    stragglers: tuple[Straggler, ...] = ()
 
     @property
     def restarted(self) -> bool:

@@ -187,6 +187,7 @@ def _watch(store: Any, job: dict[str, object], interval: float, count: int | Non
     """Refresh until stopped or ``count`` refreshes in all (True), or until the store stops
     answering (False); the refreshes shown so far."""
     from unirank.hang.exchange import read_live, read_records
+    from unirank.hang.slowrank import read_named
     from unirank.hang.standby import silent_after
     from unirank.hang.view import History, make_view, newest_records, stuck_after
     from unirank.hang.viewtable import Header, render_view, view_json
@@ -204,12 +205,13 @@ def _watch(store: Any, job: dict[str, object], interval: float, count: int | Non
         try:
             store.add(WATCH_KEY, 1)
             newest = newest_records(read_live(store, world), read_records(store, world))
+            named = read_named(store)
         except Exception:
             return shown, False
         for rank, record in newest.items():
             history.add(rank, record)
         now = time.time()
-        view = make_view(history.oldest(), history.newest(), world, now, limit, silent)
+        view = make_view(history.oldest(), history.newest(), world, now, limit, silent, named)
         if as_json:
             print(json.dumps(view_json(view, header, now)), flush=True)
         else:

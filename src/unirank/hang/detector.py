@@ -2,7 +2,8 @@
 the hangs found (:func:`unirank.hang.detect.find_hangs`), the reports made when
 :func:`unirank.hang.schedule.decide` says so (printed on rank 0's stderr, written with every
 rank's stacks as text and JSON in the attempt's ``hang/`` folder), the ranks-waiting mark kept
-for the supervisor, and the job ended at ``--hang-timeout`` (fixed, or learned:
+for the supervisor, the stragglers named while the job runs (:mod:`unirank.hang.slowrank`: a
+line each on rank 0's stderr), and the job ended at ``--hang-timeout`` (fixed, or learned:
 :mod:`unirank.hang.learned`, where only stuck ranks end it).
 
 Reads no environment variable.
@@ -24,8 +25,11 @@ from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.learned import SILENT, Learned, Stuck, observe, timeout_now, verdict_now
 from unirank.hang.render import changed_ranks, render_report, timeout_message
 from unirank.hang.schedule import Decision, Schedule, decide
+from unirank.hang.slowrank import Slow, change_line, encode_named
+from unirank.hang.slowrank import observe as observe_slow
 from unirank.hang.timings import ANSWER
 from unirank.runfolder import AttemptFolder
+from unirank.storekeys.hang import STRAGGLERS_KEY
 
 
 class Watcher(Protocol):
@@ -67,6 +71,8 @@ class Detector:
         #: the job for
         self.learned = Learned()
         self.stuck: tuple[Stuck, ...] = ()
+        #: the stragglers rule's state (:mod:`unirank.hang.slowrank`)
+        self.slow = Slow()
 
     def records(self) -> dict[int, dict[str, Any] | None]:
         """Every rank's last record (None: it set none yet)."""
@@ -78,8 +84,9 @@ class Detector:
             self.report_after = settings.report_after
             self.answer_timeout = ANSWER.of(settings.interval)
         records = self.records()
-        self._mark_waiting(bool(find_hangs(records, self.watcher.world_size, settings.interval,
-                                           now)))
+        waiting = bool(find_hangs(records, self.watcher.world_size, settings.interval, now))
+        self._mark_waiting(waiting)
+        self._stragglers(records, waiting)
         limit = settings.timeout
         if settings.learned:
             hangs, limit = self._learned(records, now)
@@ -154,6 +161,19 @@ class Detector:
             self.watcher.exit_for_timeout(self.store, Ending(
                 timeout_message(hangs, limit or 0.0, names[1]), blame(hangs[0]).ranks,
                 self.watcher.rank, found, frozen=tuple(frozen)))
+
+    def _stragglers(self, records: Mapping[int, Mapping[str, Any] | None], hung: bool) -> None:
+        """The stragglers rule (:mod:`unirank.hang.slowrank`) at this look: one line on the
+        console per rank named or recovered, and the ranks named now in the store
+        (:data:`~unirank.storekeys.hang.STRAGGLERS_KEY`, for :func:`unirank.elastic_state`)."""
+        self.slow, changes = observe_slow(self.slow, records, hung)
+        if not changes:
+            return
+        text = "".join(change_line(c) for c in changes)
+        with contextlib.suppress(OSError):
+            os.write(self.watcher.err_fd, text.encode(errors="replace"))
+        with contextlib.suppress(Exception):  # a store gone: the job ends, nobody asks
+            self.store.set(STRAGGLERS_KEY, encode_named(self.slow))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's waiting mark

@@ -16,9 +16,10 @@ A rank's state, the first that applies:
   program runs (:attr:`~unirank.hang.detect.Blame.stuck`, as ``--on-hang evict`` decides);
 * ``ended``: its program ended;
 * ``slow``: the straggler rule (:func:`unirank.hang.straggle.find_stragglers`) over the
-  window's shares: the median of the other ranks' share waiting exceeds its own by more
-  than :data:`~unirank.hang.straggle.STRAGGLER_MARGIN` (it keeps them waiting), the window
-  spanning :data:`MIN_SPAN` seconds at least;
+  window's shares (:func:`share_of`): the median of the other ranks' share waiting exceeds
+  its own by more than :data:`~unirank.hang.straggle.STRAGGLER_MARGIN` (it keeps them
+  waiting), the window spanning :data:`MIN_SPAN` seconds at least; or the hang detector
+  names it a straggler now (:mod:`unirank.hang.slowrank`: the same rule over its windows);
 * ``waiting``: it has waited in one collective for :data:`~unirank.hang.waits.MARK_AFTER`
   seconds or more (the rule of the collective mark);
 * ``running``; ``-`` where the rank set no record yet.
@@ -39,12 +40,12 @@ from typing import Any
 
 from unirank.hang.detect import blame, find_hangs, waited_in
 from unirank.hang.render import wavefront_line
-from unirank.hang.straggle import find_stragglers
+from unirank.hang.straggle import Straggler, find_stragglers
 from unirank.hang.waits import MARK_AFTER
 
 __all__ = ["ENDED", "MIN_SPAN", "NONE", "RUNNING", "SLOW", "STUCK", "STUCK_AFTER", "WAITING",
            "WINDOW", "History", "Row", "View", "judged_at", "make_view", "newest_records",
-           "stuck_after"]
+           "share_of", "stuck_after"]
 
 STUCK, ENDED, SLOW, WAITING, RUNNING, NONE = "stuck", "ended", "slow", "waiting", "running", "-"
 #: seconds of a rank's records its rates span (at most)
@@ -143,6 +144,17 @@ def _rates(old: Mapping[str, Any] | None, new: Mapping[str, Any]
     return (moved / span if both else None), share, span
 
 
+def share_of(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> float | None:
+    """A rank's share waiting between its records ``old`` and ``new`` where the straggler
+    rule may judge it (the window spans :data:`MIN_SPAN` seconds, the rank has not ended),
+    else None: the one window rule of the view and of the detector's stragglers
+    (:mod:`unirank.hang.slowrank`)."""
+    _, share, span = _rates(old, new)
+    if share is None or span < MIN_SPAN or new.get("finished"):
+        return None
+    return share
+
+
 def _state(record: Mapping[str, Any], now: float) -> str:
     if record.get("finished"):
         return ENDED
@@ -163,10 +175,11 @@ def judged_at(new: Mapping[int, Mapping[str, Any] | None], now: float, silent: f
 
 def make_view(old: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[str, Any] | None],
               world_size: int, now: float, report_after: float | None = None,
-              silent: float = float("inf")) -> View:
+              silent: float = float("inf"), named: Sequence[Straggler] = ()) -> View:
     """The view (module docstring) of ``world_size`` ranks from each rank's ``new`` record and
     its ``old`` one (the window's start), at wall clock ``now`` (the waits judged at
-    :func:`judged_at` with ``silent``)."""
+    :func:`judged_at` with ``silent``); ``named``: the stragglers the detector names now
+    (:mod:`unirank.hang.slowrank`), slow too where the window alone does not say so."""
     now = judged_at(new, now, silent)
     hangs = find_hangs(new, world_size, stuck_after(report_after), now)
     stuck = {r for h in hangs for r in blame(h).stuck}
@@ -178,15 +191,19 @@ def make_view(old: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[st
             rows[rank] = Row(rank)
             continue
         nodes[rank] = str(record.get("node", ""))
-        per_s, share, span = _rates(old.get(rank), record)
-        if share is not None and span >= MIN_SPAN and not record.get("finished"):
-            shares[rank] = share
+        per_s, share, _ = _rates(old.get(rank), record)
+        judged = share_of(old.get(rank), record)
+        if judged is not None:
+            shares[rank] = judged
         group = _main_group(record)
         rows[rank] = Row(rank, nodes[rank], STUCK if rank in stuck else _state(record, now),
                          per_s, share, str((group or {}).get("op", "")),
                          None if group is None else int(group["entered"]),
                          record.get("restart"))
-    for straggler in find_stragglers(shares, nodes) if not hangs else []:
+    window = find_stragglers(shares, nodes) if not hangs else []
+    seen = {s.rank for s in window}
+    for straggler in [*window, *(s for s in named if s.rank not in seen and not hangs
+                                 and s.rank in rows)]:
         row = rows[straggler.rank]
         if row.state in (RUNNING, WAITING):
             rows[straggler.rank] = Row(**{**row.__dict__, "state": SLOW})

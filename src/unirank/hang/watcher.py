@@ -80,7 +80,9 @@ from unirank.hang.recorder import (
     enable_recorder,
     recorder_started,
 )
+from unirank.hang.slowrank import read_named
 from unirank.hang.standby import Duty, takeover_line
+from unirank.hang.straggle import Straggler
 from unirank.hang.timings import LINGER
 from unirank.hang.waits import SAMPLE_PERIOD, CollectiveMark, WaitMeter, recorder_status
 from unirank.runfolder import AttemptFolder
@@ -166,6 +168,13 @@ class Watcher:
         from unirank.runfolder import attempt_folder_of
 
         return attempt_folder_of(self._environ)
+
+    def stragglers(self) -> tuple[Straggler, ...]:
+        """The stragglers named now (:mod:`unirank.hang.slowrank`): the detector's own where
+        this rank runs it, else :func:`~unirank.hang.slowrank.read_named` from the store."""
+        if self.detector is not None and self._on_duty:
+            return tuple(self.detector.slow.named.values())
+        return read_named(self.store)
 
     def write_verdict(self, found: dict[str, Any] | None) -> None:
         """A hang's :func:`~unirank.hang.detect.verdict` in the attempt's folder, for this

@@ -170,7 +170,9 @@ def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
     world size then from its WORLD_SIZE). A malformed value is a ConfigError naming it.
 
     ``state_restored``: where this process's ``ur.load_state`` took the job's state from
-    (:func:`unirank.runtime.snapshots.restored_from`).
+    (:func:`unirank.runtime.snapshots.restored_from`). ``stragglers``: the ranks that keep the
+    others waiting now, as the hang detector names them (:mod:`unirank.hang.slowrank`; one
+    store read where this rank is not the detector's; ``()`` without a detector).
 
     Reads: TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, UNIRANK_RESTART_REASON, and
     the world size as :func:`get_world_size` (WORLD_SIZE where ``environ`` is given).
@@ -179,7 +181,11 @@ def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
 
     found = read_elastic_state(os.environ if environ is None else environ,
                                None if environ is not None else get_world_size())
-    return replace(found, state_restored=STATE.state_restored)
+    from unirank.hang.watcher import running
+
+    watcher = running()
+    return replace(found, state_restored=STATE.state_restored,
+                   stragglers=() if watcher is None else watcher.stragglers())
 
 
 def _hand_made_layout() -> Layout | None:

@@ -5,7 +5,7 @@ live view's beat and records (``unirank top``: :mod:`unirank.hang.live`)."""
 from __future__ import annotations
 
 __all__ = ["ASK_KEY", "ENDED_KEY", "FAILED_KEY", "FIRST_KEY", "LIVE_PREFIX", "PROGRESS_PREFIX",
-           "REASON_KEY", "REPORTED_KEY", "STACKS_PREFIX", "WATCH_KEY", "live_key",
+           "REASON_KEY", "REPORTED_KEY", "STACKS_PREFIX", "STRAGGLERS_KEY", "WATCH_KEY", "live_key",
            "progress_key", "stacks_key"]
 
 PROGRESS_PREFIX = "unirank/hang/progress/"
@@ -25,6 +25,8 @@ REPORTED_KEY = "unirank/hang/failed-reported"
 #: between two of its ticks publishes its live record under :func:`live_key` every second
 WATCH_KEY = "unirank/hang/watch"
 LIVE_PREFIX = "unirank/hang/live/"
+#: the ranks the detector names as stragglers now (:mod:`unirank.hang.slowrank`), JSON
+STRAGGLERS_KEY = "unirank/hang/stragglers"
 
 
 def progress_key(rank: int) -> str:

@@ -1,0 +1,81 @@
+"""The detector names a straggler while the job runs (unirank.hang.detector over
+unirank.hang.slowrank): a fake store holds two ranks' records, the clock is the test's; one
+line on rank 0's stderr per change, the named ranks in the store for every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from unirank.contract import HangSettings
+from unirank.hang.detector import Detector
+from unirank.hang.exchange import progress_key
+from unirank.hang.slowrank import read_named
+from unirank.hang.straggle import Straggler
+
+
+class Store:
+    """The few calls the detector makes of torch's store."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+
+    def set(self, key: str, value: str) -> None:
+        self.data[key] = value.encode()
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.data[k] for k in keys]
+
+
+class Watcher:
+    """Rank 0's watcher, as the detector sees it (no hang here: nothing else is asked)."""
+
+    def __init__(self, err_fd: int) -> None:
+        self.settings = HangSettings(60.0, None, 5.0)
+        self.rank, self.world_size, self.err_fd = 0, 2, err_fd
+
+    def attempt_folder(self) -> str:
+        return ""
+
+
+def _records(store: Store, t: float, slow: bool) -> None:
+    """Rank 1 never waits; rank 0 waits 60 % of the time while ``slow``, else as rank 1."""
+    group = {"pg": "0", "ranks": None, "entered": int(t), "done": int(t), "op": "all_reduce",
+             "since": t}
+    waited = 0.6 * t if slow else 0.0
+    for rank, in_s in ((0, waited), (1, 0.0)):
+        store.set(progress_key(rank), json.dumps({
+            "rank": rank, "node": f"node{rank}", "time": t, "where": "", "groups": [group],
+            "in_s": in_s}))
+
+
+def test_the_detector_says_each_change_once_and_keeps_the_named(tmp_path: Path) -> None:
+    err = tmp_path / "err"
+    store, watcher = Store(), Watcher(os.open(err, os.O_WRONLY | os.O_CREAT))
+    detector = Detector(watcher, store)  # type: ignore[arg-type]
+    for look in range(5):  # named at the third look: two windows of 5 s
+        _records(store, 5.0 * look, slow=True)
+        detector.tick(5.0 * look)
+    assert read_named(store) == (Straggler(1, "node1", 0.6),)
+    # rank 0 stops waiting: in_s no longer grows, the windows no longer name rank 1
+    base = 0.6 * 20.0
+    for look in range(5, 9):
+        t = 5.0 * look
+        _records(store, t, slow=False)
+        record = json.loads(store.data[progress_key(0)])
+        record["in_s"] = base
+        store.set(progress_key(0), json.dumps(record))
+        detector.tick(t)
+    os.close(watcher.err_fd)
+    assert err.read_text().splitlines() == [
+        "unirank: straggler: rank 1 (node1) keeps the others waiting 60 % of the time "
+        "(last 10 s)",
+        "unirank: straggler: rank 1 (node1) no longer keeps the others waiting (last 10 s)"]
+    assert read_named(store) == ()
