@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import Runner
+from _procs import Runner, unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def _cgroup() -> Path:
         (group / "cpu.cfs_period_us").write_text("100000")
         (group / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
     except OSError as exc:
-        pytest.skip(f"no cgroup v1 CPU quota here ({exc})")
+        unavailable(f"no cgroup v1 CPU quota here ({exc})")
     return group
 
 
