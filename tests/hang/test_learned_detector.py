@@ -9,38 +9,12 @@ from typing import Any
 
 import pytest
 
+from _fakestore import FakeStore as Store
 from unirank.contract import HangSettings
 from unirank.hang.detector import Detector
 from unirank.hang.ending import Ending
 from unirank.hang.exchange import progress_key, stacks_key
 from unirank.hang.learned import FLOOR, WARMUP
-
-
-class Store:
-    """The few calls the detector makes of torch's store."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.counts: dict[str, int] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.data[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.data for k in keys)
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return [self.data[k] for k in keys]
-
-    def add(self, key: str, amount: int) -> int:
-        self.counts[key] = self.counts.get(key, 0) + amount
-        return self.counts[key]
-
-    def wait(self, keys: list[str], timeout: Any) -> None:
-        self.waited = keys
 
 
 class Watcher:

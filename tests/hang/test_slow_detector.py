@@ -8,30 +8,12 @@ import json
 import os
 from pathlib import Path
 
+from _fakestore import FakeStore as Store
 from unirank.contract import HangSettings
 from unirank.hang.detector import Detector
 from unirank.hang.exchange import progress_key
 from unirank.hang.slowrank import read_named
 from unirank.hang.straggle import Straggler
-
-
-class Store:
-    """The few calls the detector makes of torch's store."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
-
-    def get(self, key: str) -> bytes:
-        return self.data[key]
-
-    def check(self, keys: list[str]) -> bool:
-        return all(k in self.data for k in keys)
-
-    def multi_get(self, keys: list[str]) -> list[bytes]:
-        return [self.data[k] for k in keys]
 
 
 class Watcher:
