@@ -33,6 +33,7 @@ from unirank.gpus import gpus_bound_per_task
 from unirank.launchers.slurm_allocation import launch_command
 from unirank.resolve import master_addr_source
 from unirank.runtime import backends, ignite_options, state
+from unirank.runtime.snapshotstaging import BACKGROUND
 from unirank.store import (
     StoreError,
     interrupted,
@@ -369,8 +370,7 @@ def finalize() -> None:
     entry (a group the user created is left alone), once a snapshot on its way
     (:func:`unirank.save_state`) is kept."""
     entry = state.backend_entry()
-    if "unirank.runtime.snapshotstaging" in sys.modules:  # a save ran: its thread ends first
-        sys.modules["unirank.runtime.snapshotstaging"].BACKGROUND.join()
+    BACKGROUND.join()  # a save's thread (ur.save_state) ends first; none: at once
     try:
         if state.STATE.owns_group and entry is not None:
             entry.finalize()

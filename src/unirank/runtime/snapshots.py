@@ -124,8 +124,7 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
 
     path = os.path.join(tier, step_folder(step))
     if coordinator:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(path, METADATA))
+        _uncount(path)
     writer = memory_writer(path) if in_memory else FileSystemWriter(path)
     save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
     if coordinator:
@@ -140,9 +139,14 @@ def _present(tier: str) -> list[int]:
     return []
 
 
-def _remove(path: str) -> None:
+def _uncount(path: str) -> None:
+    """A step folder stops counting at once: its ``.metadata`` goes (DCP writes it last)."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(path, METADATA))  # first: the step stops counting at once
+        os.unlink(os.path.join(path, METADATA))
+
+
+def _remove(path: str) -> None:
+    _uncount(path)  # first: the step stops counting at once
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
@@ -224,8 +228,7 @@ def _keep(memory: str, disk: str | None, step: int, staged: Staged, group: Any) 
         _torn.update(staged.torn)
         for tier in (memory, disk):
             if tier is not None:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(tier, step_folder(step), METADATA))
+                _uncount(os.path.join(tier, step_folder(step)))
         if not _SAID.torn:
             _SAID.torn = True
             which = ", ".join(staged.torn) or "a tensor of another rank"
