@@ -30,6 +30,7 @@ import linecache
 import os
 import sys
 import sysconfig
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from types import FrameType
 from typing import Any
@@ -204,6 +205,18 @@ def site_of(frame: Frame | None, *, with_function: bool = False) -> str:
         return ""
     where = f"{os.path.basename(frame[0])}:{frame[1]}"
     return f"{frame[2]} ({where})" if with_function else where
+
+
+def other_threads_frames() -> dict[int, FrameType]:
+    """Every other thread's innermost frame: :func:`sys._current_frames` without the caller's
+    own. With its own frame in it, the dict a caller keeps in a local makes a reference cycle
+    (frame -> dict -> frame), and every frame it names, the program's with their locals (a
+    process group, tensors), then lives until the cycle collector runs: a gloo group freed by
+    the collector at the interpreter's exit aborts the process (torch 2.13: its worker thread
+    cannot take the GIL then, "terminate called without an active exception")."""
+    frames = sys._current_frames()
+    frames.pop(threading.get_ident(), None)
+    return frames
 
 
 def frames_of(frame: FrameType | None) -> list[Frame]:

@@ -66,6 +66,7 @@ from unirank.hang.progress import (
     group_progress,
     library_prefixes,
     make_record,
+    other_threads_frames,
     site_of,
     thread_stacks,
     trim_to_user,
@@ -314,7 +315,7 @@ class Watcher:
             self._sites.skip = library_prefixes(self._base_prefixes)
         dump = self._recorder.read(last=fresh or self._stop.is_set())
         groups = group_progress(dump, self.world_size) if dump else []
-        frames = sys._current_frames()
+        frames = other_threads_frames()
         self._sites.fill(groups, frames)
         main = threading.main_thread().ident
         stack = frames_of(frames.get(main or -1))
@@ -343,7 +344,7 @@ class Watcher:
         """Every thread's stack but the watcher's, and the forked children's while the main
         thread waits for a DataLoader worker, trimmed of the frames before the user's."""
         names = {t.ident: t.name for t in threading.enumerate() if t.ident is not None}
-        threads = thread_stacks(sys._current_frames(), names, self._thread.ident)
+        threads = thread_stacks(other_threads_frames(), names, self._thread.ident)
         for thread in threads:
             if thread["name"] == "MainThread" and self._failed_frames is not None:
                 thread["frames"] = self._failed_frames
