@@ -14,6 +14,7 @@ from unirank.hang.detector import Detector
 from unirank.hang.exchange import progress_key
 from unirank.hang.slowrank import read_named
 from unirank.hang.straggle import Straggler
+from unirank.storekeys.hang import STRAGGLERS_KEY
 
 
 class Watcher:
@@ -61,3 +62,25 @@ def test_the_detector_says_each_change_once_and_keeps_the_named(tmp_path: Path) 
         "(last 10 s)",
         "unirank: straggler: rank 1 (node1) no longer keeps the others waiting (last 10 s)"]
     assert read_named(store) == ()
+
+
+def test_the_named_are_in_the_store_before_the_line_says_so(tmp_path: Path) -> None:
+    """Whoever reads the line (a test, a person who then asks ``ur.elastic_state()``) finds
+    the rank named in the store already."""
+    err = tmp_path / "err"
+
+    class Noting(Store):
+        def set(self, key: str, value: str) -> None:
+            if key == STRAGGLERS_KEY:
+                lines_before.append(err.read_text())
+            super().set(key, value)
+
+    lines_before: list[str] = []
+    store, watcher = Noting(), Watcher(os.open(err, os.O_WRONLY | os.O_CREAT))
+    detector = Detector(watcher, store)  # type: ignore[arg-type]
+    for look in range(5):
+        _records(store, 5.0 * look, slow=True)
+        detector.tick(5.0 * look)
+    os.close(watcher.err_fd)
+    assert lines_before == [""]
+    assert "unirank: straggler: rank 1 " in err.read_text()

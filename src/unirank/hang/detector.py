@@ -164,16 +164,17 @@ class Detector:
 
     def _stragglers(self, records: Mapping[int, Mapping[str, Any] | None], hung: bool) -> None:
         """The stragglers rule (:mod:`unirank.hang.slowrank`) at this look: one line on the
-        console per rank named or recovered, and the ranks named now in the store
+        console per rank named or recovered, after the ranks named now are in the store
         (:data:`~unirank.storekeys.hang.STRAGGLERS_KEY`, for :func:`unirank.elastic_state`)."""
         self.slow, changes = observe_slow(self.slow, records, hung)
         if not changes:
             return
+        with contextlib.suppress(Exception):  # a store gone: the job ends, nobody asks
+            self.store.set(STRAGGLERS_KEY, encode_named(self.slow))
+        # said once the store holds it: whoever reads the line finds the same in elastic_state
         text = "".join(change_line(c) for c in changes)
         with contextlib.suppress(OSError):
             os.write(self.watcher.err_fd, text.encode(errors="replace"))
-        with contextlib.suppress(Exception):  # a store gone: the job ends, nobody asks
-            self.store.set(STRAGGLERS_KEY, encode_named(self.slow))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's waiting mark
