@@ -12,7 +12,9 @@ Reads: nothing from the environment.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -22,12 +24,25 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-__all__ = ["MemoryReader", "memory_writer"]
+__all__ = ["MemoryReader", "memory_writer", "without_checksums"]
 
 
 def memory_writer(path: str) -> FileSystemWriter:
     """DCP's writer for the node's memory: one file per item."""
     return FileSystemWriter(path, single_file_per_rank=False)
+
+
+@contextlib.contextmanager
+def without_checksums() -> Iterator[None]:
+    """``torch.save`` without its CRC-32 of each record, while the memory tier writes: half the
+    time of a write (512 MiB: 0.25 s against 0.13 s here), and ``torch.load`` (DCP's reader,
+    :class:`MemoryReader`) never checks it. torch's switch is the process's: a ``torch.save``
+    of the program's own thread meanwhile writes no CRC either (``torch.load`` reads it as
+    any; only a zip tool's test of its records would fail)."""
+    from torch.utils import serialization
+
+    with serialization.config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
+        yield
 
 
 class MemoryReader(FileSystemReader):

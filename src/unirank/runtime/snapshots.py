@@ -120,13 +120,14 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    from unirank.runtime.snapshotread import memory_writer
+    from unirank.runtime.snapshotread import memory_writer, without_checksums
 
     path = os.path.join(tier, step_folder(step))
     if coordinator:
         _uncount(path)
     writer = memory_writer(path) if in_memory else FileSystemWriter(path)
-    save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
+    with without_checksums() if in_memory else contextlib.nullcontext():
+        save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
     if coordinator:
         for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
             _remove(os.path.join(tier, step_folder(old)))
