@@ -67,6 +67,8 @@ __all__ = [
     "NUMA_BINDING_VAR",
     "ON_HANG_CHOICES",
     "ON_HANG_VAR",
+    "ON_SLOW_CHOICES",
+    "ON_SLOW_VAR",
     "PET_PREFIX",
     "PRIVATE_VARIABLES",
     "RANKS_PER_NODE_VAR",
@@ -96,10 +98,12 @@ __all__ = [
     "format_seconds",
     "given_as",
     "on_hang_now",
+    "on_slow_now",
     "parse_seconds",
     "resolve_hang",
     "resolve_init_timeout",
     "resolve_on_hang",
+    "resolve_on_slow",
     "shown_setting",
 ]
 
@@ -168,6 +172,11 @@ HANG_TIMEOUT_AUTO = "auto"
 #: the ranks that never entered the collective are stopped and left out; an elastic job only)
 ON_HANG_VAR = "UNIRANK_ON_HANG"
 ON_HANG_CHOICES = ("exit", "restart", "evict")
+#: what a straggler leads to (``--on-slow``): ``warn`` (named, nothing else) or ``evict`` (its
+#: node is stopped and left out where that pays: :mod:`unirank.hang.slowcost`; an elastic job
+#: only, and only while it has more nodes than its minimum)
+ON_SLOW_VAR = "UNIRANK_ON_SLOW"
+ON_SLOW_CHOICES = ("warn", "evict")
 #: ``1`` in a worker of an elastic job (``--nnodes MIN:MAX`` of the dynamic rendezvous): the
 #: ``on_hang="evict"`` keyword of :func:`unirank.init` is allowed there (kept in the program's
 #: environment, as the keyword is read there)
@@ -309,6 +318,9 @@ class HangSettings:
     #: the timeout is learned from the job (``--hang-timeout auto``: :mod:`unirank.hang.
     #: learned`), and ends the job only for a stuck rank, not a slow one
     learned: bool = False
+    #: what a straggler leads to (:data:`ON_SLOW_CHOICES`): ``evict`` only in an elastic job's
+    #: attempt whose world may lose a node (:func:`on_slow_now`)
+    on_slow: str = "warn"
 
     def environ(self) -> dict[str, str]:
         """These settings as the worker's variables (what :func:`resolve_hang` reads back)."""
@@ -320,6 +332,7 @@ class HangSettings:
         else:  # off said, else an elastic job's worker would read its default, auto
             env[HANG_TIMEOUT_VAR] = HANG_TIMEOUT_AUTO if self.learned else "off"
         env[HANG_NAMES_VAR] = ",".join(self.names)  # else the workers would name the variables
+        env[ON_SLOW_VAR] = self.on_slow
         return env
 
 
@@ -371,10 +384,13 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
     :data:`LEARNED_INTERVAL` where the timeout is learned. A bad value is a ConfigError naming
     where it came from.
 
+    ``on_slow``: UNIRANK_ON_SLOW where the job is elastic (:func:`resolve_on_slow`).
+
     Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL,
-    UNIRANK_ELASTIC.
+    UNIRANK_ELASTIC, UNIRANK_ON_SLOW.
     """
     environ = environ or {}
+    is_elastic = flag(environ, ELASTIC_VAR) if elastic is None else elastic
     after, given = _off_or_seconds(report_after, environ, HANG_REPORT_AFTER_VAR, names[0])
     if not given:
         after = DEFAULT_HANG_REPORT_AFTER
@@ -382,7 +398,7 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
     limit, set_ = (None, True) if learned else _off_or_seconds(timeout, environ,
                                                                HANG_TIMEOUT_VAR, names[1])
     if not set_:
-        learned = flag(environ, ELASTIC_VAR) if elastic is None else elastic
+        learned = is_elastic
     shown = _hang_names(environ, names, report_after is None, timeout is None)
     text = environ.get(HANG_INTERVAL_VAR, "")
     if text.strip():
@@ -397,7 +413,8 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
         after = limit  # the hang must be seen (and reported) by the time it ends the job
         if not text.strip():  # and the job ended soon after: every rank ends within 2 looks
             interval = min(5.0, max(0.25, after / 8))
-    return HangSettings(after, limit, interval, shown, learned)
+    on_slow = resolve_on_slow(None, environ, elastic=is_elastic) if after is not None else "warn"
+    return HangSettings(after, limit, interval, shown, learned, on_slow)
 
 
 def _asks_auto(given: str | float | None, environ: Mapping[str, str]) -> bool:
@@ -460,3 +477,32 @@ def on_hang_now(configured: str, asked: str | None) -> str:
     their default (``configured``); anything else there is ignored."""
     choice = (asked or "").strip().lower()
     return choice if choice in ON_HANG_CHOICES else configured
+
+
+def resolve_on_slow(given: str | None, environ: Mapping[str, str], *, elastic: bool,
+                    option: str = "--on-slow") -> str:
+    """What a straggler leads to: ``given`` (``--on-slow``), else UNIRANK_ON_SLOW, else
+    ``warn``; ``evict`` in a static world is refused (no node can leave it).
+
+    Reads: UNIRANK_ON_SLOW.
+    """
+    source, text = (option, given) if given is not None else (ON_SLOW_VAR,
+                                                               environ.get(ON_SLOW_VAR))
+    if text is None or not text.strip():
+        return "warn"
+    choice = text.strip().lower()
+    if choice not in ON_SLOW_CHOICES:
+        raise ConfigError("is not what unirank does with a straggler", variable=source,
+                          value=text, hint=f"give one of {', '.join(ON_SLOW_CHOICES)}")
+    if choice == "evict" and not elastic:
+        raise ConfigError("needs an elastic job, whose world may shrink", variable=source,
+                          value=text, hint="use --nnodes MIN:MAX with --rdzv-backend c10d, or "
+                          "--on-slow warn")
+    return choice
+
+
+def on_slow_now(configured: str, nodes: int, min_nodes: int) -> str:
+    """``--on-slow`` for an attempt of ``nodes`` nodes: ``evict`` only while one node may leave
+    without taking the world below its ``min_nodes`` (else the next round would wait for a
+    node the job does not have), else ``warn``."""
+    return "evict" if configured == "evict" and nodes - 1 >= max(min_nodes, 1) else "warn"

@@ -56,7 +56,8 @@ USAGE = 2
 REQUEUE = 79
 #: ``--hang-timeout``: the job was ended because a hang lasted that long
 HANG_TIMEOUT = 86
-#: ``--on-hang evict``: this node was left out of the job (its ranks hung)
+#: ``--on-hang evict`` or ``--on-slow evict``: this node was left out of the job (its ranks hung,
+#: or kept the others waiting)
 EVICTED = 87
 #: a Ctrl-C (SIGINT) stopped it
 INTERRUPTED = 128 + int(signal.SIGINT)

@@ -11,17 +11,15 @@ Environment variables read: the caller's environment, from which launcher variab
 
 from __future__ import annotations
 
-import contextlib
-import os
 from pathlib import Path
 
 import pytest
 
-from _procs import Runner, unavailable
+from _cpuquota import make_group, move, release
+from _procs import Runner
 
 pytestmark = pytest.mark.integration
 
-CPU = Path("/sys/fs/cgroup/cpu")
 TIMEOUT = 90.0
 
 # Steps of 50 ms of this thread's CPU and one all-reduce, until the file argv[1] exists (the
@@ -58,28 +56,9 @@ dist.destroy_process_group()
 QUOTA_US = 20000
 
 
-def _cgroup() -> Path:
-    group = CPU / f"unirank-test-{os.getpid()}"
-    try:
-        group.mkdir()
-        (group / "cpu.cfs_period_us").write_text("100000")
-        (group / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
-    except OSError as exc:
-        unavailable(f"no cgroup v1 CPU quota here ({exc})")
-    return group
-
-
-def _release(group: Path, pid: int) -> None:
-    """Back to the root group (where the rank still runs), then remove the group."""
-    if pid:
-        with contextlib.suppress(OSError):  # it ended
-            (CPU / "cgroup.procs").write_text(str(pid))
-    group.rmdir()
-
-
 def test_a_rank_cut_to_a_fifth_of_a_cpu_is_named_while_it_runs(runner: Runner,
                                                         tmp_path: Path) -> None:
-    group = _cgroup()
+    group = make_group(QUOTA_US)
     runner.script("steps.py", STEPS)
     stop = tmp_path / "stop"
     pid = 0
@@ -90,13 +69,13 @@ def test_a_rank_cut_to_a_fifth_of_a_cpu_is_named_while_it_runs(runner: Runner,
         ready = runner.read_lines(proc.stdout, 1, contains="ready rank 1 pid ",
                                   timeout=TIMEOUT)
         pid = int(next(line for line in ready if "ready rank 1" in line).split()[-1])
-        (group / "cgroup.procs").write_text(str(pid))
+        move(group, pid)
         said = runner.read_lines(proc.stderr, 1, contains="unirank: straggler: ",
                                  timeout=TIMEOUT)
         stop.touch()
         out, err = proc.communicate(timeout=TIMEOUT)
     finally:
-        _release(group, pid)
+        release(group, pid)
     line = next(line for line in said if "unirank: straggler: " in line)
     assert line.startswith("unirank: straggler: rank 1 (") and \
         " keeps the others waiting " in line, said

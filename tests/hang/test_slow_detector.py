@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from _fakestore import FakeStore as Store
 from unirank.contract import HangSettings
 from unirank.hang.detector import Detector
+from unirank.hang.ending import Ending
 from unirank.hang.exchange import progress_key
 from unirank.hang.slowrank import read_named
 from unirank.hang.straggle import Straggler
@@ -84,3 +86,52 @@ def test_the_named_are_in_the_store_before_the_line_says_so(tmp_path: Path) -> N
     os.close(watcher.err_fd)
     assert lines_before == [""]
     assert "unirank: straggler: rank 1 " in err.read_text()
+
+
+class Evicting(Watcher):
+    """Rank 0's watcher under ``--on-slow evict``: the ending and the verdict kept, not acted."""
+
+    def __init__(self, err_fd: int) -> None:
+        super().__init__(err_fd)
+        self.settings = HangSettings(60.0, None, 5.0, on_slow="evict")
+        self.endings: list[Ending] = []
+        self.verdicts: list[dict[str, Any] | None] = []
+
+    def write_verdict(self, found: dict[str, Any] | None) -> None:
+        self.verdicts.append(found)
+
+    def exit_for_timeout(self, store: Store, ending: Ending) -> None:
+        self.endings.append(ending)
+
+
+def _run_slow(watcher: Watcher, share: float) -> Store:
+    """Five looks in which rank 0 waits ``share`` of the time for rank 1."""
+    store = Store()
+    detector = Detector(watcher, store)  # type: ignore[arg-type]
+    for look in range(5):
+        t = 5.0 * look
+        _records(store, t, slow=True)
+        record = json.loads(store.data[progress_key(0)])
+        record["in_s"] = share * t
+        store.set(progress_key(0), json.dumps(record))
+        detector.tick(t)
+    return store
+
+
+def test_on_slow_evict_ends_the_job_naming_the_straggler_s_node(tmp_path: Path) -> None:
+    watcher = Evicting(os.open(tmp_path / "err", os.O_WRONLY | os.O_CREAT))
+    _run_slow(watcher, 0.8)
+    os.close(watcher.err_fd)
+    [ending] = watcher.endings
+    assert ending.blamed == (1,) and ending.verdict == watcher.verdicts[0]
+    assert ending.message == ("rank 1 (node1) kept the others waiting 80 % of the time: its "
+                              "node is evicted (--on-slow evict, exit code 86)")
+    assert ending.verdict is not None and ending.verdict["slow"] == [1]
+
+
+def test_on_slow_evict_keeps_a_node_whose_eviction_does_not_pay(tmp_path: Path) -> None:
+    watcher = Evicting(os.open(tmp_path / "err", os.O_WRONLY | os.O_CREAT))
+    store = _run_slow(watcher, 0.5)
+    os.close(watcher.err_fd)
+    assert read_named(store) == (Straggler(1, "node1", 0.5),)  # named, and kept
+    assert watcher.endings == [] and watcher.verdicts == []

@@ -175,11 +175,12 @@ def describe_round(before: Assignment, after: Assignment, took: float | None = N
 
 
 def eviction(place: Assignment, verdict: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The next round's eviction (``--on-hang evict``), as :meth:`RendezvousHelper.next`'s
-    keywords: the nodes (of ``place``, the round that hung) of the ranks the hang ``verdict``
-    names as never having entered the collective, and why (``node evicted: rank 1 never
-    entered all_reduce #12``); nothing without a verdict."""
-    from unirank.supervisor.restartreason import evicted_why
+    """The next round's eviction (``--on-hang evict``, ``--on-slow evict``), as
+    :meth:`RendezvousHelper.next`'s keywords: the nodes (of ``place``, the round that ended)
+    of the ranks the ``verdict`` leaves out (:func:`~unirank.supervisor.restartreason.
+    evicted_ranks`), and why (``node evicted: rank 1 never entered all_reduce #12``);
+    nothing without a verdict."""
+    from unirank.supervisor.restartreason import evicted_ranks, evicted_why
 
-    nodes = place.nodes_of([int(r) for r in (verdict or {}).get("never_entered") or ()])
+    nodes = place.nodes_of(evicted_ranks(verdict))
     return {"evict": nodes, "why": evicted_why(verdict)} if nodes else {}

@@ -283,7 +283,9 @@ def engine_options(args: argparse.Namespace, environ: Mapping[str, str] | None =
 
 def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
                     outer: DistEnv) -> EngineOptions:
-    from unirank.contract import LOG_LINE_PREFIX_VAR, resolve_hang
+    from dataclasses import replace
+
+    from unirank.contract import LOG_LINE_PREFIX_VAR, resolve_hang, resolve_on_slow
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.dstate import dstate_timeout
     from unirank.supervisor.output import (
@@ -309,6 +311,9 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
     hang = resolve_hang(getattr(args, "hang_report_after", None),
                         getattr(args, "hang_timeout", None), environ,
                         elastic=_elastic(args, outer))
+    if hang.report_after is not None:  # the detector names stragglers: --on-slow over the variable
+        hang = replace(hang, on_slow=resolve_on_slow(getattr(args, "on_slow", None), environ,
+                                                     elastic=_elastic(args, outer)))
     return EngineOptions(grace_period=grace_period(args.grace_period, environ), output=output,
                          signals=signals, signals_to_handle=handled,
                          timeline=bool(args.timeline or args.timeline_json),
@@ -316,7 +321,7 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
                          numa_binding=_numa_binding(args.numa_binding),
                          state_budget=_state_budget(getattr(args, "state_budget", None)),
                          on_hang=_on_hang(args, environ, outer),
-                         elastic=_elastic(args, outer),
+                         elastic=_elastic(args, outer), min_nodes=_min_nodes(args, outer),
                          dstate_timeout=dstate_timeout(environ))
 
 
@@ -325,6 +330,13 @@ def _elastic(args: argparse.Namespace, outer: DistEnv) -> bool:
     from unirank.cli import elastic
 
     return elastic.wanted(args, outer) and elastic.is_range(args)
+
+
+def _min_nodes(args: argparse.Namespace, outer: DistEnv) -> int:
+    """An elastic job's fewest nodes (``--nnodes MIN:MAX``); 1 for any other."""
+    from unirank.cli.counts import parse_nnodes_range
+
+    return parse_nnodes_range(str(args.nnodes))[0] if _elastic(args, outer) else 1
 
 
 def _on_hang(args: argparse.Namespace, environ: Mapping[str, str], outer: DistEnv) -> str:

@@ -30,11 +30,13 @@ from unirank.contract import (
     INIT_TIMEOUT_VAR,
     NO_PRELOAD_VAR,
     ON_HANG_VAR,
+    ON_SLOW_VAR,
     PET_PREFIX,
     SHUTDOWN_TIMEOUT_VAR,
     STATE_BUDGET_VAR,
 )
 from unirank.errors import ConfigError
+from unirank.hang.slowcost import PAYBACK_S
 from unirank.signals import HANDLED, STOP_SIGNALS, format_signals
 from unirank.statekeep.budget import DEFAULT_BUDGET
 
@@ -213,6 +215,11 @@ OPTIONS: tuple[RunOption, ...] = (
          "node, or stop the nodes of the ranks that never entered the collective and go on "
          f"without them (default: {ON_HANG_VAR}, else evict in an elastic job with "
          "restarts left, restart with restarts left, else exit)"),
+    _opt("--on-slow", pet=False, metavar="warn|evict",
+         help="once a straggler is named (a rank that keeps the others waiting): say so "
+         "only, or stop its node and go on without it where that repays a restart within "
+         f"{PAYBACK_S / 60:g} minutes (an elastic job above its fewest nodes; default: "
+         f"{ON_SLOW_VAR}, else warn)"),
     _opt("--grace-period", "--shutdown-timeout", dest="grace_period", pet="shutdown_timeout",
          metavar=_SECONDS,
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "

@@ -25,6 +25,7 @@ from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.learned import SILENT, Learned, Stuck, observe, timeout_now, verdict_now
 from unirank.hang.render import changed_ranks, render_report, timeout_message
 from unirank.hang.schedule import Decision, Schedule, decide
+from unirank.hang.slowcost import slow_verdict, to_evict
 from unirank.hang.slowrank import Slow, change_line, encode_named
 from unirank.hang.slowrank import observe as observe_slow
 from unirank.hang.timings import ANSWER
@@ -175,6 +176,25 @@ class Detector:
         text = "".join(change_line(c) for c in changes)
         with contextlib.suppress(OSError):
             os.write(self.watcher.err_fd, text.encode(errors="replace"))
+        if self.watcher.settings.on_slow == "evict":
+            self._evict_slow(records)
+
+    def _evict_slow(self, records: Mapping[int, Mapping[str, Any] | None]) -> None:
+        """``--on-slow evict``: where evicting a straggler's node pays
+        (:func:`unirank.hang.slowcost.to_evict`), the job ends as at a hang timeout, with a
+        verdict that names that node's ranks, which every node's supervisor leaves out."""
+        pick = to_evict(list(self.slow.named.values()), records, self.watcher.world_size)
+        if pick is None:
+            return
+        straggler, ranks = pick
+        where = f" ({straggler.node})" if straggler.node else ""
+        message = (f"rank {straggler.rank}{where} kept the others waiting "
+                   f"{straggler.margin * 100:.0f} % of the time: its node is evicted "
+                   f"(--on-slow evict, exit code {HANG_TIMEOUT})")
+        found = slow_verdict(straggler, ranks)
+        self.watcher.write_verdict(found)  # here before any rank ends
+        self.watcher.exit_for_timeout(self.store, Ending(message, tuple(ranks),
+                                                         self.watcher.rank, found))
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's waiting mark

@@ -44,7 +44,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from unirank.contract import DEFAULT_GRACE_PERIOD, HangSettings, on_hang_now, resolve_hang
+from unirank.contract import (
+    DEFAULT_GRACE_PERIOD,
+    HangSettings,
+    on_hang_now,
+    on_slow_now,
+    resolve_hang,
+)
 from unirank.elasticstate import RestartReason
 from unirank.errors import ConfigError
 from unirank.exitcodes import HANG_TIMEOUT
@@ -68,7 +74,12 @@ from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.rdzv.messages import JOIN
 from unirank.supervisor.recovery import NextRound, Recovery, format_recovery, restart_line_waits
-from unirank.supervisor.restartreason import evicted_why, nothing_to_evict, restart_reason
+from unirank.supervisor.restartreason import (
+    evicted_why,
+    is_slow,
+    nothing_to_evict,
+    restart_reason,
+)
 from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
@@ -107,6 +118,9 @@ class EngineOptions:
     dstate_timeout: float = 0.0
     #: an elastic job (a range of the dynamic rendezvous): its workers get UNIRANK_ELASTIC
     elastic: bool = False
+    #: an elastic job's fewest nodes (``--nnodes MIN:MAX``): ``--on-slow evict`` never goes
+    #: below it (:func:`unirank.contract.on_slow_now`)
+    min_nodes: int = 1
 
 
 def run_plan(
@@ -198,7 +212,8 @@ def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, st
             signals_to_handle=_handled(options),
             store_fd=store_fd if worker.rank == 0 else None,
             timeline_file=folders.timeline_file if worker.rank == 0 else None,
-            hang=options.hang, restart_reason=restart_reason, elastic=options.elastic,
+            hang=_attempt_hang(options, plan), restart_reason=restart_reason,
+            elastic=options.elastic,
             state_memory=state_memory, state_budget=options.state_budget,
         )
         files = out.log_files(worker.local_rank, folders) if keep_logs else (None, None)
@@ -293,18 +308,21 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             on_hang = on_hang_now(options.on_hang, asked)
             # every rank writes the hang's verdict here at the hang timeout (the attempt may
             # still have ended as a world change: the stuck node asked for a new round first)
-            verdict = _read_verdict(attempt_dir) if on_hang == "evict" else None
+            # (or --on-slow evict's: a straggler's node, :mod:`unirank.hang.slowcost`)
+            verdict = _read_verdict(attempt_dir)
+            slow = is_slow(verdict)
+            verdict = verdict if on_hang == "evict" or slow else None
             if nothing := nothing_to_evict(verdict):
                 os.write(err_fd, f"{options.prog}: {nothing}\n".encode())
             joining = watch is not None and watch.kind() == JOIN
             if is_last(result, spent, plan.max_restarts, environ, joining=joining) or nothing or (
-                    on_hang == "exit" and _hang_timeout(result)):
+                    on_hang == "exit" and _hang_timeout(result) and not slow):
                 _report_end(root.attempt(attempt).timeline_file, options, err_fd, recovery)
                 return replace(result, attempts=tuple(earlier))
             spends = spends_restart(result, joining=joining)
             restarting = f"; {restarting_words(spent, plan.max_restarts, spends=spends)}\n"
-            waits = replan is not None and restart_line_waits(on_hang, _hang_timeout(result),
-                                                              result.world_changed)
+            waits = replan is not None and restart_line_waits(
+                "evict" if slow else on_hang, _hang_timeout(result), result.world_changed)
             if not waits:  # else said once the next round took this node (not evicted)
                 os.write(err_fd, f"{options.prog}: attempt {attempt} {_attempt_end(result)}"
                          f"{restarting}".encode())
@@ -335,6 +353,15 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
         if end_run_folder(root, temporary=not keep, shm=shm):
             os.write(err_fd, f"{options.prog}: hang reports kept in {root.path} (removed by "
                      f"a later run {KEEP_DAYS:g} days after this one)\n".encode())
+
+
+def _attempt_hang(options: EngineOptions, plan: Plan) -> HangSettings | None:
+    """The hang settings of an attempt's workers: ``--on-slow evict`` only while this attempt's
+    world may lose a node (:func:`unirank.contract.on_slow_now`)."""
+    hang = options.hang
+    if hang is None:
+        return None
+    return replace(hang, on_slow=on_slow_now(hang.on_slow, plan.nnodes, options.min_nodes))
 
 
 def _hang_timeout(result: RunResult) -> bool:

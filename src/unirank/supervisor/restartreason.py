@@ -18,14 +18,32 @@ from unirank.supervisor.plan import Plan
 from unirank.supervisor.rdzv.messages import EVICTED, MOVED
 from unirank.supervisor.summary import RunResult
 
-__all__ = ["evicted_why", "nothing_to_evict", "restart_reason"]
+__all__ = ["evicted_ranks", "evicted_why", "is_slow", "nothing_to_evict", "restart_reason"]
+
+
+def is_slow(verdict: Mapping[str, Any] | None) -> bool:
+    """Whether ``verdict`` is ``--on-slow evict``'s (:func:`unirank.hang.slowcost.
+    slow_verdict`), not a hang's."""
+    return bool((verdict or {}).get("slow"))
+
+
+def evicted_ranks(verdict: Mapping[str, Any] | None) -> list[int]:
+    """The ranks whose nodes a verdict leaves out: a hang's that never entered its collective
+    (``--on-hang evict``), or the straggler's node's (``--on-slow evict``)."""
+    key = "slow" if is_slow(verdict) else "never_entered"
+    return [int(r) for r in (verdict or {}).get(key) or ()]
 
 
 def evicted_why(verdict: Mapping[str, Any] | None) -> str:
-    """Why ``--on-hang evict`` stops the nodes a hang ``verdict`` names (rank 0's
+    """Why the nodes a ``verdict`` names are stopped: a hang's (rank 0's
     :func:`unirank.hang.detect.verdict`): ``node evicted: rank 1 never entered all_reduce
-    #12``; "" where it names no rank."""
-    ranks = [int(r) for r in (verdict or {}).get("never_entered") or ()]
+    #12``; a straggler's (:func:`unirank.hang.slowcost.slow_verdict`): ``node evicted: rank 1
+    kept the others waiting 80 % of the time``; "" where it names no rank."""
+    if is_slow(verdict):
+        share = float((verdict or {}).get("share") or 0.0)
+        return (f"node evicted: rank {(verdict or {}).get('straggler')} kept the others "
+                f"waiting {share * 100:.0f} % of the time")
+    ranks = evicted_ranks(verdict)
     if not ranks:
         return ""
     call = str((verdict or {}).get("call") or "the collective")
@@ -39,7 +57,7 @@ def nothing_to_evict(verdict: Mapping[str, Any] | None) -> str:
     another collective or shape than the others; the job ends``); "" where it names ranks to
     evict, or where there is no verdict (the attempt did not end at the hang timeout, or rank
     0's node could not write it)."""
-    if not verdict or verdict.get("never_entered"):
+    if not verdict or evicted_ranks(verdict):
         return ""
     from unirank.hang.detect import AHEAD, ENDED, MISMATCH
     from unirank.joincheck import format_ranks

@@ -67,10 +67,10 @@ __all__ = ["MAX_HOPS", "Refusal", "main", "node_identity"]
 
 
 def _evicted(why: str) -> Refusal:
-    """This node was evicted (``--on-hang evict``): the parent ends with
+    """This node was evicted (``--on-hang evict``, ``--on-slow evict``): the parent ends with
     :data:`unirank.exitcodes.EVICTED`."""
-    return Refusal(why, hint="the other nodes go on without this one (--on-hang evict); see "
-                   "the hang report on rank 0's node", exit_code=EVICTED)
+    return Refusal(why, hint="the other nodes go on without this one; rank 0's node said why "
+                   "(its hang report, or its straggler line)", exit_code=EVICTED)
 
 
 class Node:

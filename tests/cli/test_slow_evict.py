@@ -1,0 +1,104 @@
+"""``--on-slow evict`` with real nodes: an elastic job of two loopback nodes (the same command
+twice, as torchrun's agents), one rank per node; once both step, rank 1 is put in a cgroup v1
+CPU quota of a fifth of a CPU, so that rank 0 waits for it about four fifths of the time.
+The straggler is named, evicting its node pays (:mod:`unirank.hang.slowcost`: two nodes, a
+fifth of the speed), its node is stopped and says why in one line, and the other node goes on
+alone at world 1 and finishes. Every assertion reads the job's output (no clock).
+
+Environment variables read: the caller's environment, from which launcher variables are removed
+(see ``tests/_procs.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from _cpuquota import make_group, move, release
+from _procs import Runner, free_port, process_tree, wait_listening
+from unirank.exitcodes import EVICTED
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120.0
+#: a fifth of a CPU, of each period of 100 ms
+QUOTA_US = 20000
+
+# Steps of 50 ms of this thread's CPU and one all-reduce: for ever in the first attempt, 5
+# steps in the next; rank 1 writes its pid to the FIFO argv[1] at step 20.
+STEPS = """
+import os, sys, time
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
+step = 0
+while restart == "0" or step < 5:
+    begun = time.thread_time()
+    while time.thread_time() - begun < 0.05:
+        sum(range(1000))
+    dist.all_reduce(torch.ones(1))
+    step += 1
+    if step == 20 and rank == 1:
+        with open(sys.argv[1], "w") as fifo:
+            fifo.write(f"{os.getpid()}\\n")
+print(f"done rank {rank} world {world} restart {restart}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _read_pid(reader: int) -> int:
+    ready, _, _ = select.select([reader], [], [], TIMEOUT)
+    assert ready, f"rank 1 did not step 20 times within {TIMEOUT:g} s"
+    return int(os.read(reader, 64).split()[0])
+
+
+def _holding(procs: list[subprocess.Popen[Any]], pid: int) -> int:
+    """The index of the node whose process tree holds ``pid``."""
+    return next(i for i, proc in enumerate(procs) if pid in process_tree(proc.pid))
+
+
+def test_a_node_cut_to_a_fifth_of_a_cpu_is_evicted_and_the_other_goes_on(
+        runner: Runner, tmp_path: Path) -> None:
+    group = make_group(QUOTA_US)
+    runner.script("steps.py", STEPS)
+    fifo = tmp_path / "pid.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    port = free_port()
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--on-slow", "evict", "steps.py",
+            str(fifo)]
+    env = {"UNIRANK_HANG_INTERVAL": "2.5"}  # windows of 2.5 s, as a quiet job's
+    pid = 0
+    try:
+        first = runner.start(args, text=True, env=env)
+        wait_listening(port, first, TIMEOUT)
+        nodes = [first, runner.start(args, text=True, env=env)]
+        pid = _read_pid(reader)
+        slow = _holding(nodes, pid)
+        move(group, pid)
+        evicted, survivor = nodes[slow], nodes[1 - slow]
+        out, err = survivor.communicate(timeout=TIMEOUT)
+        _out, err_evicted = evicted.communicate(timeout=TIMEOUT)
+    finally:
+        release(group, pid)
+        os.close(reader)
+        os.close(keep)
+    assert evicted.returncode == EVICTED, err_evicted
+    last = err_evicted.strip().splitlines()[-1]
+    assert last.startswith("unirank run: error: node evicted: rank 1 kept the others "
+                           "waiting ") and " % of the time HINT: " in last, err_evicted
+    assert survivor.returncode == 0, err + err_evicted
+    assert "done rank 0 world 1 restart 1" in out.splitlines(), out
+    named = err + err_evicted  # rank 0's node says the straggler, wherever it ran
+    assert "unirank: straggler: rank 1 (" in named, named
+    assert "attempt 0 stopped (node evicted: rank 1 kept the others waiting " in err, err

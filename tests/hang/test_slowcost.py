@@ -1,0 +1,98 @@
+"""``--on-slow evict``'s rule (unirank.hang.slowcost) and its settings (unirank.contract): a
+straggler's node is evicted where the throughput it gains repays a restart within the payback
+time, never taking the world below its fewest nodes; pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from unirank.contract import (
+    ELASTIC_VAR,
+    ON_SLOW_VAR,
+    HangSettings,
+    on_slow_now,
+    resolve_hang,
+    resolve_on_slow,
+)
+from unirank.errors import ConfigError
+from unirank.hang.slowcost import PAYBACK_S, RESTART_COST_S, gain, slow_verdict, to_evict
+from unirank.hang.straggle import Straggler
+from unirank.supervisor.restartreason import evicted_ranks, evicted_why, nothing_to_evict
+
+
+def _records(nodes: dict[int, str]) -> dict[int, dict[str, Any] | None]:
+    return {rank: {"rank": rank, "node": node} for rank, node in nodes.items()}
+
+
+def test_a_node_at_half_speed_of_two_is_kept_one_at_a_fifth_is_evicted() -> None:
+    records = _records({0: "nodeA", 1: "nodeB"})
+    assert to_evict([Straggler(1, "nodeB", 0.5)], records, 2) is None
+    assert to_evict([Straggler(1, "nodeB", 0.8)], records, 2) == (Straggler(1, "nodeB", 0.8),
+                                                                 [1])
+
+
+def test_the_rule_is_the_gain_times_the_payback_against_the_restart() -> None:
+    threshold = 0.5 + RESTART_COST_S / PAYBACK_S  # two nodes of one rank each
+    records = _records({0: "nodeA", 1: "nodeB"})
+    assert gain(threshold, 1, 2) * PAYBACK_S == pytest.approx(RESTART_COST_S)
+    assert to_evict([Straggler(1, "nodeB", threshold + 0.01)], records, 2) is not None
+    assert to_evict([Straggler(1, "nodeB", threshold - 0.01)], records, 2) is None
+
+
+def test_the_whole_node_goes_and_the_worst_straggler_first() -> None:
+    records = _records({0: "a", 1: "a", 2: "b", 3: "b", 4: "c", 5: "c"})
+    named = [Straggler(2, "b", 0.5), Straggler(4, "c", 0.7)]
+    assert to_evict(named, records, 6) == (Straggler(4, "c", 0.7), [4, 5])
+
+
+def test_a_straggler_whose_node_holds_every_rank_is_not_evicted() -> None:
+    records = _records({0: "a", 1: "a"})
+    assert to_evict([Straggler(1, "a", 0.9)], records, 2) is None
+
+
+def test_the_verdict_names_the_node_s_ranks_and_says_why() -> None:
+    verdict = slow_verdict(Straggler(4, "c", 0.7), [4, 5])
+    assert evicted_ranks(verdict) == [4, 5]
+    assert evicted_why(verdict) == "node evicted: rank 4 kept the others waiting 70 % of the time"
+    assert nothing_to_evict(verdict) == ""
+    assert evicted_ranks({"never_entered": [1], "call": "all_reduce #3"}) == [1]
+
+
+def test_on_slow_is_warn_unless_asked_and_evict_needs_an_elastic_job() -> None:
+    assert resolve_on_slow(None, {}, elastic=True) == "warn"
+    assert resolve_on_slow(None, {ON_SLOW_VAR: " Evict "}, elastic=True) == "evict"
+    assert resolve_on_slow("warn", {ON_SLOW_VAR: "evict"}, elastic=True) == "warn"
+    with pytest.raises(ConfigError) as bad:
+        resolve_on_slow("evict", {}, elastic=False)
+    assert str(bad.value).startswith("--on-slow='evict': needs an elastic job")
+    with pytest.raises(ConfigError) as odd:
+        resolve_on_slow(None, {ON_SLOW_VAR: "replace"}, elastic=True)
+    assert "UNIRANK_ON_SLOW='replace'" in str(odd.value) and "warn, evict" in str(odd.value)
+
+
+def test_an_attempt_evicts_only_above_its_fewest_nodes() -> None:
+    assert on_slow_now("evict", 3, 2) == "evict"
+    assert on_slow_now("evict", 2, 2) == "warn"
+    assert on_slow_now("evict", 2, 1) == "evict"
+    assert on_slow_now("evict", 1, 1) == "warn"
+    assert on_slow_now("warn", 3, 1) == "warn"
+
+
+def test_the_workers_read_back_the_attempt_s_choice() -> None:
+    settings = HangSettings(on_slow="evict")
+    env = {**settings.environ(), ELASTIC_VAR: "1"}
+    assert resolve_hang(None, None, env).on_slow == "evict"
+    assert resolve_hang(None, None, {**env, ON_SLOW_VAR: "warn"}).on_slow == "warn"
+    assert resolve_hang(None, None, {ON_SLOW_VAR: "evict", ELASTIC_VAR: "1",
+                                     "UNIRANK_HANG_REPORT_AFTER": "off"}).on_slow == "warn"
+
+
+def test_the_docs_give_the_rule_with_the_code_s_numbers() -> None:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "troubleshooting.md").read_text()
+    assert f"`(f - k/N) x {PAYBACK_S:g} >= {RESTART_COST_S:g}`" in text
+    assert f"taken as {RESTART_COST_S:g} s of the whole job" in text
+    assert f"within {PAYBACK_S / 60:g} minutes" in text
