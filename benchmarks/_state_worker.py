@@ -2,7 +2,7 @@
 sharded over the ranks (a DTensor, as FSDP's), updated in place by an optimizer's step each
 step of a second and kept with ``ur.save_state`` (default settings). Each event goes to LOG
 as a JSON line: the restore (its step, seconds, the bytes the worker read from storage
-meanwhile), each step's save time.
+meanwhile), each step's save time and the time its optimizer's step waited for the save before.
 
 ``python _state_worker.py TOTAL_MIB STEPS LOG DISK`` under ``unirank run``.
 """
@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 
 import unirank as ur
+from unirank.runtime.snapshotstaging import BACKGROUND
 
 
 def _read_bytes() -> int:
@@ -52,12 +53,14 @@ def main() -> None:
         source=ur.restored_from(), started=started, grouped=grouped)
     for step in range(0 if restored is None else restored + 1, steps):
         began = time.monotonic()
+        BACKGROUND.wait_written()  # what the optimizer's step waits for (its pre-step hook)
+        waited = time.monotonic() - began
         optimizer.step()
         dist.all_reduce(torch.ones(1))
         state["step"] = step
         stepped, saving = time.time(), time.monotonic()
         ur.save_state(step, state, folder=disk)
-        out(step=step, save_s=time.monotonic() - saving, stepped=stepped,
+        out(step=step, save_s=time.monotonic() - saving, wait_s=waited, stepped=stepped,
             value=float(param.to_local()[0]))  # step + 1 where the state was whole
         time.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
     dist.destroy_process_group()

@@ -5,10 +5,10 @@ the same command twice, default settings) train a model of N MiB in all, sharded
 ranks (``benchmarks/_state_worker.py``: a DTensor), one step a second, ``ur.save_state`` every
 step. Once both ran 4 steps, one node's whole process tree is killed (the serving node's). The
 survivor's world of 1 restores and trains on. Printed, per N and per tier: the time a save
-blocks the loop (median), the restore's seconds and the bytes the worker read from storage
-meanwhile (``/proc/self/io``; the disk folder's files are evicted from the page cache first),
-the time from the
-kill to the survivor's first step with its state, and whether that state is the newest step
+blocks the loop (median; the ``save_state`` call and the next optimizer step's wait for
+it), the restore's seconds and the bytes the worker read from storage meanwhile
+(``/proc/self/io``; the disk folder's files are evicted from the page cache first), the time
+from the kill to the survivor's first step with its state, and whether that state is the newest step
 saved. Tiers, side by side in one run: ``memory`` (unirank's: the node's memory and a copy in
 the peer's) and ``disk`` (``--state-budget 0``: every snapshot to the disk folder, as a program
 saving with DCP to local disk each step). Loopback only. Environment variables read: none.
@@ -89,7 +89,9 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
     second.wait(timeout=300)
     first.wait(timeout=60)
     records = _records(log)
-    saves = [r["save_s"] for r in records if "save_s" in r and r["world"] == 2]
+    # a step is blocked by its save_state call and by its optimizer's wait for the save before
+    saves = [r["save_s"] + r.get("wait_s", 0.0) for r in records
+             if "save_s" in r and r["world"] == 2]
     restore = next(r for r in records if "restored" in r and r["world"] == 1)
     after = next(r for r in records if r.get("step") == restore["restored"] + 1
                  and r["world"] == 1)

@@ -74,6 +74,8 @@ class Detector:
         self.stuck: tuple[Stuck, ...] = ()
         #: the stragglers rule's state (:mod:`unirank.hang.slowrank`)
         self.slow = Slow()
+        #: ``--on-slow evict`` ended the job (:meth:`_evict_slow`)
+        self.evicting = False
 
     def records(self) -> dict[int, dict[str, Any] | None]:
         """Every rank's last record (None: it set none yet)."""
@@ -168,15 +170,14 @@ class Detector:
         console per rank named or recovered, after the ranks named now are in the store
         (:data:`~unirank.storekeys.hang.STRAGGLERS_KEY`, for :func:`unirank.elastic_state`)."""
         self.slow, changes = observe_slow(self.slow, records, hung)
-        if not changes:
-            return
-        with contextlib.suppress(Exception):  # a store gone: the job ends, nobody asks
-            self.store.set(STRAGGLERS_KEY, encode_named(self.slow))
-        # said once the store holds it: whoever reads the line finds the same in elastic_state
-        text = "".join(change_line(c) for c in changes)
-        with contextlib.suppress(OSError):
-            os.write(self.watcher.err_fd, text.encode(errors="replace"))
-        if self.watcher.settings.on_slow == "evict":
+        if changes:
+            with contextlib.suppress(Exception):  # a store gone: the job ends, nobody asks
+                self.store.set(STRAGGLERS_KEY, encode_named(self.slow))
+            # said once the store holds it: who reads the line finds it in elastic_state
+            text = "".join(change_line(c) for c in changes)
+            with contextlib.suppress(OSError):
+                os.write(self.watcher.err_fd, text.encode(errors="replace"))
+        if self.slow.named and self.watcher.settings.on_slow == "evict" and not self.evicting:
             self._evict_slow(records)
 
     def _evict_slow(self, records: Mapping[int, Mapping[str, Any] | None]) -> None:
@@ -187,6 +188,7 @@ class Detector:
         if pick is None:
             return
         straggler, ranks = pick
+        self.evicting = True  # once: the ending ends this process
         where = f" ({straggler.node})" if straggler.node else ""
         message = (f"rank {straggler.rank}{where} kept the others waiting "
                    f"{straggler.margin * 100:.0f} % of the time: its node is evicted "
