@@ -17,7 +17,14 @@ from unirank.contract import (
     resolve_on_slow,
 )
 from unirank.errors import ConfigError
-from unirank.hang.slowcost import PAYBACK_S, RESTART_COST_S, gain, slow_verdict, to_evict
+from unirank.hang.slowcost import (
+    PAYBACK_S,
+    RESTART_COST_S,
+    gain,
+    node_ranks,
+    slow_verdict,
+    to_evict,
+)
 from unirank.hang.straggle import Straggler
 from unirank.supervisor.restartreason import evicted_ranks, evicted_why, nothing_to_evict
 
@@ -50,6 +57,16 @@ def test_the_whole_node_goes_and_the_worst_straggler_first() -> None:
 def test_a_straggler_whose_node_holds_every_rank_is_not_evicted() -> None:
     records = _records({0: "a", 1: "a"})
     assert to_evict([Straggler(1, "a", 0.9)], records, 2) is None
+
+
+def test_two_nodes_of_one_host_are_told_apart_by_their_node_rank() -> None:
+    records: dict[int, dict[str, Any] | None] = {
+        0: {"rank": 0, "node": "vm", "group": 0}, 1: {"rank": 1, "node": "vm", "group": 1},
+        2: {"rank": 2, "node": "vm", "group": 1}, 3: None}
+    assert node_ranks(records, 1) == [1, 2]
+    assert to_evict([Straggler(1, "vm", 0.9)], records, 4) == (Straggler(1, "vm", 0.9), [1, 2])
+    del records[1]["group"]  # no node rank: the host's name, which holds every rank here
+    assert node_ranks(records, 1) == [0, 1, 2]
 
 
 def test_the_verdict_names_the_node_s_ranks_and_says_why() -> None:

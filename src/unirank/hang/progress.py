@@ -260,14 +260,17 @@ def trim_to_user(threads: list[dict[str, Any]], skip: Sequence[str]) -> list[dic
 
 
 def make_record(rank: int, node: str, now: float, groups: list[dict[str, Any]],
-                where: str, *, finished: bool = False,
-                recorder: bool = True, phase: str = "") -> dict[str, Any]:
+                where: str, *, finished: bool = False, recorder: bool = True,
+                phase: str = "", group: int | None = None) -> dict[str, Any]:
     """This rank's record (see the module docstring); ``finished``: its program has ended;
     ``recorder``: the flight recorder could be read; ``phase``: the phase the program is in
-    (:mod:`unirank.hang.phases`)."""
+    (:mod:`unirank.hang.phases`); ``group``: its node's rank (torchrun's GROUP_RANK), where
+    known."""
     record: dict[str, Any] = {"rank": rank, "node": node, "time": now, "where": where,
                               "groups": [{k: v for k, v in g.items() if k != "thread"}
                                          for g in groups]}
+    if group is not None:
+        record["group"] = group
     if finished:
         record["finished"] = True
     if phase:

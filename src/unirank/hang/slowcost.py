@@ -42,10 +42,15 @@ def gain(share: float, node_ranks_count: int, world_size: int) -> float:
     return share - node_ranks_count / max(world_size, 1)
 
 
-def node_ranks(records: Mapping[int, Mapping[str, Any] | None], node: str) -> list[int]:
-    """The ranks whose last progress record says they run on ``node``."""
-    return sorted(rank for rank, record in records.items()
-                  if record is not None and record.get("node") == node)
+def node_ranks(records: Mapping[int, Mapping[str, Any] | None], rank: int) -> list[int]:
+    """The ranks on ``rank``'s node by their last progress records: the same node rank
+    (``group``, torchrun's GROUP_RANK) where the records carry it, else the same node name
+    (two nodes of one host then count as one: never evicted)."""
+    own = records.get(rank) or {}
+    key, value = ("group", own["group"]) if "group" in own else ("node", own.get("node"))
+    found = sorted(r for r, record in records.items()
+                   if record is not None and record.get(key) == value)
+    return found or [rank]
 
 
 def to_evict(named: Sequence[Straggler], records: Mapping[int, Mapping[str, Any] | None],
@@ -54,8 +59,7 @@ def to_evict(named: Sequence[Straggler], records: Mapping[int, Mapping[str, Any]
     keeps the others waiting most, where evicting its node pays (the module's rule) and
     leaves some rank."""
     for straggler in sorted(named, key=lambda s: -s.margin):
-        ranks = node_ranks(records, straggler.node) if straggler.node else [straggler.rank]
-        ranks = ranks or [straggler.rank]
+        ranks = node_ranks(records, straggler.rank)
         if len(ranks) >= world_size:
             continue
         if gain(straggler.margin, len(ranks), world_size) * PAYBACK_S >= RESTART_COST_S:
@@ -69,5 +73,5 @@ def slow_verdict(straggler: Straggler, ranks: Sequence[int]) -> dict[str, Any]:
     the straggler's rank and share, for the line that says why
     (:func:`unirank.supervisor.restartreason.evicted_why`)."""
     return {"slow": sorted(ranks), "straggler": straggler.rank,
-            "share": round(straggler.margin, 3), "never_entered": [], "call": "",
+            "share": straggler.margin, "never_entered": [], "call": "",
             "blamed": [straggler.rank], "blame": "slow"}

@@ -26,7 +26,8 @@ failure_report` has its say (:meth:`Watcher.failure_report`); :func:`excepthook_
 calls it where no worker bootstrap does (:func:`unirank.init` under srun, mpirun, torchrun).
 
 Reads: TORCHELASTIC_ERROR_FILE (where this rank records a hang timeout), UNIRANK_ATTEMPT_DIR
-(the attempt folder that holds the dumps), TORCHELASTIC_RESTART_COUNT (the live record's).
+(the attempt folder that holds the dumps), TORCHELASTIC_RESTART_COUNT (the live record's),
+GROUP_RANK (the record's node rank, which tells apart two nodes of one host).
 """
 
 from __future__ import annotations
@@ -108,6 +109,14 @@ class HangTimeoutError(RuntimeError):
 _RUNNING: list[Watcher] = []
 
 
+def _node_rank(environ: Mapping[str, str]) -> int | None:
+    """torchrun's GROUP_RANK (this rank's node's rank), None where no launcher says it."""
+    try:
+        return int(environ.get("GROUP_RANK", ""))
+    except ValueError:
+        return None
+
+
 def running() -> Watcher | None:
     """This process's watcher, if one was started (a worker's bootstrap starts it; then
     :func:`unirank.init` does not start another)."""
@@ -122,6 +131,7 @@ class Watcher:
                  err_fd: int = 2, job: Mapping[str, Any] | None = None,
                  measure_waits: bool = False) -> None:
         self.rank, self.world_size, self.node = rank, world_size, node
+        self.group = _node_rank(environ)
         self.settings = settings
         self._connect = connect
         self.error_file = environ.get(ERROR_FILE_VAR, "")
@@ -324,7 +334,7 @@ class Watcher:
         waits = waits_for(stack, mine)
         if where and waits:
             where += f", waiting for {waits}"
-        return make_record(self.rank, self.node, time.time(), groups, where,
+        return make_record(self.rank, self.node, time.time(), groups, where, group=self.group,
                            finished=self._finished and self._stop.is_set(),
                            recorder=dump is not None, phase=current_phase())
 
