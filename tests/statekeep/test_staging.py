@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from unirank.runtime import snapshots
 from unirank.runtime.snapshotstaging import stage
@@ -129,3 +131,33 @@ def test_the_memory_tier_writes_no_checksums_the_disk_tier_does(tmp_path: Path) 
     load(restored, storage_reader=MemoryReader(str(tmp_path / "memory" / step_folder(0))),
          no_dist=True)
     assert torch.equal(restored["w"], saved)
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_a_plain_layout_is_torch_s_own(data: st.DataObject) -> None:
+    """:func:`plain_layout` against torch's rule (``_compute_local_shape_and_global_offset``,
+    which builds an index tensor): local shape and global offset alike for any plain
+    placements, even and uneven splits, empty shards and dimensions sharded twice."""
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    from unirank.runtime.snapshotread import plain_layout
+
+    ndim = data.draw(st.integers(1, 3))
+    shape = tuple(data.draw(st.lists(st.integers(0, 13), min_size=ndim, max_size=ndim)))
+    mesh = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3)))
+    coordinate = [data.draw(st.integers(0, size - 1)) for size in mesh]
+    placements = [data.draw(st.sampled_from(
+        [Replicate(), Partial(), *(Shard(d) for d in range(ndim))])) for _ in mesh]
+    assert plain_layout(shape, mesh, coordinate, placements) == \
+        _compute_local_shape_and_global_offset(shape, mesh, coordinate, placements)
+
+
+def test_a_strided_shard_is_left_to_torch() -> None:
+    from torch.distributed.tensor.placement_types import Shard, _StridedShard
+
+    from unirank.runtime.snapshotread import plain_layout
+
+    assert plain_layout((8,), (2, 2), [0, 1], [Shard(0), _StridedShard(0, split_factor=2)]) \
+        is None

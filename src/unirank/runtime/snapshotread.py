@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -24,7 +24,8 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-__all__ = ["MemoryReader", "memory_writer", "without_checksums"]
+__all__ = ["MemoryReader", "memory_writer", "plain_layout", "plain_shard_layouts",
+           "without_checksums"]
 
 
 def memory_writer(path: str) -> FileSystemWriter:
@@ -43,6 +44,59 @@ def without_checksums() -> Iterator[None]:
 
     with serialization.config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
         yield
+
+
+def plain_layout(global_shape: Sequence[int], mesh_shape: Sequence[int],
+                 coordinate: Sequence[int], placements: Sequence[Any]
+                 ) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """A DTensor's local shape and global offset where every placement is a plain ``Shard``,
+    ``Replicate`` or ``Partial`` (None for any other, a ``_StridedShard``): torch's own rule
+    (``Shard.local_shard_size_and_offset``, mesh dimensions left to right, an empty shard at
+    the dimension's end), with integers where torch 2.13 builds an index tensor as long as the
+    shard (an ``arange`` of 1 GiB of int64 for 512 MiB of float32: 0.37 s at every save, and
+    0.4 s of a restore, here)."""
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+
+    if any(type(p) is not Shard and not isinstance(p, Replicate | Partial) for p in placements):
+        return None
+    local, offset = list(global_shape), [0] * len(global_shape)
+    for mesh_dim, placement in enumerate(placements):
+        if type(placement) is not Shard:
+            continue
+        dim = placement.dim
+        size, start = Shard.local_shard_size_and_offset(local[dim], mesh_shape[mesh_dim],
+                                                        coordinate[mesh_dim])
+        if size == 0 or local[dim] == 0:  # torch: an empty shard starts at the dimension's end
+            offset[dim] = global_shape[dim]
+        else:
+            offset[dim] += int(start)
+        local[dim] = size
+    return tuple(local), tuple(offset)
+
+
+@contextlib.contextmanager
+def plain_shard_layouts() -> Iterator[None]:
+    """DCP's planner (a save's, a restore's) with :func:`plain_layout` for DTensors whose
+    placements allow it, torch's rule for the others: the planner's name is pointed at it
+    while DCP plans (a ``dcp`` call of the program's own meanwhile gets the same answers)."""
+    from torch.distributed.checkpoint import planner_helpers
+
+    compute = planner_helpers.compute_local_shape_and_global_offset  # type: ignore[attr-defined]
+
+    def layout(global_shape: Any, mesh: Any, placements: Any,
+               skip_offset: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        coordinate = mesh.get_coordinate()
+        found = None if skip_offset or coordinate is None else plain_layout(
+            tuple(global_shape), tuple(mesh.shape), coordinate, tuple(placements))
+        if found is None:
+            return compute(global_shape, mesh, placements, skip_offset=skip_offset)
+        return found
+
+    planner_helpers.compute_local_shape_and_global_offset = layout  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        planner_helpers.compute_local_shape_and_global_offset = compute  # type: ignore[attr-defined]
 
 
 class MemoryReader(FileSystemReader):

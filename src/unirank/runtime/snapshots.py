@@ -120,13 +120,17 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
-    from unirank.runtime.snapshotread import memory_writer, without_checksums
+    from unirank.runtime.snapshotread import (
+        memory_writer,
+        plain_shard_layouts,
+        without_checksums,
+    )
 
     path = os.path.join(tier, step_folder(step))
     if coordinator:
         _uncount(path)
     writer = memory_writer(path) if in_memory else FileSystemWriter(path)
-    with without_checksums() if in_memory else contextlib.nullcontext():
+    with without_checksums() if in_memory else contextlib.nullcontext(), plain_shard_layouts():
         save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
     if coordinator:
         for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
@@ -351,12 +355,13 @@ def load_state(obj: dict[str, Any], *,
         carry(moves, gathered, memory, choice.step, rank)
         if gathered.acts(rank):
             mark_whole(memory, choice.step)
-    from unirank.runtime.snapshotread import MemoryReader
+    from unirank.runtime.snapshotread import MemoryReader, plain_shard_layouts
 
     reader = MemoryReader if choice.tier == "memory" else FileSystemReader
     try:
-        load(obj, storage_reader=reader(os.path.join(tier, step_folder(choice.step))),
-             no_dist=not _group())
+        with plain_shard_layouts():
+            load(obj, storage_reader=reader(os.path.join(tier, step_folder(choice.step))),
+                 no_dist=not _group())
     except Exception as exc:  # DCP raises on every rank alike (it gathers the ranks' errors)
         if choice.tier != "memory" or disk is None:
             raise
@@ -378,8 +383,11 @@ def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]
     if choice.step is None:
         _say(choice.describe())
         return None
-    load(obj, storage_reader=FileSystemReader(os.path.join(disk, step_folder(choice.step))),
-         no_dist=not _group())
+    from unirank.runtime.snapshotread import plain_shard_layouts
+
+    with plain_shard_layouts():
+        load(obj, storage_reader=FileSystemReader(os.path.join(disk, step_folder(choice.step))),
+             no_dist=not _group())
     _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
     return choice.step
 
