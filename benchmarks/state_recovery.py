@@ -10,8 +10,11 @@ it), the restore's seconds and the bytes the worker read from storage meanwhile
 (``/proc/self/io``; the disk folder's files are evicted from the page cache first), the time
 from the kill to the survivor's first step with its state, and whether that state is the newest step
 saved. Tiers, side by side in one run: ``memory`` (unirank's: the node's memory and a copy in
-the peer's) and ``disk`` (``--state-budget 0``: every snapshot to the disk folder, as a program
-saving with DCP to local disk each step). Loopback only. Environment variables read: none.
+the peer's), ``disk`` (``--state-budget 0``: unirank's snapshot to the disk folder each step),
+``dcp`` and ``dcp-async`` (a program that saves with torch's ``dcp.save`` or
+``dcp.async_save`` to local disk each step, and loads the newest complete step with
+``dcp.load``; under ``unirank run`` too, whose snapshot memory it does not use). Loopback only.
+Environment variables read: none.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "benchmarks" / "_state_worker.py"
 STEPS = 10
+#: the tiers whose program saves with torch's DCP itself (``benchmarks/_state_worker.py``)
+TORCH_TIERS = ("dcp", "dcp-async")
 
 
 def _free_port() -> int:
@@ -74,7 +79,7 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
     extra = ["--state-budget", "0"] if tier == "disk" else []
     args = [*extra, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(WORKER), str(mib),
-            str(STEPS), str(log), str(disk)]
+            str(STEPS), str(log), str(disk), tier if tier in TORCH_TIERS else "unirank"]
     first = _node(args, env, folder / "a.out")
     time.sleep(1.0)  # the endpoint's node first, as a user starts them
     second = _node(args, env, folder / "b.out")
@@ -110,13 +115,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, nargs="+", default=[256, 1024])
     args = parser.parse_args()
-    print(f"{'state':>8} {'tier':>6} {'save blocks':>12} {'restore':>8} {'read':>10} "
+    print(f"{'state':>8} {'tier':>9} {'save blocks':>12} {'restore':>8} {'read':>10} "
           f"{'kill->worker':>13} {'kill->step':>11} {'restored/newest':>16}")
     for mib in args.mib:
-        for tier in ("memory", "disk"):
+        for tier in ("memory", "disk", *TORCH_TIERS):
             with tempfile.TemporaryDirectory(prefix="state-bench-") as folder:
                 row = run_case(mib, tier, Path(folder))
-            print(f"{mib:>5} MiB {tier:>6} {row['save_block_s']:>10.3f} s "
+            print(f"{mib:>5} MiB {tier:>9} {row['save_block_s']:>10.3f} s "
                   f"{row['restore_s']:>6.2f} s {row['read_bytes'] / (1 << 20):>6.1f} MiB "
                   f"{row['kill_to_worker_s']:>11.2f} s {row['kill_to_first_step_s']:>9.2f} s "
                   f"{row['restored']:>7}/{row['newest_saved']:<8}", flush=True)
