@@ -135,3 +135,31 @@ def test_on_slow_evict_keeps_a_node_whose_eviction_does_not_pay(tmp_path: Path) 
     os.close(watcher.err_fd)
     assert read_named(store) == (Straggler(1, "node1", 0.5),)  # named, and kept
     assert watcher.endings == [] and watcher.verdicts == []
+
+
+def test_every_rank_says_the_stragglers_the_store_holds_also_a_standby_on_duty() -> None:
+    """Rank 1 takes the detector over once rank 0's program ended; its own detector has named
+    no one, and ``ur.elastic_state().stragglers`` still says what rank 0 named."""
+    from unirank.hang.slowrank import encode_named
+    from unirank.hang.slowrank import observe as observe_slow
+    from unirank.hang.watcher import Watcher as RankWatcher
+
+    store = Store()
+    named = Detector(Watcher(2), store).slow  # type: ignore[arg-type]
+    for look in range(5):
+        _records(store, 5.0 * look, slow=True)
+        named, _ = observe_slow(named, json_records(store), False)
+    store.set(STRAGGLERS_KEY, encode_named(named))
+    standby = RankWatcher(rank=1, world_size=2, node="node1",
+                          settings=HangSettings(60.0, None, 5.0), connect=lambda: store,
+                          environ={})
+    standby.store = store
+    record = json.loads(store.data[progress_key(0)])
+    store.set(progress_key(0), json.dumps({**record, "finished": True}))
+    standby.detector = Detector(standby, store)
+    assert standby._check_duty(store)  # rank 0 ended: rank 1 runs the detector
+    assert standby.stragglers() == (Straggler(1, "node1", 0.6),)
+
+
+def json_records(store: Store) -> dict[int, dict[str, Any] | None]:
+    return {rank: json.loads(store.data[progress_key(rank)]) for rank in (0, 1)}

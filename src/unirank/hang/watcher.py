@@ -181,10 +181,10 @@ class Watcher:
         return attempt_folder_of(self._environ)
 
     def stragglers(self) -> tuple[Straggler, ...]:
-        """The stragglers named now (:mod:`unirank.hang.slowrank`): the detector's own where
-        this rank runs it, else :func:`~unirank.hang.slowrank.read_named` from the store."""
-        if self.detector is not None and self._on_duty:
-            return tuple(self.detector.slow.named.values())
+        """The stragglers named now (:mod:`unirank.hang.slowrank`): what the store holds
+        (:func:`~unirank.hang.slowrank.read_named`), where whichever rank runs the detector
+        puts them before it says them: the same on every rank, also on a standby that took the
+        detector over because rank 0's program ended (its own detector has named no one)."""
         return read_named(self.store)
 
     def write_verdict(self, found: dict[str, Any] | None) -> None:
