@@ -246,12 +246,13 @@ NUMA_BINDING_VAR = "UNIRANK_NUMA_BINDING"
 #: :data:`HANG_KEYWORDS` for ``ur.launch(hang_timeout=6)``, a variable's name), what the
 #: workers' reports call them
 HANG_NAMES_VAR = "UNIRANK_HANG_NAMES"
-#: the hang detector's settings are user-facing (``unirank run`` and :func:`unirank.init` read
-#: them), but in a worker that ``unirank run`` starts its bootstrap reads them and removes them
+#: the hang detector's settings (``--on-slow``'s too) are user-facing (``unirank run`` and
+#: :func:`unirank.init` read them), but in a worker that ``unirank run`` starts its bootstrap
+#: reads them and removes them
 PRIVATE_VARIABLES = (SUPERVISOR_PID_VAR, STORE_FD_VAR, NODE_NAMES_VAR, RANKS_PER_NODE_VAR,
                      EXIT_TIMEOUT_VAR, LINGER_FD_VAR, DONE_FD_VAR, TIMELINE_VAR,
                      TIMELINE_FILE_VAR, FAULT_FILE_VAR, NUMA_BINDING_VAR, HANG_REPORT_AFTER_VAR,
-                     HANG_TIMEOUT_VAR, HANG_INTERVAL_VAR, HANG_NAMES_VAR)
+                     HANG_TIMEOUT_VAR, HANG_INTERVAL_VAR, HANG_NAMES_VAR, ON_SLOW_VAR)
 
 
 def flag(environ: Mapping[str, str], name: str) -> bool:

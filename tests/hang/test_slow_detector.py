@@ -163,3 +163,16 @@ def test_every_rank_says_the_stragglers_the_store_holds_also_a_standby_on_duty()
 
 def json_records(store: Store) -> dict[int, dict[str, Any] | None]:
     return {rank: json.loads(store.data[progress_key(rank)]) for rank in (0, 1)}
+
+
+def test_the_program_s_hang_keywords_keep_the_supervisor_s_on_slow() -> None:
+    """``ur.init(hang_timeout=...)`` reconfigures the bootstrap's watcher after the bootstrap
+    removed UNIRANK_ON_SLOW from the environment: the attempt's ``evict`` stays."""
+    from unirank.hang.watcher import Watcher as RankWatcher
+
+    watcher = RankWatcher(rank=0, world_size=2, node="node0",
+                          settings=HangSettings(60.0, None, 5.0, on_slow="evict"),
+                          connect=Store, environ={})
+    watcher.reconfigure(HangSettings(30.0, 90.0, 2.0))
+    assert (watcher.settings.report_after, watcher.settings.timeout) == (30.0, 90.0)
+    assert watcher.settings.on_slow == "evict"

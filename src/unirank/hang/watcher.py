@@ -40,6 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from unirank.contract import ERROR_FILE_VAR, HangSettings
@@ -225,7 +226,8 @@ class Watcher:
         if settings.report_after is None:
             self.stop(finished=False)
             return
-        self.settings = settings
+        # --on-slow is the supervisor's word for this attempt (its variable is gone by now)
+        self.settings = replace(settings, on_slow=self.settings.on_slow)
 
     def stop(self, *, finished: bool = True, timeout: float = 2.0) -> None:
         """End the thread (it publishes a last record saying the program ended); waits for it
