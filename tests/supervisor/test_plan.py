@@ -309,7 +309,7 @@ def test_private_variables_are_the_bootstrap_s() -> None:
                                       "UNIRANK_TIMELINE_FILE", "UNIRANK_FAULT_FILE",
                                       "UNIRANK_NUMA_BINDING", "UNIRANK_HANG_REPORT_AFTER",
                                       "UNIRANK_HANG_TIMEOUT", "UNIRANK_HANG_INTERVAL",
-                                      "UNIRANK_HANG_NAMES"}
+                                      "UNIRANK_HANG_NAMES", "UNIRANK_ON_SLOW"}
 
 
 def test_the_run_id_has_one_home() -> None:
