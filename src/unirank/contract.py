@@ -374,8 +374,8 @@ LEARNED_INTERVAL = 0.5
 
 def resolve_hang(report_after: str | float | None = None, timeout: str | float | None = None,
                  environ: Mapping[str, str] | None = None, *,
-                 names: tuple[str, str] = HANG_OPTIONS, elastic: bool | None = None
-                 ) -> HangSettings:
+                 names: tuple[str, str] = HANG_OPTIONS, elastic: bool | None = None,
+                 on_slow: str | None = None) -> HangSettings:
     """The hang detector's settings: the options given (``--hang-report-after``,
     ``--hang-timeout``, or the keywords ``hang_report_after=``, ``hang_timeout=`` of
     :func:`unirank.init` and ``Parallel``: ``names`` says which, for the errors), else the
@@ -385,7 +385,7 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
     :data:`LEARNED_INTERVAL` where the timeout is learned. A bad value is a ConfigError naming
     where it came from.
 
-    ``on_slow``: UNIRANK_ON_SLOW where the job is elastic (:func:`resolve_on_slow`).
+    ``on_slow``: ``--on-slow``, else UNIRANK_ON_SLOW (:func:`resolve_on_slow`).
 
     Reads: UNIRANK_HANG_REPORT_AFTER, UNIRANK_HANG_TIMEOUT, UNIRANK_HANG_INTERVAL,
     UNIRANK_ELASTIC, UNIRANK_ON_SLOW.
@@ -414,8 +414,8 @@ def resolve_hang(report_after: str | float | None = None, timeout: str | float |
         after = limit  # the hang must be seen (and reported) by the time it ends the job
         if not text.strip():  # and the job ended soon after: every rank ends within 2 looks
             interval = min(5.0, max(0.25, after / 8))
-    on_slow = resolve_on_slow(None, environ, elastic=is_elastic) if after is not None else "warn"
-    return HangSettings(after, limit, interval, shown, learned, on_slow)
+    slow = resolve_on_slow(on_slow, environ, elastic=is_elastic) if after is not None else "warn"
+    return HangSettings(after, limit, interval, shown, learned, slow)
 
 
 def _asks_auto(given: str | float | None, environ: Mapping[str, str]) -> bool:

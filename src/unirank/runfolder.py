@@ -64,7 +64,8 @@ _COLLECTIVE_MARK = "in-collective"
 #: (``--hang-timeout``), and every rank again as it ends (the verdict travels in the
 #: :class:`~unirank.hang.ending.Ending`, so every node has it): ``{"never_entered": [ranks],
 #: "call": "all_reduce #12"}``, what the supervisor's ``--on-hang evict`` reads
-#: (:func:`unirank.hang.detect.verdict`)
+#: (:func:`unirank.hang.detect.verdict`); or ``--on-slow evict``'s, ``{"slow": [ranks],
+#: "straggler": rank, "share": 0.8}`` (:func:`unirank.hang.slowcost.slow_verdict`)
 _HANG_VERDICT = "hang-verdict.json"
 #: where the program's ranks write the ``on_hang=`` keyword of :func:`unirank.init` /
 #: ``Parallel`` (one word, ``exit``, ``restart`` or ``evict``): what the supervisor does at

@@ -113,3 +113,10 @@ def test_the_docs_give_the_rule_with_the_code_s_numbers() -> None:
     assert f"`(f - k/N) x {PAYBACK_S:g} >= {RESTART_COST_S:g}`" in text
     assert f"taken as {RESTART_COST_S:g} s of the whole job" in text
     assert f"within {PAYBACK_S / 60:g} minutes" in text
+
+
+def test_the_option_is_read_once_and_wins_over_the_variable() -> None:
+    env = {ON_SLOW_VAR: "bogus", ELASTIC_VAR: "1"}
+    assert resolve_hang(None, None, env, on_slow="evict").on_slow == "evict"
+    with pytest.raises(ConfigError):
+        resolve_hang(None, None, env)

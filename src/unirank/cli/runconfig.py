@@ -283,9 +283,7 @@ def engine_options(args: argparse.Namespace, environ: Mapping[str, str] | None =
 
 def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
                     outer: DistEnv) -> EngineOptions:
-    from dataclasses import replace
-
-    from unirank.contract import LOG_LINE_PREFIX_VAR, resolve_hang, resolve_on_slow
+    from unirank.contract import LOG_LINE_PREFIX_VAR, resolve_hang
     from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.dstate import dstate_timeout
     from unirank.supervisor.output import (
@@ -308,20 +306,18 @@ def _engine_options(args: argparse.Namespace, environ: Mapping[str, str],
         stderr_filters=parse_filters(args.duplicate_stderr_filters or ""),
     )
     signals, handled = run_signals(args.signals, environ)
+    is_elastic = _elastic(args, outer)
     hang = resolve_hang(getattr(args, "hang_report_after", None),
                         getattr(args, "hang_timeout", None), environ,
-                        elastic=_elastic(args, outer))
-    if hang.report_after is not None:  # the detector names stragglers: --on-slow over the variable
-        hang = replace(hang, on_slow=resolve_on_slow(getattr(args, "on_slow", None), environ,
-                                                     elastic=_elastic(args, outer)))
+                        elastic=is_elastic, on_slow=getattr(args, "on_slow", None))
     return EngineOptions(grace_period=grace_period(args.grace_period, environ), output=output,
                          signals=signals, signals_to_handle=handled,
                          timeline=bool(args.timeline or args.timeline_json),
                          timeline_json=args.timeline_json or None, hang=hang,
                          numa_binding=_numa_binding(args.numa_binding),
                          state_budget=_state_budget(getattr(args, "state_budget", None)),
-                         on_hang=_on_hang(args, environ, outer),
-                         elastic=_elastic(args, outer), min_nodes=_min_nodes(args, outer),
+                         on_hang=_on_hang(args, environ, is_elastic),
+                         elastic=is_elastic, min_nodes=_min_nodes(args, is_elastic),
                          dstate_timeout=dstate_timeout(environ))
 
 
@@ -332,21 +328,20 @@ def _elastic(args: argparse.Namespace, outer: DistEnv) -> bool:
     return elastic.wanted(args, outer) and elastic.is_range(args)
 
 
-def _min_nodes(args: argparse.Namespace, outer: DistEnv) -> int:
+def _min_nodes(args: argparse.Namespace, is_elastic: bool) -> int:
     """An elastic job's fewest nodes (``--nnodes MIN:MAX``); 1 for any other."""
     from unirank.cli.counts import parse_nnodes_range
 
-    return parse_nnodes_range(str(args.nnodes))[0] if _elastic(args, outer) else 1
+    return parse_nnodes_range(str(args.nnodes))[0] if is_elastic else 1
 
 
-def _on_hang(args: argparse.Namespace, environ: Mapping[str, str], outer: DistEnv) -> str:
+def _on_hang(args: argparse.Namespace, environ: Mapping[str, str], is_elastic: bool) -> str:
     """``--on-hang`` (:func:`unirank.contract.resolve_on_hang`).
 
     Reads: UNIRANK_ON_HANG.
     """
     from unirank.contract import default_max_restarts, resolve_on_hang
 
-    is_elastic = _elastic(args, outer)
     restarts = default_max_restarts(
         _int_option(args.max_restarts, "--max-restarts", "give 0 or more"), elastic=is_elastic)
     return resolve_on_hang(getattr(args, "on_hang", None), environ, restarts=restarts,

@@ -72,6 +72,4 @@ def slow_verdict(straggler: Straggler, ranks: Sequence[int]) -> dict[str, Any]:
     :func:`unirank.hang.detect.verdict`): ``slow``, the ranks of the node to leave out, and
     the straggler's rank and share, for the line that says why
     (:func:`unirank.supervisor.restartreason.evicted_why`)."""
-    return {"slow": sorted(ranks), "straggler": straggler.rank,
-            "share": straggler.margin, "never_entered": [], "call": "",
-            "blamed": [straggler.rank], "blame": "slow"}
+    return {"slow": sorted(ranks), "straggler": straggler.rank, "share": straggler.margin}

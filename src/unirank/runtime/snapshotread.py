@@ -66,7 +66,7 @@ def plain_layout(global_shape: Sequence[int], mesh_shape: Sequence[int],
         dim = placement.dim
         size, start = placement._local_shard_size_and_offset(  # torch 2.9 to 2.13 alike
             local[dim], mesh_shape[mesh_dim], coordinate[mesh_dim])
-        if size == 0 or local[dim] == 0:  # torch: an empty shard starts at the dimension's end
+        if size == 0:  # torch: an empty shard starts at the dimension's end
             offset[dim] = global_shape[dim]
         else:
             offset[dim] += int(start)
