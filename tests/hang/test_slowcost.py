@@ -113,6 +113,9 @@ def test_the_docs_give_the_rule_with_the_code_s_numbers() -> None:
     assert f"`(f - k/N) x {PAYBACK_S:g} >= {RESTART_COST_S:g}`" in text
     assert f"taken as {RESTART_COST_S:g} s of the whole job" in text
     assert f"within {PAYBACK_S / 60:g} minutes" in text
+    # the evicted node's line, as the code says it
+    said = evicted_why(slow_verdict(Straggler(1, "nodeB", 0.8), [1]))
+    assert f"unirank run: error: {said} HINT: the other nodes go on without this one" in text
 
 
 def test_the_option_is_read_once_and_wins_over_the_variable() -> None:
