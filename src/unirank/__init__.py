@@ -55,6 +55,8 @@ _RUNTIME_NAMES = frozenset(
         "save_state",
         "load_state",
         "restored_from",
+        "state_writer",  # the same tiers as DCP storage (runtime/snapshotdcp.py)
+        "state_reader",
         # stop -> checkpoint -> requeue (runtime/preemption.py)
         "stop_requested",
         "time_left",

@@ -119,6 +119,8 @@ __all__ = [
     "set_local_rank",
     "show_config",
     "spawn",
+    "state_reader",
+    "state_writer",
     "stop_requested",
     "sync",
     "time_left",
@@ -129,7 +131,13 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     """``has_hvd_support`` and ``has_xla_support``, answered on first use by
-    :mod:`unirank.runtime.idist` (so that importing the runtime asks CUDA nothing)."""
+    :mod:`unirank.runtime.idist` (so that importing the runtime asks CUDA nothing);
+    ``state_writer`` and ``state_reader`` from :mod:`unirank.runtime.snapshotdcp` (which
+    imports torch.distributed.checkpoint: not at a program's import)."""
+    if name in ("state_writer", "state_reader"):
+        from unirank.runtime import snapshotdcp
+
+        return getattr(snapshotdcp, name)
     from unirank.runtime import idist
 
     if name in idist.LAZY_FLAGS:

@@ -30,7 +30,7 @@ from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
 from unirank.hang.phases import phase
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step
+from unirank.runtime.snapshotcopies import Gathered, carry, gather, mark_whole, node_step
 from unirank.runtime.snapshotstaging import BACKGROUND, Staged, stage, state_group
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import fill, memory_step, newest_in_part, replicate
@@ -39,6 +39,7 @@ from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
     METADATA,
+    Choice,
     choose,
     parse_step,
     persists,
@@ -178,7 +179,8 @@ def save_state(step: int, obj: dict[str, Any], *, folder: str | os.PathLike[str]
     _need_group("save_state")
     _previous_save()
     memory, disk = _tiers(folder)
-    if memory is not None and _over_budget(memory, obj):
+    if memory is not None and _over_budget(
+            memory, _part_bytes(obj) * max(state.get_local_world_size(), 1)):
         memory = None
     to_disk = disk if disk is not None and (
         memory is None or persists(step, persist_every, _STOP.agreed)) else None
@@ -202,7 +204,9 @@ _torn: set[str] = set()
 
 
 def _previous_save() -> None:
-    """The running save ends first; one that failed fails this call."""
+    """The running save ends first (a ``dcp.save`` of a :class:`.snapshotdcp.StateWriter` that
+    failed on rank 0 ends now); one that failed fails this call."""
+    BACKGROUND.settle()
     BACKGROUND.join()
     error, BACKGROUND.error = BACKGROUND.error, None
     if error is not None:
@@ -259,21 +263,22 @@ def _part_bytes(obj: Any) -> int:
     return 0
 
 
-def _over_budget(memory: str, obj: dict[str, Any]) -> bool:
-    """Whether this step stays out of the node's memory (the ranks agree: one of them over
-    is enough); rank 0 says why, once, the first time.
+def _over_budget(memory: str, node_bytes: int, group: Any = None) -> bool:
+    """Whether this step (``node_bytes`` of the node's ranks) stays out of the node's memory
+    (the ranks agree over ``group``, default the job's: one of them over is enough); rank 0
+    says why, once, the first time.
 
     Reads: UNIRANK_STATE_BUDGET.
     """
     room = os.statvfs(memory)
     budget = parse_budget(os.environ.get(STATE_BUDGET_VAR) or DEFAULT_BUDGET,
                           room.f_blocks * room.f_frsize, variable=STATE_BUDGET_VAR)
-    need = 2 * _part_bytes(obj) * max(state.get_local_world_size(), 1)  # and the peer's copy
+    need = 2 * node_bytes  # and the peer's copy
     why = refusal(need, _held_bytes(memory), room.f_bavail * room.f_frsize, budget)
     over = why is not None
     if _collective():
         flag = torch.tensor([int(over)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         over = bool(flag.item())
     if over and not _SAID.budget:
         _SAID.budget = True
@@ -333,28 +338,14 @@ def load_state(obj: dict[str, Any], *,
     _previous_save()
     memory, disk = _tiers(folder)
     began = time.monotonic()
-    rank = dist.get_rank() if _group() else 0
-    gathered = gather(memory, complete_steps(disk), rank)
-    whole = memory_step(gathered.holdings) if gathered.all_memory else None
-    in_part = newest_in_part(gathered.holdings) if gathered.all_memory else None
-    choice = choose(gathered.disk, whole, in_part)
-    state.STATE.state_restored = choice.describe()
+    choice, gathered = _source(memory, disk)
     if choice.step is None:
-        if (memory_step(gathered.holdings) is not None or in_part is not None
-                or any(gathered.disk)):
-            _say(choice.describe())
         return None
     from torch.distributed.checkpoint.filesystem import FileSystemReader
     from torch.distributed.checkpoint.state_dict_loader import load
 
     tier = memory if choice.tier == "memory" else disk
     assert tier is not None  # the rule chose a tier every rank holds
-    if choice.tier == "memory":
-        assert memory is not None
-        moves = fill(gathered.holdings, choice.step, gathered.order)
-        carry(moves, gathered, memory, choice.step, rank)
-        if gathered.acts(rank):
-            mark_whole(memory, choice.step)
     from unirank.runtime.snapshotread import MemoryReader, plain_shard_layouts
 
     reader = MemoryReader if choice.tier == "memory" else FileSystemReader
@@ -370,6 +361,29 @@ def load_state(obj: dict[str, Any], *,
         return _from_disk(obj, disk, gathered.disk, began)
     _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
     return choice.step
+
+
+def _source(memory: str | None, disk: str | None) -> tuple[Choice, Gathered]:
+    """The step the world restores and from where (:func:`unirank.statekeep.rules.choose`),
+    each node first sent, from the others' memory, what it lacks of a step taken from memory
+    (collective); rank 0 says it where there is nothing to restore but something was seen."""
+    rank = dist.get_rank() if _group() else 0
+    gathered = gather(memory, complete_steps(disk), rank)
+    whole = memory_step(gathered.holdings) if gathered.all_memory else None
+    in_part = newest_in_part(gathered.holdings) if gathered.all_memory else None
+    choice = choose(gathered.disk, whole, in_part)
+    state.STATE.state_restored = choice.describe()
+    if choice.step is None:
+        if (memory_step(gathered.holdings) is not None or in_part is not None
+                or any(gathered.disk)):
+            _say(choice.describe())
+    elif choice.tier == "memory":
+        assert memory is not None
+        carry(fill(gathered.holdings, choice.step, gathered.order), gathered, memory,
+              choice.step, rank)
+        if gathered.acts(rank):
+            mark_whole(memory, choice.step)
+    return choice, gathered
 
 
 def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]],

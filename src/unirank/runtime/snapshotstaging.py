@@ -96,7 +96,21 @@ class Background:
         self._written = threading.Event()
         self._written.set()
         self._hooked = False
+        self._owed: Callable[[], None] | None = None
         self.error: BaseException | None = None
+
+    def owe(self, settle: Callable[[], None] | None) -> None:
+        """Keep ``settle`` to run at the next :meth:`settle` (None: nothing owed): rank 0's
+        part of a ``dcp.save`` that wrote but may never reach its ``finish``, where the other
+        ranks' threads wait for it (:mod:`.snapshotdcp`)."""
+        self._hook()
+        self._owed = settle
+
+    def settle(self) -> None:
+        """Run what is owed, once (the next save, a load, the interpreter's exit)."""
+        owed, self._owed = self._owed, None
+        if owed is not None:
+            owed()
 
     def start(self, write: Callable[[], None], after: Callable[[], None]) -> None:
         """Run ``write`` (the step into memory, then the check), then ``after`` (the copies to
@@ -140,7 +154,11 @@ class Background:
         from torch.optim.optimizer import register_optimizer_step_pre_hook
 
         register_optimizer_step_pre_hook(lambda _optimizer, _args, _kwargs: self.wait_written())
-        atexit.register(self.join)
+        atexit.register(self._at_exit)
+
+    def _at_exit(self) -> None:
+        self.settle()
+        self.join()
 
 
 BACKGROUND = Background()
