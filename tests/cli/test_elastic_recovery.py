@@ -297,6 +297,44 @@ def test_a_node_waiting_to_join_follows_the_store_when_its_node_is_killed(
     assert steps_c[-1].startswith("step 59 rank 1 world 2 sum 2 restart "), out_c
 
 
+def _torch_loaded_in(pids: list[int]) -> bool:
+    """Whether one of ``pids`` has torch's library mapped (it imported torch)."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text():
+                return True
+    return False
+
+
+def test_a_spare_waits_warm_and_takes_a_killed_node_s_place_at_the_same_world_size(
+        runner: Runner, tmp_path: Path) -> None:
+    """Nodes A and B run at MAX (2); node C, the same command, waits to join (a spare): its
+    fork server imports torch while it waits (before, it waited for C's first round, a
+    second's import after a loss). B's whole tree is killed: C takes its place at once, the
+    world stays 2, and the job ends with A and C."""
+    import time
+
+    job = Job(runner, tmp_path, 150, "1,2,0")
+    first, second = job.two_nodes()
+    spare = runner.start(job.args, drop=NO_OMP)
+    assert spare.stderr is not None
+    runner.read_lines(spare.stderr, 1, contains="this node waits to join: the job ",
+                      timeout=TIMEOUT)
+    deadline = time.monotonic() + TIMEOUT  # a bound for a failure, not a measure
+    while not _torch_loaded_in(process_tree(spare.pid)):
+        assert time.monotonic() < deadline, "the spare's fork server did not import torch"
+        time.sleep(0.1)
+    _kill_tree(second)
+    out_c, err_c = (s.decode() for s in spare.communicate(timeout=TIMEOUT))
+    out_a, err_a = first.communicate(timeout=TIMEOUT)
+    job.close()
+    assert (first.returncode, spare.returncode) == (0, 0), err_a + err_c
+    assert "rendezvous round 1: node rank 0 of 2, 2 workers in all (left: " in err_a, err_a
+    assert _worlds(out_a, 1) == {"2"}, out_a  # never a world of 1: the spare came at once
+    steps_c = [line for line in out_c.splitlines() if line.startswith("step ")]
+    assert steps_c[-1].startswith("step 149 rank 1 world 2 sum 2 restart "), out_c
+
+
 def test_a_node_killed_and_started_again_three_times_spends_three_restarts(
         runner: Runner, tmp_path: Path) -> None:
     """``--max-restarts 3`` (torchrun's budget): node B's whole tree killed and B started

@@ -23,12 +23,12 @@ def test_planning_a_run_does_not_import_the_engine() -> None:
 
 
 def test_running_a_plan_imports_the_engine_once_configured() -> None:
-    """``run_plan`` imports the engine after :func:`~unirank.supervisor.attempts._configure`
+    """``run_plan`` imports the engine after :func:`~unirank.supervisor.attempts.configure_server`
     (its source order; the run itself is tested end to end in tests/cli/test_run.py)."""
     import inspect
 
     from unirank.supervisor import attempts
 
     source = inspect.getsource(attempts.run_plan)
-    assert source.index("_configure(server") < source.index(
+    assert source.index("configure_server(server") < source.index(
         "from unirank.supervisor.engine import") < source.index("_cannot_serve(server")

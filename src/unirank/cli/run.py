@@ -177,10 +177,35 @@ def _rendezvous_and_run(args: argparse.Namespace, request: LaunchRequest, outer:
     from unirank.supervisor.wakeup import signals_on_a_pipe
 
     nproc = request.nproc_per_node or request.spawn_default or 1
+    if server is not None:
+        _warm_while_waiting(server, request, outer, environ, options, nproc)
     # a stop signal while no worker runs (a round awaited) ends the wait: StoppedWaiting
     with signals_on_a_pipe({*options.signals, *STOP_SIGNALS}) as stop_fd:
         return _join_and_run(args, request, outer, environ, options, target, server,
                              elastic.join(args, endpoint(args), nproc, outer, environ, stop_fd))
+
+
+def _warm_while_waiting(server: ForkServer, request: LaunchRequest, outer: DistEnv,
+                        environ: Mapping[str, str], options: EngineOptions, nproc: int) -> None:
+    """An elastic node's fork server imports while the node waits for its round, not after:
+    a spare (a node beyond MAX, waiting to join) is warm when a lost node's place comes, and
+    a first round overlaps the import. Configured with the plan of a world of this node
+    alone; a round's plan differs in what each forked worker sets itself (its ranks, world
+    and master: :meth:`~unirank.supervisor.fork.client.ForkServer.why_not`)."""
+    from unirank.cli import elastic
+    from unirank.supervisor.attempts import configure_server
+    from unirank.supervisor.plan import make_plan
+    from unirank.supervisor.rdzv.spec import Assignment
+
+    alone = Assignment(node_rank=0, nnodes=1, ranks_per_node=(nproc,),
+                       hosts=(outer.node_name or "localhost",), master_addr="127.0.0.1",
+                       master_port=1)
+    try:
+        plan = make_plan(request, outer, environ, run_id_fallback=elastic.DEFAULT_RUN_ID,
+                         assignment=alone)
+    except ConfigError:
+        return  # the round's own plan says what is wrong
+    configure_server(server, plan, environ, options)
 
 
 def _join_and_run(args: argparse.Namespace, request: LaunchRequest, outer: DistEnv,

@@ -169,7 +169,7 @@ def run_plan(
                                          option="MASTER_PORT")
             plan = plan.with_port(int(sock.getsockname()[1]))
         if server is not None:
-            _configure(server, plan, environ, options)
+            configure_server(server, plan, environ, options)
         # imported once the fork server has the environment it imports with, while it imports
         from unirank.supervisor.engine import worker_command
 
@@ -253,9 +253,10 @@ def _stop_report(plan: Plan, options: EngineOptions, environ: Mapping[str, str],
                           environ=environ)
 
 
-def _configure(server: ForkServer, plan: Plan, environ: Mapping[str, str],
-               options: EngineOptions) -> None:
-    """Give the fork server the environment this node's workers have in common."""
+def configure_server(server: ForkServer, plan: Plan, environ: Mapping[str, str],
+                     options: EngineOptions) -> None:
+    """Give the fork server the environment this node's workers have in common (once: a
+    server configured already, as an elastic node's before its first round, keeps it)."""
     wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered,
                           signals_to_handle=_handled(options))
     server.configure(server_environ([worker_environ(plan, w, environ, wiring)
