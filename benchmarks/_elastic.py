@@ -17,7 +17,7 @@ endpoint listens; once the world of 2 ran a few steps, one of:
 * ``restarted``: node B killed as in ``killed``, then started again with the same command once
   A trains alone; the time from B's new start to the first step at a world of 2 again;
 * ``waiting``: node C started with the same command once the world of 2 (MAX) trains waits to
-  join (unirank says so; torchrun is given 5 s); node A's whole tree SIGKILLed: the time to node
+  join (a spare: unirank says so; each launcher is given 5 s); node A's whole tree SIGKILLed: the time to node
   C's first step at a world of 2 (B and C: the waiting node followed the rendezvous);
 * ``stuck``: node B's rank sleeps forever in user code at step :data:`STUCK_AT` (alive, its
   heartbeats fine; BENCH_STUCK_HOW=stop: it stops itself with SIGSTOP there); unirank run keeps
@@ -211,8 +211,9 @@ def _waiting(name: str, port: int, procs: list[subprocess.Popen[bytes]], out: Pa
     seconds to C's first step at a world of 2 (None: none within the bound)."""
     procs.append(_start(command(name, port), out))
     began = time.monotonic()
-    _until(lambda: "waits to join" in out.read_text() if name == "unirank"
-           else time.monotonic() - began > 5, 60, f"{name}: node C did not wait to join")
+    _until(lambda: time.monotonic() - began > 5 and (
+           name != "unirank" or "waits to join" in out.read_text()),
+           60, f"{name}: node C did not wait to join")  # both given 5 s, as a spare waits
     began = time.time()
     _signal(_tree(procs[0]), signal.SIGKILL)
     at = _first(out, began, 2, procs[2])
