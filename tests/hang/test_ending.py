@@ -3,7 +3,15 @@ encoding, the bounded wait for a counter."""
 
 from __future__ import annotations
 
-from unirank.hang.ending import Ending, first_within, records_first, wait_for_count
+from unirank.hang.ending import (
+    Ending,
+    HangTimeoutError,
+    StragglerEvictedError,
+    failure_of,
+    first_within,
+    records_first,
+    wait_for_count,
+)
 
 
 def test_the_blamed_rank_records_first() -> None:
@@ -85,3 +93,15 @@ def test_with_the_blamed_rank_known_stopped_nobody_waits_nor_lingers() -> None:
                          lambda: 0.0)
     assert (linger, waited, recorded) == (0.0, [], ["no progress"])
     assert store.counts[FIRST_KEY] == 1
+
+
+def test_a_straggler_s_eviction_is_recorded_as_such_a_hang_as_a_hang() -> None:
+    """The failure each rank records: the summary's ``error:`` line names the cause (an
+    eviction under --on-slow evict is not a hang, though it ends the job the same way)."""
+    slow = Ending("rank 1 kept the others waiting", (1,), 0,
+                  {"slow": [1], "straggler": 1, "share": 0.8})
+    hang = Ending("no progress for 3 s", (1,), 0, {"evict": [1]})
+    assert type(failure_of(slow, "m")) is StragglerEvictedError
+    assert type(failure_of(hang, "m")) is HangTimeoutError
+    assert type(failure_of(Ending("m"), "m")) is HangTimeoutError
+    assert isinstance(failure_of(slow, "m"), HangTimeoutError)  # caught as one still

@@ -30,8 +30,9 @@ from typing import Any
 from unirank.hang.timings import LATE_LOOK, LINGER
 from unirank.storekeys.hang import ENDED_KEY, FIRST_KEY, REASON_KEY
 
-__all__ = ["ENDED_KEY", "ENDING", "FIRST_KEY", "REASON_KEY", "Ending", "announce_ending",
-           "end_in_turn", "first_within", "records_first", "wait_for_count"]
+__all__ = ["ENDED_KEY", "ENDING", "FIRST_KEY", "REASON_KEY", "Ending", "HangTimeoutError",
+           "StragglerEvictedError", "announce_ending", "end_in_turn", "failure_of",
+           "first_within", "records_first", "wait_for_count"]
 
 #: added to the stack request counter when the job ends (``--hang-timeout``)
 ENDING = 1 << 40
@@ -68,6 +69,22 @@ class Ending:
                        tuple(int(r) for r in data.get("frozen", ())))
         except (ValueError, KeyError, TypeError):
             return cls(text)
+
+
+class HangTimeoutError(RuntimeError):
+    """The job hung longer than ``--hang-timeout`` (rank 0's recorded failure)."""
+
+
+class StragglerEvictedError(HangTimeoutError):
+    """``--on-slow evict`` ended the job to leave a straggler's node out (the same ending as
+    a hang timeout's: its recorded failure names the straggler, not a hang)."""
+
+
+def failure_of(ending: Ending, message: str) -> HangTimeoutError:
+    """The failure each rank records for ``ending`` (a straggler's eviction: its verdict
+    names the ``slow`` ranks, :func:`unirank.hang.slowcost.slow_verdict`)."""
+    evicted = ending.verdict is not None and "slow" in ending.verdict
+    return (StragglerEvictedError if evicted else HangTimeoutError)(message)
 
 
 def _all_frozen(ending: Ending) -> bool:

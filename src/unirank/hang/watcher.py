@@ -48,7 +48,16 @@ from unirank.exitcodes import HANG_TIMEOUT
 from unirank.hang.children import arm as arm_children
 from unirank.hang.children import child_stacks
 from unirank.hang.detector import Detector
-from unirank.hang.ending import ENDING, REASON_KEY, Ending, announce_ending, end_in_turn
+from unirank.hang.ending import (
+    ENDING,
+    REASON_KEY,
+    Ending,
+    HangTimeoutError,
+    StragglerEvictedError,
+    announce_ending,
+    end_in_turn,
+    failure_of,
+)
 from unirank.hang.exchange import (
     ASK_KEY,
     PROGRESS_PREFIX,
@@ -92,7 +101,8 @@ from unirank.runfolder import AttemptFolder
 from unirank.signals import start_shielded
 
 __all__ = ["ASK_KEY", "PROGRESS_PREFIX", "RECORDER_ENTRIES", "RECORDER_VAR", "STACKS_PREFIX",
-           "THREAD_NAME", "HangTimeoutError", "Watcher", "add_hang_note", "enable_recorder",
+           "THREAD_NAME", "HangTimeoutError", "StragglerEvictedError", "Watcher", "add_hang_note",
+           "enable_recorder",
            "excepthook_with_report", "progress_key", "read_records", "recorder_started",
            "request_stacks", "running"]
 
@@ -101,10 +111,6 @@ THREAD_NAME = "unirank-hang-watch"
 
 class _JobEnding(Exception):
     """Rank 0 ends the job: this rank's thread stops."""
-
-
-class HangTimeoutError(RuntimeError):
-    """The job hung longer than ``--hang-timeout`` (rank 0's recorded failure)."""
 
 
 _RUNNING: list[Watcher] = []
@@ -396,11 +402,11 @@ class Watcher:
             announce_ending(store, ending)
         self._end(store, ending)
 
-    def _record(self, message: str) -> None:
+    def _record(self, failure: BaseException) -> None:
         from unirank.errorfile import record_exception
 
         if self.error_file:  # the first record wins: a second call changes nothing
-            record_exception(HangTimeoutError(message), {ERROR_FILE_VAR: self.error_file},
+            record_exception(failure, {ERROR_FILE_VAR: self.error_file},
                              exit_code=HANG_TIMEOUT)
 
     def _end(self, store: Any, ending: Ending) -> None:
@@ -408,10 +414,14 @@ class Watcher:
         this process ends with :data:`~unirank.exitcodes.HANG_TIMEOUT`."""
         self.ending = True
         linger = LINGER.of(self.settings.interval)
+
+        def record(message: str) -> None:
+            self._record(failure_of(ending, message))
+
         with contextlib.suppress(Exception):
             linger = end_in_turn(store, self.rank, self.world_size, self.settings.interval,
-                                 ending, self._record, self._stop.wait)
-        self._record(ending.message)
+                                 ending, record, self._stop.wait)
+        record(ending.message)
         self.write_verdict(ending.verdict)  # every node's supervisor reads the same verdict
         withdraw(self._job_file)
         if linger:
