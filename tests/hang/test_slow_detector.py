@@ -176,3 +176,31 @@ def test_the_program_s_hang_keywords_keep_the_supervisor_s_on_slow() -> None:
     watcher.reconfigure(HangSettings(30.0, 90.0, 2.0))
     assert (watcher.settings.report_after, watcher.settings.timeout) == (30.0, 90.0)
     assert watcher.settings.on_slow == "evict"
+
+
+def test_a_detector_taking_over_starts_from_the_named_and_says_when_they_recover(
+        tmp_path: Path) -> None:
+    """A standby going on duty (rank 0 gone quiet) reads the ranks rank 0 named from the store:
+    once the straggler recovers it says so and the store forgets it (before, a standby
+    started empty and the store kept the name until the standby named someone)."""
+    err = tmp_path / "err"
+    store, watcher = Store(), Watcher(os.open(err, os.O_WRONLY | os.O_CREAT))
+    first = Detector(watcher, store)  # type: ignore[arg-type]
+    for look in range(5):
+        _records(store, 5.0 * look, slow=True)
+        first.tick(5.0 * look)
+    assert read_named(store) == (Straggler(1, "node1", 0.6),)
+    standby = Detector(watcher, store)  # type: ignore[arg-type]
+    standby.take_over()
+    base = 0.6 * 20.0
+    for look in range(5, 9):
+        t = 5.0 * look
+        _records(store, t, slow=False)
+        record = json.loads(store.data[progress_key(0)])
+        record["in_s"] = base
+        store.set(progress_key(0), json.dumps(record))
+        standby.tick(t)
+    os.close(watcher.err_fd)
+    assert err.read_text().splitlines()[-1] == \
+        "unirank: straggler: rank 1 (node1) no longer keeps the others waiting (last 10 s)"
+    assert read_named(store) == ()

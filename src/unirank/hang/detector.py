@@ -26,7 +26,7 @@ from unirank.hang.learned import SILENT, Learned, Stuck, observe, timeout_now, v
 from unirank.hang.render import changed_ranks, render_report, timeout_message
 from unirank.hang.schedule import Decision, Schedule, decide
 from unirank.hang.slowcost import slow_verdict, to_evict
-from unirank.hang.slowrank import Slow, change_line, encode_named
+from unirank.hang.slowrank import Slow, change_line, encode_named, read_named
 from unirank.hang.slowrank import observe as observe_slow
 from unirank.hang.timings import ANSWER
 from unirank.runfolder import AttemptFolder
@@ -76,6 +76,12 @@ class Detector:
         self.slow = Slow()
         #: ``--on-slow evict`` ended the job (:meth:`_evict_slow`)
         self.evicting = False
+
+    def take_over(self) -> None:
+        """This rank goes on duty (a standby, rank 0 gone quiet): it starts from the ranks the
+        store names, so that it says when they recover rather than leaving their names there."""
+        with contextlib.suppress(Exception):  # the store going away: nothing to start from
+            self.slow = Slow(named={s.rank: s for s in read_named(self.store)})
 
     def records(self) -> dict[int, dict[str, Any] | None]:
         """Every rank's last record (None: it set none yet)."""

@@ -323,6 +323,8 @@ class Watcher:
         if on_duty != self._on_duty and self.detector is not None:
             self.detector.standby_note = takeover_line(self.rank, self.settings.interval) \
                 if on_duty else ""
+            if on_duty:
+                self.detector.take_over()
         self._on_duty = on_duty
         return on_duty
 
