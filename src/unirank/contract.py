@@ -172,11 +172,12 @@ HANG_TIMEOUT_AUTO = "auto"
 #: the ranks that never entered the collective are stopped and left out; an elastic job only)
 ON_HANG_VAR = "UNIRANK_ON_HANG"
 ON_HANG_CHOICES = ("exit", "restart", "evict")
-#: what a straggler leads to (``--on-slow``): ``warn`` (named, nothing else) or ``evict`` (its
+#: what a straggler leads to (``--on-slow``): ``warn`` (named, nothing else), ``evict`` (its
 #: node is stopped and left out where that pays: :mod:`unirank.hang.slowcost`; an elastic job
-#: only, and only while it has more nodes than its minimum)
+#: only, and only while it has more nodes than its minimum) or ``replace`` (the same, only
+#: where a spare node waits to take its place: the world keeps its size)
 ON_SLOW_VAR = "UNIRANK_ON_SLOW"
-ON_SLOW_CHOICES = ("warn", "evict")
+ON_SLOW_CHOICES = ("warn", "evict", "replace")
 #: ``1`` in a worker of an elastic job (``--nnodes MIN:MAX`` of the dynamic rendezvous): the
 #: ``on_hang="evict"`` keyword of :func:`unirank.init` is allowed there (kept in the program's
 #: environment, as the keyword is read there)
@@ -495,7 +496,7 @@ def resolve_on_slow(given: str | None, environ: Mapping[str, str], *, elastic: b
     if choice not in ON_SLOW_CHOICES:
         raise ConfigError("is not what unirank does with a straggler", variable=source,
                           value=text, hint=f"give one of {', '.join(ON_SLOW_CHOICES)}")
-    if choice == "evict" and not elastic:
+    if choice != "warn" and not elastic:
         raise ConfigError("needs an elastic job, whose world may shrink", variable=source,
                           value=text, hint="use --nnodes MIN:MAX with --rdzv-backend c10d, or "
                           "--on-slow warn")
@@ -505,5 +506,8 @@ def resolve_on_slow(given: str | None, environ: Mapping[str, str], *, elastic: b
 def on_slow_now(configured: str, nodes: int, min_nodes: int) -> str:
     """``--on-slow`` for an attempt of ``nodes`` nodes: ``evict`` only while one node may leave
     without taking the world below its ``min_nodes`` (else the next round would wait for a
-    node the job does not have), else ``warn``."""
+    node the job does not have), else ``warn``; ``replace`` always (it acts only where a
+    spare waits to take the node's place: the world keeps its size)."""
+    if configured == "replace":
+        return "replace"
     return "evict" if configured == "evict" and nodes - 1 >= max(min_nodes, 1) else "warn"

@@ -73,6 +73,10 @@ _HANG_VERDICT = "hang-verdict.json"
 _ON_HANG_ASKED = "on-hang"
 #: the attempt's file of the worker lines kept off the console
 FOLDED_FILE = "folded.log"
+#: the run's file of how many spare nodes wait to join the elastic job (a number; the
+#: rendezvous tells each node's ``unirank run``, which keeps it here for rank 0's detector:
+#: ``--on-slow replace``)
+_SPARES = "spares"
 #: torchrun's error file: ``attempt_<n>/<local rank>/error.json``
 _TORCHRUN_ERROR_FILE = re.compile(r"(?P<attempt>.*/attempt_\d+)/\d+/error\.json")
 
@@ -136,6 +140,11 @@ class AttemptFolder:
     def on_hang_asked(self) -> str:
         return os.path.join(self.path, _ON_HANG_ASKED)
 
+    @property
+    def spares_file(self) -> str:
+        """The run's spares file (:attr:`RunFolder.spares_file`), from an attempt's folder."""
+        return os.path.join(os.path.dirname(self.path), _SPARES)
+
 
 @dataclass(frozen=True)
 class RunFolder:
@@ -145,6 +154,10 @@ class RunFolder:
 
     def attempt(self, number: int) -> AttemptFolder:
         return AttemptFolder(os.path.join(self.path, f"attempt_{number}"))
+
+    @property
+    def spares_file(self) -> str:
+        return os.path.join(self.path, _SPARES)
 
     def has_hang_reports(self) -> bool:
         """Whether rank 0's hang detector wrote reports in some attempt of the run."""
@@ -159,7 +172,7 @@ class RunFolder:
             names = os.listdir(self.path)
         except OSError:
             return []
-        return [AttemptFolder(os.path.join(self.path, n)) for n in names]
+        return [AttemptFolder(os.path.join(self.path, n)) for n in names if n != _SPARES]
 
 
 def make_run_folder(log_dir: str, run_id: str) -> RunFolder:

@@ -1,9 +1,11 @@
-"""``--on-slow evict`` with real nodes: an elastic job of two loopback nodes (the same command
-twice, as torchrun's agents), one rank per node; once both step, rank 1 is put in a cgroup v1
-CPU quota of a fifth of a CPU, so that rank 0 waits for it about four fifths of the time.
-The straggler is named, evicting its node pays (:mod:`unirank.hang.slowcost`: two nodes, a
-fifth of the speed), its node is stopped and says why in one line, and the other node goes on
-alone at world 1 and finishes. Every assertion reads the job's output (no clock).
+"""``--on-slow evict`` and ``replace`` with real nodes: an elastic job of two loopback nodes
+(the same command twice, as torchrun's agents), one rank per node; once both step, rank 1 is
+put in a cgroup v1 CPU quota of a fifth of a CPU, so that rank 0 waits for it about four
+fifths of the time. The straggler is named, evicting its node pays
+(:mod:`unirank.hang.slowcost`: two nodes, a fifth of the speed), its node is stopped and says
+why in one line, and the other node goes on alone at world 1 and finishes. With ``--on-slow
+replace`` and a third node waiting to join (a spare), the slow node's place goes to the
+spare: the world stays 2. Every assertion reads the job's output (no clock).
 
 Environment variables read: the caller's environment, from which launcher variables are removed
 (see ``tests/_procs.py``).
@@ -30,7 +32,8 @@ TIMEOUT = 120.0
 QUOTA_US = 20000
 
 # Steps of 50 ms of this thread's CPU and one all-reduce: for ever in the first attempt, 5
-# steps in the next; rank 1 writes its pid to the FIFO argv[1] at step 20.
+# steps in the next (and on a spare node: SPARE set); rank 1 writes its pid to the FIFO
+# argv[1] at step 20.
 STEPS = """
 import os, sys, time
 import torch
@@ -40,7 +43,7 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
 step = 0
-while restart == "0" or step < 5:
+while (restart == "0" and not os.environ.get("SPARE")) or step < 5:
     begun = time.thread_time()
     while time.thread_time() - begun < 0.05:
         sum(range(1000))
@@ -101,4 +104,44 @@ def test_a_node_cut_to_a_fifth_of_a_cpu_is_evicted_and_the_other_goes_on(
     assert "done rank 0 world 1 restart 1" in out.splitlines(), out
     named = err + err_evicted  # rank 0's node says the straggler, wherever it ran
     assert "unirank: straggler: rank 1 (" in named, named
+    assert "attempt 0 stopped (node evicted: rank 1 kept the others waiting " in err, err
+
+
+def test_under_replace_a_spare_takes_the_slow_node_s_place_and_the_world_keeps_its_size(
+        runner: Runner, tmp_path: Path) -> None:
+    group = make_group(QUOTA_US)
+    runner.script("steps.py", STEPS)
+    fifo = tmp_path / "pid.fifo"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    keep = os.open(fifo, os.O_WRONLY)
+    port = free_port()
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--on-slow", "replace", "steps.py",
+            str(fifo)]
+    env = {"UNIRANK_HANG_INTERVAL": "2.5"}
+    pid = 0
+    try:
+        first = runner.start(args, text=True, env=env)
+        wait_listening(port, first, TIMEOUT)
+        nodes = [first, runner.start(args, text=True, env=env)]
+        pid = _read_pid(reader)
+        spare = runner.start(args, text=True, env={**env, "SPARE": "1"})
+        assert spare.stderr is not None
+        runner.read_lines(spare.stderr, 1, contains="this node waits to join: the job ",
+                          timeout=TIMEOUT)
+        slow = _holding(nodes, pid)
+        move(group, pid)
+        evicted, survivor = nodes[slow], nodes[1 - slow]
+        out, err = survivor.communicate(timeout=TIMEOUT)
+        out_spare, err_spare = spare.communicate(timeout=TIMEOUT)
+        _out, err_evicted = evicted.communicate(timeout=TIMEOUT)
+    finally:
+        release(group, pid)
+        os.close(reader)
+        os.close(keep)
+    assert evicted.returncode == EVICTED, err_evicted
+    assert (survivor.returncode, spare.returncode) == (0, 0), err + err_spare
+    assert "done rank 0 world 2 restart 1" in out.splitlines(), out  # the world kept its size
+    assert "done rank 1 world 2 " in out_spare, out_spare
     assert "attempt 0 stopped (node evicted: rank 1 kept the others waiting " in err, err

@@ -84,9 +84,14 @@ def test_on_slow_is_warn_unless_asked_and_evict_needs_an_elastic_job() -> None:
     with pytest.raises(ConfigError) as bad:
         resolve_on_slow("evict", {}, elastic=False)
     assert str(bad.value).startswith("--on-slow='evict': needs an elastic job")
+    assert resolve_on_slow("replace", {}, elastic=True) == "replace"
+    with pytest.raises(ConfigError) as static:
+        resolve_on_slow("replace", {}, elastic=False)
+    assert str(static.value).startswith("--on-slow='replace': needs an elastic job")
     with pytest.raises(ConfigError) as odd:
-        resolve_on_slow(None, {ON_SLOW_VAR: "replace"}, elastic=True)
-    assert "UNIRANK_ON_SLOW='replace'" in str(odd.value) and "warn, evict" in str(odd.value)
+        resolve_on_slow(None, {ON_SLOW_VAR: "swap"}, elastic=True)
+    assert "UNIRANK_ON_SLOW='swap'" in str(odd.value) and "warn, evict, replace" in \
+        str(odd.value)
 
 
 def test_an_attempt_evicts_only_above_its_fewest_nodes() -> None:
@@ -95,6 +100,24 @@ def test_an_attempt_evicts_only_above_its_fewest_nodes() -> None:
     assert on_slow_now("evict", 2, 1) == "evict"
     assert on_slow_now("evict", 1, 1) == "warn"
     assert on_slow_now("warn", 3, 1) == "warn"
+    assert on_slow_now("replace", 2, 2) == "replace"  # a spare keeps the world's size
+
+
+def test_a_waiting_spare_makes_an_eviction_cost_no_capacity_and_replace_needs_one() -> None:
+    """Two nodes of one rank: at half speed the node is kept (evicting it would leave the job
+    at half speed too), but with a spare waiting it goes (the spare takes its place); under
+    ``replace`` nothing goes without a spare, and a share under a tenth never pays."""
+    records = _records({0: "nodeA", 1: "nodeB"})
+    half = [Straggler(1, "nodeB", 0.5)]
+    assert to_evict(half, records, 2) is None
+    assert to_evict(half, records, 2, spares=1) == (half[0], [1])
+    assert to_evict(half, records, 2, spares=1, only_replaced=True) == (half[0], [1])
+    fifth = [Straggler(1, "nodeB", 0.8)]
+    assert to_evict(fifth, records, 2, only_replaced=True) is None
+    threshold = RESTART_COST_S / PAYBACK_S
+    assert to_evict([Straggler(1, "nodeB", threshold - 0.01)], records, 2, spares=1) is None
+    assert to_evict([Straggler(1, "nodeB", threshold + 0.01)], records, 2, spares=1) \
+        is not None
 
 
 def test_the_workers_read_back_the_attempt_s_choice() -> None:

@@ -181,6 +181,9 @@ class PipeWatch:
             return None
         return data.decode().strip() or None
 
+    def spares_at(self, path: str) -> None:
+        pass
+
     def kind(self) -> str | None:
         return None
 

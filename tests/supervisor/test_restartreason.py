@@ -129,6 +129,17 @@ def test_the_hang_timeout_with_a_node_gone_after_is_that_node_evicted() -> None:
         "entered it)"
 
 
+def test_an_eviction_whose_node_a_spare_of_the_same_name_replaced_is_said_so() -> None:
+    """``--on-slow replace``: the slow node left, a spare on a host of the same name came; no
+    name left, yet the reason is the eviction (before: ``failed (rank 0: exit code 86)``,
+    blaming the rank that waited)."""
+    hung = _exit(0, HANG_TIMEOUT, "StragglerEvictedError: rank 1 kept the others waiting")
+    why = "node evicted: rank 1 kept the others waiting 74 % of the time"
+    reason = restart_reason(RunResult((hung,), first_failure=hung), _plan("vm", "vm"),
+                            _plan("vm", "vm"), evicted=why)
+    assert (reason.kind, reason.message) == ("node evicted", why)
+
+
 def test_the_rendezvous_moved_is_said_so() -> None:
     result = RunResult((_exit(0, -15),), world_changed="store moved to node nodeB (10.0.0.2)",
                        world_change_kind="moved")

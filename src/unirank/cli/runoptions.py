@@ -215,11 +215,12 @@ OPTIONS: tuple[RunOption, ...] = (
          "node, or stop the nodes of the ranks that never entered the collective and go on "
          f"without them (default: {ON_HANG_VAR}, else evict in an elastic job with "
          "restarts left, restart with restarts left, else exit)"),
-    _opt("--on-slow", pet=False, metavar="warn|evict",
+    _opt("--on-slow", pet=False, metavar="warn|evict|replace",
          help="once a straggler is named (a rank that keeps the others waiting): say so "
          "only, or stop its node and go on without it where that repays a restart within "
-         f"{PAYBACK_S / 60:g} minutes (an elastic job above its fewest nodes; default: "
-         f"{ON_SLOW_VAR}, else warn)"),
+         f"{PAYBACK_S / 60:g} minutes (an elastic job above its fewest nodes; a spare node "
+         "waiting to join takes its place), or do so only where a spare waits (replace; "
+         f"default: {ON_SLOW_VAR}, else warn)"),
     _opt("--grace-period", "--shutdown-timeout", dest="grace_period", pet="shutdown_timeout",
          metavar=_SECONDS,
          help="seconds between SIGTERM and SIGKILL when stopping workers (default: "

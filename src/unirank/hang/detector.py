@@ -183,26 +183,42 @@ class Detector:
             text = "".join(change_line(c) for c in changes)
             with contextlib.suppress(OSError):
                 os.write(self.watcher.err_fd, text.encode(errors="replace"))
-        if self.slow.named and self.watcher.settings.on_slow == "evict" and not self.evicting:
+        if self.slow.named and self.watcher.settings.on_slow != "warn" and not self.evicting:
             self._evict_slow(records)
 
     def _evict_slow(self, records: Mapping[int, Mapping[str, Any] | None]) -> None:
         """``--on-slow evict``: where evicting a straggler's node pays
         (:func:`unirank.hang.slowcost.to_evict`), the job ends as at a hang timeout, with a
         verdict that names that node's ranks, which every node's supervisor leaves out."""
-        pick = to_evict(list(self.slow.named.values()), records, self.watcher.world_size)
+        on_slow, spares = self.watcher.settings.on_slow, self._spares()
+        pick = to_evict(list(self.slow.named.values()), records, self.watcher.world_size,
+                        spares=spares, only_replaced=on_slow == "replace")
         if pick is None:
             return
         straggler, ranks = pick
         self.evicting = True  # once: the ending ends this process
         where = f" ({straggler.node})" if straggler.node else ""
+        fate = "evicted, a spare node takes its place" if spares else "evicted"
         message = (f"rank {straggler.rank}{where} kept the others waiting "
-                   f"{straggler.margin * 100:.0f} % of the time: its node is evicted "
-                   f"(--on-slow evict, exit code {HANG_TIMEOUT})")
+                   f"{straggler.margin * 100:.0f} % of the time: its node is {fate} "
+                   f"(--on-slow {on_slow}, exit code {HANG_TIMEOUT})")
         found = slow_verdict(straggler, ranks)
         self.watcher.write_verdict(found)  # here before any rank ends
         self.watcher.exit_for_timeout(self.store, Ending(message, tuple(ranks),
                                                          self.watcher.rank, found))
+
+    def _spares(self) -> int:
+        """How many spare nodes wait to join now (the run's spares file, which this node's
+        ``unirank run`` keeps: :attr:`unirank.runfolder.RunFolder.spares_file`); 0 where
+        unknown."""
+        folder = self.watcher.attempt_folder()
+        if not folder:
+            return 0
+        try:
+            with open(AttemptFolder(folder).spares_file, encoding="utf-8") as fh:
+                return max(int(fh.read().strip() or 0), 0)
+        except (OSError, ValueError):
+            return 0
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's waiting mark

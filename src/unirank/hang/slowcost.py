@@ -1,4 +1,4 @@
-"""Whether to evict a straggler's node (``--on-slow evict``): the rule, pure.
+"""Whether to evict a straggler's node (``--on-slow evict|replace``): the rule, pure.
 
 A straggler keeps every other rank waiting a share ``f`` of the time (the ``margin`` of its
 :class:`~unirank.hang.straggle.Straggler`): the job then does ``1 - f`` of the work it
@@ -15,6 +15,11 @@ a node at half speed (``f`` about 0.5) is kept (without it the job would run at 
 too), one at a fifth (``f`` about 0.8) is evicted. The node never takes the job below its
 fewest nodes (:func:`unirank.contract.on_slow_now` turns ``evict`` off there), and one node
 is evicted at a time (the next attempt's detector starts over).
+
+Where a spare waits to join (a node started beyond MAX: it takes the evicted node's place at
+the next round), no capacity is lost: the gain is ``f`` itself, and the node goes where
+``f * PAYBACK_S >= RESTART_COST_S`` (``f`` of a tenth or more). ``--on-slow replace`` acts
+only then; ``evict`` counts a spare where one waits.
 
 Reads no environment variable.
 """
@@ -54,15 +59,20 @@ def node_ranks(records: Mapping[int, Mapping[str, Any] | None], rank: int) -> li
 
 
 def to_evict(named: Sequence[Straggler], records: Mapping[int, Mapping[str, Any] | None],
-             world_size: int) -> tuple[Straggler, list[int]] | None:
+             world_size: int, *, spares: int = 0, only_replaced: bool = False,
+             ) -> tuple[Straggler, list[int]] | None:
     """The straggler whose node to evict now and that node's ranks, or None: the one that
-    keeps the others waiting most, where evicting its node pays (the module's rule) and
-    leaves some rank."""
+    keeps the others waiting most, where evicting its node pays (the module's rule; with
+    ``spares`` waiting, no rank is lost) and leaves some rank; ``only_replaced``
+    (``--on-slow replace``): only where a spare waits."""
+    if only_replaced and spares < 1:
+        return None
     for straggler in sorted(named, key=lambda s: -s.margin):
         ranks = node_ranks(records, straggler.rank)
         if len(ranks) >= world_size:
             continue
-        if gain(straggler.margin, len(ranks), world_size) * PAYBACK_S >= RESTART_COST_S:
+        lost = 0 if spares > 0 else len(ranks)
+        if gain(straggler.margin, lost, world_size) * PAYBACK_S >= RESTART_COST_S:
             return straggler, ranks
     return None
 

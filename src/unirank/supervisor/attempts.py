@@ -285,6 +285,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     out_fd, err_fd = fds
     shm = memory_root(environ)
     root, keep = _log_root(plan, options, err_fd, shm)
+    if watch is not None:  # for rank 0's detector (--on-slow replace)
+        watch.spares_at(root.spares_file)
     memory = make_memory_folder(environ)  # the snapshots outlive the attempts, not the run
     earlier: list[RunResult] = []
     reason: str | None = None

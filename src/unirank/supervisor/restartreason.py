@@ -81,14 +81,17 @@ def restart_reason(result: RunResult, before: Plan, after: Plan, evicted: str = 
     rounds' node lists; also where a worker here failed for its lost peers and nodes were gone
     at the next round), the workers stopped to be requeued, the hang timeout ended them, or
     a worker failed (the root cause's rank, node and exit code). ``evicted``: why this node
-    evicted nodes (:func:`evicted_why` of the hang verdict it read): where nodes left, that is
+    evicted nodes (:func:`evicted_why` of the hang verdict it read): where nodes left, or the
+    hang timeout ended the attempt (a spare took the evicted node's place), that is
     the reason, whichever way the attempt ended (the evicted node's worker may have ended
     first, or its node asked for a new round). ``moved``: the news that the rendezvous moved
     meanwhile (its node lost: ``store moved to node ...``), the reason where no eviction is
     (also where a worker here failed first, on its lost peers)."""
     lost, joined = nodes_changed(before.hosts, after.hosts)
     first = result.first_failure
-    if evicted and lost:
+    hang_ended = first is not None and first.own_exit_code == HANG_TIMEOUT
+    # the evicted node's place may go to a spare of the same name: no name left then
+    if evicted and (lost or hang_ended):
         return RestartReason("node evicted", evicted, lost, joined)
     if first is None and result.world_changed and result.world_change_kind == EVICTED:
         return RestartReason("node evicted", str(result.world_changed), lost, joined)

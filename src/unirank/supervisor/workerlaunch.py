@@ -31,6 +31,10 @@ class WorldWatch(Protocol):
         """The news, read without blocking: one line saying how the world changed, or None
         (nothing yet)."""
 
+    def spares_at(self, path: str) -> None:
+        """Keep the count of spare nodes waiting to join in ``path``, now and as it changes
+        (for rank 0's detector: ``--on-slow replace``)."""
+
     def kind(self) -> str | None:
         """The kind of the last news (:mod:`.rdzv.messages`), None where it gave none:
         ``join`` (nodes waiting to join) is a change of membership alone, which spends no

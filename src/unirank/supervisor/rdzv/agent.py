@@ -220,6 +220,10 @@ class Node:
         if "moved" in message:
             self.follow(message["moved"])
             return
+        if "spares" in message:  # how many wait beyond MAX: the parent keeps it, no news
+            with contextlib.suppress(TypeError, ValueError):
+                _answer({"spares": max(int(message["spares"]), 0)})
+            return
         if "evicted" in message:  # said now (the parent reads it while its workers run)
             raise _evicted(str(message["evicted"]))
         if "error" in message:

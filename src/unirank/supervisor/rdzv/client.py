@@ -90,6 +90,10 @@ class RendezvousHelper:
         self._moved: str | None = None
         #: the last news was nodes waiting to join (:meth:`joining`)
         self._kind: str | None = None
+        #: how many spares wait to join (the rendezvous says it: :meth:`_took_spares`), and
+        #: where it is kept (:meth:`spares_at`)
+        self.spares = 0
+        self._spares_file: str | None = None
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -108,20 +112,25 @@ class RendezvousHelper:
         if not first:
             self._send(to_line({"next": True, "evict": list(evict), "why": why}))
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
-        while '"event"' in line:  # news read too late to stop the workers: said only
-            with contextlib.suppress(ValueError, TypeError, KeyError, OSError, AttributeError):
-                news = self._note(json.loads(line), line)
-                sys.stderr.write(f"unirank run: {news}\n")
-                sys.stderr.flush()
+        while self._took_spares(line) or '"event"' in line:
+            if '"event"' in line:  # news read too late to stop the workers: said only
+                with contextlib.suppress(ValueError, TypeError, KeyError, OSError,
+                                         AttributeError):
+                    news = self._note(json.loads(line), line)
+                    sys.stderr.write(f"unirank run: {news}\n")
+                    sys.stderr.flush()
             line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
         try:
-            return assignment_of(line, where="the rendezvous helper")
+            found = assignment_of(line, where="the rendezvous helper")
         except ConfigError as exc:
             if exc.hint:
                 raise
             self._keep_log = True
             raise ConfigError(exc.message, variable=exc.variable, value=exc.value,
                               hint=f"the rendezvous helper's log: {self.log_path}") from None
+        self.spares = 0  # a new round: none until the rendezvous says so
+        self._write_spares()
+        return found
 
     def _read_line(self, timeout: float) -> str:
         assert self._proc.stdout is not None
@@ -178,9 +187,14 @@ class RendezvousHelper:
             self._keep_log, self._kind = True, ENDED
             return f"the rendezvous helper ended (its log: {self.log_path})"
         self._buffer += chunk or b""
-        if b"\n" not in self._buffer:
+        line = b""
+        while b"\n" in self._buffer:
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            if not self._took_spares(line.decode(errors="replace")):
+                break
+            line = b""
+        if not line:
             return None
-        line, _, self._buffer = self._buffer.partition(b"\n")
         try:
             news = json.loads(line)
         except ValueError:
@@ -193,6 +207,31 @@ class RendezvousHelper:
             self._kind = EVICTED if news.get("exit_code") == EVICTED_EXIT else ENDED
             return str(news["error"])
         return self._note(news, line.decode(errors="replace"))
+
+    def _took_spares(self, line: str) -> bool:
+        """Whether ``line`` is the count of spares waiting (not news: it changes nothing for
+        the workers), which is then kept (:meth:`spares_at`)."""
+        if not line.startswith('{"spares"'):
+            return False
+        with contextlib.suppress(ValueError, TypeError, KeyError):
+            self.spares = max(int(json.loads(line)["spares"]), 0)
+            self._write_spares()
+        return True
+
+    def spares_at(self, path: str) -> None:
+        """Keep the count of spares waiting in ``path`` (the run's spares file, for rank 0's
+        detector: ``--on-slow replace``), now and whenever it changes."""
+        self._spares_file = path
+        self._write_spares()
+
+    def _write_spares(self) -> None:
+        if self._spares_file is None:
+            return
+        with contextlib.suppress(OSError):
+            part = f"{self._spares_file}.{os.getpid()}"
+            with open(part, "w", encoding="utf-8") as fh:
+                fh.write(f"{self.spares}\n")
+            os.replace(part, self._spares_file)
 
     def _note(self, news: dict[str, Any], line: str) -> str:
         """The text of ``news`` (a garbled ``line`` as it came); its kind kept

@@ -6,7 +6,8 @@ environment variable.
 A round closes by :func:`.rounds.round_closes` under its quorum (:func:`.rounds.has_quorum`);
 its members are :func:`.rounds.members_of`; it goes to a member that holds the round before as
 a change, else whole (:mod:`.change`). A member hears one piece of news per round (a node
-lost, one asking for a new round, nodes waiting to join): it passes only the first on.
+lost, one asking for a new round, nodes waiting to join): it passes only the first on; and,
+apart from the news, how many spares wait (:meth:`RoundKeeper.say_spares`).
 """
 
 from __future__ import annotations
@@ -73,6 +74,8 @@ class RoundKeeper:
         self._untold = set(self.members)
         self._opened: float | None = None
         self._min_at: float | None = None
+        #: the spares count the running round's members were told last (a round's start: 0)
+        self._spares_told = 0
 
     def _state(self, known: object) -> dict[str, Any]:
         """The job's state a node needs to follow the rendezvous should this server be lost
@@ -126,6 +129,22 @@ class RoundKeeper:
         return frozenset([*self._conns.named]
                          + [n for n, until in self._grace.items() if until > now])
 
+    def say_spares(self) -> None:
+        """Tell the running round's members how many spares wait (nodes connected and waiting
+        while the job runs at MAX: one takes a lost or evicted node's place at the next round;
+        ``--on-slow replace`` reads it), where that count changed since they were told."""
+        spares = 0
+        if len(self.members) >= self.spec.max_nodes:
+            members, alive = frozenset(self.members), self._conns.named
+            spares = sum(1 for n in self._waiting if n not in members and n in alive)
+        if spares == self._spares_told:
+            return
+        self._spares_told = spares
+        line = to_line({"spares": spares})
+        for node in self._conns.named.values():
+            if node.node in self.members:
+                node.lines.send_line(line)
+
     def _maybe_close(self, now: float) -> None:
         if not self._waiting:
             self._opened = self._min_at = None
@@ -152,6 +171,7 @@ class RoundKeeper:
                                   self.host)
         self.round += 1
         self._send_round(before)
+        self._spares_told = 0  # a new round's members count none until told
         admitted = frozenset(self.members)
         self._waiting = {n: None for n in self._waiting if n not in admitted}
         self._opened = now if self._waiting else None

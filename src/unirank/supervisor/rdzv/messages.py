@@ -18,7 +18,8 @@ can follow the rendezvous to a successor), ``event`` (news, with its ``kind``: l
 join; ``wait`` to a node that waits for a running job's next round), ``beat``, ``moved``
 (where the job runs: address, rendezvous port, node), ``dropped`` (why this node was left
 out), ``here`` (a probe's answer), ``behind`` (this server's round, to a hello from a node that
-took part in a later one: :func:`.rounds.behind`).
+took part in a later one: :func:`.rounds.behind`), ``spares`` (how many nodes wait beyond MAX,
+to the running round's members when it changes: :meth:`.keeper.RoundKeeper.say_spares`).
 """
 
 from __future__ import annotations

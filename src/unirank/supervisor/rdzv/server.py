@@ -205,6 +205,7 @@ class Server(RoundKeeper):
         if self.found is not None and self.moved is None:
             self.point_to(self.found)
         self._maybe_close(now)
+        self.say_spares()
 
     # messages ---------------------------------------------------------------------------
     def _handle(self, node: Conn, request: Request) -> None:
