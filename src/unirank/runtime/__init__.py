@@ -50,7 +50,8 @@ from unirank.runtime.preemption import (
     unwatch_stop_signals,
     watch_stop_signals,
 )
-from unirank.runtime.snapshots import load_state, restored_from, save_state
+from unirank.runtime.snapshotload import load_state, restored_from
+from unirank.runtime.snapshots import save_state
 from unirank.runtime.state import (
     backend,
     device,

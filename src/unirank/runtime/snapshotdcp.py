@@ -35,6 +35,7 @@ from unirank.contract import STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import mark_whole
+from unirank.runtime.snapshotload import restore_point
 from unirank.runtime.snapshotread import (
     MemoryReader,
     memory_writer,
@@ -50,7 +51,6 @@ from unirank.runtime.snapshots import (
     _previous_save,
     _remove,
     _say,
-    _source,
     _tiers,
     _uncount,
     complete_steps,
@@ -285,15 +285,9 @@ def state_reader(*, folder: str | os.PathLike[str] | None = None
     ``dcp.load(state, storage_reader=reader)``; ``reader.step`` is its step. Every rank calls
     it, after the process group started (it is collective); rank 0 says where the step came
     from once it is read (:func:`unirank.restored_from` says it from the call on)."""
-    _need_group("state_reader")
-    _previous_save()
-    memory, disk = _tiers(folder)
-    began = time.monotonic()
-    choice, _ = _source(memory, disk)
-    if choice.step is None:
+    point = restore_point("state_reader", folder)
+    choice = point.choice
+    if point.path is None or choice.step is None:
         return None
-    tier = memory if choice.tier == "memory" else disk
-    assert tier is not None  # the rule chose a tier every rank holds
     reader = StateMemoryReader if choice.tier == "memory" else StateDiskReader
-    return reader(os.path.join(tier, step_folder(choice.step)), step=choice.step,
-                  line=choice.describe(), began=began)
+    return reader(point.path, step=choice.step, line=choice.describe(), began=point.began)

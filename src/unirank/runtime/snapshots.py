@@ -1,5 +1,6 @@
-"""The program's calls for a job's state: :func:`save_state` and :func:`load_state`, on top of
-torch.distributed.checkpoint (DCP), whose planner reshards a state at a new world size.
+"""The program's call that keeps a job's state, :func:`save_state`, and the tiers it keeps it
+in, on top of torch.distributed.checkpoint (DCP), whose planner reshards a state at a new
+world size (the restore: :mod:`.snapshotload`).
 
 Under ``unirank run`` each snapshot goes to the node's memory (``/dev/shm``, kept by the run
 across worker restarts: :mod:`unirank.statekeep.memory`) and, every ``persist_every`` steps
@@ -18,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,24 +30,22 @@ from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
 from unirank.hang.phases import phase
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import Gathered, carry, gather, mark_whole, node_step
+from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step
 from unirank.runtime.snapshotstaging import BACKGROUND, Staged, stage, state_group
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
-from unirank.statekeep.copies import fill, memory_step, newest_in_part, replicate
+from unirank.statekeep.copies import replicate
 from unirank.statekeep.memory import memory_folder_of, note_disk_folder
 from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
     METADATA,
-    Choice,
-    choose,
     parse_step,
     persists,
     step_folder,
     to_drop,
 )
 
-__all__ = ["load_state", "restored_from", "save_state"]
+__all__ = ["complete_steps", "save_state"]
 
 #: how often a snapshot goes to disk too, by default (a stop always sends it)
 PERSIST_EVERY = 10
@@ -322,90 +320,3 @@ def complete_steps(tier: str | None) -> frozenset[int]:
         if held.needed is not None and held.needed <= set(held.held):
             found.add(step)
     return frozenset(found)
-
-
-@phase("load_state")
-def load_state(obj: dict[str, Any], *,
-               folder: str | os.PathLike[str] | None = None) -> int | None:
-    """Fill ``obj`` in place (DCP's ``load``: tensors copied into, other values replaced) with
-    the newest snapshot the world can read, and return its step; None where there is none
-    (``obj`` untouched). Every rank calls it, after the process group started. The newest
-    step the nodes' memory holds between them wins (each node is first sent what it lacks,
-    from the other nodes' memory), else the newest step in ``folder`` (default
-    UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
-    (:func:`restored_from` says it too)."""
-    _need_group("load_state")
-    _previous_save()
-    memory, disk = _tiers(folder)
-    began = time.monotonic()
-    choice, gathered = _source(memory, disk)
-    if choice.step is None:
-        return None
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-    from torch.distributed.checkpoint.state_dict_loader import load
-
-    tier = memory if choice.tier == "memory" else disk
-    assert tier is not None  # the rule chose a tier every rank holds
-    from unirank.runtime.snapshotread import MemoryReader, plain_shard_layouts
-
-    reader = MemoryReader if choice.tier == "memory" else FileSystemReader
-    try:
-        with plain_shard_layouts():
-            load(obj, storage_reader=reader(os.path.join(tier, step_folder(choice.step))),
-                 no_dist=not _group())
-    except Exception as exc:  # DCP raises on every rank alike (it gathers the ranks' errors)
-        if choice.tier != "memory" or disk is None:
-            raise
-        _say(f"the nodes' memory could not restore step {choice.step} "
-             f"({type(exc).__name__}): trying the disk folder")
-        return _from_disk(obj, disk, gathered.disk, began)
-    _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
-    return choice.step
-
-
-def _source(memory: str | None, disk: str | None) -> tuple[Choice, Gathered]:
-    """The step the world restores and from where (:func:`unirank.statekeep.rules.choose`),
-    each node first sent, from the others' memory, what it lacks of a step taken from memory
-    (collective); rank 0 says it where there is nothing to restore but something was seen."""
-    rank = dist.get_rank() if _group() else 0
-    gathered = gather(memory, complete_steps(disk), rank)
-    whole = memory_step(gathered.holdings) if gathered.all_memory else None
-    in_part = newest_in_part(gathered.holdings) if gathered.all_memory else None
-    choice = choose(gathered.disk, whole, in_part)
-    state.STATE.state_restored = choice.describe()
-    if choice.step is None:
-        if (memory_step(gathered.holdings) is not None or in_part is not None
-                or any(gathered.disk)):
-            _say(choice.describe())
-    elif choice.tier == "memory":
-        assert memory is not None
-        carry(fill(gathered.holdings, choice.step, gathered.order), gathered, memory,
-              choice.step, rank)
-        if gathered.acts(rank):
-            mark_whole(memory, choice.step)
-    return choice, gathered
-
-
-def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]],
-               began: float) -> int | None:
-    """The newest step every rank finds in the disk folder, after the memory failed."""
-    from torch.distributed.checkpoint.filesystem import FileSystemReader
-    from torch.distributed.checkpoint.state_dict_loader import load
-
-    choice = choose(disk_by_rank, None)
-    state.STATE.state_restored = choice.describe()
-    if choice.step is None:
-        _say(choice.describe())
-        return None
-    from unirank.runtime.snapshotread import plain_shard_layouts
-
-    with plain_shard_layouts():
-        load(obj, storage_reader=FileSystemReader(os.path.join(disk, step_folder(choice.step))),
-             no_dist=not _group())
-    _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
-    return choice.step
-
-
-def restored_from() -> str | None:
-    """What the last :func:`load_state` restored, in its one line; None before any."""
-    return state.STATE.state_restored

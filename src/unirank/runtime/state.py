@@ -170,7 +170,7 @@ def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
     world size then from its WORLD_SIZE). A malformed value is a ConfigError naming it.
 
     ``state_restored``: where this process's ``ur.load_state`` took the job's state from
-    (:func:`unirank.runtime.snapshots.restored_from`). ``stragglers``: the ranks that keep the
+    (:func:`unirank.runtime.snapshotload.restored_from`). ``stragglers``: the ranks that keep the
     others waiting now, as the hang detector names them (:mod:`unirank.hang.slowrank`; one
     store read where this rank is not the detector's; ``()`` without a detector).
 

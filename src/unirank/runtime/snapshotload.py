@@ -1,0 +1,144 @@
+"""The program's call that restores a job's state: :func:`load_state` (and the step it takes,
+:func:`restore_point`, which :func:`unirank.state_reader` shares), on top of
+torch.distributed.checkpoint (DCP), whose planner reshards a state at a new world size.
+
+Which step a world restores, and from where, is the rule of
+:func:`unirank.statekeep.rules.choose`; each node is first sent, from the other nodes'
+memory, what it lacks of a step taken from memory; rank 0 says it in one line. The save side
+and the tiers: :mod:`.snapshots`.
+
+Reads: what :mod:`.snapshots` reads (UNIRANK_STATE_MEMORY, UNIRANK_STATE_DIR).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from unirank.hang.phases import phase
+from unirank.runtime import state
+from unirank.runtime.snapshotcopies import Gathered, carry, gather, mark_whole
+from unirank.runtime.snapshots import (
+    _group,
+    _need_group,
+    _previous_save,
+    _say,
+    _tiers,
+    complete_steps,
+)
+from unirank.statekeep.copies import fill, memory_step, newest_in_part
+from unirank.statekeep.rules import Choice, choose, step_folder
+
+__all__ = ["RestorePoint", "load_state", "restore_point", "restored_from"]
+
+
+@phase("load_state")
+def load_state(obj: dict[str, Any], *,
+               folder: str | os.PathLike[str] | None = None) -> int | None:
+    """Fill ``obj`` in place (DCP's ``load``: tensors copied into, other values replaced) with
+    the newest snapshot the world can read, and return its step; None where there is none
+    (``obj`` untouched). Every rank calls it, after the process group started. The newest
+    step the nodes' memory holds between them wins (each node is first sent what it lacks,
+    from the other nodes' memory), else the newest step in ``folder`` (default
+    UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
+    (:func:`restored_from` says it too)."""
+    point = restore_point("load_state", folder)
+    choice, disk, began = point.choice, point.disk, point.began
+    if point.path is None or choice.step is None:
+        return None
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    from unirank.runtime.snapshotread import MemoryReader, plain_shard_layouts
+
+    reader = MemoryReader if choice.tier == "memory" else FileSystemReader
+    try:
+        with plain_shard_layouts():
+            load(obj, storage_reader=reader(point.path), no_dist=not _group())
+    except Exception as exc:  # DCP raises on every rank alike (it gathers the ranks' errors)
+        if choice.tier != "memory" or disk is None:
+            raise
+        _say(f"the nodes' memory could not restore step {choice.step} "
+             f"({type(exc).__name__}): trying the disk folder")
+        return _from_disk(obj, disk, point.gathered.disk, began)
+    _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
+    return choice.step
+
+
+@dataclass(frozen=True)
+class RestorePoint:
+    """What a world restores (:func:`restore_point`): the rule's choice, the world's
+    holdings, the chosen step's folder (None: nothing to restore), the disk folder, and when
+    the restore began (time.monotonic())."""
+
+    choice: Choice
+    gathered: Gathered
+    path: str | None
+    disk: str | None
+    began: float
+
+
+def restore_point(call: str, folder: str | os.PathLike[str] | None) -> RestorePoint:
+    """The step a world restores, for ``ur.<call>`` (collective: every rank, after its
+    process group started; the running save ends first)."""
+    _need_group(call)
+    _previous_save()
+    memory, disk = _tiers(folder)
+    began = time.monotonic()
+    choice, gathered = _source(memory, disk)
+    tier = memory if choice.tier == "memory" else disk
+    path = None if choice.step is None or tier is None else \
+        os.path.join(tier, step_folder(choice.step))
+    return RestorePoint(choice, gathered, path, disk, began)
+
+
+def _source(memory: str | None, disk: str | None) -> tuple[Choice, Gathered]:
+    """The step the world restores and from where (:func:`unirank.statekeep.rules.choose`),
+    each node first sent, from the others' memory, what it lacks of a step taken from memory
+    (collective); rank 0 says it where there is nothing to restore but something was seen."""
+    rank = dist.get_rank() if _group() else 0
+    gathered = gather(memory, complete_steps(disk), rank)
+    whole = memory_step(gathered.holdings) if gathered.all_memory else None
+    in_part = newest_in_part(gathered.holdings) if gathered.all_memory else None
+    choice = choose(gathered.disk, whole, in_part)
+    state.STATE.state_restored = choice.describe()
+    if choice.step is None:
+        if (memory_step(gathered.holdings) is not None or in_part is not None
+                or any(gathered.disk)):
+            _say(choice.describe())
+    elif choice.tier == "memory":
+        assert memory is not None
+        carry(fill(gathered.holdings, choice.step, gathered.order), gathered, memory,
+              choice.step, rank)
+        if gathered.acts(rank):
+            mark_whole(memory, choice.step)
+    return choice, gathered
+
+
+def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]],
+               began: float) -> int | None:
+    """The newest step every rank finds in the disk folder, after the memory failed."""
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
+    from torch.distributed.checkpoint.state_dict_loader import load
+
+    choice = choose(disk_by_rank, None)
+    state.STATE.state_restored = choice.describe()
+    if choice.step is None:
+        _say(choice.describe())
+        return None
+    from unirank.runtime.snapshotread import plain_shard_layouts
+
+    with plain_shard_layouts():
+        load(obj, storage_reader=FileSystemReader(os.path.join(disk, step_folder(choice.step))),
+             no_dist=not _group())
+    _say(f"{choice.describe()} in {time.monotonic() - began:.2f} s")
+    return choice.step
+
+
+def restored_from() -> str | None:
+    """What the last :func:`load_state` restored, in its one line; None before any."""
+    return state.STATE.state_restored
