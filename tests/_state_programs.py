@@ -4,6 +4,9 @@ bit for bit (its ``model`` tensors and its ``step``)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 #: ``import hashlib`` and ``def digest(state)``, as program text
 DIGEST = '''
 import hashlib
@@ -15,3 +18,8 @@ def digest(state):
     h.update(str(state["step"]).encode())
     return h.hexdigest()
 '''
+
+
+def records(stdout: str) -> list[dict[str, Any]]:
+    """The JSON records a program printed, one per line (a prefix before ``{`` skipped)."""
+    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if "{" in line]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import select
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,25 @@ def _holding(procs: list[subprocess.Popen[Any]], pid: int) -> int:
     return next(i for i, proc in enumerate(procs) if pid in process_tree(proc.pid))
 
 
-def test_a_node_cut_to_a_fifth_of_a_cpu_is_evicted_and_the_other_goes_on(
-        runner: Runner, tmp_path: Path) -> None:
+@dataclass
+class Ended:
+    """A node's ``unirank run`` once it ended: its exit code and output."""
+
+    returncode: int
+    out: str
+    err: str
+
+
+def _ended(proc: subprocess.Popen[Any]) -> Ended:
+    out, err = proc.communicate(timeout=TIMEOUT)
+    return Ended(proc.returncode, out, err)
+
+
+def _slow_job(runner: Runner, tmp_path: Path, on_slow: str, *, spare: bool = False,
+              ) -> tuple[Ended, Ended, Ended | None]:
+    """Two nodes of ``--nnodes 1:2 --on-slow ON_SLOW`` (and a spare waiting to join, where
+    asked); rank 1 cut to a fifth of a CPU once it stepped 20 times: the slow node, the other
+    node and the spare, ended."""
     group = make_group(QUOTA_US)
     runner.script("steps.py", STEPS)
     fifo = tmp_path / "pid.fifo"
@@ -78,7 +96,7 @@ def test_a_node_cut_to_a_fifth_of_a_cpu_is_evicted_and_the_other_goes_on(
     keep = os.open(fifo, os.O_WRONLY)
     port = free_port()
     args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--on-slow", "evict", "steps.py",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--on-slow", on_slow, "steps.py",
             str(fifo)]
     env = {"UNIRANK_HANG_INTERVAL": "2.5"}  # windows of 2.5 s, as a quiet job's
     pid = 0
@@ -87,61 +105,44 @@ def test_a_node_cut_to_a_fifth_of_a_cpu_is_evicted_and_the_other_goes_on(
         wait_listening(port, first, TIMEOUT)
         nodes = [first, runner.start(args, text=True, env=env)]
         pid = _read_pid(reader)
+        waiting = None
+        if spare:
+            waiting = runner.start(args, text=True, env={**env, "SPARE": "1"})
+            assert waiting.stderr is not None
+            runner.read_lines(waiting.stderr, 1, contains="this node waits to join: the job ",
+                              timeout=TIMEOUT)
         slow = _holding(nodes, pid)
         move(group, pid)
-        evicted, survivor = nodes[slow], nodes[1 - slow]
-        out, err = survivor.communicate(timeout=TIMEOUT)
-        _out, err_evicted = evicted.communicate(timeout=TIMEOUT)
+        other = _ended(nodes[1 - slow])
+        took = _ended(waiting) if waiting is not None else None
+        return _ended(nodes[slow]), other, took
     finally:
         release(group, pid)
         os.close(reader)
         os.close(keep)
-    assert evicted.returncode == EVICTED, err_evicted
-    last = err_evicted.strip().splitlines()[-1]
+
+
+def test_a_node_cut_to_a_fifth_of_a_cpu_is_evicted_and_the_other_goes_on(
+        runner: Runner, tmp_path: Path) -> None:
+    evicted, survivor, _ = _slow_job(runner, tmp_path, "evict")
+    assert evicted.returncode == EVICTED, evicted.err
+    last = evicted.err.strip().splitlines()[-1]
     assert last.startswith("unirank run: error: node evicted: rank 1 kept the others "
-                           "waiting ") and " % of the time HINT: " in last, err_evicted
-    assert survivor.returncode == 0, err + err_evicted
-    assert "done rank 0 world 1 restart 1" in out.splitlines(), out
-    named = err + err_evicted  # rank 0's node says the straggler, wherever it ran
+                           "waiting ") and " % of the time HINT: " in last, evicted.err
+    assert survivor.returncode == 0, survivor.err + evicted.err
+    assert "done rank 0 world 1 restart 1" in survivor.out.splitlines(), survivor.out
+    named = survivor.err + evicted.err  # rank 0's node says the straggler, wherever it ran
     assert "unirank: straggler: rank 1 (" in named, named
-    assert "attempt 0 stopped (node evicted: rank 1 kept the others waiting " in err, err
+    assert "attempt 0 stopped (node evicted: rank 1 kept the others waiting " in survivor.err
 
 
 def test_under_replace_a_spare_takes_the_slow_node_s_place_and_the_world_keeps_its_size(
         runner: Runner, tmp_path: Path) -> None:
-    group = make_group(QUOTA_US)
-    runner.script("steps.py", STEPS)
-    fifo = tmp_path / "pid.fifo"
-    os.mkfifo(fifo)
-    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
-    keep = os.open(fifo, os.O_WRONLY)
-    port = free_port()
-    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{port}", "--on-slow", "replace", "steps.py",
-            str(fifo)]
-    env = {"UNIRANK_HANG_INTERVAL": "2.5"}
-    pid = 0
-    try:
-        first = runner.start(args, text=True, env=env)
-        wait_listening(port, first, TIMEOUT)
-        nodes = [first, runner.start(args, text=True, env=env)]
-        pid = _read_pid(reader)
-        spare = runner.start(args, text=True, env={**env, "SPARE": "1"})
-        assert spare.stderr is not None
-        runner.read_lines(spare.stderr, 1, contains="this node waits to join: the job ",
-                          timeout=TIMEOUT)
-        slow = _holding(nodes, pid)
-        move(group, pid)
-        evicted, survivor = nodes[slow], nodes[1 - slow]
-        out, err = survivor.communicate(timeout=TIMEOUT)
-        out_spare, err_spare = spare.communicate(timeout=TIMEOUT)
-        _out, err_evicted = evicted.communicate(timeout=TIMEOUT)
-    finally:
-        release(group, pid)
-        os.close(reader)
-        os.close(keep)
-    assert evicted.returncode == EVICTED, err_evicted
-    assert (survivor.returncode, spare.returncode) == (0, 0), err + err_spare
-    assert "done rank 0 world 2 restart 1" in out.splitlines(), out  # the world kept its size
-    assert "done rank 1 world 2 " in out_spare, out_spare
-    assert "attempt 0 stopped (node evicted: rank 1 kept the others waiting " in err, err
+    evicted, survivor, spare = _slow_job(runner, tmp_path, "replace", spare=True)
+    assert spare is not None
+    assert evicted.returncode == EVICTED, evicted.err
+    assert (survivor.returncode, spare.returncode) == (0, 0), survivor.err + spare.err
+    # the world kept its size: the spare took the slow node's place
+    assert "done rank 0 world 2 restart 1" in survivor.out.splitlines(), survivor.out
+    assert "done rank 1 world 2 " in spare.out, spare.out
+    assert "attempt 0 stopped (node evicted: rank 1 kept the others waiting " in survivor.err

@@ -41,15 +41,9 @@ def _records(store: Store, t: float, slow: bool) -> None:
             "in_s": in_s}))
 
 
-def test_the_detector_says_each_change_once_and_keeps_the_named(tmp_path: Path) -> None:
-    err = tmp_path / "err"
-    store, watcher = Store(), Watcher(os.open(err, os.O_WRONLY | os.O_CREAT))
-    detector = Detector(watcher, store)  # type: ignore[arg-type]
-    for look in range(5):  # named at the third look: two windows of 5 s
-        _records(store, 5.0 * look, slow=True)
-        detector.tick(5.0 * look)
-    assert read_named(store) == (Straggler(1, "node1", 0.6),)
-    # rank 0 stops waiting: in_s no longer grows, the windows no longer name rank 1
+def _recover(store: Store, detector: Detector) -> None:
+    """Looks 5 to 8 (after :func:`_records` named rank 1 over looks 0 to 4): rank 0 stops
+    waiting (its ``in_s`` no longer grows)."""
     base = 0.6 * 20.0
     for look in range(5, 9):
         t = 5.0 * look
@@ -58,6 +52,17 @@ def test_the_detector_says_each_change_once_and_keeps_the_named(tmp_path: Path) 
         record["in_s"] = base
         store.set(progress_key(0), json.dumps(record))
         detector.tick(t)
+
+
+def test_the_detector_says_each_change_once_and_keeps_the_named(tmp_path: Path) -> None:
+    err = tmp_path / "err"
+    store, watcher = Store(), Watcher(os.open(err, os.O_WRONLY | os.O_CREAT))
+    detector = Detector(watcher, store)  # type: ignore[arg-type]
+    for look in range(5):  # named at the third look: two windows of 5 s
+        _records(store, 5.0 * look, slow=True)
+        detector.tick(5.0 * look)
+    assert read_named(store) == (Straggler(1, "node1", 0.6),)
+    _recover(store, detector)  # rank 0 stops waiting: the windows no longer name rank 1
     os.close(watcher.err_fd)
     assert err.read_text().splitlines() == [
         "unirank: straggler: rank 1 (node1) keeps the others waiting 60 % of the time "
@@ -192,14 +197,7 @@ def test_a_detector_taking_over_starts_from_the_named_and_says_when_they_recover
     assert read_named(store) == (Straggler(1, "node1", 0.6),)
     standby = Detector(watcher, store)  # type: ignore[arg-type]
     standby.take_over()
-    base = 0.6 * 20.0
-    for look in range(5, 9):
-        t = 5.0 * look
-        _records(store, t, slow=False)
-        record = json.loads(store.data[progress_key(0)])
-        record["in_s"] = base
-        store.set(progress_key(0), json.dumps(record))
-        standby.tick(t)
+    _recover(store, standby)
     os.close(watcher.err_fd)
     assert err.read_text().splitlines()[-1] == \
         "unirank: straggler: rank 1 (node1) no longer keeps the others waiting (last 10 s)"

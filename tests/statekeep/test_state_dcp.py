@@ -7,18 +7,17 @@ that fails on one rank counts for nothing and does not hold up the next one."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from _procs import Runner, launcher_free_environ
 from _state_programs import DIGEST
+from _state_programs import records as _records
 
 #: 6 steps of a deterministic update on 1 MiB per rank, each saved with the program's own
 #: ``dcp.save`` (``dcp.async_save`` where ASYNC is set) into ``ur.state_writer``; attempt 0's
@@ -74,10 +73,6 @@ for step in range(0 if restored is None else restored + 1, 6):
         sys.exit(3)
 ur.finalize()
 """
-
-
-def _records(stdout: str) -> list[dict[str, Any]]:
-    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if "{" in line]
 
 
 def _plain_python(script: Path, disk: Path) -> subprocess.CompletedProcess[str]:

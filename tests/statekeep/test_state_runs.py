@@ -10,10 +10,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 from _procs import Runner
 from _state_programs import DIGEST
+from _state_programs import records as _records
 
 #: a training loop: 6 steps of a deterministic update on 1 MiB of state per rank; attempt 0's
 #: rank 1 fails after saving step 3; every step's digest (and what was restored)
@@ -47,10 +47,6 @@ for step in range(first, 6):
         sys.exit(3)
 ur.finalize()
 """
-
-
-def _records(stdout: str) -> list[dict[str, Any]]:
-    return [json.loads(line[line.index("{"):]) for line in stdout.splitlines() if "{" in line]
 
 
 def test_a_restarted_world_restores_the_last_step_from_the_node_s_memory(
