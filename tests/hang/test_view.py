@@ -216,3 +216,17 @@ def test_the_docs_state_the_rules_numbers() -> None:
                      f"silent for {SILENT.words()}",
                      f"every {'second' if LIVE_PERIOD == 1 else f'{LIVE_PERIOD:g} s'}"):
         assert sentence in page, sentence
+
+
+def test_the_header_says_how_many_spares_wait_where_some_do() -> None:
+    """The spares a node's ``unirank run`` keeps count of (:func:`unirank.cli.top._spares`):
+    said in the header's second line, and in ``--json`` (null where not known)."""
+    from dataclasses import replace
+
+    old, new = samples()["slow"]
+    view = make_view(old, new, 8, T1)
+    with_spares = render_view(view, replace(HEADER, spares=2), 80)
+    assert with_spares[1].endswith("; 2 spare nodes waiting"), with_spares
+    assert "spare" not in "\n".join(render_view(view, replace(HEADER, spares=0), 80))
+    assert view_json(view, replace(HEADER, spares=1), T1)["spares"] == 1
+    assert view_json(view, HEADER, T1)["spares"] is None

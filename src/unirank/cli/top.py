@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, TextIO
 
 from unirank.errors import ConfigError
@@ -182,6 +183,19 @@ def _loop(store: Any, job: dict[str, object], interval: float, count: int | None
         store, job = attached
 
 
+def _spares(job: dict[str, object]) -> int | None:
+    """How many spare nodes wait to join (the run's spares file this node's ``unirank run``
+    keeps, named in the job file); None where there is none."""
+    path = job.get("spares_file")
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return max(int(fh.read().strip() or 0), 0)
+    except (OSError, ValueError):
+        return None
+
+
 def _watch(store: Any, job: dict[str, object], interval: float, count: int | None,
            as_json: bool, live: bool, stopped: _Stopped, shown: int) -> tuple[int, bool]:
     """Refresh until stopped or ``count`` refreshes in all (True), or until the store stops
@@ -210,6 +224,7 @@ def _watch(store: Any, job: dict[str, object], interval: float, count: int | Non
             return shown, False
         for rank, record in newest.items():
             history.add(rank, record)
+        header = replace(header, spares=_spares(job))
         now = time.time()
         view = make_view(history.oldest(), history.newest(), world, now, limit, silent, named)
         if as_json:

@@ -32,6 +32,8 @@ class Header:
     store: str
     interval: float
     stuck_after: float
+    #: spare nodes waiting to join the elastic job (None: unknown here, not under unirank run)
+    spares: int | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +100,8 @@ def render_view(view: View, header: Header, width: int, height: int | None = Non
     head = (f"unirank top: job {header.job}, {counted(header.world_size, 'rank')} on "
             f"{counted(len(view.nodes), 'node')}{nodes}")
     more = (f"store {header.store}; every {header.interval:g} s; stuck after "
-            f"{header.stuck_after:g} s")
+            f"{header.stuck_after:g} s"
+            + (f"; {counted(header.spares, 'spare node')} waiting" if header.spares else ""))
     lines = [*textwrap.wrap(head, width, subsequent_indent="  "),
              *textwrap.wrap(more, width, subsequent_indent="  ")]
     notes = [n for note in view.notes
@@ -129,7 +132,7 @@ def view_json(view: View, header: Header, now: float) -> dict[str, Any]:
     """The view as one JSON object (its schema: docs/top.md)."""
     return {"time": round(now, 3), "job": header.job, "world_size": header.world_size,
             "nodes": list(view.nodes), "store": header.store, "interval": header.interval,
-            "stuck_after": header.stuck_after,
+            "stuck_after": header.stuck_after, "spares": header.spares,
             "ranks": [{"rank": r.rank, "node": r.node, "state": r.state,
                        "collectives_per_s": None if r.per_s is None else round(r.per_s, 3),
                        "share_waiting": None if r.waiting is None else round(r.waiting, 4),

@@ -217,9 +217,12 @@ class Watcher:
             return self
         _RUNNING.append(self)
         if self._job is not None:
+            folder = self.attempt_folder()
             self._job_file = announce({**self._job, "world_size": self.world_size,
                                        "interval": self.settings.interval,
-                                       "report_after": self.settings.report_after})
+                                       "report_after": self.settings.report_after,
+                                       "spares_file": folder and AttemptFolder(folder)
+                                       .spares_file})
         start_shielded(self._thread)  # the program's signals go to its main thread
         # before the interpreter's teardown: a daemon thread inside a store call at that
         # moment aborts the process ("terminate called without an active exception")
