@@ -4,6 +4,8 @@ nodes hold whole between them, and what each node lacks."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from unirank.statekeep.copies import (
@@ -95,3 +97,30 @@ def test_records_cross_as_lists() -> None:
     assert NodeStep.from_record(step.to_record()) == step
     with pytest.raises(ValueError, match="not a node's step record"):
         NodeStep.from_record(["x", None])
+
+
+def test_a_file_s_checksum_travels_with_it_to_a_node_that_lacks_both() -> None:
+    needed = frozenset({"__0_0.distcp", META})
+    holder = NodeStep({"__0_0.distcp": 10, "__0_0.distcp.crc32": 8, META: 1}, needed)
+    moves = fill({"a": {7: holder}}, 7, ["a", "new"])
+    assert moves == [Transfer("a", "new", "__0_0.distcp", 10),
+                     Transfer("a", "new", "__0_0.distcp.crc32", 8),
+                     Transfer("a", "new", META, 1)]
+
+
+def test_a_copy_that_does_not_match_its_checksum_is_found(tmp_path: Path) -> None:
+    """:func:`unirank.runtime.snapshotcopies.carry` keeps no copy that arrived changed: the
+    writer's checksum file beside each file, the receiver's check of what came."""
+    from unirank.runtime.snapshotcopies import not_matching, write_checksums
+
+    for name in ("a.distcp", "b.distcp", "c.distcp"):
+        (tmp_path / name).write_bytes(bytes(range(256)) * 64)
+    write_checksums(str(tmp_path), ["a.distcp", "b.distcp", META])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "a.distcp", "a.distcp.crc32", "b.distcp", "b.distcp.crc32", "c.distcp"]
+    changed = bytearray((tmp_path / "b.distcp").read_bytes())
+    changed[1000] ^= 1  # one bit, at the file's full length
+    (tmp_path / "b.distcp").write_bytes(bytes(changed))
+    # c has no checksum: taken as it came (a file written before checksums)
+    assert not_matching(str(tmp_path), ["a.distcp", "b.distcp", "c.distcp",
+                                        "b.distcp.crc32"]) == ["b.distcp"]

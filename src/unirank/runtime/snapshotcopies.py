@@ -16,6 +16,8 @@ import json
 import os
 import pickle
 import socket
+import sys
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +26,17 @@ import torch
 import torch.distributed as dist
 
 from unirank.statekeep.copies import NodeStep, Transfer
-from unirank.statekeep.rules import METADATA, WHOLE, parse_step, step_folder
+from unirank.statekeep.rules import (
+    CHECKSUM,
+    METADATA,
+    WHOLE,
+    checksum_of,
+    parse_step,
+    step_folder,
+)
 
-__all__ = ["Gathered", "carry", "gather", "mark_whole", "node_holdings", "node_step"]
+__all__ = ["Gathered", "carry", "crc_of", "gather", "mark_whole", "node_holdings", "node_step",
+           "not_matching", "write_checksums"]
 
 #: the suffix of a file on its way in
 _PART = ".part"
@@ -143,7 +153,58 @@ def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, ste
         work.wait()
     for part, _ in arriving:
         os.replace(part, part.removesuffix(_PART))
-    return sum(os.path.getsize(part.removesuffix(_PART)) for part, _ in arriving)
+    names = [os.path.basename(part.removesuffix(_PART)) for part, _ in arriving]
+    for name in not_matching(folder, names):  # not kept: the step is then whole elsewhere
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
+        sys.stderr.write(f"unirank: the copy of {name} of step {step} that came to this node "
+                         "does not match its checksum: not kept (another copy, an earlier "
+                         "step or the disk folder serves)\n")
+        sys.stderr.flush()
+    return sum(os.path.getsize(os.path.join(folder, n)) for n in names
+               if os.path.exists(os.path.join(folder, n)))
+
+
+def crc_of(path: str) -> str:
+    """A file's CRC-32, as its checksum file holds it (8 hex digits)."""
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 24):
+            crc = zlib.crc32(chunk, crc)  # the GIL is let go for large chunks
+    return f"{crc:08x}"
+
+
+def write_checksums(folder: str, names: Sequence[str]) -> None:
+    """The checksum file of each of ``names`` (files this rank wrote in ``folder``), before
+    their copies leave (:data:`unirank.statekeep.rules.CHECKSUM`)."""
+    for name in names:
+        if name == METADATA or name.endswith(CHECKSUM):
+            continue
+        with contextlib.suppress(OSError):
+            target = os.path.join(folder, checksum_of(name))
+            with open(target + _PART, "w", encoding="ascii") as fh:
+                fh.write(crc_of(os.path.join(folder, name)))
+            os.replace(target + _PART, target)
+
+
+def not_matching(folder: str, names: Sequence[str]) -> list[str]:
+    """Those of ``names`` (files that came to ``folder``) whose checksum file is there and
+    does not match (a file without one is taken as it came)."""
+    bad = []
+    for name in names:
+        if name == METADATA or name.endswith(CHECKSUM):
+            continue
+        try:
+            with open(os.path.join(folder, checksum_of(name)), encoding="ascii") as fh:
+                expected = fh.read().strip()
+        except OSError:
+            continue
+        try:
+            if crc_of(os.path.join(folder, name)) != expected:
+                bad.append(name)
+        except OSError:
+            bad.append(name)
+    return bad
 
 
 def mark_whole(memory: str, step: int) -> bool:

@@ -34,7 +34,7 @@ from torch.futures import Future
 from unirank.contract import STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import mark_whole
+from unirank.runtime.snapshotcopies import mark_whole, write_checksums
 from unirank.runtime.snapshotload import restore_point
 from unirank.runtime.snapshotread import (
     MemoryReader,
@@ -201,6 +201,8 @@ class StateWriter(StorageWriter):
         assert self._memory is not None
         from unirank.runtime.snapshots import _to_peers
 
+        if not failed:  # before the copies leave (the gather below lists them)
+            write_checksums(os.path.join(self._memory, step_folder(self.step)), self._files)
         if _collective():
             flag = torch.tensor([int(failed)])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)

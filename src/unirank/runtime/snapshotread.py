@@ -24,13 +24,28 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-__all__ = ["MemoryReader", "memory_writer", "plain_layout", "plain_shard_layouts",
+__all__ = ["MemoryReader", "MemoryWriter", "memory_writer", "plain_layout", "plain_shard_layouts",
            "without_checksums"]
 
 
-def memory_writer(path: str) -> FileSystemWriter:
-    """DCP's writer for the node's memory: one file per item."""
-    return FileSystemWriter(path, single_file_per_rank=False)
+class MemoryWriter(FileSystemWriter):
+    """DCP's writer for the node's memory: one file per item; ``written``: the names of the
+    files this rank wrote (for their checksums: :func:`.snapshotcopies.write_checksums`)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, single_file_per_rank=False)
+        self.written: list[str] = []
+
+    def write_data(self, plan: Any, planner: Any) -> Future[list[Any]]:
+        done: Future[list[Any]] = super().write_data(plan, planner)
+        done.wait()
+        self.written = sorted({result.storage_data.relative_path for result in done.value()})
+        return done
+
+
+def memory_writer(path: str) -> MemoryWriter:
+    """DCP's writer for the node's memory (:class:`MemoryWriter`)."""
+    return MemoryWriter(path)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
 from unirank.hang.phases import phase
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step
+from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step, write_checksums
 from unirank.runtime.snapshotstaging import BACKGROUND, Staged, stage, state_group
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import replicate
@@ -108,18 +108,19 @@ def _collective() -> bool:
 
 
 def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
-             keep: int, *, in_memory: bool = False, group: Any = None) -> None:
+             keep: int, *, in_memory: bool = False, group: Any = None) -> list[str]:
     """One DCP save of ``obj`` to ``tier``'s step folder (collective where a group is live;
     ``in_memory``: the node's memory, one file per item: :mod:`.snapshotread`).
     The ``coordinator`` of the tier's folder (rank 0 on disk, the node's first rank in
     memory) first takes away the step's ``.metadata`` from an earlier save, so that the step
     counts again only once DCP renamed the new one in, and afterwards drops the oldest
-    steps. Over ``group`` (default: the job's)."""
+    steps. Over ``group`` (default: the job's). The files this rank wrote, in memory."""
     # on first use: it costs a program's import time
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
     from unirank.runtime.snapshotread import (
+        MemoryWriter,
         memory_writer,
         plain_shard_layouts,
         without_checksums,
@@ -134,6 +135,7 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
     if coordinator:
         for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
             _remove(os.path.join(tier, step_folder(old)))
+    return writer.written if isinstance(writer, MemoryWriter) else []
 
 
 def _present(tier: str) -> list[int]:
@@ -216,7 +218,8 @@ def _write(memory: str, disk: str | None, step: int, staged: Staged, group: Any)
     """The thread's first half: the step into the node's memory (and the folder where due),
     then the tensors kept by reference checked unchanged (:meth:`Staged.changed`)."""
     first = state.get_local_rank() == 0
-    _save_to(memory, step, staged.obj, first, KEEP_IN_MEMORY, in_memory=True, group=group)
+    staged.written = _save_to(memory, step, staged.obj, first, KEEP_IN_MEMORY, in_memory=True,
+                              group=group)
     if disk is not None:
         _save_to(disk, step, staged.obj, state.get_rank() == 0, KEEP_ON_DISK, group=group)
     staged.torn = staged.changed()
@@ -225,7 +228,8 @@ def _write(memory: str, disk: str | None, step: int, staged: Staged, group: Any)
 def _keep(memory: str, disk: str | None, step: int, staged: Staged, group: Any) -> None:
     """The thread's second half, while the loop goes on: where any rank's tensor changed
     while it was written, the step does not count (its metadata taken away); else the
-    copies to the peer node."""
+    copies to the peer node (each rank's files with their checksums, written first)."""
+    write_checksums(os.path.join(memory, step_folder(step)), staged.written)
     torn = bool(staged.torn)
     if _collective():
         flag = torch.tensor([int(torn)])

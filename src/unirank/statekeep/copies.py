@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from unirank.statekeep.rules import METADATA
+from unirank.statekeep.rules import METADATA, checksum_of
 
 __all__ = ["NodeStep", "Transfer", "fill", "memory_step", "newest_in_part", "node_order",
            "replicate"]
@@ -100,8 +100,9 @@ def newest_in_part(holdings: Holdings) -> int | None:
 
 
 def fill(holdings: Holdings, step: int, order: Sequence[str]) -> list[Transfer]:
-    """What each node of ``order`` lacks of ``step`` (the metadata and every file it names),
-    each sent from the first node in ``order`` that holds it."""
+    """What each node of ``order`` lacks of ``step`` (the metadata, every file it names and
+    those files' checksums where held), each sent from the first node in ``order`` that holds
+    it."""
     needed = _needed(holdings, step)
     if needed is None:
         return []
@@ -110,7 +111,8 @@ def fill(holdings: Holdings, step: int, order: Sequence[str]) -> list[Transfer]:
     moves = []
     for node in order:
         held = ordered[node].get(step, NodeStep()).held
-        for name in [*sorted(needed - {METADATA}), METADATA]:  # the metadata last
+        files = sorted(needed - {METADATA})
+        for name in [*files, *map(checksum_of, files), METADATA]:  # the metadata last
             if name not in held and name in where:
                 source, size = where[name]
                 moves.append(Transfer(source, node, name, size))

@@ -18,12 +18,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "CHECKSUM",
     "COPY_NOW_BYTES",
     "KEEP_IN_MEMORY",
     "KEEP_ON_DISK",
     "METADATA",
     "WHOLE",
     "Choice",
+    "checksum_of",
     "choose",
     "copied_now",
     "parse_step",
@@ -38,12 +40,21 @@ METADATA = ".metadata"
 #: in a node's memory, beside a step's files: the node holds the step whole (a JSON list of
 #: its files, written once its copies came; read by ``unirank run``, which imports no torch)
 WHOLE = ".whole"
+#: beside a file of a node's memory, its CRC-32 (hex), written by the rank that wrote the file
+#: before its copies leave; a copy that arrives and does not match is not kept
+#: (:func:`unirank.runtime.snapshotcopies.carry`)
+CHECKSUM = ".crc32"
 #: complete steps a node keeps in memory (the newest, and the one before while the next is
 #: written: a save under way never leaves the node with none)
 KEEP_IN_MEMORY = 2
 #: complete steps kept in the disk folder
 KEEP_ON_DISK = 2
 _STEP = re.compile(r"step-(\d{1,18})")
+
+
+def checksum_of(name: str) -> str:
+    """The name of the checksum file of the file ``name``."""
+    return name + CHECKSUM
 
 
 def step_folder(step: int) -> str:
