@@ -27,8 +27,9 @@ import pytest
 
 from unirank.cli.run import add_arguments, build_request, engine_options, target_of
 from unirank.launchers import detect
-from unirank.supervisor.attempts import EngineOptions, attempt_launches
+from unirank.supervisor.attempts import EngineOptions
 from unirank.supervisor.engine import worker_command
+from unirank.supervisor.launching import attempt_launches
 from unirank.supervisor.plan import LaunchRequest, Plan, make_plan
 from unirank.supervisor.rdzv.spec import Assignment
 

@@ -193,7 +193,7 @@ def _warm_while_waiting(server: ForkServer, request: LaunchRequest, outer: DistE
     alone; a round's plan differs in what each forked worker sets itself (its ranks, world
     and master: :meth:`~unirank.supervisor.fork.client.ForkServer.why_not`)."""
     from unirank.cli import elastic
-    from unirank.supervisor.attempts import configure_server
+    from unirank.supervisor.launching import configure_server
     from unirank.supervisor.plan import make_plan
     from unirank.supervisor.rdzv.spec import Assignment
 

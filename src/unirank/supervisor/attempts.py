@@ -48,7 +48,6 @@ from unirank.contract import (
     DEFAULT_GRACE_PERIOD,
     HangSettings,
     on_hang_now,
-    on_slow_now,
     resolve_hang,
 )
 from unirank.elasticstate import RestartReason
@@ -60,7 +59,7 @@ from unirank.owner import KEEP_DAYS
 from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
-from unirank.signals import FORWARDED, format_signals
+from unirank.signals import FORWARDED
 from unirank.statekeep.memory import (
     flush_to_disk,
     make_memory_folder,
@@ -68,7 +67,11 @@ from unirank.statekeep.memory import (
     remove_memory_folder,
 )
 from unirank.supervisor.budget import is_last, restarting_words, spends_restart
-from unirank.supervisor.fork.client import ForkServer, fallback_line, server_environ
+from unirank.supervisor.fork.client import ForkServer, fallback_line
+from unirank.supervisor.launching import (
+    attempt_launches,
+    configure_server,
+)
 from unirank.supervisor.listen import open_store_socket
 from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
@@ -82,12 +85,11 @@ from unirank.supervisor.restartreason import (
 )
 from unirank.supervisor.stopreport import StopReportSpec
 from unirank.supervisor.summary import RunResult, exit_code_of
-from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
 if TYPE_CHECKING:
-    from unirank.supervisor.engine import WorkerLaunch, WorldWatch
+    from unirank.supervisor.engine import WorldWatch
 
-__all__ = ["EngineOptions", "attempt_launches", "run_plan"]
+__all__ = ["EngineOptions", "attempt_launches", "run_plan"]  # attempt_launches: .launching
 
 
 
@@ -184,63 +186,6 @@ def run_plan(
             server.close()
 
 
-def attempt_launches(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
-                     options: EngineOptions, restart_count: int, attempt_dir: str,
-                     store_fd: int | None, keep_logs: bool, *,
-                     restart_reason: str | None = None,
-                     state_memory: str | None = None) -> list[WorkerLaunch]:
-    """How to start each of this node's workers for an attempt after ``restart_count``
-    restarts spent (:mod:`.budget`; TORCHELASTIC_RESTART_COUNT): its command line,
-    environment base and wiring (error file in ``attempt_dir``, the store's listening
-    ``store_fd`` for rank 0, the timeline, why the attempt before ended, the run's snapshot
-    memory), and where its output goes."""
-    from unirank.supervisor.engine import WorkerLaunch
-
-    out = options.output
-    folders = AttemptFolder(attempt_dir)
-    launches = []
-    for worker in plan.workers:
-        # torchrun's layout: one folder per local rank, made before the worker starts, so that
-        # torch's @record can write its error file there
-        os.makedirs(folders.worker(worker.local_rank), exist_ok=True)
-        wiring = WorkerWiring(
-            supervisor_pid=os.getpid(), restart_count=restart_count,
-            unbuffered=out.unbuffered,
-            error_file=folders.error_file(worker.local_rank), attempt_dir=attempt_dir,
-            fault_file=folders.fault_file(worker.local_rank),
-            numa_binding=options.numa_binding,
-            signals_to_handle=_handled(options),
-            store_fd=store_fd if worker.rank == 0 else None,
-            timeline_file=folders.timeline_file if worker.rank == 0 else None,
-            hang=_attempt_hang(options, plan), restart_reason=restart_reason,
-            elastic=options.elastic,
-            state_memory=state_memory, state_budget=options.state_budget,
-        )
-        files = out.log_files(worker.local_rank, folders) if keep_logs else (None, None)
-        shown = out.shown(worker.local_rank)
-        launches.append(WorkerLaunch(
-            worker.rank, worker.local_rank, argv, plan, worker, environ, wiring,
-            timeline=options.timeline,
-            stdout_console=shown and not out.redirected(worker.local_rank, 1),
-            stderr_console=shown and not out.redirected(worker.local_rank, 2),
-            stdout_file=files[0], stderr_file=files[1],
-            prefix=out.prefix(worker.rank, worker.local_rank, plan.role),
-            console_prefixes=tuple(  # type: ignore[arg-type]
-                out.tee_prefix(worker.rank, worker.local_rank, plan.role)
-                if out.teed(worker.local_rank, bit) else None for bit in (1, 2)),
-            stdout_copy=(out.line_copy(worker.local_rank, 1, folders, plan.role)
-                         if keep_logs else None),
-            stderr_copy=(out.line_copy(worker.local_rank, 2, folders, plan.role)
-                         if keep_logs else None),
-        ))
-    return launches
-
-
-def _handled(options: EngineOptions) -> str:
-    """The workers' TORCHELASTIC_SIGNALS_TO_HANDLE."""
-    return options.signals_to_handle or format_signals(options.signals)
-
-
 def _stop_report(plan: Plan, options: EngineOptions, environ: Mapping[str, str],
                  attempt_dir: str) -> StopReportSpec | None:
     """Where the engine asks for the hang report at a stop signal: on the node that runs
@@ -251,16 +196,6 @@ def _stop_report(plan: Plan, options: EngineOptions, environ: Mapping[str, str],
     return StopReportSpec(plan.master_addr, plan.master_port, plan.world_size,
                           settings.interval, AttemptFolder(attempt_dir).waiting_mark,
                           environ=environ)
-
-
-def configure_server(server: ForkServer, plan: Plan, environ: Mapping[str, str],
-                     options: EngineOptions) -> None:
-    """Give the fork server the environment this node's workers have in common (once: a
-    server configured already, as an elastic node's before its first round, keeps it)."""
-    wiring = WorkerWiring(supervisor_pid=os.getpid(), unbuffered=options.output.unbuffered,
-                          signals_to_handle=_handled(options))
-    server.configure(server_environ([worker_environ(plan, w, environ, wiring)
-                                     for w in plan.workers]))
 
 
 def _cannot_serve(server: ForkServer, options: EngineOptions, err_fd: int) -> bool:
@@ -356,15 +291,6 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
         if end_run_folder(root, temporary=not keep, shm=shm):
             os.write(err_fd, f"{options.prog}: hang reports kept in {root.path} (removed by "
                      f"a later run {KEEP_DAYS:g} days after this one)\n".encode())
-
-
-def _attempt_hang(options: EngineOptions, plan: Plan) -> HangSettings | None:
-    """The hang settings of an attempt's workers: ``--on-slow evict`` only while this attempt's
-    world may lose a node (:func:`unirank.contract.on_slow_now`)."""
-    hang = options.hang
-    if hang is None:
-        return None
-    return replace(hang, on_slow=on_slow_now(hang.on_slow, plan.nnodes, options.min_nodes))
 
 
 def _hang_timeout(result: RunResult) -> bool:
