@@ -210,7 +210,13 @@ class RendezvousHelper:
 
     def _took_spares(self, line: str) -> bool:
         """Whether ``line`` is the count of spares waiting (not news: it changes nothing for
-        the workers), which is then kept (:meth:`spares_at`)."""
+        the workers), which is then kept (:meth:`spares_at`), or the rendezvous's line on a
+        slow link, which is then said (:mod:`.linkrule`)."""
+        if line.startswith('{"slow_link"'):
+            with contextlib.suppress(ValueError, TypeError, KeyError):
+                sys.stderr.write(f"unirank run: {json.loads(line)['slow_link']}\n")
+                sys.stderr.flush()
+            return True
         if not line.startswith('{"spares"'):
             return False
         with contextlib.suppress(ValueError, TypeError, KeyError):

@@ -19,6 +19,7 @@ from typing import Any
 
 from unirank.supervisor.rdzv.change import change_of, full_round
 from unirank.supervisor.rdzv.conns import Conn, Conns
+from unirank.supervisor.rdzv.linkrule import HOLD_S, RECOVER_S, odd_link
 from unirank.supervisor.rdzv.messages import JOIN, RESTART, WAIT
 from unirank.supervisor.rdzv.names import node_label, of_records
 from unirank.supervisor.rdzv.rounds import Pending, members_of, round_closes
@@ -76,6 +77,11 @@ class RoundKeeper:
         self._min_at: float | None = None
         #: the spares count the running round's members were told last (a round's start: 0)
         self._spares_told = 0
+        #: each node's median beat round trip, microseconds (:mod:`.linkrule`)
+        self.rtt_us: dict[str, int] = {}
+        #: the node that stands out now and since when; the node named (a slow link)
+        self._link: tuple[str | None, float] = (None, 0.0)
+        self._link_named: str | None = None
 
     def _state(self, known: object) -> dict[str, Any]:
         """The job's state a node needs to follow the rendezvous should this server be lost
@@ -144,6 +150,39 @@ class RoundKeeper:
         for node in self._conns.named.values():
             if node.node in self.members:
                 node.lines.send_line(line)
+
+    def beat(self, node: Conn, fields: dict[str, Any]) -> None:
+        """A node's beat: its send time echoed at once (the node times the round trip), and
+        the median round trip it reports kept."""
+        if "t" in fields:
+            node.lines.send({"echo": fields["t"]})
+        if "rtt" in fields and node.node:
+            self.rtt_us[node.node] = max(int(fields["rtt"]), 0)
+
+    def say_slow_link(self, now: float) -> None:
+        """Name a node whose link is slow (:func:`.linkrule.odd_link`, held
+        :data:`.linkrule.HOLD_S`), and when it no longer is (:data:`.linkrule.RECOVER_S`), in
+        one line to this server's own node, whose ``unirank run`` says it."""
+        members = frozenset(self.members)
+        found = odd_link({n: r for n, r in self.rtt_us.items() if n in members}, self.host)
+        suspect = found[0] if found else None
+        if suspect != self._link[0]:
+            self._link = (suspect, now)
+        held = now - self._link[1]
+        text = ""
+        if found and suspect != self._link_named and held >= HOLD_S:
+            self._link_named = suspect
+            label = node_label(found[0], self._names(), address=True)
+            text = (f"slow link: node {label}: its messages to the rendezvous take "
+                    f"{found[1] / 1000:.1f} ms, the other nodes' {found[2] / 1000:.1f} ms (its "
+                    "link is slow or saturated; every rank's collectives wait for it)")
+        elif self._link_named and suspect != self._link_named and held >= RECOVER_S:
+            label = node_label(self._link_named, self._names(), address=True)
+            self._link_named = None
+            text = f"slow link: node {label} no longer"
+        own = self._conns.named.get(self.host)
+        if text and own is not None:
+            own.lines.send({"slow_link": text})
 
     def _maybe_close(self, now: float) -> None:
         if not self._waiting:

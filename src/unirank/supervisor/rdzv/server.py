@@ -206,6 +206,7 @@ class Server(RoundKeeper):
             self.point_to(self.found)
         self._maybe_close(now)
         self.say_spares()
+        self.say_slow_link(now)
 
     # messages ---------------------------------------------------------------------------
     def _handle(self, node: Conn, request: Request) -> None:
@@ -216,6 +217,8 @@ class Server(RoundKeeper):
             self._redirect(node, message)
         elif not node.node:
             raise BadMessage(f"{op} before a hello")
+        elif op == "beat":
+            self.beat(node, message)
         elif op == "join":
             self._join(node, message["record"])
         elif op == "leave":
@@ -342,6 +345,7 @@ class Server(RoundKeeper):
         if dead:
             self._dead.add(node.node)
         self._waiting.pop(node.node, None)
+        self.rtt_us.pop(node.node, None)
         self._untold.discard(node.node)
         if why is not None and node.node in self.members:
             def text() -> str:
