@@ -207,12 +207,3 @@ def test_members_at_max_hear_how_many_spares_wait_when_it_changes() -> None:
     spare.lines.close()
     for node in nodes.values():
         assert node.next("spares") == {"spares": 0}
-
-
-def test_a_server_echoes_a_beat_at_once_for_its_node_to_time_the_round_trip() -> None:
-    listening = open_store_socket(0)
-    spec = replace(SPEC, endpoint_port=int(listening.getsockname()[1]))
-    Server([listening], spec, "a").start()
-    node = _Node(spec.endpoint_port, "a")
-    node.lines.send({"op": "beat", "t": 123456, "rtt": 180})
-    assert node.next("echo") == {"echo": 123456}

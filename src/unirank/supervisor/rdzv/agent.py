@@ -40,7 +40,6 @@ import secrets
 import selectors
 import sys
 import time
-from collections import deque
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -48,7 +47,7 @@ from unirank.contract import RDZV_SECRET_VAR
 from unirank.exitcodes import EVICTED
 from unirank.supervisor.rdzv.change import BadChange, read_round
 from unirank.supervisor.rdzv.conf import DRAIN_TIMEOUT
-from unirank.supervisor.rdzv.linkrule import SAMPLES
+from unirank.supervisor.rdzv.linkrule import quick_ack
 from unirank.supervisor.rdzv.messages import FENCED, MOVED, WAIT, authentic, hello_tag
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
@@ -100,8 +99,6 @@ class Node:
         #: the server said it dropped this node (its connection's end then proves nothing)
         self.dropped = False
         self.deadline = self.heard = time.monotonic()
-        #: the round trips of the last beats, microseconds (:mod:`.linkrule`)
-        self.rtts: deque[int] = deque(maxlen=SAMPLES)
         #: the last round: its number, members (in order), records and the node serving it;
         #: ``known``: the round whose members it holds (a later one where a hello's answer
         #: gave it: :mod:`.change`)
@@ -218,23 +215,11 @@ class Node:
             self.join()
         self._tell(news, always=True, kind=kind)
 
-    def _beat(self, now: float) -> dict[str, Any]:
-        """A beat: its send time, and the median round trip of the last beats
-        (:mod:`.linkrule`; once there are a few)."""
-        beat: dict[str, Any] = {"op": "beat", "t": int(now * 1e6)}
-        if len(self.rtts) >= SAMPLES // 2:
-            beat["rtt"] = sorted(self.rtts)[len(self.rtts) // 2]
-        return beat
-
     def on_message(self, message: dict[str, Any]) -> None:
         if "dropped" in message:  # the server runs: the end of this connection proves nothing
             self.dropped = True
         if "moved" in message:
             self.follow(message["moved"])
-            return
-        if "echo" in message:  # a beat's round trip (:mod:`.linkrule`)
-            with contextlib.suppress(TypeError, ValueError):
-                self.rtts.append(max(int(time.monotonic() * 1e6) - int(message["echo"]), 0))
             return
         if "slow_link" in message:  # the server's line on a slow link: the parent says it
             _answer({"slow_link": str(message["slow_link"])})
@@ -389,7 +374,7 @@ class Node:
             now = time.monotonic()
             if now - beat_at >= self.spec.keep_alive_interval:
                 beat_at = now
-                self.lines.send(self._beat(now))
+                self.lines.send({"op": "beat"})
             if self.joining and now >= self.deadline:
                 raise Refusal(
                     f"the rendezvous {self.spec.run_id!r} at {endpoint(self.spec)} did "
@@ -430,6 +415,7 @@ class Node:
         if messages is None:
             self.move(ended=True)
             return
+        quick_ack(self.lines.sock)  # the server's beats acknowledged at once: :mod:`.linkrule`
         self.heard = time.monotonic()
         for message in messages:
             self.on_message(message)

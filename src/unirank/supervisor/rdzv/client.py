@@ -90,7 +90,7 @@ class RendezvousHelper:
         self._moved: str | None = None
         #: the last news was nodes waiting to join (:meth:`joining`)
         self._kind: str | None = None
-        #: how many spares wait to join (the rendezvous says it: :meth:`_took_spares`), and
+        #: how many spares wait to join (the rendezvous says it: :meth:`_took_aside`), and
         #: where it is kept (:meth:`spares_at`)
         self.spares = 0
         self._spares_file: str | None = None
@@ -112,7 +112,7 @@ class RendezvousHelper:
         if not first:
             self._send(to_line({"next": True, "evict": list(evict), "why": why}))
         line = self._read_line(self.spec.join_timeout + ANSWER_MARGIN)
-        while self._took_spares(line) or '"event"' in line:
+        while self._took_aside(line) or '"event"' in line:
             if '"event"' in line:  # news read too late to stop the workers: said only
                 with contextlib.suppress(ValueError, TypeError, KeyError, OSError,
                                          AttributeError):
@@ -190,7 +190,7 @@ class RendezvousHelper:
         line = b""
         while b"\n" in self._buffer:
             line, _, self._buffer = self._buffer.partition(b"\n")
-            if not self._took_spares(line.decode(errors="replace")):
+            if not self._took_aside(line.decode(errors="replace")):
                 break
             line = b""
         if not line:
@@ -208,7 +208,7 @@ class RendezvousHelper:
             return str(news["error"])
         return self._note(news, line.decode(errors="replace"))
 
-    def _took_spares(self, line: str) -> bool:
+    def _took_aside(self, line: str) -> bool:
         """Whether ``line`` is the count of spares waiting (not news: it changes nothing for
         the workers), which is then kept (:meth:`spares_at`), or the rendezvous's line on a
         slow link, which is then said (:mod:`.linkrule`)."""

@@ -13,13 +13,14 @@ apart from the news, how many spares wait (:meth:`RoundKeeper.say_spares`).
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from unirank.supervisor.rdzv.change import change_of, full_round
 from unirank.supervisor.rdzv.conns import Conn, Conns
-from unirank.supervisor.rdzv.linkrule import HOLD_S, RECOVER_S, odd_link
+from unirank.supervisor.rdzv.linkrule import HOLD_S, RECOVER_S, WINDOW, odd_link, tcp_rtt_us
 from unirank.supervisor.rdzv.messages import JOIN, RESTART, WAIT
 from unirank.supervisor.rdzv.names import node_label, of_records
 from unirank.supervisor.rdzv.rounds import Pending, members_of, round_closes
@@ -77,11 +78,12 @@ class RoundKeeper:
         self._min_at: float | None = None
         #: the spares count the running round's members were told last (a round's start: 0)
         self._spares_told = 0
-        #: each node's median beat round trip, microseconds (:mod:`.linkrule`)
-        self.rtt_us: dict[str, int] = {}
         #: the node that stands out now and since when; the node named (a slow link)
         self._link: tuple[str | None, float] = (None, 0.0)
         self._link_named: str | None = None
+        self._link_at = 0.0
+        #: each member connection's last round trips, one a second (:mod:`.linkrule`)
+        self._rtts: dict[str, deque[int]] = {}
 
     def _state(self, known: object) -> dict[str, Any]:
         """The job's state a node needs to follow the rendezvous should this server be lost
@@ -151,20 +153,23 @@ class RoundKeeper:
             if node.node in self.members:
                 node.lines.send_line(line)
 
-    def beat(self, node: Conn, fields: dict[str, Any]) -> None:
-        """A node's beat: its send time echoed at once (the node times the round trip), and
-        the median round trip it reports kept."""
-        if "t" in fields:
-            node.lines.send({"echo": fields["t"]})
-        if "rtt" in fields and node.node:
-            self.rtt_us[node.node] = max(int(fields["rtt"]), 0)
-
     def say_slow_link(self, now: float) -> None:
-        """Name a node whose link is slow (:func:`.linkrule.odd_link`, held
+        """Name a node whose link is slow (:func:`.linkrule.odd_link` over the kernel's
+        round trip of each member's connection to this server, held
         :data:`.linkrule.HOLD_S`), and when it no longer is (:data:`.linkrule.RECOVER_S`), in
         one line to this server's own node, whose ``unirank run`` says it."""
-        members = frozenset(self.members)
-        found = odd_link({n: r for n, r in self.rtt_us.items() if n in members}, self.host)
+        if now - self._link_at < 1.0:  # a look a second: a syscall per member
+            return
+        self._link_at = now
+        for node in self.members:
+            conn = self._conns.named.get(node)
+            rtt = tcp_rtt_us(conn.lines.sock) if conn is not None else None
+            if rtt is not None:
+                self._rtts.setdefault(node, deque(maxlen=WINDOW)).append(rtt)
+        for node in [n for n in self._rtts if n not in self._conns.named]:
+            del self._rtts[node]
+        found = odd_link({n: min(seen) for n, seen in self._rtts.items()
+                          if n in self.members and len(seen) == WINDOW}, self.host)
         suspect = found[0] if found else None
         if suspect != self._link[0]:
             self._link = (suspect, now)

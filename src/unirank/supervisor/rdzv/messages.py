@@ -9,8 +9,7 @@ Nothing a peer sends reaches the server's decisions unchecked: a line longer tha
 :data:`MAX_LINE_IN` is refused by :class:`~.wire.Lines` before it is parsed.
 
 Messages in: ``hello`` (job, node, name, explicit address, the last round it took part in and
-the round whose members it holds), ``join`` (a :class:`~.spec.NodeRecord`), ``beat`` (its
-send time ``t`` and the node's median round trip ``rtt``, microseconds: :mod:`.linkrule`),
+the round whose members it holds), ``join`` (a :class:`~.spec.NodeRecord`), ``beat``,
 ``leave``, ``abandon``, ``evict``, ``redirect`` (a successor's probe: its job, round, node and
 address). Out: ``ok``/``error`` (the hello's answer), ``round`` (number and the members'
 records in order, or the change against the round before: :mod:`.change`; the hello's ``ok``
@@ -21,8 +20,8 @@ join; ``wait`` to a node that waits for a running job's next round), ``beat``, `
 out), ``here`` (a probe's answer), ``behind`` (this server's round, to a hello from a node that
 took part in a later one: :func:`.rounds.behind`), ``spares`` (how many nodes wait beyond MAX,
 to the running round's members when it changes: :meth:`.keeper.RoundKeeper.say_spares`),
-``echo`` (a beat's ``t``, at once), ``slow_link`` (a line naming a node whose link is slow, to
-the server's own node: :meth:`.keeper.RoundKeeper.say_slow_link`).
+``slow_link`` (a line naming a node whose link is slow, to the server's own node:
+:meth:`.keeper.RoundKeeper.say_slow_link`).
 """
 
 from __future__ import annotations
@@ -91,7 +90,7 @@ REQUESTS: dict[str, dict[str, tuple[str, bool]]] = {
               "known": (_INT, False), "nonce": (_TEXT, False), "auth": (_TEXT, False),
               "token": (_TEXT, False)},
     "join": {"record": (_RECORD, True)},
-    "beat": {"t": (_INT, False), "rtt": (_INT, False)},
+    "beat": {},
     "leave": {},
     "abandon": {},
     "evict": {"nodes": (_NODES, True), "why": (_TEXT, False)},

@@ -217,8 +217,6 @@ class Server(RoundKeeper):
             self._redirect(node, message)
         elif not node.node:
             raise BadMessage(f"{op} before a hello")
-        elif op == "beat":
-            self.beat(node, message)
         elif op == "join":
             self._join(node, message["record"])
         elif op == "leave":
@@ -345,7 +343,6 @@ class Server(RoundKeeper):
         if dead:
             self._dead.add(node.node)
         self._waiting.pop(node.node, None)
-        self.rtt_us.pop(node.node, None)
         self._untold.discard(node.node)
         if why is not None and node.node in self.members:
             def text() -> str:
