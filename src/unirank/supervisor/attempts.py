@@ -41,12 +41,10 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from unirank.contract import (
-    DEFAULT_GRACE_PERIOD,
-    HangSettings,
     on_hang_now,
     resolve_hang,
 )
@@ -59,7 +57,6 @@ from unirank.owner import KEEP_DAYS
 from unirank.resolve import require_own
 from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
-from unirank.signals import FORWARDED
 from unirank.statekeep.memory import (
     flush_to_disk,
     make_memory_folder,
@@ -67,13 +64,13 @@ from unirank.statekeep.memory import (
     remove_memory_folder,
 )
 from unirank.supervisor.budget import is_last, restarting_words, spends_restart
+from unirank.supervisor.engineoptions import EngineOptions
 from unirank.supervisor.fork.client import ForkServer, fallback_line
 from unirank.supervisor.launching import (
     attempt_launches,
     configure_server,
 )
 from unirank.supervisor.listen import open_store_socket
-from unirank.supervisor.output import OutputOptions
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.rdzv.messages import JOIN
 from unirank.supervisor.recovery import NextRound, Recovery, format_recovery, restart_line_waits
@@ -91,38 +88,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EngineOptions", "attempt_launches", "run_plan"]  # attempt_launches: .launching
 
-
-
-@dataclass(frozen=True)
-class EngineOptions:
-    """How the engine runs a plan (everything but the layout)."""
-
-    grace_period: float = DEFAULT_GRACE_PERIOD
-    output: OutputOptions = field(default_factory=OutputOptions)
-    signals: tuple[int, ...] = tuple(int(s) for s in FORWARDED)
-    #: the workers' TORCHELASTIC_SIGNALS_TO_HANDLE (None: ``signals`` by name)
-    signals_to_handle: str | None = None
-    prog: str = "unirank run"
-    #: ``--timeline``: print the start-up timeline (node 0); ``--timeline-json``: write it
-    timeline: bool = False
-    timeline_json: str | None = None
-    #: ``--numa-binding``: the mode each worker binds itself by (None: no binding)
-    numa_binding: str | None = None
-    #: ``--state-budget``: the workers' UNIRANK_STATE_BUDGET (None: as the environment says)
-    state_budget: str | None = None
-    #: the hang detector's settings for every worker (None: the workers read the variables)
-    hang: HangSettings | None = None
-    #: ``--on-hang``: exit, restart or evict once ``--hang-timeout`` ended the workers (the
-    #: program's ``on_hang=`` keyword wins: :func:`unirank.contract.on_hang_now`)
-    on_hang: str = "restart"
-    #: TORCHELASTIC_UNINTERRUPTIBLE_STATE_TIMEOUT: seconds a worker may stay in D state (0: no
-    #: check; :mod:`.dstate`)
-    dstate_timeout: float = 0.0
-    #: an elastic job (a range of the dynamic rendezvous): its workers get UNIRANK_ELASTIC
-    elastic: bool = False
-    #: an elastic job's fewest nodes (``--nnodes MIN:MAX``): ``--on-slow evict`` never goes
-    #: below it (:func:`unirank.contract.on_slow_now`)
-    min_nodes: int = 1
 
 
 def run_plan(

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 from unirank.contract import HangSettings, on_slow_now
 from unirank.runfolder import AttemptFolder
 from unirank.signals import format_signals
+from unirank.supervisor.engineoptions import EngineOptions
 from unirank.supervisor.fork.client import ForkServer, server_environ
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
 
 if TYPE_CHECKING:
-    from unirank.supervisor.attempts import EngineOptions
     from unirank.supervisor.engine import WorkerLaunch
 
 __all__ = ["attempt_hang", "attempt_launches", "configure_server", "handled_signals"]
