@@ -46,6 +46,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from unirank.contract import ATTEMPT_DIR_VAR, ERROR_FILE_VAR
+from unirank.sweep import SPARES_FILE
 
 __all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of",
            "end_run_folder", "make_run_folder", "make_temporary_run_folder"]
@@ -75,8 +76,8 @@ _ON_HANG_ASKED = "on-hang"
 FOLDED_FILE = "folded.log"
 #: the run's file of how many spare nodes wait to join the elastic job (a number; the
 #: rendezvous tells each node's ``unirank run``, which keeps it here for rank 0's detector:
-#: ``--on-slow replace``)
-_SPARES = "spares"
+#: ``--on-slow replace``): :data:`unirank.sweep.SPARES_FILE`, which the sweep never takes for
+#: a report
 #: torchrun's error file: ``attempt_<n>/<local rank>/error.json``
 _TORCHRUN_ERROR_FILE = re.compile(r"(?P<attempt>.*/attempt_\d+)/\d+/error\.json")
 
@@ -143,7 +144,7 @@ class AttemptFolder:
     @property
     def spares_file(self) -> str:
         """The run's spares file (:attr:`RunFolder.spares_file`), from an attempt's folder."""
-        return os.path.join(os.path.dirname(self.path), _SPARES)
+        return os.path.join(os.path.dirname(self.path), SPARES_FILE)
 
 
 @dataclass(frozen=True)
@@ -157,7 +158,7 @@ class RunFolder:
 
     @property
     def spares_file(self) -> str:
-        return os.path.join(self.path, _SPARES)
+        return os.path.join(self.path, SPARES_FILE)
 
     def has_hang_reports(self) -> bool:
         """Whether rank 0's hang detector wrote reports in some attempt of the run."""
@@ -172,7 +173,7 @@ class RunFolder:
             names = os.listdir(self.path)
         except OSError:
             return []
-        return [AttemptFolder(os.path.join(self.path, n)) for n in names if n != _SPARES]
+        return [AttemptFolder(os.path.join(self.path, n)) for n in names if n != SPARES_FILE]
 
 
 def make_run_folder(log_dir: str, run_id: str) -> RunFolder:

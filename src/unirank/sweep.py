@@ -37,8 +37,8 @@ from typing import Any
 from unirank.hang.jobs import sweep_jobs
 from unirank.owner import DEAD, Here, here, owner_of, should_sweep, state_of_record
 
-__all__ = ["OWNER_FILE", "PARALLEL_PREFIX", "PREFIXES", "RDZV_PREFIX", "RUN_PREFIX", "STATE_PREFIX",
-           "make_owned_folder", "read_owner", "sweep"]
+__all__ = ["OWNER_FILE", "PARALLEL_PREFIX", "PREFIXES", "RDZV_PREFIX", "RUN_PREFIX", "SPARES_FILE",
+           "STATE_PREFIX", "make_owned_folder", "read_owner", "sweep"]
 
 #: the owner's record in an owned folder
 OWNER_FILE = "owner.json"
@@ -77,14 +77,19 @@ def read_owner(folder: str) -> dict[str, Any] | None:
     return None
 
 
+#: a run folder's count of the spare nodes waiting (:attr:`unirank.runfolder.RunFolder.
+#: spares_file`): the run's bookkeeping, never a report
+SPARES_FILE = "spares"
+
+
 def _holds_report(folder: str) -> bool:
     """Whether an owned folder holds something to read: a file that is not empty (a hang
-    report, a worker's error file or log, the rendezvous helper's log), its owner record
-    aside."""
+    report, a worker's error file or log, the rendezvous helper's log), its owner record and
+    the run's spares count aside."""
     for top, _, names in os.walk(folder):
         for name in names:
-            if top == folder and name.startswith(OWNER_FILE):
-                continue
+            if top == folder and (name.startswith(OWNER_FILE) or name == SPARES_FILE):
+                continue  # the run's own bookkeeping: nothing to read
             with contextlib.suppress(OSError):
                 if os.path.getsize(os.path.join(top, name)) > 0:
                     return True
