@@ -51,6 +51,8 @@ from unirank.supervisor.rdzv.linkrule import quick_ack
 from unirank.supervisor.rdzv.messages import FENCED, MOVED, WAIT, authentic, hello_tag
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
+    REASK_S,
+    REDIRECT_TRY_S,
     Refusal,
     connect,
     endpoint,
@@ -106,13 +108,50 @@ class Node:
         self.members: tuple[str, ...] = ()
         self.records: dict[str, dict[str, Any]] = {}
 
-    def hello(self, deadline: float, hops: int = 0) -> None:
+    def hello(self, deadline: float, *, reask: bool = False) -> None:
         """Say who this node is; where the server answers ``moved`` (it followed the job's
-        running server, :func:`.rounds.follows`), say it there (at most :data:`MAX_HOPS`
-        times)."""
-        if hops > MAX_HOPS:
-            raise Refusal(f"the rendezvous at {endpoint(self.spec)} sent this node on more "
-                          f"than {MAX_HOPS} times", hint="run again; if it repeats, report it")
+        running server, :func:`.rounds.follows`), say it there (at most :data:`MAX_HOPS` in
+        a row). ``reask`` (a node's first hello, at the endpoint): a server sent to that no
+        longer listens (its node was lost or replaced, and the news has not reached the
+        endpoint yet), or more than :data:`MAX_HOPS` of them in a row (servers that point at
+        each other while they learn where the job runs), send this node back to the endpoint,
+        which it asks again after :data:`REASK_S`, until ``deadline``."""
+        hops = 0
+        while True:
+            there = self._hello_once(deadline)
+            if there is None:
+                return
+            hops += 1
+            many = f"the rendezvous at {endpoint(self.spec)} sent this node on more than " \
+                f"{MAX_HOPS} times"
+            if hops > MAX_HOPS and not reask:
+                raise Refusal(many, hint="run again; if it repeats, report it")
+            if hops > MAX_HOPS:
+                self._back_to_endpoint(deadline, many)
+                hops = 0
+                continue
+            if not reask:
+                self._reconnect(there, deadline)
+                continue
+            try:
+                self._reconnect(there, min(deadline, time.monotonic() + REDIRECT_TRY_S),
+                                refused_ends=True)
+            except Refusal as gone:
+                self._back_to_endpoint(deadline, str(gone))
+                hops = 0
+
+    def _back_to_endpoint(self, deadline: float, why: str) -> None:
+        """Ask the endpoint again, after :data:`REASK_S` (``why``: the refusal where
+        ``deadline`` comes first)."""
+        if time.monotonic() + REASK_S >= deadline:
+            raise Refusal(why, hint="run again; if it repeats, report it")
+        time.sleep(REASK_S)
+        self._reconnect({"addr": self.spec.endpoint_host, "port": self.spec.endpoint_port},
+                        deadline)
+
+    def _hello_once(self, deadline: float) -> dict[str, Any] | None:
+        """One hello and its answer: where the server sent this node on (``moved``), else
+        None (the answer taken)."""
         nonce = secrets.token_hex(16)
         signed = {"auth": hello_tag(self.spec, "hello", self.node, nonce)} \
             if self.spec.secret else {}
@@ -129,9 +168,7 @@ class Node:
                     behind.silent = True
                     raise behind
                 if "moved" in message:
-                    self._reconnect(message["moved"], deadline)
-                    self.hello(deadline, hops + 1)
-                    return
+                    return dict(message["moved"])
                 if "evicted" in message:
                     raise _evicted(str(message["evicted"]))
                 if "error" in message:
@@ -145,7 +182,7 @@ class Node:
                                       hint="give every node of one job the same secret")
                     self.heard = time.monotonic()
                     self._learn(message)
-                    return
+                    return None
 
     def _learn(self, state: dict[str, Any]) -> None:
         """The last round and its server, from the hello's answer: a node waiting to join
@@ -188,14 +225,16 @@ class Node:
         if not self.lines.send({"op": "join", "record": asdict(record)}):
             self.move()
 
-    def _reconnect(self, there: dict[str, Any], deadline: float) -> None:
-        """Leave the server that followed another and connect to that one."""
+    def _reconnect(self, there: dict[str, Any], deadline: float, *,
+                   refused_ends: bool = False) -> None:
+        """Leave the server that followed another and connect to that one (``refused_ends``:
+        a refusal ends the tries at once)."""
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.lines.sock)
         self.lines.close()
         self.serves = False
         self.address = (str(there["addr"]), int(there["port"]))
-        self.lines = connect(self.spec, self.address, deadline)
+        self.lines = connect(self.spec, self.address, deadline, refused_ends=refused_ends)
 
     def follow(self, there: dict[str, Any]) -> None:
         """The server here followed the job's running server: join that one (at its next
@@ -439,7 +478,7 @@ def _answer(payload: object) -> None:
 def _serve(spec: RdzvSpec) -> None:
     identity = node_identity()
     node = Node(spec, identity, serve_if_endpoint(spec, identity))
-    node.hello(time.monotonic() + min(spec.join_timeout, 30.0))
+    node.hello(time.monotonic() + min(spec.join_timeout, 30.0), reask=True)
     node.run()
 
 

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_HOPS",
+    "REASK_S",
+    "REDIRECT_TRY_S",
     "Refusal",
     "connect",
     "endpoint",
@@ -28,8 +30,13 @@ __all__ = [
     "serve_if_endpoint",
 ]
 
-#: how many ``moved`` answers a hello follows (servers that followed the job's server)
+#: how many ``moved`` answers a hello follows in a row (servers that followed the job's
+#: server) before it asks the endpoint again
 MAX_HOPS = 8
+#: seconds a hello tries a server it was sent on to before it asks the endpoint again, and the
+#: pause before it does
+REDIRECT_TRY_S = 3.0
+REASK_S = 0.5
 
 
 class Refusal(Exception):
