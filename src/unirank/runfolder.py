@@ -49,7 +49,7 @@ from unirank.contract import ATTEMPT_DIR_VAR, ERROR_FILE_VAR
 from unirank.sweep import SPARES_FILE
 
 __all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of",
-           "end_run_folder", "make_run_folder", "make_temporary_run_folder"]
+           "end_run_folder", "make_run_folder", "make_temporary_run_folder", "read_spares"]
 
 #: the duplicate filters' copies of stdout (1) and stderr (2), in the attempt's folder
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
@@ -207,6 +207,16 @@ def end_run_folder(root: RunFolder, temporary: bool, shm: str | None = None) -> 
         shutil.rmtree(root.path, ignore_errors=True)
     sweep(shm=shm)
     return reports
+
+
+def read_spares(path: str) -> int | None:
+    """The count in a run's spares file (:attr:`RunFolder.spares_file`); None where there is
+    none to read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return max(int(fh.read().strip() or 0), 0)
+    except (OSError, ValueError):
+        return None
 
 
 def attempt_folder_of(environ: Mapping[str, str]) -> str:

@@ -186,14 +186,10 @@ def _loop(store: Any, job: dict[str, object], interval: float, count: int | None
 def _spares(job: dict[str, object]) -> int | None:
     """How many spare nodes wait to join (the run's spares file this node's ``unirank run``
     keeps, named in the job file); None where there is none."""
+    from unirank.runfolder import read_spares
+
     path = job.get("spares_file")
-    if not isinstance(path, str) or not path:
-        return None
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return max(int(fh.read().strip() or 0), 0)
-    except (OSError, ValueError):
-        return None
+    return read_spares(path) if isinstance(path, str) and path else None
 
 
 def _watch(store: Any, job: dict[str, object], interval: float, count: int | None,

@@ -29,7 +29,7 @@ from unirank.hang.slowcost import slow_verdict, to_evict
 from unirank.hang.slowrank import Slow, change_line, encode_named, read_named
 from unirank.hang.slowrank import observe as observe_slow
 from unirank.hang.timings import ANSWER
-from unirank.runfolder import AttemptFolder
+from unirank.runfolder import AttemptFolder, read_spares
 from unirank.storekeys.hang import STRAGGLERS_KEY
 
 
@@ -212,13 +212,7 @@ class Detector:
         ``unirank run`` keeps: :attr:`unirank.runfolder.RunFolder.spares_file`); 0 where
         unknown."""
         folder = self.watcher.attempt_folder()
-        if not folder:
-            return 0
-        try:
-            with open(AttemptFolder(folder).spares_file, encoding="utf-8") as fh:
-                return max(int(fh.read().strip() or 0), 0)
-        except (OSError, ValueError):
-            return 0
+        return (read_spares(AttemptFolder(folder).spares_file) or 0) if folder else 0
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's waiting mark

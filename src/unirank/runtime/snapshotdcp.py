@@ -23,7 +23,6 @@ import shutil
 import time
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
@@ -47,13 +46,12 @@ from unirank.runtime.snapshots import (
     _collective,
     _need_group,
     _over_budget,
-    _present,
     _previous_save,
-    _remove,
     _say,
     _tiers,
     _uncount,
-    complete_steps,
+    any_rank,
+    drop_old,
 )
 from unirank.runtime.snapshotstaging import BACKGROUND, state_group
 from unirank.statekeep.memory import note_disk_folder
@@ -63,7 +61,6 @@ from unirank.statekeep.rules import (
     METADATA,
     persists,
     step_folder,
-    to_drop,
 )
 
 __all__ = ["StateWriter", "state_reader", "state_writer"]
@@ -189,7 +186,7 @@ class StateWriter(StorageWriter):
         if self._in_memory:
             self._copies(failed=False)
         else:
-            _drop(self._disk, self.step, KEEP_ON_DISK)
+            drop_old(self._disk, self.step, KEEP_ON_DISK)
 
     def _copies(self, failed: bool) -> None:
         BACKGROUND.start(lambda: None, lambda: self._keep(failed))
@@ -203,11 +200,7 @@ class StateWriter(StorageWriter):
 
         if not failed:  # before the copies leave (the gather below lists them)
             write_checksums(os.path.join(self._memory, step_folder(self.step)), self._files)
-        if _collective():
-            flag = torch.tensor([int(failed)])
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
-            failed = bool(flag.item())
-        if failed:
+        if any_rank(failed, self._group):
             _uncount(os.path.join(self._memory, step_folder(self.step)))
             return
         if _collective():
@@ -217,7 +210,7 @@ class StateWriter(StorageWriter):
         if self._to_disk is not None:
             self._persist(self._to_disk)
         if state.get_local_rank() == 0:
-            _drop(self._memory, self.step, KEEP_IN_MEMORY)
+            drop_old(self._memory, self.step, KEEP_IN_MEMORY)
 
     def _persist(self, disk: str) -> None:
         """Each rank copies the files it wrote to the disk folder; once all did, rank 0 the
@@ -234,14 +227,7 @@ class StateWriter(StorageWriter):
             part = os.path.join(target, METADATA + ".part")
             shutil.copyfile(os.path.join(source, METADATA), part)
             os.replace(part, os.path.join(target, METADATA))
-            _drop(disk, self.step, KEEP_ON_DISK)
-
-
-def _drop(tier: str | None, step: int, keep: int) -> None:
-    """A tier's steps older than its newest ``keep`` whole ones."""
-    if tier is not None:
-        for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
-            _remove(os.path.join(tier, step_folder(old)))
+            drop_old(disk, self.step, KEEP_ON_DISK)
 
 
 class _Restoring:

@@ -45,7 +45,7 @@ from unirank.statekeep.rules import (
     to_drop,
 )
 
-__all__ = ["complete_steps", "save_state"]
+__all__ = ["any_rank", "complete_steps", "drop_old", "save_state"]
 
 #: how often a snapshot goes to disk too, by default (a stop always sends it)
 PERSIST_EVERY = 10
@@ -133,9 +133,26 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
     with without_checksums() if in_memory else contextlib.nullcontext(), plain_shard_layouts():
         save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
     if coordinator:
+        drop_old(tier, step, keep)
+    return writer.written if isinstance(writer, MemoryWriter) else []
+
+
+def drop_old(tier: str | None, step: int, keep: int) -> None:
+    """A tier's steps older than its newest ``keep`` whole ones (never ``step``, being
+    written)."""
+    if tier is not None:
         for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
             _remove(os.path.join(tier, step_folder(old)))
-    return writer.written if isinstance(writer, MemoryWriter) else []
+
+
+def any_rank(flag: bool, group: Any = None) -> bool:
+    """Whether ``flag`` holds on some rank (every rank calls it, over ``group``: default the
+    job's; a world of one: its own)."""
+    if not _collective():
+        return flag
+    found = torch.tensor([int(flag)])
+    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=group)
+    return bool(found.item())
 
 
 def _present(tier: str) -> list[int]:
@@ -230,12 +247,7 @@ def _keep(memory: str, disk: str | None, step: int, staged: Staged, group: Any) 
     while it was written, the step does not count (its metadata taken away); else the
     copies to the peer node (each rank's files with their checksums, written first)."""
     write_checksums(os.path.join(memory, step_folder(step)), staged.written)
-    torn = bool(staged.torn)
-    if _collective():
-        flag = torch.tensor([int(torn)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        torn = bool(flag.item())
-    if torn:
+    if any_rank(bool(staged.torn), group):
         _torn.update(staged.torn)
         for tier in (memory, disk):
             if tier is not None:
@@ -277,11 +289,7 @@ def _over_budget(memory: str, node_bytes: int, group: Any = None) -> bool:
                           room.f_blocks * room.f_frsize, variable=STATE_BUDGET_VAR)
     need = 2 * node_bytes  # and the peer's copy
     why = refusal(need, _held_bytes(memory), room.f_bavail * room.f_frsize, budget)
-    over = why is not None
-    if _collective():
-        flag = torch.tensor([int(over)])
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-        over = bool(flag.item())
+    over = any_rank(why is not None, group)
     if over and not _SAID.budget:
         _SAID.budget = True
         why = why or "a snapshot does not fit another node's snapshot memory"
