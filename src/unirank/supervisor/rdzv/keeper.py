@@ -142,7 +142,7 @@ class RoundKeeper:
         while the job runs at MAX: one takes a lost or evicted node's place at the next round;
         ``--on-slow replace`` reads it), where that count changed since they were told."""
         spares = 0
-        if len(self.members) >= self.spec.max_nodes:
+        if self._waiting and len(self.members) >= self.spec.max_nodes:  # each tick: cheap
             members, alive = frozenset(self.members), self._conns.named
             spares = sum(1 for n in self._waiting if n not in members and n in alive)
         if spares == self._spares_told:
