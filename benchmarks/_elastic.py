@@ -17,8 +17,9 @@ endpoint listens; once the world of 2 ran a few steps, one of:
 * ``restarted``: node B killed as in ``killed``, then started again with the same command once
   A trains alone; the time from B's new start to the first step at a world of 2 again;
 * ``waiting``: node C started with the same command once the world of 2 (MAX) trains waits to
-  join (a spare: unirank says so; each launcher is given 5 s); node A's whole tree SIGKILLed: the time to node
-  C's first step at a world of 2 (B and C: the waiting node followed the rendezvous);
+  join (a spare: unirank says so; each launcher is given 5 s); node A's whole tree
+  SIGKILLed: the time to node C's first step at a world of 2 (B and C: the waiting node
+  followed the rendezvous);
 * ``stuck``: node B's rank sleeps forever in user code at step :data:`STUCK_AT` (alive, its
   heartbeats fine; BENCH_STUCK_HOW=stop: it stops itself with SIGSTOP there); unirank run keeps
   its defaults (an elastic job's learned hang timeout: no ``--hang-timeout``; torchrun has no

@@ -141,16 +141,17 @@ def test_signal_while_waiting_for_the_others(sig: signal.Signals) -> None:
 
 
 def test_init_timeout_without_a_store_fires_at_the_timeout() -> None:
-    """Nothing listens at the master port: the rank gives up at its 20 s init timeout; torch's
-    own connect would take about 2.5 times that (50 s), past this test's 35 s bound."""
+    """Nothing listens at the master port: the rank gives up at its 6 s init timeout; torch's
+    own connect would take about 2.5 times that (15 s, and the interpreter's start), past this
+    test's 14 s bound."""
     port = free_port()
-    proc = _start([sys.executable, "-m", "unirank", "hello"], _env(1, port, timeout="20"))
+    proc = _start([sys.executable, "-m", "unirank", "hello"], _env(1, port, timeout="6"))
     try:
-        err = proc.communicate(timeout=35)[1]
+        err = proc.communicate(timeout=14)[1]
     except subprocess.TimeoutExpired:
         proc.kill()
         pytest.fail(f"the init timeout did not fire in time: {proc.communicate()[1][-2000:]}")
     assert proc.returncode != 0, err
-    assert f"could not reach the rendezvous store at 127.0.0.1:{port} within 20 s" in err, err
+    assert f"could not reach the rendezvous store at 127.0.0.1:{port} within 6 s" in err, err
     assert not any(noise in err for noise in _NOISE), err
     assert len(err.splitlines()) == 1, err

@@ -167,9 +167,10 @@ def here() -> Here:
     return Here(_pidns(), _read("/proc/sys/kernel/random/boot_id"), socket.gethostname())
 
 
-def owner_of() -> Owner:
-    """This process, named uniquely (see the module docstring)."""
-    pid = os.getpid()
+def owner_of(pid: int | None = None) -> Owner:
+    """This process (or the process ``pid`` of this namespace), named uniquely (see the
+    module docstring)."""
+    pid = os.getpid() if pid is None else pid
     spot = here()
     start = seen_start(pid) if spot.pidns else None
     return Owner(pid, NO_START if start is None else start, spot.pidns, spot.boot, spot.host)

@@ -18,6 +18,7 @@ from unirank.hang.view import (
     ENDED,
     MIN_SPAN,
     NONE,
+    RESTARTING,
     RUNNING,
     SLOW,
     STUCK,
@@ -28,6 +29,7 @@ from unirank.hang.view import (
     judged_at,
     make_view,
     newest_records,
+    restarting,
     stuck_after,
 )
 from unirank.hang.viewtable import Header, render_view, view_json
@@ -230,3 +232,19 @@ def test_the_header_says_how_many_spares_wait_where_some_do() -> None:
     assert "spare" not in "\n".join(render_view(view, replace(HEADER, spares=0), 80))
     assert view_json(view, replace(HEADER, spares=1), T1)["spares"] == 1
     assert view_json(view, HEADER, T1)["spares"] is None
+
+
+def test_between_two_attempts_every_rank_is_restarting_with_no_rates_or_marks() -> None:
+    old = world(T0, 100, 0.0)
+    new = world(T1, 150, 3.0, r5=rec(5, T1, 150, 150, 0.1))
+    view = make_view(old, new, 8, T1)
+    assert view.marked[SLOW] == [5]
+    between = restarting(view)
+    assert {r.state for r in between.rows} == {RESTARTING}
+    assert all(r.per_s is None and r.waiting is None for r in between.rows)
+    assert [(r.node, r.number, r.restarts) for r in between.rows] == \
+        [(r.node, r.number, r.restarts) for r in view.rows]
+    assert between.marked == {STUCK: [], SLOW: []} and between.nodes == view.nodes
+    shown = view_json(between, Header("job7", 8, "nodeA:29500", 1.0, STUCK_AFTER), T1)
+    assert [r["state"] for r in shown["ranks"]] == [RESTARTING] * 8
+    assert shown["notes"] == ["the job's store stopped answering: waiting for its next attempt"]

@@ -60,7 +60,10 @@ def test_a_rank_ahead_after_another_shape_is_reported_and_timed_out(runner: Runn
 
 def test_ctrl_c_reports_a_rank_ahead(runner: Runner) -> None:
     runner.script("shape2.py", SHAPE2)
-    proc = subprocess.Popen(runner.command(["--hang-report-after", "2", "-n", "2", "shape2.py"]),
+    # the ranks wait in collectives that never end: nothing acts on the SIGINT, SIGKILL
+    # follows at the grace period's end (1 s here)
+    proc = subprocess.Popen(runner.command(["--hang-report-after", "2", "--grace-period", "1",
+                                            "-n", "2", "shape2.py"]),
                             cwd=runner.cwd, env=runner.environ({"UNIRANK_HANG_INTERVAL": "0.5"}),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, start_new_session=True)

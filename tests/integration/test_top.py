@@ -226,12 +226,15 @@ def test_json_goes_on_with_the_next_attempt_after_a_restart(runner: Runner,
                 break
         assert [r["restarts"] for r in view["ranks"]] == [0, 0], view
         (tmp_path / "fail").touch()
+        states: set[str] = set()
         for line in top.stdout:
             view = json.loads(line)
+            states.update(r["state"] for r in view["ranks"])
             if [r["restarts"] for r in view["ranks"]] == [1, 1] and None not in _collectives(
                     view):
                 break
         assert [r["restarts"] for r in view["ranks"]] == [1, 1], view
+        assert "restarting" in states, states  # between the attempts
         stall.touch()
         release.write_text("go")
         _, err = top.communicate(timeout=TIMEOUT)

@@ -51,6 +51,10 @@ LOW_END_DESELECTED = [
     "tests/cli/test_run.py::test_torchrun_spellings",
     "tests/cli/test_run.py::test_summary_blames_the_rank_that_failed_first_not_the_one_that_exited_first",
     "tests/bench/test_bench_cli.py::test_plot_writes_a_png_with_one_line_per_collective",
+    # Parallel's spawn: a failed worker named and the others stopped, workers dying with
+    # their parent (the engine's teardown)
+    "tests/runtime/test_spawn.py::test_failing_worker_is_named_and_the_others_are_stopped",
+    "tests/runtime/test_spawn.py::test_workers_die_with_a_sigkilled_parent",
 ]
 #: tests under LOW_END_TESTS that need what only the main interpreter has (the test extra's
 #: pytorch-ignite, Horovod): .venv-xla holds torch, torch_xla and unirank with its notebook
@@ -58,6 +62,11 @@ LOW_END_DESELECTED = [
 LOW_END_IGNORED = ["tests/runtime/test_idist_compat.py", "tests/runtime/test_idist_names.py",
                    "tests/runtime/test_idist_horovod.py", "tests/runtime/test_ignite_suite.py",
                    "tests/runtime/test_notebook.py",  # the notebook lane: not in that venv
+                   # the engine's own behaviour, whatever torch the workers run: ur.launch's
+                   # shipping of functions and results (cloudpickle, the relay), a spawned
+                   # worker's one-line errors and tracebacks, Parallel's stop on SIGTERM
+                   "tests/runtime/test_launch.py", "tests/runtime/test_spawned_worker.py",
+                   "tests/runtime/test_parallel_stop.py",
                    # torch 2.13's own launcher tests, vendored for the pinned torch, against
                    # torch 2.13's torchrun (2.9's differs); and torchrun 2.13's defaults
                    "tests/runtime/test_torchrun_suite.py"]

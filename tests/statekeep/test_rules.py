@@ -41,7 +41,7 @@ def test_a_newer_step_the_memory_holds_in_part_is_named_with_the_reason() -> Non
     assert chosen == Choice(0, "disk", 3)
     assert chosen.describe() == (
         "state of step 0 restored from the disk folder (the nodes' memory holds step 3 only "
-        "in part: a node and the node that held its copy were both lost)")
+        "in part: a node was lost before its copy reached its peer, or with its peer)")
     assert choose([frozenset(), frozenset()], None, in_part=3).describe().startswith(
         "no snapshot held by every rank: starting afresh (the nodes' memory holds step 3")
     # older than the step taken: nothing to explain

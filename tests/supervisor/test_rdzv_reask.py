@@ -47,3 +47,30 @@ def test_a_first_hello_sent_to_a_gone_server_asks_the_endpoint_again() -> None:
     assert hellos == ["hello", "hello"]  # the endpoint asked again after the dead server
     assert node.address == ("127.0.0.1", live_port) and node.heard > 0
     endpoint.close()
+
+
+def test_a_node_that_follows_the_job_elsewhere_points_its_endpoint_there() -> None:
+    """The endpoint's server this node runs once followed the job to a server ``x``; the node
+    is then sent on (``moved``) to ``b``: from then on the endpoint sends every later hello to
+    ``b``, not to ``x`` (which may be gone: fault seed 108's endpoint pointed at a replaced
+    server)."""
+    endpoint = open_store_socket(0)
+    spec = replace(SPEC, endpoint_port=int(endpoint.getsockname()[1]))
+    local = Server([endpoint], spec, "n1")
+    local.start()
+    live = open_store_socket(0)
+    live_port = int(live.getsockname()[1])
+    Server([live], replace(spec, endpoint_port=live_port), "b").start()
+    local.moved = {"job": spec.run_id, "round": 0, "server": "x", "addr": "127.0.0.1",
+                   "port": _dead_port(), "name": "x"}
+    node = Node(spec, "n1", local)
+    node.follow({"server": "b", "addr": "127.0.0.1", "port": live_port, "name": "b"})
+    assert node.address == ("127.0.0.1", live_port)
+    assert (local.moved["server"], local.moved["port"], local.moved["name"]) == \
+        ("b", live_port, "b")
+    hello = socket.create_connection(("127.0.0.1", spec.endpoint_port), timeout=10)
+    with hello, hello.makefile("rb") as lines:  # a node started again asks the endpoint
+        hello.sendall(json.dumps({"op": "hello", "job": spec.run_id, "node": "n9",
+                                  "name": "n9", "token": "t"}).encode() + b"\n")
+        answer = json.loads(lines.readline())
+    assert answer["moved"]["port"] == live_port, answer

@@ -8,7 +8,8 @@ shows :func:`unirank.hang.view.make_view`'s rows. In a terminal it redraws the t
 on the alternate screen (restored at the end; Ctrl-C ends it with 0); otherwise it prints one
 table per refresh, a blank line between two; ``--json`` prints one JSON object per line per
 refresh (:func:`unirank.hang.viewtable.view_json`). A store that stops answering (the job
-restarts) is looked for again from the job's file for :data:`REATTACH` seconds.
+restarts) is looked for again from the job's file for :data:`REATTACH` seconds, unless the
+process that ran its attempts on this node has ended (:func:`unirank.hang.jobs.supervisor_gone`).
 
 Reads: SLURM_JOB_ID (through :func:`~unirank.cli.stacks.find_job`), TMPDIR, COLUMNS and LINES
 (through :func:`shutil.get_terminal_size`).
@@ -25,7 +26,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, TextIO
 
 from unirank.errors import ConfigError
@@ -131,7 +132,7 @@ def _view(args: argparse.Namespace) -> int:
             signal.signal(signum, stopped)
     live = sys.stdout.isatty() and not args.json
     with _screen(sys.stdout, live):
-        return _loop(store, job, interval, count, args.json, live, stopped)
+        return _loop(store, job, interval, _Out(args.json, live, count), stopped)
 
 
 def _gone(run_id: str) -> int:
@@ -147,16 +148,57 @@ def _gone(run_id: str) -> int:
     return 1
 
 
-def _reattach(run_id: str, stopped: _Stopped) -> tuple[Any, dict[str, object]] | None:
+@dataclass
+class _Out:
+    """Where the refreshes go (JSON lines, the terminal redrawn in place, or tables one after
+    another), how many were shown, and the last view of an attempt (with its header)."""
+
+    as_json: bool
+    live: bool
+    count: int | None
+    shown: int = 0
+    last: tuple[Any, Any] | None = None
+
+    def more(self) -> bool:
+        return self.count is None or self.shown < self.count
+
+    def show(self, view: Any, header: Any, *, kept: bool = True) -> None:
+        from unirank.hang.viewtable import render_view, view_json
+
+        if self.as_json:
+            print(json.dumps(view_json(view, header, time.time())), flush=True)
+        else:
+            size = shutil.get_terminal_size()
+            lines = render_view(view, header, size.columns, size.lines - 1 if self.live else None)
+            _draw(sys.stdout, lines, self.live, self.shown == 0)
+        self.shown += 1
+        if kept:
+            self.last = (view, header)
+
+
+def _reattach(last: dict[str, object], stopped: _Stopped, out: _Out,
+              interval: float) -> tuple[Any, dict[str, object]] | None:
     """The store of the job's next attempt and its job file, once one is written within
-    :data:`REATTACH` seconds (a restart: ``--max-restarts``, a change of nodes); None."""
-    from unirank.hang.jobs import find_jobs
+    :data:`REATTACH` seconds (a restart: ``--max-restarts``, a change of nodes); meanwhile
+    every ``interval`` the last view with every rank restarting
+    (:func:`unirank.hang.view.restarting`). None, at once where the process that ran the
+    attempts on this node (the ``last`` job file's ``supervisor``) is gone (the job ended),
+    or after ``--count`` refreshes."""
+    from unirank.hang.jobs import find_jobs, supervisor_gone
+    from unirank.hang.view import restarting
     from unirank.store import StoreError, open_store
 
+    run_id = str(last["run_id"])
     print(f"unirank top: the store of job {run_id} stopped answering: looking for its next "
           f"attempt for {REATTACH:g} s", file=sys.stderr, flush=True)
     deadline = time.monotonic() + REATTACH
-    while time.monotonic() < deadline and not stopped.flag:
+    drawn = 0.0
+    while time.monotonic() < deadline and not stopped.flag and not supervisor_gone(last):
+        if out.last is not None and time.monotonic() - drawn >= interval:
+            if not out.more():
+                return None
+            out.show(restarting(out.last[0]), out.last[1], kept=False)
+            drawn = time.monotonic()
         for job in find_jobs(run_id):
             try:
                 return open_store(str(job["master_addr"]), int(str(job["master_port"])),
@@ -164,22 +206,20 @@ def _reattach(run_id: str, stopped: _Stopped) -> tuple[Any, dict[str, object]] |
                                   hint="the job may have just ended"), job
             except StoreError:
                 pass
-        time.sleep(0.5)  # the next attempt's first rank writes its job file as it starts
+        time.sleep(min(0.5, interval))  # the next attempt's first rank writes its job file
     return None
 
 
-def _loop(store: Any, job: dict[str, object], interval: float, count: int | None,
-          as_json: bool, live: bool, stopped: _Stopped) -> int:
+def _loop(store: Any, job: dict[str, object], interval: float, out: _Out,
+          stopped: _Stopped) -> int:
     """The view over the job's attempts: a store that stops answering is looked for again
     (:func:`_reattach`); the numbers start over with the next attempt's."""
-    shown = 0
     while True:
-        shown, done = _watch(store, job, interval, count, as_json, live, stopped, shown)
-        if done:
+        if _watch(store, job, interval, out, stopped):
             return 0
-        attached = _reattach(str(job["run_id"]), stopped)
+        attached = _reattach(job, stopped, out, interval)
         if attached is None:
-            return _gone(str(job["run_id"]))
+            return 0 if not out.more() else _gone(str(job["run_id"]))
         store, job = attached
 
 
@@ -192,15 +232,15 @@ def _spares(job: dict[str, object]) -> int | None:
     return read_spares(path) if isinstance(path, str) and path else None
 
 
-def _watch(store: Any, job: dict[str, object], interval: float, count: int | None,
-           as_json: bool, live: bool, stopped: _Stopped, shown: int) -> tuple[int, bool]:
-    """Refresh until stopped or ``count`` refreshes in all (True), or until the store stops
-    answering (False); the refreshes shown so far."""
+def _watch(store: Any, job: dict[str, object], interval: float, out: _Out,
+           stopped: _Stopped) -> bool:
+    """Refresh until stopped or ``--count`` refreshes in all (True), or until the store stops
+    answering (False)."""
     from unirank.hang.exchange import read_live, read_records
     from unirank.hang.slowrank import read_named
     from unirank.hang.standby import silent_after
     from unirank.hang.view import History, make_view, newest_records, stuck_after
-    from unirank.hang.viewtable import Header, render_view, view_json
+    from unirank.hang.viewtable import Header
     from unirank.storekeys.hang import WATCH_KEY
 
     world = int(str(job["world_size"]))
@@ -210,26 +250,19 @@ def _watch(store: Any, job: dict[str, object], interval: float, count: int | Non
     header = Header(str(job["run_id"]), world, f"{job['master_addr']}:{job['master_port']}",
                     interval, stuck_after(limit))
     history = History()
-    while not stopped.flag and (count is None or shown < count):
+    while not stopped.flag and out.more():
         started = time.monotonic()
         try:
             store.add(WATCH_KEY, 1)
             newest = newest_records(read_live(store, world), read_records(store, world))
             named = read_named(store)
         except Exception:
-            return shown, False
+            return False
         for rank, record in newest.items():
             history.add(rank, record)
         header = replace(header, spares=_spares(job))
-        now = time.time()
-        view = make_view(history.oldest(), history.newest(), world, now, limit, silent, named)
-        if as_json:
-            print(json.dumps(view_json(view, header, now)), flush=True)
-        else:
-            size = shutil.get_terminal_size()
-            lines = render_view(view, header, size.columns, size.lines - 1 if live else None)
-            _draw(sys.stdout, lines, live, shown == 0)
-        shown += 1
-        if count is None or shown < count:
+        out.show(make_view(history.oldest(), history.newest(), world, time.time(), limit,
+                           silent, named), header)
+        if out.more():
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
-    return shown, True
+    return True

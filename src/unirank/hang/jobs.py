@@ -12,7 +12,11 @@ and end, :mod:`unirank.sweep`) remove it. A file whose owner cannot be checked h
 another PID namespace: a container) is neither removed nor taken as a running job: it is
 "unchecked".
 
-Reads: TMPDIR (through :func:`tempfile.gettempdir`).
+Each file also names the process that runs the node's attempts (``supervisor``:
+:func:`supervisor_of`), so that ``unirank top`` tells a job that restarts from one that ended.
+
+Reads: TMPDIR (through :func:`tempfile.gettempdir`); UNIRANK_SUPERVISOR_PID (the environment
+given to :func:`announce`).
 """
 
 from __future__ import annotations
@@ -25,9 +29,20 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from unirank.owner import ALIVE, Here, OwnerState, here, owner_of, should_sweep, state_of_record
+from unirank.owner import (
+    ALIVE,
+    DEAD,
+    Here,
+    Owner,
+    OwnerState,
+    here,
+    owner_of,
+    should_sweep,
+    state_of_record,
+)
 
-__all__ = ["announce", "find_jobs", "jobs_dir", "scan_jobs", "sweep_jobs", "withdraw"]
+__all__ = ["announce", "find_jobs", "jobs_dir", "scan_jobs", "supervisor_gone", "supervisor_of",
+           "sweep_jobs", "withdraw"]
 
 
 def jobs_dir(tmp: str | None = None) -> str:
@@ -39,12 +54,15 @@ def _safe(run_id: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in run_id) or "job"
 
 
-def announce(job: Mapping[str, Any]) -> str | None:
+def announce(job: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
     """Write ``job``'s file for this process (atomically) with this process named as its owner
-    (:func:`unirank.owner.owner_of`); its path, or None where it cannot."""
+    (:func:`unirank.owner.owner_of`) and its supervisor (:func:`supervisor_of`) as
+    ``supervisor``; its path, or None where it cannot. Reads UNIRANK_SUPERVISOR_PID from
+    ``environ``."""
     folder = jobs_dir()
     path = os.path.join(folder, f"{_safe(str(job['run_id']))}.{os.getpid()}.json")
-    record = {**job, **owner_of().to_record()}
+    record = {**job, **owner_of().to_record(),
+              "supervisor": supervisor_of(environ or {}).to_record()}
     for _ in range(2):  # a sweep may remove the empty folder between makedirs and open
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -58,6 +76,24 @@ def announce(job: Mapping[str, Any]) -> str | None:
             return None
         return path
     return None
+
+
+def supervisor_of(environ: Mapping[str, str]) -> Owner:
+    """The process that runs this one's attempts: ``unirank run`` (UNIRANK_SUPERVISOR_PID,
+    which a worker forked by its fork server has), else the parent (torchrun's agent,
+    ``Parallel``'s caller). It outlives the attempts: the job runs on on this node while it
+    runs."""
+    from unirank.contract import SUPERVISOR_PID_VAR
+
+    given = environ.get(SUPERVISOR_PID_VAR, "")
+    return owner_of(int(given) if given.isdigit() and int(given) > 0 else os.getppid())
+
+
+def supervisor_gone(record: Mapping[str, Any], spot: Here | None = None) -> bool:
+    """Whether the supervisor a job file names (:func:`supervisor_of`) is provably gone:
+    the job ended on this node (no next attempt comes); False where unknown."""
+    named = record.get("supervisor")
+    return isinstance(named, Mapping) and state_of_record(named, spot) == DEAD
 
 
 def withdraw(path: str | None) -> None:

@@ -24,10 +24,14 @@ A rank's state, the first that applies:
   seconds or more (the rule of the collective mark);
 * ``running``; ``-`` where the rank set no record yet.
 
+Between two attempts (the job's store stopped answering while the process that runs its
+attempts runs on: a restart, a node lost or joining) every rank is ``restarting``
+(:func:`restarting`), its rates unknown, until the next attempt's records come.
+
 Waits are judged at the oldest record's time (:func:`judged_at`): a record a few seconds old
 (the progress records come every interval until the live ones do) never makes a wait look
-longer than its rank has said. Restarting, evicted and spare ranks are the supervisors' to
-know, not the store's: not shown.
+longer than its rank has said. Evicted nodes and spares are the supervisors' to know, not
+the store's: the header counts the spares (``unirank top``).
 
 Reads no environment variable.
 """
@@ -43,11 +47,12 @@ from unirank.hang.render import wavefront_line
 from unirank.hang.straggle import Straggler, find_stragglers
 from unirank.hang.waits import MARK_AFTER
 
-__all__ = ["ENDED", "MIN_SPAN", "NONE", "RUNNING", "SLOW", "STUCK", "STUCK_AFTER", "WAITING",
-           "WINDOW", "History", "Row", "View", "judged_at", "make_view", "newest_records",
-           "share_of", "stuck_after"]
+__all__ = ["ENDED", "MIN_SPAN", "NONE", "RESTARTING", "RUNNING", "SLOW", "STUCK", "STUCK_AFTER",
+           "WAITING", "WINDOW", "History", "Row", "View", "judged_at", "make_view",
+           "newest_records", "restarting", "share_of", "stuck_after"]
 
 STUCK, ENDED, SLOW, WAITING, RUNNING, NONE = "stuck", "ended", "slow", "waiting", "running", "-"
+RESTARTING = "restarting"
 #: seconds of a rank's records its rates span (at most)
 WINDOW = 5.0
 #: the shortest window (seconds) whose shares may name a slow rank
@@ -211,6 +216,15 @@ def make_view(old: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[st
                          f"{100 * straggler.margin:.0f} % of the time")
     return View(tuple(rows[r] for r in range(world_size)), tuple(notes),
                 tuple(sorted(set(nodes.values()) - {""})))
+
+
+def restarting(view: View) -> View:
+    """``view`` between two attempts: every rank restarting, its rates and marks dropped (its
+    node, last collective and restart count kept until the next attempt's records come)."""
+    rows = tuple(Row(r.rank, r.node, RESTARTING, op=r.op, number=r.number, restarts=r.restarts)
+                 for r in view.rows)
+    return View(rows, ("the job's store stopped answering: waiting for its next attempt",),
+                view.nodes)
 
 
 def _who(rank: int, node: str) -> str:

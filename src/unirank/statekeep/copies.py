@@ -89,7 +89,8 @@ def memory_step(holdings: Holdings) -> int | None:
 
 def newest_in_part(holdings: Holdings) -> int | None:
     """The newest step whose metadata some node holds but whose files the nodes do not hold
-    between them (its part on a node and that node's peer both lost). None: no such step."""
+    between them (a node lost before its copy of that step reached its peer, or with its
+    peer). None: no such step."""
     whole = memory_step(holdings)
     for step in sorted({s for node_steps in holdings.values() for s in node_steps}, reverse=True):
         if whole is not None and step <= whole:

@@ -110,8 +110,9 @@ def to_flush(whole_in_memory: Iterable[int], on_disk: Iterable[int]) -> int | No
 @dataclass(frozen=True)
 class Choice:
     """The step a world restores (None: none), the tier it comes from, and the newest step
-    the nodes' memory held only in part, where it is newer (a node lost with the node that
-    held its copy): the reason the memory was passed over."""
+    the nodes' memory held only in part, where it is newer (a node lost while its copy of
+    that step was still on the way to its peer, or lost with its peer): the reason the
+    memory's newer step was passed over."""
 
     step: int | None
     tier: str = ""
@@ -128,7 +129,7 @@ class Choice:
         if self.in_part is None:
             return line
         return (f"{line} (the nodes' memory holds step {self.in_part} only in part: a node "
-                "and the node that held its copy were both lost)")
+                "was lost before its copy reached its peer, or with its peer)")
 
 
 def choose(disk_by_rank: Sequence[frozenset[int]], memory_step: int | None,

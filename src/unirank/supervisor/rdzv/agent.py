@@ -86,13 +86,17 @@ class Node:
         self.spec, self.node, self.serves = spec, node, local is not None
         #: proves a later hello under this node's identity is this node's (never shown)
         self.token = secrets.token_hex(16)
-        #: the server this process runs (at the endpoint, or as the successor)
+        #: the server this process runs (at the endpoint, or as the successor), and every
+        #: one it ran (an endpoint's server that followed the job serves on beside a successor)
         self.local = local
+        self.locals: list[Server] = [local] if local is not None else []
         self.explicit = spec.local_addr if spec.explicit_addr else None
         #: where this node serves the rendezvous, should it take it over
         self.spare = open_store_socket(0, host=spec.master_addr(), option="--local-addr")
-        #: the server's address this node is connected to
+        #: the server's address this node is connected to, and where a ``moved`` sent it
+        #: last (its server, name, address and port)
         self.address = (spec.endpoint_host, spec.endpoint_port)
+        self.place: dict[str, Any] = {}
         self.lines = connect(spec, self.address, time.monotonic() + spec.join_timeout)
         self.selector = selectors.DefaultSelector()
         self.joining = self.told = False
@@ -233,7 +237,7 @@ class Node:
             self.selector.unregister(self.lines.sock)
         self.lines.close()
         self.serves = False
-        self.address = (str(there["addr"]), int(there["port"]))
+        self.address, self.place = (str(there["addr"]), int(there["port"])), dict(there)
         self.lines = connect(self.spec, self.address, deadline, refused_ends=refused_ends)
 
     def follow(self, there: dict[str, Any]) -> None:
@@ -242,6 +246,7 @@ class Node:
         wait = self.spec.reconnect_within
         self._reconnect(there, time.monotonic() + wait)
         self.hello(time.monotonic() + wait)
+        self._point_local(str(self.place.get("server") or ""), str(self.place.get("name") or ""))
         self._rejoin(f"store moved to node {there.get('name')} ({there['addr']}): the job "
                      "runs there")
 
@@ -317,6 +322,7 @@ class Node:
         if back is True:
             self.dropped = False  # the server answered, or one that took the endpoint over
             if self.server != lost:
+                self._point_local(self.server, self._name_of(self.server))
                 self._rejoin(self._moved_to(self.server))
             else:
                 self._rejoin("this node lost the rendezvous's server for a while: it joins the "
@@ -347,7 +353,7 @@ class Node:
                 dead.update([chosen] if refusal.refused else [])
         self.server = chosen
         if chosen != self.node:
-            self._point_local(chosen, record)
+            self._point_local(chosen, str(record.get("name") or ""))
         self._rejoin(self._moved_to(chosen))
 
     def _moved_to(self, server: str) -> str:
@@ -385,17 +391,26 @@ class Node:
         server = Server(listening, self.spec, self.node,
                         Resume(self.round, self.members, self.records, failed, dead, hold))
         server.start()
-        self._point_local(self.node, record)
+        self.address = (str(record["addr"]), int(record["rdzv_port"]))
+        self._point_local(self.node, str(record.get("name") or ""))
         self.local, self.serves = server, True
+        self.locals.append(server)
 
-    def _point_local(self, chosen: str, record: dict[str, Any]) -> None:
-        """A server this process ran at the endpoint that followed the job's server sends the
-        nodes that reach it to ``chosen``, the server this node goes to now (else it would
-        name the lost one to every probe and every node started again)."""
-        if self.local is not None and self.local.moved is not None:
-            self.local.moved = {"job": self.spec.run_id, "round": self.round,
-                                "server": chosen, "addr": record["addr"],
-                                "port": record["rdzv_port"], "name": record["name"]}
+    def _point_local(self, chosen: str, name: str) -> None:
+        """Every server this process runs that follows another (``moved``: the endpoint's,
+        once the job's server was elsewhere) sends the nodes that reach it to ``chosen``, the
+        server this node's connection goes to now (:attr:`address`), whichever way this node
+        got there (a ``moved`` followed, a lost server's successor, a server that took the
+        endpoint over): else it would name a lost server to every probe and every node
+        started again, or send them around servers that point at each other."""
+        for local in self.locals:
+            if local.moved is not None:
+                local.moved = {"job": self.spec.run_id, "round": self.round,
+                               "server": chosen, "addr": self.address[0],
+                               "port": self.address[1], "name": name}
+
+    def _name_of(self, server: str) -> str:
+        return str(self.records.get(server, {}).get("name") or "")
 
     def run(self) -> None:
         """Join, then serve the parent until its stdin ends."""
