@@ -189,7 +189,16 @@ class RoundKeeper:
         if text and own is not None:
             own.lines.send({"slow_link": text})
 
-    def _maybe_close(self, now: float) -> None:
+    def _catch_up(self) -> bool:
+        """Read what the waiting nodes sent that is not read yet; True where there was any
+        (the connections' loop: :class:`.server.Server`)."""
+        return False
+
+    def _maybe_close(self, now: float, *, caught_up: bool = False) -> None:
+        """Close the round where :func:`.rounds.round_closes` says so, on what every waiting
+        node said last: a join read before this server stalled (frozen, or its thread not run
+        for seconds) may since be followed, unread, by that node's ``abandon`` and end (it
+        went to a successor: fault seed 157 closed a round of nodes that had left)."""
         if not self._waiting:
             self._opened = self._min_at = None
             return
@@ -209,6 +218,9 @@ class RoundKeeper:
                             max_nodes=self.spec.max_nodes,
                             last_call=self.spec.last_call_timeout,
                             close_timeout=self.spec.close_timeout):
+            return
+        if not caught_up and self._catch_up():
+            self._maybe_close(now, caught_up=True)
             return
         before = self.members
         self.members = members_of(before, tuple(self._waiting), alive, self.spec.max_nodes,

@@ -170,6 +170,15 @@ class Server(RoundKeeper):
             if node.lines.closed:
                 return
 
+    def _catch_up(self) -> bool:
+        """Read the waiting nodes' connections that hold what this loop has not read (only as
+        a round is about to close: a poll per waiting node); True where any did."""
+        late = [conn for name in tuple(self._waiting)
+                if (conn := self._conns.named.get(name)) is not None and conn.lines.waiting()]
+        for conn in late:
+            self._read(conn)
+        return bool(late)
+
     def _bad(self, node: Conn, why: str) -> None:
         """Close the connection of a peer that sent what the server does not take (one line in
         the rendezvous's log); a node of the job is then lost, not proven dead."""
