@@ -99,20 +99,20 @@ def test_the_sweep_removes_dead_files_and_the_empty_folder() -> None:
 
 def test_a_job_file_names_its_supervisor_which_tells_a_restart_from_an_end() -> None:
     """``unirank top`` waits for a next attempt only while the process that runs the attempts
-    (UNIRANK_SUPERVISOR_PID, else the parent) runs: a gone one means the job ended."""
+    (the job's ``supervisor_pid``, else the parent) runs: a gone one means the job ended."""
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)
     try:
-        path = jobs.announce({"run_id": "r1", "master_addr": "a", "master_port": 1},
-                             {"UNIRANK_SUPERVISOR_PID": str(child.pid)})
+        path = jobs.announce({"run_id": "r1", "master_addr": "a", "master_port": 1,
+                              "supervisor_pid": child.pid})
         assert path is not None
         [record] = jobs.find_jobs("r1")
-        assert record["supervisor"]["pid"] == child.pid
+        assert record["supervisor"]["pid"] == child.pid and "supervisor_pid" not in record
         assert not jobs.supervisor_gone(record)
     finally:
         child.communicate(b"")
     assert jobs.supervisor_gone(record)
-    parent = jobs.announce({"run_id": "r2", "master_addr": "a", "master_port": 1}, {})
+    parent = jobs.announce({"run_id": "r2", "master_addr": "a", "master_port": 1})
     assert parent is not None
     [record] = jobs.find_jobs("r2")
     assert record["supervisor"]["pid"] == os.getppid() and not jobs.supervisor_gone(record)

@@ -15,8 +15,7 @@ another PID namespace: a container) is neither removed nor taken as a running jo
 Each file also names the process that runs the node's attempts (``supervisor``:
 :func:`supervisor_of`), so that ``unirank top`` tells a job that restarts from one that ended.
 
-Reads: TMPDIR (through :func:`tempfile.gettempdir`); UNIRANK_SUPERVISOR_PID (the environment
-given to :func:`announce`).
+Reads: TMPDIR (through :func:`tempfile.gettempdir`).
 """
 
 from __future__ import annotations
@@ -54,15 +53,15 @@ def _safe(run_id: str) -> str:
     return "".join(c if c.isalnum() or c in "._-" else "_" for c in run_id) or "job"
 
 
-def announce(job: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> str | None:
+def announce(job: Mapping[str, Any]) -> str | None:
     """Write ``job``'s file for this process (atomically) with this process named as its owner
-    (:func:`unirank.owner.owner_of`) and its supervisor (:func:`supervisor_of`) as
-    ``supervisor``; its path, or None where it cannot. Reads UNIRANK_SUPERVISOR_PID from
-    ``environ``."""
+    (:func:`unirank.owner.owner_of`) and its supervisor (:func:`supervisor_of` of the job's
+    ``supervisor_pid``) as ``supervisor``; its path, or None where it cannot."""
     folder = jobs_dir()
     path = os.path.join(folder, f"{_safe(str(job['run_id']))}.{os.getpid()}.json")
-    record = {**job, **owner_of().to_record(),
-              "supervisor": supervisor_of(environ or {}).to_record()}
+    record = {**{k: v for k, v in job.items() if k != "supervisor_pid"},
+              **owner_of().to_record(),
+              "supervisor": supervisor_of(job.get("supervisor_pid")).to_record()}
     for _ in range(2):  # a sweep may remove the empty folder between makedirs and open
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -78,15 +77,12 @@ def announce(job: Mapping[str, Any], environ: Mapping[str, str] | None = None) -
     return None
 
 
-def supervisor_of(environ: Mapping[str, str]) -> Owner:
-    """The process that runs this one's attempts: ``unirank run`` (UNIRANK_SUPERVISOR_PID,
-    which a worker forked by its fork server has), else the parent (torchrun's agent,
-    ``Parallel``'s caller). It outlives the attempts: the job runs on on this node while it
-    runs."""
-    from unirank.contract import SUPERVISOR_PID_VAR
-
-    given = environ.get(SUPERVISOR_PID_VAR, "")
-    return owner_of(int(given) if given.isdigit() and int(given) > 0 else os.getppid())
+def supervisor_of(pid: int | None) -> Owner:
+    """The process that runs this one's attempts: ``pid`` where the caller knows it (a ``unirank
+    run`` worker: its UNIRANK_SUPERVISOR_PID, which the worker's info read before the
+    variable was scrubbed), else the parent (torchrun's agent, ``Parallel``'s caller). It
+    outlives the attempts: the job runs on on this node while it runs."""
+    return owner_of(pid if pid else os.getppid())
 
 
 def supervisor_gone(record: Mapping[str, Any], spot: Here | None = None) -> bool:

@@ -222,7 +222,7 @@ class Watcher:
                                        "interval": self.settings.interval,
                                        "report_after": self.settings.report_after,
                                        "spares_file": folder and AttemptFolder(folder)
-                                       .spares_file}, self._environ)
+                                       .spares_file})
         start_shielded(self._thread)  # the program's signals go to its main thread
         # before the interpreter's teardown: a daemon thread inside a store call at that
         # moment aborts the process ("terminate called without an active exception")

@@ -86,9 +86,8 @@ class Node:
         self.spec, self.node, self.serves = spec, node, local is not None
         #: proves a later hello under this node's identity is this node's (never shown)
         self.token = secrets.token_hex(16)
-        #: the server this process runs (at the endpoint, or as the successor), and every
-        #: one it ran (an endpoint's server that followed the job serves on beside a successor)
-        self.local = local
+        #: every server this process runs, the newest last (:attr:`local`; an endpoint's
+        #: server that followed the job serves on beside a successor)
         self.locals: list[Server] = [local] if local is not None else []
         self.explicit = spec.local_addr if spec.explicit_addr else None
         #: where this node serves the rendezvous, should it take it over
@@ -393,8 +392,13 @@ class Node:
         server.start()
         self.address = (str(record["addr"]), int(record["rdzv_port"]))
         self._point_local(self.node, str(record.get("name") or ""))
-        self.local, self.serves = server, True
+        self.serves = True
         self.locals.append(server)
+
+    @property
+    def local(self) -> Server | None:
+        """The server this process runs now (at the endpoint, or as the successor)."""
+        return self.locals[-1] if self.locals else None
 
     def _point_local(self, chosen: str, name: str) -> None:
         """Every server this process runs that follows another (``moved``: the endpoint's,

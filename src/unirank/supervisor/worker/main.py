@@ -102,7 +102,7 @@ def _watch_hangs(info: WorkerInfo, environ: MutableMapping[str, str]) -> Any:
     job = None
     if environ.get("LOCAL_RANK") == "0":  # this node's job file, for `unirank stacks`
         job = {"run_id": environ.get(RUN_ID_VAR, ""), "master_addr": info.master_addr,
-               "master_port": info.master_port}
+               "master_port": info.master_port, "supervisor_pid": info.supervisor_pid}
     return Watcher(rank=info.rank, world_size=info.world_size, node=info.node_name,
                    settings=settings, connect=connect, environ=environ, job=job,
                    measure_waits=True).start()
