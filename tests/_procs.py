@@ -44,6 +44,31 @@ LAUNCHER_NAMES = frozenset({"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZ
 KEPT_NAMES = frozenset({"UNIRANK_NO_PRELOAD"})
 
 
+#: The start of a test program that waits for signals: ``on_signals(SIG, ...)`` gives each a
+#: handler that does nothing, and ``next_signal(timeout)`` returns the number of the next one
+#: that came (None after ``timeout`` seconds; None waits for ever). The interpreter's C handler
+#: writes the number to a pipe (``signal.set_wakeup_fd``), so a signal that comes just before
+#: the program starts to wait is not lost: a Python handler writing that pipe itself, or ending
+#: a ``signal.pause()``, runs only once the main thread runs Python code again, and a signal
+#: that came after the last such moment but before the wait began was slept through (seen
+#: under load: a worker that waited out the whole grace period for a SIGTERM it had been sent).
+SIGNAL_WAIT = """
+import os as _os, select as _select, signal as _signal
+_wake_r, _wake_w = _os.pipe()
+_os.set_blocking(_wake_w, False)
+_signal.set_wakeup_fd(_wake_w)
+
+def on_signals(*signums):
+    for signum in signums:
+        _signal.signal(signum, lambda signum, frame: None)
+
+def next_signal(timeout=None):
+    if not _select.select([_wake_r], [], [], timeout)[0]:
+        return None
+    return _os.read(_wake_r, 1)[0]
+"""
+
+
 def in_ci(environ: Mapping[str, str] = os.environ) -> bool:
     """True when ``CI`` says this is a CI run. Reads ``CI`` (from ``environ``)."""
     return environ.get("CI", "").strip().lower() in {"1", "true", "yes"}

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import pytest
 
-from _procs import Runner, free_port, launcher_free_environ, refusal_line
+from _procs import SIGNAL_WAIT, Runner, free_port, launcher_free_environ, refusal_line
 
 pytestmark = pytest.mark.integration
 
@@ -320,20 +320,18 @@ def test_allocation_tasks_per_node_become_the_default_worker_count() -> None:
 
 # Rank 1 raises first, but rank 0 (failing because of it) exits first: the error files' times,
 # not the order of exits, name the cause. The store keys order the events; nothing sleeps.
-ROOT_CAUSE_SCRIPT = """
+ROOT_CAUSE_SCRIPT = SIGNAL_WAIT + """
 import os, signal, sys
 import torch.distributed as dist
 from unirank.errorfile import record_exception
 
-# the handler only writes to a pipe (raising from it could land inside a lock)
-stop_r, stop_w = os.pipe()
-signal.signal(signal.SIGTERM, lambda *_: os.write(stop_w, b"T"))
+on_signals(signal.SIGTERM)  # not raising from a handler (it could land inside a lock)
 dist.init_process_group("gloo")
 store = dist.distributed_c10d._get_default_store()
 if dist.get_rank() == 1:
     record_exception(RuntimeError("the cause, on rank 1"))
     store.set("recorded", "1")
-    os.read(stop_r, 1)  # until the supervisor's SIGTERM: rank 1 ends after rank 0
+    next_signal()  # until the supervisor's SIGTERM: rank 1 ends after rank 0
     sys.exit(1)
 else:
     store.wait(["recorded"])

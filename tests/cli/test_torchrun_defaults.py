@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from _procs import Runner, free_port
+from _procs import SIGNAL_WAIT, Runner, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -116,13 +116,12 @@ def test_an_unknown_logs_specs_ends_with_torchrun_s_exit_1(runner: Runner) -> No
     assert "--logs-specs='DOESNOT_EXIST': is no installed" in result.stderr
 
 
-HUP = """
-import signal, sys
-got = []
-signal.signal(signal.SIGHUP, lambda *_: got.append(1))
+HUP = SIGNAL_WAIT + """
+import signal
+on_signals(signal.SIGHUP)
 print("ready", flush=True)
-while not got:
-    signal.pause()
+while next_signal() != signal.SIGHUP:
+    pass
 print("got SIGHUP", flush=True)
 """
 

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from _procs import SIGNAL_WAIT
 from unirank.contract import DEFAULT_GRACE_PERIOD
 from unirank.signals import FORWARDED
 from unirank.supervisor.engine import Supervisor, WorkerLaunch
@@ -114,11 +115,12 @@ def test_the_requeue_code_is_no_failure(tmp_path: Path) -> None:
 
 
 # A stop signal: rank 0 waits until rank 1 has its handler (the FIFO), then sends SIGINT to
-# the supervisor; each worker ends with 0 when the supervisor forwards it.
-_ON_INT_EXIT = "signal.signal(signal.SIGINT, lambda *_: sys.exit(0))\n"
-SENDS_INT = (_ON_INT_EXIT + "open(os.environ['FIFO']).read()\nos.kill(os.getppid(), "
-             "signal.SIGINT)\nsignal.pause()\n")
-READY = _ON_INT_EXIT + "open(os.environ['FIFO'], 'w').close()\nsignal.pause()\n"
+# the supervisor; each worker ends with 0 when the supervisor forwards it. (Handlers do nothing:
+# a worker waits for the signal's number on a pipe, see _procs.SIGNAL_WAIT.)
+_ON_INT = SIGNAL_WAIT + "on_signals(signal.SIGINT)\n"
+SENDS_INT = (_ON_INT + "open(os.environ['FIFO']).read()\nos.kill(os.getppid(), "
+             "signal.SIGINT)\nnext_signal()\nsys.exit(0)\n")
+READY = _ON_INT + "open(os.environ['FIFO'], 'w').close()\nnext_signal()\nsys.exit(0)\n"
 
 
 def test_a_stop_signal_is_forwarded_and_the_workers_end_without_blame(tmp_path: Path) -> None:
@@ -131,12 +133,10 @@ def test_a_stop_signal_is_forwarded_and_the_workers_end_without_blame(tmp_path: 
 
 # A second stop signal: each worker answers the forwarded SIGINT by sending another one to the
 # supervisor (which has then surely handled the first), and waits.
-_ON_INT_AGAIN = ("signal.signal(signal.SIGINT, lambda *_: os.kill(os.getppid(), "
-                 "signal.SIGINT))\n")
-SENDS_INT_TWICE = (_ON_INT_AGAIN + "open(os.environ['FIFO']).read()\nos.kill(os.getppid(), "
-                   "signal.SIGINT)\nwhile True: signal.pause()\n")
-READY_AGAIN = (_ON_INT_AGAIN + "open(os.environ['FIFO'], 'w').close()\n"
-               "while True: signal.pause()\n")
+_INT_AGAIN = "while True:\n    next_signal()\n    os.kill(os.getppid(), signal.SIGINT)\n"
+SENDS_INT_TWICE = (_ON_INT + "open(os.environ['FIFO']).read()\nos.kill(os.getppid(), "
+                   "signal.SIGINT)\n" + _INT_AGAIN)
+READY_AGAIN = _ON_INT + "open(os.environ['FIFO'], 'w').close()\n" + _INT_AGAIN
 
 
 def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
@@ -146,10 +146,10 @@ def test_a_second_stop_signal_kills_at_once(tmp_path: Path) -> None:
 
 
 # USR1 is forwarded (not a stop signal): each worker ends with 0 when it gets it.
-_ON_USR1 = "signal.signal(signal.SIGUSR1, lambda *_: sys.exit(0))\n"
+_ON_USR1 = SIGNAL_WAIT + "on_signals(signal.SIGUSR1)\n"
 SENDS_USR1 = (_ON_USR1 + "open(os.environ['FIFO']).read()\n"
-              "os.kill(os.getppid(), signal.SIGUSR1)\nsignal.pause()\n")
-READY_USR1 = _ON_USR1 + "open(os.environ['FIFO'], 'w').close()\nsignal.pause()\n"
+              "os.kill(os.getppid(), signal.SIGUSR1)\nnext_signal()\nsys.exit(0)\n")
+READY_USR1 = _ON_USR1 + "open(os.environ['FIFO'], 'w').close()\nnext_signal()\nsys.exit(0)\n"
 
 
 def test_usr1_is_forwarded_without_stopping(tmp_path: Path) -> None:

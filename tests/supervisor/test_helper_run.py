@@ -14,21 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from _procs import Runner, free_port, process_tree, read_lines, wait_gone
+from _procs import SIGNAL_WAIT, Runner, free_port, process_tree, read_lines, wait_gone
 from unirank.signals import SHIELDED
 
 pytestmark = pytest.mark.integration
 
 #: each worker says it is ready, says which signal it got, and waits
-WAITER = """
-import os, signal, sys
-def said(signum, frame):
-    os.write(1, f"got {signal.Signals(signum).name} rank {os.environ['RANK']}\\n".encode())
-signal.signal(signal.SIGUSR1, said)
-signal.signal(signal.SIGUSR2, said)
+WAITER = SIGNAL_WAIT + """
+import os, signal
+on_signals(signal.SIGUSR1, signal.SIGUSR2)
 print("READY rank", os.environ["RANK"], flush=True)
 while True:
-    signal.pause()
+    got = signal.Signals(next_signal())
+    print(f"got {got.name} rank {os.environ['RANK']}", flush=True)
 """
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from _procs import SIGNAL_WAIT
 from unirank.signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
@@ -100,16 +101,15 @@ def test_success_is_zero_and_silent(runner: Runner) -> None:
 # The handler only writes the signal's number to a pipe, which the main thread reads: raising
 # from a handler could land while ``threading`` holds a lock (CPython then fails with "release
 # unlocked lock"), so where the signal lands must not matter.
-_WAIT_FOR_SIGNAL = """
-import os, select, signal, sys
+_WAIT_FOR_SIGNAL = SIGNAL_WAIT + """
+import os, signal, sys
 sig = signal.Signals[sys.argv[1]]
-wake_r, wake_w = os.pipe()
-signal.signal(sig, lambda signum, frame: os.write(wake_w, bytes([signum])))
+on_signals(sig)
 rank = os.environ["RANK"]
 print(f"ready {rank} {os.getpid()}", flush=True)
-if not select.select([wake_r], [], [], 100)[0]:
+got = next_signal(100)
+if got is None:
     sys.exit(5)
-got = os.read(wake_r, 1)[0]
 print(f"rank {rank} got {signal.Signals(got).name}", flush=True)
 sys.exit(0 if got == sig else 6)
 """
@@ -236,17 +236,15 @@ sys.stdout.write("no newline at the end")
     assert all(line.startswith("[rank") for line in result.stdout.splitlines())
 
 
-# Each SIGTERM writes one byte to a pipe; the worker exits 79 (saved, to be requeued) after two.
-_TWO_TERMS = """
-import os, select, signal, sys
-wake_r, wake_w = os.pipe()
-signal.signal(signal.SIGTERM, lambda signum, frame: os.write(wake_w, b"t"))
+# The worker exits 79 (saved, to be requeued) after two SIGTERMs.
+_TWO_TERMS = SIGNAL_WAIT + """
+import os, signal, sys
+on_signals(signal.SIGTERM)
 rank = os.environ["RANK"]
 print(f"ready {rank}", flush=True)
 for count in (1, 2):
-    if not select.select([wake_r], [], [], 60)[0]:
+    if next_signal(60) is None:
         sys.exit(5)
-    os.read(wake_r, 1)
     print(f"rank {rank} got SIGTERM {count}", flush=True)
 sys.exit(79)
 """

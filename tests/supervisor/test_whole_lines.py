@@ -15,6 +15,8 @@ from typing import IO, TYPE_CHECKING
 
 import pytest
 
+from _procs import SIGNAL_WAIT
+
 if TYPE_CHECKING:
     from _procs import Runner
 
@@ -64,17 +66,15 @@ def test_unbuffered_lines_of_four_ranks_arrive_whole(runner: Runner, how: str) -
 
 # Rank 0 draws a progress bar on stderr as tqdm does ("\r" then the bar, no newline) and waits at
 # its first step for SIGUSR1 (forwarded by unirank run); then it draws its last two steps and ends
-# the line. Rank 1 prints a line at that signal. The handlers only write to a pipe.
-_PROGRESS = """
-import os, select, signal, sys
-wake_r, wake_w = os.pipe()
-signal.signal(signal.SIGUSR1, lambda signum, frame: os.write(wake_w, b"1"))
+# the line. Rank 1 prints a line at that signal.
+_PROGRESS = SIGNAL_WAIT + """
+import os, signal, sys
+on_signals(signal.SIGUSR1)
 print("ready", os.environ["RANK"], flush=True)
 
 def wait_for_signal():
-    if not select.select([wake_r], [], [], 100)[0]:
+    if next_signal(100) is None:
         sys.exit(5)
-    os.read(wake_r, 1)
 
 if os.environ["RANK"] == "0":
     sys.stderr.write("\\rstep 1/3")
@@ -132,12 +132,11 @@ def test_in_a_pipe_a_progress_bar_shows_before_its_line_ends_as_plain_lines(
 
 # Prints without flush=True: on a terminal, workers still write each line as it is printed,
 # though their stdout is the supervisor's pipe (where Python would buffer it).
-_UNFLUSHED = """
-import os, select, signal, sys
-wake_r, wake_w = os.pipe()
-signal.signal(signal.SIGUSR1, lambda signum, frame: os.write(wake_w, b"1"))
+_UNFLUSHED = SIGNAL_WAIT + """
+import os, signal, sys
+on_signals(signal.SIGUSR1)
 print("waiting", os.environ["RANK"])
-if not select.select([wake_r], [], [], 100)[0]:
+if next_signal(100) is None:
     sys.exit(5)
 """
 
