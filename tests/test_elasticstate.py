@@ -5,6 +5,7 @@ malformed value); the torchrun case (no reason) and a value left over from anoth
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,19 @@ def test_parse_reason_gives_the_attempt_and_the_world_before() -> None:
 def test_nodes_changed_counts_names_twice() -> None:
     assert nodes_changed(("a", "b", "b"), ("b", "c")) == (("a", "b"), ("c",))
     assert nodes_changed(("a",), ("a",)) == ((), ())
+
+
+def test_the_slow_link_is_the_one_the_node_s_unirank_run_keeps(tmp_path: Path) -> None:
+    """``ur.elastic_state().slow_link``: the node this node's ``unirank run`` was told of
+    (its run folder's file, found from the worker's attempt folder); "" without one."""
+    from unirank.runfolder import RunFolder, write_slow_link
+    from unirank.runtime.state import elastic_state
+
+    root = RunFolder(str(tmp_path))
+    environ = {"UNIRANK_ATTEMPT_DIR": root.attempt(1).path, "WORLD_SIZE": "2"}
+    assert elastic_state(environ).slow_link == ""
+    write_slow_link(root.slow_link_file, "vm (10.0.0.3)")
+    assert elastic_state(environ).slow_link == "vm (10.0.0.3)"
+    write_slow_link(root.slow_link_file, "")  # no longer
+    assert elastic_state(environ).slow_link == ""
+    assert elastic_state({"WORLD_SIZE": "2"}).slow_link == ""

@@ -11,7 +11,19 @@ from pathlib import Path
 from _procs import Runner
 from unirank.contract import HangSettings
 from unirank.hang.watcher import Watcher
-from unirank.runfolder import AttemptFolder, RunFolder, attempt_folder_of, make_run_folder
+from unirank.runfolder import (
+    AttemptFolder,
+    RunFolder,
+    attempt_folder_of,
+    make_run_folder,
+    read_evicted,
+    read_spare_nodes,
+    read_spares,
+    write_evicted,
+    write_spares,
+)
+from unirank.supervisor.rdzv.client import aside_of, spares_told
+from unirank.supervisor.rdzv.spec import to_line
 
 
 def _watcher(environ: dict[str, str]) -> Watcher:
@@ -102,3 +114,42 @@ def test_every_attempt_file_is_named_in_runfolder_only() -> None:
     assert elsewhere == []
     runfolder = (src / "runfolder.py").read_text()
     assert "from unirank.hang" not in runfolder
+
+
+def test_the_last_eviction_is_recorded_in_the_run_folder_and_read_back(tmp_path: Path) -> None:
+    root = RunFolder(str(tmp_path))
+    assert AttemptFolder(root.attempt(3).path).evicted_file == root.evicted_file
+    assert read_evicted(root.evicted_file) is None
+    write_evicted(root.evicted_file, 2, [5, 4], "node evicted: rank 5 never entered x #1")
+    write_evicted(root.evicted_file, 3, [1], "node evicted: rank 1 never entered y #2")
+    assert read_evicted(root.evicted_file) == (3, (1,), "node evicted: rank 1 never entered y #2")
+    assert os.listdir(tmp_path) == ["evicted.json"]  # replaced whole, nothing half-written left
+    Path(root.evicted_file).write_text("{")
+    assert read_evicted(root.evicted_file) is None
+
+
+def test_the_spare_nodes_told_are_kept_by_name_and_counted(tmp_path: Path) -> None:
+    """What the rendezvous tells (:func:`spares_told`), kept in the run's spares file: the
+    count for rank 0's detector, the names for ``unirank top``; a count with no names (an
+    older server) gives unknown names."""
+    path = RunFolder(str(tmp_path)).spares_file
+    write_spares(path, spares_told({"spares": 2, "names": ["nodeC (10.0.0.3)", "nodeD"]}))
+    assert (read_spares(path), read_spare_nodes(path)) == (2, ("nodeC (10.0.0.3)", "nodeD"))
+    write_spares(path, spares_told({"spares": 1}))
+    assert (read_spares(path), read_spare_nodes(path)) == (1, ("",))
+    write_spares(path, spares_told({"spares": 0, "names": []}))
+    assert (read_spares(path), read_spare_nodes(path)) == (0, ())
+    assert read_spare_nodes(str(tmp_path / "none")) is None
+    assert os.listdir(tmp_path) == ["spares"]
+
+
+def test_the_helper_s_lines_of_spares_and_slow_links_are_told_apart_from_news() -> None:
+    """As the helper writes them (:func:`to_line`: keys sorted, ``names`` before ``spares``,
+    ``node`` before ``slow_link``): kept aside, never taken for news (which stops workers)."""
+    spares = to_line({"spares": 1, "names": ["nodeC"]}).decode()
+    slow = to_line({"slow_link": "slow link: node vm (10.0.0.3): ...", "node": "vm"}).decode()
+    assert aside_of(spares) == {"spares": 1, "names": ["nodeC"]}
+    assert aside_of(slow) == {"slow_link": "slow link: node vm (10.0.0.3): ...", "node": "vm"}
+    news = to_line({"event": 'node b said "spares" and "slow_link"', "kind": "lost"}).decode()
+    assert aside_of(news) is None
+    assert aside_of('{"spares": ') is None and aside_of('["spares"]') is None

@@ -159,12 +159,14 @@ def test_a_run_folder_s_spares_count_is_no_report(tmp_path: Path) -> None:
     """A killed elastic run leaves the count of spares it kept (a non-empty file): that is the
     run's bookkeeping, not something to read, so the folder is swept as an empty one (27
     folders of killed runs were kept three days for it in one test run)."""
-    from unirank.runfolder import RunFolder
+    from unirank.runfolder import RunFolder, write_evicted
     from unirank.sweep import _holds_report
 
     folder = tmp_path / "unirank-run-x"
     (folder / "attempt_0").mkdir(parents=True)
     Path(RunFolder(str(folder)).spares_file).write_text("1\n")
     assert not _holds_report(str(folder))
+    write_evicted(RunFolder(str(folder)).evicted_file, 0, [1], "node evicted: rank 1 ...")
+    assert not _holds_report(str(folder))  # nor is its record of the last eviction
     (folder / "attempt_0" / "error.json").write_text("{}")
     assert _holds_report(str(folder))

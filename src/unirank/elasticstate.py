@@ -120,6 +120,9 @@ class ElasticState:
     #: the ranks that keep the others waiting now, as the hang detector names them while the
     #: job runs (:mod:`unirank.hang.slowrank`; ``()``: none, or no detector)
     stragglers: tuple[Straggler, ...] = ()
+    #: the node whose link the rendezvous names slow now (its name and address: ``vm
+    #: (10.0.0.3)``; "": none, or no such rendezvous: ``unirank run --rdzv-backend c10d`` only)
+    slow_link: str = ""
 
     @property
     def restarted(self) -> bool:

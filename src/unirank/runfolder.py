@@ -38,18 +38,22 @@ through :func:`tempfile.gettempdir`).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from unirank.contract import ATTEMPT_DIR_VAR, ERROR_FILE_VAR
-from unirank.sweep import SPARES_FILE
+from unirank.sweep import BOOKKEEPING, EVICTED_FILE, SLOW_LINK_FILE, SPARES_FILE
 
 __all__ = ["FILTERED_FILES", "AttemptFolder", "RunFolder", "attempt_folder_of",
-           "end_run_folder", "make_run_folder", "make_temporary_run_folder", "read_spares"]
+           "end_run_folder", "make_run_folder", "make_temporary_run_folder", "read_evicted",
+           "read_slow_link", "read_spare_nodes", "read_spares", "write_evicted",
+           "write_slow_link", "write_spares"]
 
 #: the duplicate filters' copies of stdout (1) and stderr (2), in the attempt's folder
 FILTERED_FILES = {1: "filtered_stdout.log", 2: "filtered_stderr.log"}
@@ -146,6 +150,18 @@ class AttemptFolder:
         """The run's spares file (:attr:`RunFolder.spares_file`), from an attempt's folder."""
         return os.path.join(os.path.dirname(self.path), SPARES_FILE)
 
+    @property
+    def evicted_file(self) -> str:
+        """The run's record of its last eviction (:attr:`RunFolder.evicted_file`), from an
+        attempt's folder."""
+        return os.path.join(os.path.dirname(self.path), EVICTED_FILE)
+
+    @property
+    def slow_link_file(self) -> str:
+        """The run's slow link file (:attr:`RunFolder.slow_link_file`), from an attempt's
+        folder."""
+        return os.path.join(os.path.dirname(self.path), SLOW_LINK_FILE)
+
 
 @dataclass(frozen=True)
 class RunFolder:
@@ -160,6 +176,18 @@ class RunFolder:
     def spares_file(self) -> str:
         return os.path.join(self.path, SPARES_FILE)
 
+    @property
+    def evicted_file(self) -> str:
+        """Where this node's ``unirank run`` records the last eviction of the run's nodes
+        (:func:`write_evicted`), for ``unirank top``."""
+        return os.path.join(self.path, EVICTED_FILE)
+
+    @property
+    def slow_link_file(self) -> str:
+        """Where this node's ``unirank run`` keeps the node whose link the rendezvous names
+        slow now (:func:`write_slow_link`), for ``ur.elastic_state()`` and ``unirank top``."""
+        return os.path.join(self.path, SLOW_LINK_FILE)
+
     def has_hang_reports(self) -> bool:
         """Whether rank 0's hang detector wrote reports in some attempt of the run."""
         return any(os.path.isdir(a.hang_folder) for a in self._attempts())
@@ -173,7 +201,8 @@ class RunFolder:
             names = os.listdir(self.path)
         except OSError:
             return []
-        return [AttemptFolder(os.path.join(self.path, n)) for n in names if n != SPARES_FILE]
+        return [AttemptFolder(os.path.join(self.path, n)) for n in names
+                if n not in BOOKKEEPING]
 
 
 def make_run_folder(log_dir: str, run_id: str) -> RunFolder:
@@ -209,13 +238,79 @@ def end_run_folder(root: RunFolder, temporary: bool, shm: str | None = None) -> 
     return reports
 
 
+def write_spares(path: str, names: Sequence[str]) -> None:
+    """Keep the spare nodes waiting to join (their names, "" where not known) in a run's spares
+    file (:attr:`RunFolder.spares_file`): their count on the first line, then a name a
+    line."""
+    _replace(path, "".join(f"{line}\n" for line in (str(len(names)), *names)))
+
+
 def read_spares(path: str) -> int | None:
-    """The count in a run's spares file (:attr:`RunFolder.spares_file`); None where there is
-    none to read."""
+    """The count in a run's spares file (:func:`write_spares`); None where there is none to
+    read."""
     try:
         with open(path, encoding="utf-8") as fh:
-            return max(int(fh.read().strip() or 0), 0)
+            return max(int(fh.readline().strip() or 0), 0)
     except (OSError, ValueError):
+        return None
+
+
+def read_spare_nodes(path: str) -> tuple[str, ...] | None:
+    """The spare nodes' names in a run's spares file (:func:`write_spares`; "" where not
+    known); None where there is none to read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            count, *names = fh.read().split("\n")[:-1]
+        known = max(int(count), 0)
+        return (*names[:known], *("",) * (known - len(names)))
+    except (OSError, ValueError):
+        return None
+
+
+def _replace(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole (a reader never sees half of it); nothing where it
+    cannot be written."""
+    part = f"{path}.{os.getpid()}"
+    try:
+        with open(part, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(part, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+
+
+def write_evicted(path: str, attempt: int, ranks: Sequence[int], why: str) -> None:
+    """Record (replacing the last) that the nodes of ``ranks`` (every rank of theirs) left
+    the run after ``attempt``, and ``why`` (``node evicted: rank 1 never entered all_reduce
+    #12``)."""
+    _replace(path, json.dumps({"attempt": attempt, "ranks": sorted(ranks), "why": why}))
+
+
+def write_slow_link(path: str, node: str) -> None:
+    """Keep the node whose link the rendezvous names slow now (its label: ``vm (10.0.0.3)``;
+    "" once none is)."""
+    _replace(path, f"{node}\n")
+
+
+def read_slow_link(path: str) -> str:
+    """The node :func:`write_slow_link` kept ("" where none, or nothing to read)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.readline().strip()
+    except OSError:
+        return ""
+
+
+def read_evicted(path: str) -> tuple[int, tuple[int, ...], str] | None:
+    """The last eviction :func:`write_evicted` recorded: its attempt, ranks and why; None
+    where there is none to read."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            record = json.load(fh)
+        return (int(record["attempt"]), tuple(int(r) for r in record["ranks"]),
+                str(record["why"]))
+    except (OSError, ValueError, KeyError, TypeError):
         return None
 
 

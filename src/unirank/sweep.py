@@ -37,8 +37,9 @@ from typing import Any
 from unirank.hang.jobs import sweep_jobs
 from unirank.owner import DEAD, Here, here, owner_of, should_sweep, state_of_record
 
-__all__ = ["OWNER_FILE", "PARALLEL_PREFIX", "PREFIXES", "RDZV_PREFIX", "RUN_PREFIX", "SPARES_FILE",
-           "STATE_PREFIX", "make_owned_folder", "read_owner", "sweep"]
+__all__ = ["BOOKKEEPING", "EVICTED_FILE", "OWNER_FILE", "PARALLEL_PREFIX", "PREFIXES",
+           "RDZV_PREFIX", "RUN_PREFIX", "SLOW_LINK_FILE", "SPARES_FILE", "STATE_PREFIX",
+           "make_owned_folder", "read_owner", "sweep"]
 
 #: the owner's record in an owned folder
 OWNER_FILE = "owner.json"
@@ -80,15 +81,23 @@ def read_owner(folder: str) -> dict[str, Any] | None:
 #: a run folder's count of the spare nodes waiting (:attr:`unirank.runfolder.RunFolder.
 #: spares_file`): the run's bookkeeping, never a report
 SPARES_FILE = "spares"
+#: a run folder's record of the last eviction (:attr:`unirank.runfolder.RunFolder.
+#: evicted_file`): the run's bookkeeping, never a report
+EVICTED_FILE = "evicted.json"
+#: a run folder's record of the node whose link the rendezvous names slow now
+#: (:attr:`unirank.runfolder.RunFolder.slow_link_file`): the run's bookkeeping, never a report
+SLOW_LINK_FILE = "slow-link"
+#: the files of a run folder (beside its owner record) that are its bookkeeping, not attempts
+BOOKKEEPING = frozenset({SPARES_FILE, EVICTED_FILE, SLOW_LINK_FILE})
 
 
 def _holds_report(folder: str) -> bool:
     """Whether an owned folder holds something to read: a file that is not empty (a hang
     report, a worker's error file or log, the rendezvous helper's log), its owner record and
-    the run's spares count aside."""
+    the run's bookkeeping (:data:`BOOKKEEPING`) aside."""
     for top, _, names in os.walk(folder):
         for name in names:
-            if top == folder and (name.startswith(OWNER_FILE) or name == SPARES_FILE):
+            if top == folder and (name.startswith(OWNER_FILE) or name in BOOKKEEPING):
                 continue  # the run's own bookkeeping: nothing to read
             with contextlib.suppress(OSError):
                 if os.path.getsize(os.path.join(top, name)) > 0:

@@ -11,6 +11,8 @@ Environment variables read: the caller's environment, from which launcher variab
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,7 +33,8 @@ STUCK_AT = WARMUP + 4
 
 # Steps of training: each rank all-reduces a one and says the world it sees; with HOW set
 # (node B only) its rank gets stuck before step STUCK_AT: asleep, stopped, or in D state (the
-# parent of a vfork'ed child that has not exec'ed).
+# parent of a vfork'ed child that has not exec'ed); with GATE set, its first step waits for that
+# file (a first step may take long: no timeout counts it).
 STEPS = """
 import ctypes, os, signal, sys, time
 import torch
@@ -41,8 +44,10 @@ steps, stuck_at = int(sys.argv[1]), int(sys.argv[2])
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
-how = os.environ.get("HOW")
+how, gate = os.environ.get("HOW"), os.environ.get("GATE")
 for step in range(steps):
+    while step == 0 and gate and not os.path.exists(gate):
+        time.sleep(0.01)
     if how and step == stuck_at:
         print(f"stuck {how} rank {rank}", flush=True)
         if how == "stop":
@@ -65,12 +70,12 @@ ARGS = ["--nnodes", "1:2", "--nproc-per-node", "1", "--max-restarts", "3",
 
 
 def _nodes(runner: Runner, tmp_path: Path, script: str, argv: list[str],
-           env_a: dict[str, str] | None = None, env_b: dict[str, str] | None = None
-           ) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
+           env_a: dict[str, str] | None = None, env_b: dict[str, str] | None = None,
+           options: tuple[str, ...] = ()) -> tuple[subprocess.Popen[Any], subprocess.Popen[Any]]:
     """Node A (serves the rendezvous), then node B once A listens: the same command."""
     (tmp_path / "steps.py").write_text(script)
     port = free_port()
-    args = [*ARGS, "--rdzv-endpoint", f"127.0.0.1:{port}", "steps.py", *argv]
+    args = [*ARGS, *options, "--rdzv-endpoint", f"127.0.0.1:{port}", "steps.py", *argv]
     first = runner.start(args, text=True, drop=("OMP_NUM_THREADS",), env=env_a)
     wait_listening(port, first, TIMEOUT)
     second = runner.start(args, text=True, drop=("OMP_NUM_THREADS",), env=env_b)
@@ -89,12 +94,28 @@ def test_a_stuck_rank_is_evicted_with_no_hang_option(runner: Runner, tmp_path: P
     """A rank asleep in user code, SIGSTOPped, or in D state before step :data:`STUCK_AT`
     (node B's rank 1; or rank 0 asleep, on node A that serves the rendezvous and runs the
     detector): no ``--hang-timeout`` given, the learned one evicts its node and the other
-    node steps on alone to the end."""
+    node steps on alone to the end. Where node B's rank 1 sleeps, ``unirank top --json`` on
+    node A (a temporary folder of its own: one job file of the run there) shows that rank
+    ``evicted`` and the other ``restarting`` between the two attempts (the rank's first step
+    waits until the view is attached)."""
     steps = STUCK_AT + 30
     stuck = {"HOW": how}
+    watched = how == "sleep" and rank == 1
+    env_a: dict[str, str] = {}
+    run_id = f"evict-{os.getpid()}"
+    if watched:
+        env_a["TMPDIR"] = str(tmp_path / "a")
+        stuck.update(TMPDIR=str(tmp_path / "b"), GATE=str(tmp_path / "gate"))
+        os.mkdir(env_a["TMPDIR"])
+        os.mkdir(stuck["TMPDIR"])
     first, second = _nodes(runner, tmp_path, STEPS, [str(steps), str(STUCK_AT)],
-                           *((None, stuck) if rank == 1 else (stuck, None)))
+                           *((env_a, stuck) if rank == 1 else (stuck, None)),
+                           options=("--rdzv-id", run_id) if watched else ())
     evicted, survivor = (second, first) if rank == 1 else (first, second)
+    if watched:
+        states = _top_states(runner, run_id, env_a, Path(stuck["GATE"]), survivor)
+        assert states[1][-1] == "evicted" and "restarting" not in states[1], states
+        assert states[0][-1] == "restarting" and "evicted" not in states[0], states
     out, err = survivor.communicate(timeout=TIMEOUT)
     out_b, err_b = evicted.communicate(timeout=TIMEOUT)
     assert f"stuck {how} rank {rank}" in out_b, out_b + err_b
@@ -109,6 +130,37 @@ def test_a_stuck_rank_is_evicted_with_no_hang_option(runner: Runner, tmp_path: P
     assert f"node evicted: rank {rank} never entered all_reduce #{STUCK_AT + 1}" in err, err
     assert len(_steps(out, 2, 0)) == STUCK_AT, out  # the world of 2 up to the stuck step
     assert f"step {steps - 1} rank 0 world 1 restart 1" in out.splitlines(), out
+
+
+def _top_states(runner: Runner, run_id: str, env: dict[str, str], gate: Path,
+                job: subprocess.Popen[Any]) -> dict[int, list[str]]:
+    """``unirank top --json`` on the job's node of ``env``: each rank's states in the order
+    seen (repeats dropped) until rank 1 is evicted and rank 0 restarting; ``gate`` made once
+    the view showed the job."""
+    command = [sys.executable, "-m", "unirank", "top", "--job", run_id, "--json"]
+    while True:  # until its first rank's watcher wrote the job file
+        done = subprocess.run([*command, "--count", "1"], cwd=runner.cwd, capture_output=True,
+                              env=runner.environ(env), text=True, timeout=60)
+        if done.returncode == 0:
+            break
+        assert "no running unirank job" in done.stderr and job.poll() is None, done.stderr
+    top = subprocess.Popen(command, cwd=runner.cwd, env=runner.environ(env), text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    states: dict[int, list[str]] = {0: [], 1: []}
+    try:
+        assert top.stdout is not None
+        for line in top.stdout:  # bounded by the test's timeout
+            for row in json.loads(line)["ranks"]:
+                seen = states.setdefault(row["rank"], [])
+                if not seen or seen[-1] != row["state"]:
+                    seen.append(row["state"])
+            gate.touch()
+            if "evicted" in states[1] and states[0][-1:] == ["restarting"]:
+                break
+    finally:
+        top.kill()
+        top.communicate()
+    return states
 
 
 # The false positives, each 2x the learned timeout's floor (the slow step: 5 steps' time):

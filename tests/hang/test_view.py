@@ -16,6 +16,7 @@ import pytest
 
 from unirank.hang.view import (
     ENDED,
+    EVICTED,
     MIN_SPAN,
     NONE,
     RESTARTING,
@@ -234,6 +235,27 @@ def test_the_header_says_how_many_spares_wait_where_some_do() -> None:
     assert view_json(view, HEADER, T1)["spares"] is None
 
 
+def test_each_spare_node_has_a_line_with_no_rank_after_the_ranks() -> None:
+    """The spares' names the run's spares file keeps (:func:`unirank.runfolder.
+    read_spare_nodes`): one line each, rank ``-``, state ``spare``, after the ranks' (kept
+    where the height leaves room for few ranks); ``spare_nodes`` in ``--json``."""
+    from dataclasses import replace
+
+    old, new = samples()["slow"]
+    view = make_view(old, new, 8, T1)
+    header = replace(HEADER, spares=2, spare_nodes=("nodeC (10.0.0.3)", ""))
+    lines = render_view(view, header, 80)
+    spares = [i for i, line in enumerate(lines) if line.split()[:1] == ["-"]]
+    assert [lines[i].split() for i in spares] == [
+        ["-", "nodeC", "(10.0.0.3)", "spare", "-", "-", "-", "-"],
+        ["-", "-", "spare", "-", "-", "-", "-"]], lines
+    last_rank = max(i for i, line in enumerate(lines) if line.split()[:1] == ["7"])
+    assert min(spares) > last_rank, lines
+    short = render_view(view, header, 80, height=8)
+    assert sum(line.split()[:1] == ["-"] for line in short) == 2, short
+    assert view_json(view, header, T1)["spare_nodes"] == ["nodeC (10.0.0.3)", ""]
+
+
 def test_between_two_attempts_every_rank_is_restarting_with_no_rates_or_marks() -> None:
     old = world(T0, 100, 0.0)
     new = world(T1, 150, 3.0, r5=rec(5, T1, 150, 150, 0.1))
@@ -248,3 +270,32 @@ def test_between_two_attempts_every_rank_is_restarting_with_no_rates_or_marks() 
     shown = view_json(between, Header("job7", 8, "nodeA:29500", 1.0, STUCK_AFTER), T1)
     assert [r["state"] for r in shown["ranks"]] == [RESTARTING] * 8
     assert shown["notes"] == ["the job's store stopped answering: waiting for its next attempt"]
+
+
+def test_between_two_attempts_the_ranks_of_an_evicted_node_are_evicted_and_the_note_says_why(
+        ) -> None:
+    view = make_view(world(T0, 100, 0.0), world(T1, 150, 3.0), 8, T1)
+    why = "node evicted: rank 5 never entered all_reduce #150"
+    between = restarting(view, ([4, 5, 6, 7], why))
+    assert [r.state for r in between.rows] == [RESTARTING] * 4 + [EVICTED] * 4
+    assert between.notes[0] == why
+    shown = view_json(between, Header("job7", 8, "nodeA:29500", 1.0, STUCK_AFTER), T1)
+    assert [r["state"] for r in shown["ranks"]][4:] == [EVICTED] * 4
+    assert "evicted" in "\n".join(render_view(between, HEADER, 80))
+    assert restarting(view, ((), "")).notes == restarting(view).notes  # nothing evicted
+
+
+def test_a_slow_link_is_said_first_under_the_table_and_in_json() -> None:
+    """The node whose link the rendezvous names slow (:func:`unirank.cli.top._slow_link`)."""
+    from dataclasses import replace
+
+    old, new = samples()["slow"]
+    view = make_view(old, new, 8, T1)
+    lines = render_view(view, replace(HEADER, slow_link="vm (10.0.0.3)"), 200)
+    plain = render_view(view, HEADER, 200)
+    at = len(plain) - len(view.notes)  # the first note's line (200 columns: one line each)
+    assert lines[at].startswith("! slow link: node vm (10.0.0.3) (its link is slow"), lines
+    assert lines[:at] + lines[at + 1:] == plain, lines
+    assert view_json(view, replace(HEADER, slow_link="vm (10.0.0.3)"), T1)["slow_link"] == \
+        "vm (10.0.0.3)"
+    assert view_json(view, HEADER, T1)["slow_link"] is None

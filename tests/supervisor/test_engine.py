@@ -20,6 +20,7 @@ from pathlib import Path
 
 from _procs import SIGNAL_WAIT
 from unirank.contract import DEFAULT_GRACE_PERIOD
+from unirank.runfolder import RunFolder
 from unirank.signals import FORWARDED
 from unirank.supervisor.engine import Supervisor, WorkerLaunch
 from unirank.supervisor.plan import Plan, Worker
@@ -181,7 +182,7 @@ class PipeWatch:
             return None
         return data.decode().strip() or None
 
-    def spares_at(self, path: str) -> None:
+    def keep_at(self, root: RunFolder) -> None:
         pass
 
     def kind(self) -> str | None:

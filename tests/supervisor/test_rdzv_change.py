@@ -188,7 +188,7 @@ def test_a_server_whose_node_succeeded_serves_until_the_others_left() -> None:
 
 def test_members_at_max_hear_how_many_spares_wait_when_it_changes() -> None:
     """The job runs at MAX (2); a third node joins and waits (a spare): each member hears
-    ``spares: 1`` (not news: nothing restarts), and ``spares: 0`` once it left."""
+    ``spares: 1`` and its name (not news: nothing restarts), and ``spares: 0`` once it left."""
     listening = open_store_socket(0)
     spec = replace(SPEC, endpoint_port=int(listening.getsockname()[1]), min_nodes=1,
                    max_nodes=2, last_call_timeout=600.0, close_timeout=600.0)  # closes at 2
@@ -203,7 +203,7 @@ def test_members_at_max_hear_how_many_spares_wait_when_it_changes() -> None:
     spare.join()
     assert spare.next("event")["kind"] == "wait"
     for node in nodes.values():
-        assert node.next("spares") == {"spares": 1}
+        assert node.next("spares") == {"spares": 1, "names": ["c"]}
     spare.lines.close()
     for node in nodes.values():
-        assert node.next("spares") == {"spares": 0}
+        assert node.next("spares") == {"spares": 0, "names": []}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from unirank.exitcodes import HANG_TIMEOUT
 from unirank.supervisor.plan import Plan, Worker
-from unirank.supervisor.restartreason import restart_reason
+from unirank.supervisor.restartreason import evicted_node_ranks, restart_reason
 from unirank.supervisor.summary import RunResult, WorkerExit
 
 
@@ -173,3 +173,12 @@ def test_a_verdict_without_a_stuck_rank_leaves_nothing_to_evict() -> None:
         "all_reduce #4; the job ends")
     assert nothing_to_evict(verdict(NOT_ENTERED, [1], [1])) == ""  # its node is evicted
     assert nothing_to_evict(None) == "" and nothing_to_evict({}) == ""
+
+
+def test_an_eviction_leaves_out_every_rank_of_the_nodes_that_run_the_verdict_s_ranks() -> None:
+    hang = {"never_entered": [5], "call": "all_reduce #3"}
+    assert evicted_node_ranks(hang, (4, 4)) == [4, 5, 6, 7]
+    assert evicted_node_ranks({"slow": [0, 6], "straggler": 0}, (2, 3, 2)) == [0, 1, 5, 6]
+    assert evicted_node_ranks(hang, ()) == [5]  # the layout not known: the verdict's ranks
+    assert evicted_node_ranks(None, (4, 4)) == []
+    assert evicted_node_ranks({"never_entered": []}, (4, 4)) == []

@@ -41,6 +41,8 @@ _HOME, _EOL, _EOS = "\x1b[H", "\x1b[K", "\x1b[J"
 STORE_TIMEOUT = 10.0
 #: seconds a view waits for the next attempt of a job whose store stopped answering
 REATTACH = 15.0
+#: an eviction's record: its attempt, every rank of the nodes evicted, why
+Eviction = tuple[int, tuple[int, ...], str]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -176,14 +178,15 @@ class _Out:
             self.last = (view, header)
 
 
-def _reattach(last: dict[str, object], stopped: _Stopped, out: _Out,
-              interval: float) -> tuple[Any, dict[str, object]] | None:
+def _reattach(last: dict[str, object], stopped: _Stopped, out: _Out, interval: float,
+              before: Eviction | None) -> tuple[Any, dict[str, object]] | None:
     """The store of the job's next attempt and its job file, once one is written within
     :data:`REATTACH` seconds (a restart: ``--max-restarts``, a change of nodes); meanwhile
     every ``interval`` the last view with every rank restarting
-    (:func:`unirank.hang.view.restarting`). None, at once where the process that ran the
-    attempts on this node (the ``last`` job file's ``supervisor``) is gone (the job ended),
-    or after ``--count`` refreshes."""
+    (:func:`unirank.hang.view.restarting`), but those of the nodes evicted where the node's
+    eviction record (:func:`_evicted`) is not ``before``'s, the one the attempt began with.
+    None, at once where the process that ran the attempts on this node (the ``last`` job
+    file's ``supervisor``) is gone (the job ended), or after ``--count`` refreshes."""
     from unirank.hang.jobs import find_jobs, supervisor_gone
     from unirank.hang.view import restarting
     from unirank.store import StoreError, open_store
@@ -197,7 +200,9 @@ def _reattach(last: dict[str, object], stopped: _Stopped, out: _Out,
         if out.last is not None and time.monotonic() - drawn >= interval:
             if not out.more():
                 return None
-            out.show(restarting(out.last[0]), out.last[1], kept=False)
+            news = _evicted(last)
+            evicted = news[1:] if news is not None and news != before else None
+            out.show(restarting(out.last[0], evicted), out.last[1], kept=False)
             drawn = time.monotonic()
         for job in find_jobs(run_id):
             try:
@@ -215,21 +220,40 @@ def _loop(store: Any, job: dict[str, object], interval: float, out: _Out,
     """The view over the job's attempts: a store that stops answering is looked for again
     (:func:`_reattach`); the numbers start over with the next attempt's."""
     while True:
+        before = _evicted(job)
         if _watch(store, job, interval, out, stopped):
             return 0
-        attached = _reattach(job, stopped, out, interval)
+        attached = _reattach(job, stopped, out, interval, before)
         if attached is None:
             return 0 if not out.more() else _gone(str(job["run_id"]))
         store, job = attached
 
 
-def _spares(job: dict[str, object]) -> int | None:
-    """How many spare nodes wait to join (the run's spares file this node's ``unirank run``
-    keeps, named in the job file); None where there is none."""
-    from unirank.runfolder import read_spares
+def _evicted(job: dict[str, object]) -> Eviction | None:
+    """The last eviction this node's ``unirank run`` recorded (its file named in the job file:
+    :func:`unirank.runfolder.read_evicted`); None where there is none."""
+    from unirank.runfolder import read_evicted
+
+    path = job.get("evicted_file")
+    return read_evicted(path) if isinstance(path, str) and path else None
+
+
+def _slow_link(job: dict[str, object]) -> str:
+    """The node whose link the rendezvous names slow now, as this node's ``unirank run``
+    keeps it (its file named in the job file: :func:`unirank.runfolder.read_slow_link`)."""
+    from unirank.runfolder import read_slow_link
+
+    path = job.get("slow_link_file")
+    return read_slow_link(path) if isinstance(path, str) and path else ""
+
+
+def _spares(job: dict[str, object]) -> tuple[str, ...] | None:
+    """The spare nodes that wait to join, by name (the run's spares file this node's
+    ``unirank run`` keeps, named in the job file); None where there is none."""
+    from unirank.runfolder import read_spare_nodes
 
     path = job.get("spares_file")
-    return read_spares(path) if isinstance(path, str) and path else None
+    return read_spare_nodes(path) if isinstance(path, str) and path else None
 
 
 def _watch(store: Any, job: dict[str, object], interval: float, out: _Out,
@@ -260,7 +284,9 @@ def _watch(store: Any, job: dict[str, object], interval: float, out: _Out,
             return False
         for rank, record in newest.items():
             history.add(rank, record)
-        header = replace(header, spares=_spares(job))
+        spares = _spares(job)
+        header = replace(header, spares=None if spares is None else len(spares),
+                         spare_nodes=spares or (), slow_link=_slow_link(job))
         out.show(make_view(history.oldest(), history.newest(), world, time.time(), limit,
                            silent, named), header)
         if out.more():

@@ -26,12 +26,16 @@ A rank's state, the first that applies:
 
 Between two attempts (the job's store stopped answering while the process that runs its
 attempts runs on: a restart, a node lost or joining) every rank is ``restarting``
-(:func:`restarting`), its rates unknown, until the next attempt's records come.
+(:func:`restarting`), its rates unknown, until the next attempt's records come; but the ranks
+of a node the supervisors evicted (``--on-hang evict``, ``--on-slow evict``: each rank of
+that node, as the node's ``unirank run`` recorded them, :func:`unirank.runfolder.
+write_evicted`) are ``evicted``, and the note says why.
 
 Waits are judged at the oldest record's time (:func:`judged_at`): a record a few seconds old
 (the progress records come every interval until the live ones do) never makes a wait look
 longer than its rank has said. Evicted nodes and spares are the supervisors' to know, not
-the store's: the header counts the spares (``unirank top``).
+the store's: the header counts the spares, and ``unirank top`` passes the eviction its node's
+``unirank run`` recorded to :func:`restarting`.
 
 Reads no environment variable.
 """
@@ -47,12 +51,14 @@ from unirank.hang.render import wavefront_line
 from unirank.hang.straggle import Straggler, find_stragglers
 from unirank.hang.waits import MARK_AFTER
 
-__all__ = ["ENDED", "MIN_SPAN", "NONE", "RESTARTING", "RUNNING", "SLOW", "STUCK", "STUCK_AFTER",
-           "WAITING", "WINDOW", "History", "Row", "View", "judged_at", "make_view",
-           "newest_records", "restarting", "share_of", "stuck_after"]
+__all__ = ["ENDED", "EVICTED", "MIN_SPAN", "NONE", "RESTARTING", "RUNNING", "SLOW", "SPARE",
+           "STUCK", "STUCK_AFTER", "WAITING", "WINDOW", "History", "Row", "View", "judged_at",
+           "make_view", "newest_records", "restarting", "share_of", "stuck_after"]
 
 STUCK, ENDED, SLOW, WAITING, RUNNING, NONE = "stuck", "ended", "slow", "waiting", "running", "-"
-RESTARTING = "restarting"
+RESTARTING, EVICTED = "restarting", "evicted"
+#: a spare node's line (no rank: it waits to join; the table's, from the header)
+SPARE = "spare"
 #: seconds of a rank's records its rates span (at most)
 WINDOW = 5.0
 #: the shortest window (seconds) whose shares may name a slow rank
@@ -218,13 +224,16 @@ def make_view(old: Mapping[int, Mapping[str, Any]], new: Mapping[int, Mapping[st
                 tuple(sorted(set(nodes.values()) - {""})))
 
 
-def restarting(view: View) -> View:
+def restarting(view: View, evicted: tuple[Sequence[int], str] | None = None) -> View:
     """``view`` between two attempts: every rank restarting, its rates and marks dropped (its
-    node, last collective and restart count kept until the next attempt's records come)."""
-    rows = tuple(Row(r.rank, r.node, RESTARTING, op=r.op, number=r.number, restarts=r.restarts)
-                 for r in view.rows)
-    return View(rows, ("the job's store stopped answering: waiting for its next attempt",),
-                view.nodes)
+    node, last collective and restart count kept until the next attempt's records come); but
+    ``evicted``'s ranks (every rank of the nodes left out, and why) evicted."""
+    gone, why = evicted or ((), "")
+    rows = tuple(Row(r.rank, r.node, EVICTED if r.rank in gone else RESTARTING, op=r.op,
+                     number=r.number, restarts=r.restarts) for r in view.rows)
+    notes = ((why,) if why and gone else ()) + (
+        "the job's store stopped answering: waiting for its next attempt",)
+    return View(rows, notes, view.nodes)
 
 
 def _who(rank: int, node: str) -> str:

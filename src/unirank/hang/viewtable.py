@@ -2,7 +2,8 @@
 that fits a given width, or as one JSON object.
 
 The table: a header (the job, its ranks and nodes, where its store is, the refresh), one line
-per rank, then the lines that say why a rank is marked, wrapped to the width. Columns are
+per rank, one per spare node waiting to join (rank ``-``, state ``spare``), then the lines that
+say why a rank is marked (and which node's link is slow), wrapped to the width. Columns are
 dropped, the least needed first (restarts, last collective, node, share waiting), until the
 rest fits; a marked rank's line starts with ``!`` and names its state in capitals (``STUCK``,
 ``SLOW``), so that the marks show without colour. Golden files: tests/fixtures/top.
@@ -17,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from unirank.hang.view import SLOW, STUCK, Row, View
+from unirank.hang.view import SLOW, SPARE, STUCK, Row, View
 from unirank.words import counted
 
 __all__ = ["Header", "render_view", "view_json"]
@@ -34,6 +35,10 @@ class Header:
     stuck_after: float
     #: spare nodes waiting to join the elastic job (None: unknown here, not under unirank run)
     spares: int | None = None
+    #: their names ("" where not known)
+    spare_nodes: tuple[str, ...] = ()
+    #: the node whose link the rendezvous names slow now ("": none)
+    slow_link: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,7 @@ def _state(row: Row) -> str:
 
 _COLUMNS = (
     _Column("", lambda r: "!" if r.state in (STUCK, SLOW) else " ", False, 0),
-    _Column("RANK", lambda r: str(r.rank), True, 0),
+    _Column("RANK", lambda r: str(r.rank) if r.rank >= 0 else "-", True, 0),
     _Column("NODE", lambda r: r.node or "-", False, 3),
     _Column("STATE", _state, False, 0),
     _Column("COLL/S", _rate, True, 0),
@@ -104,15 +109,20 @@ def render_view(view: View, header: Header, width: int, height: int | None = Non
             + (f"; {counted(header.spares, 'spare node')} waiting" if header.spares else ""))
     lines = [*textwrap.wrap(head, width, subsequent_indent="  "),
              *textwrap.wrap(more, width, subsequent_indent="  ")]
-    notes = [n for note in view.notes
+    said = ((f"slow link: node {header.slow_link} (its link is slow or saturated; every "
+             "rank's collectives wait for it)",) if header.slow_link else ())
+    notes = [n for note in (*said, *view.notes)
              for n in textwrap.wrap(f"! {note}", width, subsequent_indent="  ")]
-    rows = _shown(view.rows, None if height is None else height - len(lines) - 1 - len(notes))
-    columns = _fit(view.rows, width)
+    spares = [Row(-1, name, SPARE) for name in header.spare_nodes]
+    rows = _shown(view.rows, None if height is None else
+                  height - len(lines) - 1 - len(notes) - len(spares))
+    columns = _fit((*view.rows, *spares), width)
     lines.append(_line([(c.title, w, c.right) for c, w in columns], width))
     lines += [_line([(c.cell(row), w, c.right) for c, w in columns], width) for row in rows]
     if len(rows) < len(view.rows):
         lines.append(f"... {counted(len(view.rows) - len(rows), 'more rank')} (--json: all)"
                      [:width])
+    lines += [_line([(c.cell(row), w, c.right) for c, w in columns], width) for row in spares]
     return lines + notes
 
 
@@ -133,6 +143,7 @@ def view_json(view: View, header: Header, now: float) -> dict[str, Any]:
     return {"time": round(now, 3), "job": header.job, "world_size": header.world_size,
             "nodes": list(view.nodes), "store": header.store, "interval": header.interval,
             "stuck_after": header.stuck_after, "spares": header.spares,
+            "spare_nodes": list(header.spare_nodes), "slow_link": header.slow_link or None,
             "ranks": [{"rank": r.rank, "node": r.node, "state": r.state,
                        "collectives_per_s": None if r.per_s is None else round(r.per_s, 3),
                        "share_waiting": None if r.waiting is None else round(r.waiting, 4),

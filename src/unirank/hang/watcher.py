@@ -218,11 +218,13 @@ class Watcher:
         _RUNNING.append(self)
         if self._job is not None:
             folder = self.attempt_folder()
+            run = AttemptFolder(folder) if folder else None
             self._job_file = announce({**self._job, "world_size": self.world_size,
                                        "interval": self.settings.interval,
                                        "report_after": self.settings.report_after,
-                                       "spares_file": folder and AttemptFolder(folder)
-                                       .spares_file})
+                                       "spares_file": run and run.spares_file,
+                                       "evicted_file": run and run.evicted_file,
+                                       "slow_link_file": run and run.slow_link_file})
         start_shielded(self._thread)  # the program's signals go to its main thread
         # before the interpreter's teardown: a daemon thread inside a store call at that
         # moment aborts the process ("terminate called without an active exception")

@@ -173,19 +173,28 @@ def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
     (:func:`unirank.runtime.snapshotload.restored_from`). ``stragglers``: the ranks that keep the
     others waiting now, as the hang detector names them (:mod:`unirank.hang.slowrank`; one
     store read where this rank is not the detector's; ``()`` without a detector).
+    ``slow_link``: the node whose link the rendezvous names slow now, as this node's ``unirank
+    run`` keeps it (:attr:`unirank.runfolder.RunFolder.slow_link_file`).
 
     Reads: TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, UNIRANK_RESTART_REASON, and
-    the world size as :func:`get_world_size` (WORLD_SIZE where ``environ`` is given).
+    the world size as :func:`get_world_size` (WORLD_SIZE where ``environ`` is given);
+    UNIRANK_ATTEMPT_DIR, else TORCHELASTIC_ERROR_FILE (:func:`unirank.runfolder.
+    attempt_folder_of`).
     """
     from dataclasses import replace
 
-    found = read_elastic_state(os.environ if environ is None else environ,
-                               None if environ is not None else get_world_size())
+    from unirank.runfolder import AttemptFolder, attempt_folder_of, read_slow_link
+
+    seen = os.environ if environ is None else environ
+    found = read_elastic_state(seen, None if environ is not None else get_world_size())
     from unirank.hang.watcher import running
 
     watcher = running()
+    folder = attempt_folder_of(seen)
     return replace(found, state_restored=STATE.state_restored,
-                   stragglers=() if watcher is None else watcher.stragglers())
+                   stragglers=() if watcher is None else watcher.stragglers(),
+                   slow_link=read_slow_link(AttemptFolder(folder).slow_link_file) if folder
+                   else "")
 
 
 def _hand_made_layout() -> Layout | None:

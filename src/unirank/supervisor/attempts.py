@@ -55,7 +55,13 @@ from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.launchers import slurm_vars
 from unirank.owner import KEEP_DAYS
 from unirank.resolve import require_own
-from unirank.runfolder import AttemptFolder, RunFolder, end_run_folder, make_run_folder
+from unirank.runfolder import (
+    AttemptFolder,
+    RunFolder,
+    end_run_folder,
+    make_run_folder,
+    write_evicted,
+)
 from unirank.runfolder import make_temporary_run_folder as temporary_run_folder
 from unirank.statekeep.memory import (
     flush_to_disk,
@@ -75,6 +81,7 @@ from unirank.supervisor.plan import Plan
 from unirank.supervisor.rdzv.messages import JOIN
 from unirank.supervisor.recovery import NextRound, Recovery, format_recovery, restart_line_waits
 from unirank.supervisor.restartreason import (
+    evicted_node_ranks,
     evicted_why,
     is_slow,
     nothing_to_evict,
@@ -186,7 +193,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     shm = memory_root(environ)
     root, keep = _log_root(plan, options, err_fd, shm)
     if watch is not None:  # for rank 0's detector (--on-slow replace)
-        watch.spares_at(root.spares_file)
+        watch.keep_at(root)
     memory = make_memory_folder(environ)  # the snapshots outlive the attempts, not the run
     earlier: list[RunResult] = []
     reason: str | None = None
@@ -229,6 +236,8 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
             if not waits:  # else said once the next round took this node (not evicted)
                 os.write(err_fd, f"{options.prog}: attempt {attempt} {_attempt_end(result)}"
                          f"{restarting}".encode())
+            if evicted := evicted_node_ranks(verdict, plan.ranks_per_node):  # unirank top's
+                write_evicted(root.evicted_file, attempt, evicted, evicted_why(verdict))
             attempt += 1
             spent += spends
             before, news, moved = plan, None, None

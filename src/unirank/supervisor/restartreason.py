@@ -8,7 +8,7 @@ Runs in the ``unirank run`` parent; reads no environment variable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from unirank.elasticstate import RestartReason, nodes_changed
@@ -16,9 +16,11 @@ from unirank.exitcodes import HANG_TIMEOUT
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.plan import Plan
 from unirank.supervisor.rdzv.messages import EVICTED, MOVED
+from unirank.supervisor.rdzv.spec import node_blocks
 from unirank.supervisor.summary import RunResult
 
-__all__ = ["evicted_ranks", "evicted_why", "is_slow", "nothing_to_evict", "restart_reason"]
+__all__ = ["evicted_node_ranks", "evicted_ranks", "evicted_why", "is_slow", "nothing_to_evict",
+           "restart_reason"]
 
 
 def is_slow(verdict: Mapping[str, Any] | None) -> bool:
@@ -32,6 +34,18 @@ def evicted_ranks(verdict: Mapping[str, Any] | None) -> list[int]:
     (``--on-hang evict``), or the straggler's node's (``--on-slow evict``)."""
     key = "slow" if is_slow(verdict) else "never_entered"
     return [int(r) for r in (verdict or {}).get(key) or ()]
+
+
+def evicted_node_ranks(verdict: Mapping[str, Any] | None,
+                       ranks_per_node: Sequence[int]) -> list[int]:
+    """Every rank of the nodes a verdict leaves out (those of :func:`evicted_ranks`), the
+    nodes' ranks counted by ``ranks_per_node``; the verdict's ranks alone where that is not
+    known (empty)."""
+    ranks = evicted_ranks(verdict)
+    if not ranks_per_node:
+        return ranks
+    return [r for block in node_blocks(ranks_per_node) if any(x in block for x in ranks)
+            for r in block]
 
 
 def evicted_why(verdict: Mapping[str, Any] | None) -> str:

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from unirank.runfolder import RunFolder
 from unirank.supervisor.output import LineCopy
 from unirank.supervisor.plan import Plan, Worker
 from unirank.supervisor.workerenv import WorkerWiring, worker_environ
@@ -31,9 +32,11 @@ class WorldWatch(Protocol):
         """The news, read without blocking: one line saying how the world changed, or None
         (nothing yet)."""
 
-    def spares_at(self, path: str) -> None:
-        """Keep the count of spare nodes waiting to join in ``path``, now and as it changes
-        (for rank 0's detector: ``--on-slow replace``)."""
+    def keep_at(self, root: RunFolder) -> None:
+        """Keep what the rendezvous tells that is no news for the workers in ``root``'s files,
+        now and as it changes: the spare nodes waiting to join (``RunFolder.spares_file``: for
+        rank 0's detector, ``--on-slow replace``, and ``unirank top``) and the node whose link
+        is slow (``RunFolder.slow_link_file``: ``ur.elastic_state()``, ``unirank top``)."""
 
     def kind(self) -> str | None:
         """The kind of the last news (:mod:`.rdzv.messages`), None where it gave none:

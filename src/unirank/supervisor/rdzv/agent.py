@@ -265,11 +265,13 @@ class Node:
             self.follow(message["moved"])
             return
         if "slow_link" in message:  # the server's line on a slow link: the parent says it
-            _answer({"slow_link": str(message["slow_link"])})
+            _answer({"slow_link": str(message["slow_link"]),  # and keeps the node
+                     "node": str(message.get("node") or "")})
             return
-        if "spares" in message:  # how many wait beyond MAX: the parent keeps it, no news
+        if "spares" in message:  # the nodes waiting beyond MAX: the parent keeps them, no news
             with contextlib.suppress(TypeError, ValueError):
-                _answer({"spares": max(int(message["spares"]), 0)})
+                _answer({"spares": max(int(message["spares"]), 0),
+                         "names": [str(name) for name in message.get("names") or ()]})
             return
         if "evicted" in message:  # said now (the parent reads it while its workers run)
             raise _evicted(str(message["evicted"]))

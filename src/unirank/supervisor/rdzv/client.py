@@ -25,13 +25,14 @@ from typing import Any
 
 from unirank.errors import ConfigError
 from unirank.exitcodes import EVICTED as EVICTED_EXIT
+from unirank.runfolder import RunFolder, write_slow_link, write_spares
 from unirank.supervisor.helper import start_helper
 from unirank.supervisor.rdzv.conf import CLOSE_TIMEOUT
 from unirank.supervisor.rdzv.messages import ENDED, EVICTED, MOVED
 from unirank.supervisor.rdzv.spec import Assignment, RdzvSpec, assignment_of, to_line
 from unirank.sweep import RDZV_PREFIX, make_owned_folder
 
-__all__ = ["ANSWER_MARGIN", "RendezvousHelper", "StoppedWaiting"]
+__all__ = ["ANSWER_MARGIN", "RendezvousHelper", "StoppedWaiting", "aside_of", "spares_told"]
 
 #: seconds the parent waits for an answer beyond the join timeout (the helper's start and its
 #: connect)
@@ -90,10 +91,12 @@ class RendezvousHelper:
         self._moved: str | None = None
         #: the last news was nodes waiting to join (:meth:`joining`)
         self._kind: str | None = None
-        #: how many spares wait to join (the rendezvous says it: :meth:`_took_aside`), and
-        #: where it is kept (:meth:`spares_at`)
-        self.spares = 0
-        self._spares_file: str | None = None
+        #: the spare nodes that wait to join, by name, and the node whose link is slow ("":
+        #: none) (the rendezvous says them: :meth:`_took_aside`), and the run folder where
+        #: they are kept (:meth:`keep_at`)
+        self.spares: tuple[str, ...] = ()
+        self.slow_link = ""
+        self._root: RunFolder | None = None
         self._send(to_line(spec))
 
     def _send(self, line: bytes) -> None:
@@ -128,7 +131,7 @@ class RendezvousHelper:
             self._keep_log = True
             raise ConfigError(exc.message, variable=exc.variable, value=exc.value,
                               hint=f"the rendezvous helper's log: {self.log_path}") from None
-        self.spares = 0  # a new round: none until the rendezvous says so
+        self.spares = ()  # a new round: none until the rendezvous says so
         self._write_spares()
         return found
 
@@ -209,35 +212,34 @@ class RendezvousHelper:
         return self._note(news, line.decode(errors="replace"))
 
     def _took_aside(self, line: str) -> bool:
-        """Whether ``line`` is the count of spares waiting (not news: it changes nothing for
-        the workers), which is then kept (:meth:`spares_at`), or the rendezvous's line on a
-        slow link, which is then said (:mod:`.linkrule`)."""
-        if line.startswith('{"slow_link"'):
-            with contextlib.suppress(ValueError, TypeError, KeyError):
-                sys.stderr.write(f"unirank run: {json.loads(line)['slow_link']}\n")
-                sys.stderr.flush()
-            return True
-        if not line.startswith('{"spares"'):
+        """Whether ``line`` tells the spares waiting or a slow link (not news: it changes
+        nothing for the workers), which are then kept (:meth:`keep_at`); a slow link's line is
+        also said (:mod:`.linkrule`)."""
+        told = aside_of(line)
+        if told is None:
             return False
         with contextlib.suppress(ValueError, TypeError, KeyError):
-            self.spares = max(int(json.loads(line)["spares"]), 0)
-            self._write_spares()
+            if "slow_link" in told:
+                sys.stderr.write(f"unirank run: {told['slow_link']}\n")
+                sys.stderr.flush()
+                self.slow_link = str(told.get("node") or "")
+                if self._root is not None:
+                    write_slow_link(self._root.slow_link_file, self.slow_link)
+            else:
+                self.spares = spares_told(told)
+                self._write_spares()
         return True
 
-    def spares_at(self, path: str) -> None:
-        """Keep the count of spares waiting in ``path`` (the run's spares file, for rank 0's
-        detector: ``--on-slow replace``), now and whenever it changes."""
-        self._spares_file = path
+    def keep_at(self, root: RunFolder) -> None:
+        """Keep the spares waiting and the slow link in ``root``'s files, now and whenever
+        they change (:class:`unirank.supervisor.workerlaunch.WorldWatch`)."""
+        self._root = root
         self._write_spares()
+        write_slow_link(root.slow_link_file, self.slow_link)
 
     def _write_spares(self) -> None:
-        if self._spares_file is None:
-            return
-        with contextlib.suppress(OSError):
-            part = f"{self._spares_file}.{os.getpid()}"
-            with open(part, "w", encoding="utf-8") as fh:
-                fh.write(f"{self.spares}\n")
-            os.replace(part, self._spares_file)
+        if self._root is not None:
+            write_spares(self._root.spares_file, self.spares)
 
     def _note(self, news: dict[str, Any], line: str) -> str:
         """The text of ``news`` (a garbled ``line`` as it came); its kind kept
@@ -285,3 +287,26 @@ class RendezvousHelper:
             if self._keep_log and os.path.getsize(self.log_path) > 0:
                 return
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def spares_told(told: Mapping[str, Any]) -> tuple[str, ...]:
+    """The spare nodes the rendezvous's ``{"spares": n, "names": [...]}`` tells
+    (:meth:`unirank.supervisor.rdzv.keeper.RoundKeeper.say_spares`), by name: "" for each
+    whose name is not told (a server that counts them only). ValueError, TypeError or KeyError
+    where it is no such line."""
+    count = max(int(told["spares"]), 0)
+    names = [str(n) for n in told.get("names") or ()][:count]
+    return (*names, *("",) * (count - len(names)))
+
+
+def aside_of(line: str) -> dict[str, Any] | None:
+    """The helper's ``line`` where it tells the spares waiting or a slow link (no news: kept
+    aside, :meth:`RendezvousHelper._took_aside`), whatever the order of its keys; None for
+    any other line (news, a round)."""
+    if '"slow_link"' not in line and '"spares"' not in line:
+        return None  # the common case, without parsing
+    try:
+        told = json.loads(line)
+    except ValueError:
+        return None
+    return told if isinstance(told, dict) and {"slow_link", "spares"} & told.keys() else None

@@ -76,8 +76,9 @@ class RoundKeeper:
         self._untold = set(self.members)
         self._opened: float | None = None
         self._min_at: float | None = None
-        #: the spares count the running round's members were told last (a round's start: 0)
-        self._spares_told = 0
+        #: the spare nodes the running round's members were told of last (a round's start:
+        #: none)
+        self._spares_told: tuple[str, ...] = ()
         #: the node that stands out now and since when; the node named (a slow link)
         self._link: tuple[str | None, float] = (None, 0.0)
         self._link_named: str | None = None
@@ -138,26 +139,26 @@ class RoundKeeper:
                          + [n for n, until in self._grace.items() if until > now])
 
     def say_spares(self) -> None:
-        """Tell the running round's members how many spares wait (nodes connected and waiting
-        while the job runs at MAX: one takes a lost or evicted node's place at the next round;
-        ``--on-slow replace`` reads it), where that count changed since they were told."""
-        spares = 0
+        """Tell the running round's members how many spares wait, and their names (nodes
+        connected and waiting while the job runs at MAX: one takes a lost or evicted node's
+        place at the next round; ``--on-slow replace`` reads the count, ``unirank top`` shows
+        them), where they changed since the members were told."""
+        spares: tuple[str, ...] = ()
         if self._waiting and len(self.members) >= self.spec.max_nodes:  # each tick: cheap
             members, alive = frozenset(self.members), self._conns.named
-            spares = sum(1 for n in self._waiting if n not in members and n in alive)
+            spares = tuple(n for n in self._waiting if n not in members and n in alive)
         if spares == self._spares_told:
             return
         self._spares_told = spares
-        line = to_line({"spares": spares})
-        for node in self._conns.named.values():
-            if node.node in self.members:
-                node.lines.send_line(line)
+        names = self._names()
+        self._say_members({"spares": len(spares), "names": [node_label(n, names) for n in spares]})
 
     def say_slow_link(self, now: float) -> None:
         """Name a node whose link is slow (:func:`.linkrule.odd_link` over the kernel's
         round trip of each member's connection to this server, held
         :data:`.linkrule.HOLD_S`), and when it no longer is (:data:`.linkrule.RECOVER_S`), in
-        one line to this server's own node, whose ``unirank run`` says it."""
+        one line to each member, whose ``unirank run`` says it and keeps the node named
+        (``node``: "" once none is) for ``ur.elastic_state()`` and ``unirank top``."""
         if now - self._link_at < 1.0:  # a look a second: a syscall per member
             return
         self._link_at = now
@@ -174,20 +175,25 @@ class RoundKeeper:
         if suspect != self._link[0]:
             self._link = (suspect, now)
         held = now - self._link[1]
-        text = ""
         if found and suspect != self._link_named and held >= HOLD_S:
             self._link_named = suspect
             label = node_label(found[0], self._names(), address=True)
-            text = (f"slow link: node {label}: its messages to the rendezvous take "
-                    f"{found[1] / 1000:.1f} ms, the other nodes' {found[2] / 1000:.1f} ms (its "
-                    "link is slow or saturated; every rank's collectives wait for it)")
+            self._say_members({"slow_link": (
+                f"slow link: node {label}: its messages to the rendezvous take "
+                f"{found[1] / 1000:.1f} ms, the other nodes' {found[2] / 1000:.1f} ms (its "
+                "link is slow or saturated; every rank's collectives wait for it)"),
+                "node": label})
         elif self._link_named and suspect != self._link_named and held >= RECOVER_S:
             label = node_label(self._link_named, self._names(), address=True)
             self._link_named = None
-            text = f"slow link: node {label} no longer"
-        own = self._conns.named.get(self.host)
-        if text and own is not None:
-            own.lines.send({"slow_link": text})
+            self._say_members({"slow_link": f"slow link: node {label} no longer", "node": ""})
+
+    def _say_members(self, told: dict[str, Any]) -> None:
+        """One line that is no news (nothing restarts) to each member of the running round."""
+        line = to_line(told)
+        for node in self._conns.named.values():
+            if node.node in self.members:
+                node.lines.send_line(line)
 
     def _catch_up(self) -> bool:
         """Read what the waiting nodes sent that is not read yet; True where there was any
@@ -227,7 +233,7 @@ class RoundKeeper:
                                   self.host)
         self.round += 1
         self._send_round(before)
-        self._spares_told = 0  # a new round's members count none until told
+        self._spares_told = ()  # a new round's members count none until told
         admitted = frozenset(self.members)
         self._waiting = {n: None for n in self._waiting if n not in admitted}
         self._opened = now if self._waiting else None

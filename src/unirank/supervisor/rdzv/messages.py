@@ -19,8 +19,9 @@ join; ``wait`` to a node that waits for a running job's next round), ``beat``, `
 (where the job runs: address, rendezvous port, node), ``dropped`` (why this node was left
 out), ``here`` (a probe's answer), ``behind`` (this server's round, to a hello from a node that
 took part in a later one: :func:`.rounds.behind`), ``spares`` (how many nodes wait beyond MAX,
-to the running round's members when it changes: :meth:`.keeper.RoundKeeper.say_spares`),
-``slow_link`` (a line naming a node whose link is slow, to the server's own node:
+and their ``names``, to the running round's members when they change:
+:meth:`.keeper.RoundKeeper.say_spares`), ``slow_link`` (a line naming a node whose link is slow,
+and that ``node``, "" once none is, to the running round's members:
 :meth:`.keeper.RoundKeeper.say_slow_link`).
 """
 

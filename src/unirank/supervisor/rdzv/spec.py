@@ -19,7 +19,7 @@ from unirank.errors import ConfigError
 from unirank.supervisor.rdzv import conf
 
 __all__ = ["DEFAULT_ENDPOINT_PORT", "Assignment", "NodeRecord", "RdzvSpec", "assign",
-           "assignment_of", "to_line"]
+           "assignment_of", "node_blocks", "to_line"]
 
 #: torchrun's port for a c10d endpoint given without one
 DEFAULT_ENDPOINT_PORT = 29400
@@ -134,12 +134,18 @@ class Assignment:
 
     def nodes_of(self, ranks: Sequence[int]) -> tuple[str, ...]:
         """The identities of the nodes that run ``ranks`` (global ranks, node after node)."""
-        found, first = [], 0
-        for node, count in zip(self.nodes, self.ranks_per_node):
-            if any(first <= rank < first + count for rank in ranks):
-                found.append(node)
-            first += count
-        return tuple(found)
+        return tuple(node for node, block in zip(self.nodes, node_blocks(self.ranks_per_node))
+                     if any(rank in block for rank in ranks))
+
+
+def node_blocks(ranks_per_node: Sequence[int]) -> list[range]:
+    """Each node's global ranks, node after node (THE layout: a node's ranks are consecutive,
+    in node-rank order), from how many each node runs."""
+    blocks, first = [], 0
+    for count in ranks_per_node:
+        blocks.append(range(first, first + count))
+        first += count
+    return blocks
 
 
 def assign(records: Sequence[NodeRecord], own: int, round_: int = 0) -> Assignment:
