@@ -138,12 +138,13 @@ def _view(args: argparse.Namespace) -> int:
 
 
 def _gone(run_id: str) -> int:
-    """The store stopped answering and no next attempt came: 0 where the job ended (its job
-    files are gone), else 1."""
+    """The store stopped answering and no next attempt came: 0 where the job ended on this node
+    (its job files are gone; an elastic job may go on on other nodes, this one evicted), else
+    1."""
     from unirank.hang.jobs import find_jobs
 
     if not find_jobs(run_id):
-        print(f"unirank top: job {run_id} ended", file=sys.stderr)
+        print(f"unirank top: job {run_id} ended on this node", file=sys.stderr)
         return 0
     print(f"unirank top: the store of job {run_id} stopped answering: run unirank top again",
           file=sys.stderr)
