@@ -118,7 +118,7 @@ def test_every_attempt_file_is_named_in_runfolder_only() -> None:
 
 def test_the_last_eviction_is_recorded_in_the_run_folder_and_read_back(tmp_path: Path) -> None:
     root = RunFolder(str(tmp_path))
-    assert AttemptFolder(root.attempt(3).path).evicted_file == root.evicted_file
+    assert AttemptFolder(root.attempt(3).path).run == root
     assert read_evicted(root.evicted_file) is None
     write_evicted(root.evicted_file, 2, [5, 4], "node evicted: rank 5 never entered x #1")
     write_evicted(root.evicted_file, 3, [1], "node evicted: rank 1 never entered y #2")

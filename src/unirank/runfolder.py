@@ -146,21 +146,10 @@ class AttemptFolder:
         return os.path.join(self.path, _ON_HANG_ASKED)
 
     @property
-    def spares_file(self) -> str:
-        """The run's spares file (:attr:`RunFolder.spares_file`), from an attempt's folder."""
-        return os.path.join(os.path.dirname(self.path), SPARES_FILE)
-
-    @property
-    def evicted_file(self) -> str:
-        """The run's record of its last eviction (:attr:`RunFolder.evicted_file`), from an
-        attempt's folder."""
-        return os.path.join(os.path.dirname(self.path), EVICTED_FILE)
-
-    @property
-    def slow_link_file(self) -> str:
-        """The run's slow link file (:attr:`RunFolder.slow_link_file`), from an attempt's
-        folder."""
-        return os.path.join(os.path.dirname(self.path), SLOW_LINK_FILE)
+    def run(self) -> RunFolder:
+        """The folder of the run this attempt is one of (its bookkeeping files: the spares,
+        the last eviction, the slow link)."""
+        return RunFolder(os.path.dirname(self.path))
 
 
 @dataclass(frozen=True)
@@ -242,7 +231,7 @@ def write_spares(path: str, names: Sequence[str]) -> None:
     """Keep the spare nodes waiting to join (their names, "" where not known) in a run's spares
     file (:attr:`RunFolder.spares_file`): their count on the first line, then a name a
     line."""
-    _replace(path, "".join(f"{line}\n" for line in (str(len(names)), *names)))
+    _write_whole(path, "".join(f"{line}\n" for line in (str(len(names)), *names)))
 
 
 def read_spares(path: str) -> int | None:
@@ -267,9 +256,9 @@ def read_spare_nodes(path: str) -> tuple[str, ...] | None:
         return None
 
 
-def _replace(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` whole (a reader never sees half of it); nothing where it
-    cannot be written."""
+def _write_whole(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` whole (a reader never sees half of it: a part file of this
+    process, then renamed); nothing where it cannot be written."""
     part = f"{path}.{os.getpid()}"
     try:
         with open(part, "w", encoding="utf-8") as fh:
@@ -284,13 +273,13 @@ def write_evicted(path: str, attempt: int, ranks: Sequence[int], why: str) -> No
     """Record (replacing the last) that the nodes of ``ranks`` (every rank of theirs) left
     the run after ``attempt``, and ``why`` (``node evicted: rank 1 never entered all_reduce
     #12``)."""
-    _replace(path, json.dumps({"attempt": attempt, "ranks": sorted(ranks), "why": why}))
+    _write_whole(path, json.dumps({"attempt": attempt, "ranks": sorted(ranks), "why": why}))
 
 
 def write_slow_link(path: str, node: str) -> None:
     """Keep the node whose link the rendezvous names slow now (its label: ``vm (10.0.0.3)``;
     "" once none is)."""
-    _replace(path, f"{node}\n")
+    _write_whole(path, f"{node}\n")
 
 
 def read_slow_link(path: str) -> str:

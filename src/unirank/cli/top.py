@@ -24,10 +24,10 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 from unirank.errors import ConfigError
 from unirank.signals import STOP_SIGNALS
@@ -43,6 +43,7 @@ STORE_TIMEOUT = 10.0
 REATTACH = 15.0
 #: an eviction's record: its attempt, every rank of the nodes evicted, why
 Eviction = tuple[int, tuple[int, ...], str]
+T = TypeVar("T")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -230,31 +231,36 @@ def _loop(store: Any, job: dict[str, object], interval: float, out: _Out,
         store, job = attached
 
 
+def _kept(job: dict[str, object], key: str, read: Callable[[str], T]) -> T | None:
+    """What ``read`` finds in the run folder's file the job file names under ``key`` (what
+    this node's ``unirank run`` keeps: :mod:`unirank.runfolder`); None where it names none."""
+    path = job.get(key)
+    return read(path) if isinstance(path, str) and path else None
+
+
 def _evicted(job: dict[str, object]) -> Eviction | None:
-    """The last eviction this node's ``unirank run`` recorded (its file named in the job file:
-    :func:`unirank.runfolder.read_evicted`); None where there is none."""
+    """The last eviction this node's ``unirank run`` recorded
+    (:func:`unirank.runfolder.read_evicted`); None where there is none."""
     from unirank.runfolder import read_evicted
 
-    path = job.get("evicted_file")
-    return read_evicted(path) if isinstance(path, str) and path else None
+    return _kept(job, "evicted_file", read_evicted)
 
 
 def _slow_link(job: dict[str, object]) -> str:
     """The node whose link the rendezvous names slow now, as this node's ``unirank run``
-    keeps it (its file named in the job file: :func:`unirank.runfolder.read_slow_link`)."""
+    keeps it (:func:`unirank.runfolder.read_slow_link`; "": none)."""
     from unirank.runfolder import read_slow_link
 
-    path = job.get("slow_link_file")
-    return read_slow_link(path) if isinstance(path, str) and path else ""
+    return _kept(job, "slow_link_file", read_slow_link) or ""
 
 
 def _spares(job: dict[str, object]) -> tuple[str, ...] | None:
     """The spare nodes that wait to join, by name (the run's spares file this node's
-    ``unirank run`` keeps, named in the job file); None where there is none."""
+    ``unirank run`` keeps: :func:`unirank.runfolder.read_spare_nodes`); None where there is
+    none."""
     from unirank.runfolder import read_spare_nodes
 
-    path = job.get("spares_file")
-    return read_spare_nodes(path) if isinstance(path, str) and path else None
+    return _kept(job, "spares_file", read_spare_nodes)
 
 
 def _watch(store: Any, job: dict[str, object], interval: float, out: _Out,

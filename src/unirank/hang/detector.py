@@ -212,7 +212,7 @@ class Detector:
         ``unirank run`` keeps: :attr:`unirank.runfolder.RunFolder.spares_file`); 0 where
         unknown."""
         folder = self.watcher.attempt_folder()
-        return (read_spares(AttemptFolder(folder).spares_file) or 0) if folder else 0
+        return (read_spares(AttemptFolder(folder).run.spares_file) or 0) if folder else 0
 
     def _mark_waiting(self, waiting: bool) -> None:
         """Keep the attempt folder's waiting mark

@@ -218,7 +218,7 @@ class Watcher:
         _RUNNING.append(self)
         if self._job is not None:
             folder = self.attempt_folder()
-            run = AttemptFolder(folder) if folder else None
+            run = AttemptFolder(folder).run if folder else None
             self._job_file = announce({**self._job, "world_size": self.world_size,
                                        "interval": self.settings.interval,
                                        "report_after": self.settings.report_after,

@@ -193,8 +193,8 @@ def elastic_state(environ: Mapping[str, str] | None = None) -> ElasticState:
     folder = attempt_folder_of(seen)
     return replace(found, state_restored=STATE.state_restored,
                    stragglers=() if watcher is None else watcher.stragglers(),
-                   slow_link=read_slow_link(AttemptFolder(folder).slow_link_file) if folder
-                   else "")
+                   slow_link=read_slow_link(AttemptFolder(folder).run.slow_link_file)
+                   if folder else "")
 
 
 def _hand_made_layout() -> Layout | None:

@@ -192,7 +192,7 @@ def _run_attempts(plan: Plan, argv: tuple[str, ...], environ: Mapping[str, str],
     out_fd, err_fd = fds
     shm = memory_root(environ)
     root, keep = _log_root(plan, options, err_fd, shm)
-    if watch is not None:  # for rank 0's detector (--on-slow replace)
+    if watch is not None:  # the spares and the slow link: the detector, top, elastic_state
         watch.keep_at(root)
     memory = make_memory_folder(environ)  # the snapshots outlive the attempts, not the run
     earlier: list[RunResult] = []

@@ -270,8 +270,8 @@ class Node:
             return
         if "spares" in message:  # the nodes waiting beyond MAX: the parent keeps them, no news
             with contextlib.suppress(TypeError, ValueError):
-                _answer({"spares": max(int(message["spares"]), 0),
-                         "names": [str(name) for name in message.get("names") or ()]})
+                _answer({"spares": max(int(message["spares"]), 0),  # the parent reads the
+                         "names": message.get("names") or []})  # names (rdzv.client.spares_told)
             return
         if "evicted" in message:  # said now (the parent reads it while its workers run)
             raise _evicted(str(message["evicted"]))
