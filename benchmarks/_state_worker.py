@@ -2,10 +2,11 @@
 sharded over the ranks (a DTensor, as FSDP's), updated in place by an optimizer's step each
 step of a second and kept every step by MODE: ``unirank`` (``ur.save_state`` /
 ``ur.load_state``, default settings), ``dcp`` (torch's ``dcp.save`` to DISK/step-N, the
-newest complete step loaded with ``dcp.load``), ``dcp-async`` (``dcp.async_save``, the last
-one waited for before the next, as torch's docs show). Each event goes to LOG as a JSON line:
-the restore (its step, seconds, the bytes the worker read from storage meanwhile), each step's
-save time and the time its optimizer's step waited for the save before.
+newest complete step loaded with ``dcp.load``), ``dcp-async`` (``dcp.async_save`` over a
+group of its own, the last one waited for before the next, as torch's docs show). Each event
+goes to LOG as a JSON line: the restore (its step, seconds, the bytes the worker read from
+storage meanwhile), each step's save time and the time its optimizer's step waited for the
+save before.
 
 ``python _state_worker.py TOTAL_MIB STEPS LOG DISK [MODE]`` under ``unirank run``.
 """
@@ -81,6 +82,9 @@ class Saver:
         self.mode, self.disk = mode, disk
         self.pending: Any = None
         self.loaded: int | None = None
+        # an async save's collectives run in its thread: a group of their own, else they
+        # interleave with the loop's on the default group (a mismatch: both wait forever)
+        self.group = dist.new_group(backend="gloo") if mode == "dcp-async" else None
 
     def _folder(self, step: int) -> str:
         return os.path.join(self.disk, f"step-{step}")
@@ -93,7 +97,8 @@ class Saver:
         else:
             if self.pending is not None:
                 self.pending.result()
-            self.pending = dcp.async_save(state, checkpoint_id=self._folder(step))
+            self.pending = dcp.async_save(state, checkpoint_id=self._folder(step),
+                                          process_group=self.group)
 
     def load(self, state: dict[str, Any]) -> int | None:
         if self.mode == "unirank":

@@ -3,17 +3,20 @@
 Two nodes of an elastic job on one host (``unirank run --nnodes 1:2 --rdzv-backend c10d``,
 the same command twice, default settings) train a model of N MiB in all, sharded over the two
 ranks (``benchmarks/_state_worker.py``: a DTensor), one step a second, ``ur.save_state`` every
-step. Once both ran 4 steps, one node's whole process tree is killed (the serving node's). The
-survivor's world of 1 restores and trains on. Printed, per N and per tier: the time a save
-blocks the loop (median; the ``save_state`` call and the next optimizer step's wait for
-it), the restore's seconds and the bytes the worker read from storage meanwhile
-(``/proc/self/io``; the disk folder's files are evicted from the page cache first), the time
-from the kill to the survivor's first step with its state, and whether that state is the newest step
-saved. Tiers, side by side in one run: ``memory`` (unirank's: the node's memory and a copy in
-the peer's), ``disk`` (``--state-budget 0``: unirank's snapshot to the disk folder each step),
-``dcp`` and ``dcp-async`` (a program that saves with torch's ``dcp.save`` or
-``dcp.async_save`` to local disk each step, and loads the newest complete step with
-``dcp.load``; under ``unirank run`` too, whose snapshot memory it does not use). Loopback only.
+step. Once both ran :data:`KILL_AFTER` steps, one node's whole process tree is killed (the
+serving node's). The survivor's world of 1 restores and trains on; then the killed node is
+started again (the same command) and the world of 2 restores and trains on. Printed, per N and
+per tier: the time a save blocks the loop (median; the ``save_state`` call and the next
+optimizer step's wait for it), the restore's seconds and the bytes the worker read from
+storage meanwhile (``/proc/self/io``; the disk folder's files are evicted from the page cache
+first), the time from the kill to the survivor's first step with its state, whether that state
+is the newest step saved, and the time from the killed node's new start to the world of 2's
+first step with the state (and the bytes its ranks read from storage). Tiers, side by side in
+one run: ``memory`` (unirank's: the node's memory and a copy in the peer's), ``disk``
+(``--state-budget 0``: unirank's snapshot to the disk folder each step), ``dcp`` and
+``dcp-async`` (a program that saves with torch's ``dcp.save`` or ``dcp.async_save`` to local
+disk each step, and loads the newest complete step with ``dcp.load``; under ``unirank run``
+too, whose snapshot memory it does not use). Loopback only.
 Environment variables read: none.
 """
 
@@ -35,7 +38,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "benchmarks" / "_state_worker.py"
-STEPS = 10
+STEPS = 22
+#: the step after which the serving node is killed: the memory tier past its first saves (the
+#: first three take their pages from the system; from then on a save writes over a dropped one)
+KILL_AFTER = 8
 #: the tiers whose program saves with torch's DCP itself (``benchmarks/_state_worker.py``)
 TORCH_TIERS = ("dcp", "dcp-async")
 
@@ -73,7 +79,8 @@ def _node(args: list[str], env: dict[str, str], out: Path) -> subprocess.Popen[b
 
 
 def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
-    """One job: two nodes, the serving one killed after step 4; what the survivor saw."""
+    """One job: two nodes, the serving one killed after :data:`KILL_AFTER` and started again
+    once the survivor stepped; what the survivor and the world of 2 again saw."""
     log, disk = folder / "log.jsonl", folder / "disk"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     extra = ["--state-budget", "0"] if tier == "disk" else []
@@ -83,17 +90,31 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
     first = _node(args, env, folder / "a.out")
     time.sleep(1.0)  # the endpoint's node first, as a user starts them
     second = _node(args, env, folder / "b.out")
-    deadline = time.monotonic() + 300
-    while not any(r.get("step") == 4 and r["world"] == 2 for r in _records(log)):
-        if time.monotonic() > deadline or first.poll() is not None:
-            raise SystemExit(f"the job never reached step 4: see {folder}")
-        time.sleep(0.05)  # polling a file the workers append to
+    _await(log, lambda r: r.get("step") == KILL_AFTER and r["world"] == 2, first, folder)
     _drop_cached(disk)
     killed = time.time()
     os.killpg(first.pid, signal.SIGKILL)
-    second.wait(timeout=300)
     first.wait(timeout=60)
-    records = _records(log)
+    _await(log, lambda r: "stepped" in r and r["world"] == 1, second, folder)
+    again = _node(args, env, folder / "c.out")  # the killed node started again
+    started = time.time()
+    second.wait(timeout=300)
+    again.wait(timeout=300)
+    return _row(mib, tier, _records(log), killed, started)
+
+
+def _await(log: Path, seen: Any, node: subprocess.Popen[bytes], folder: Path) -> None:
+    """Until a record of ``log`` is ``seen``."""
+    deadline = time.monotonic() + 300
+    while not any(seen(r) for r in _records(log)):
+        if time.monotonic() > deadline or node.poll() is not None:
+            raise SystemExit(f"the job never got there: see {folder}")
+        time.sleep(0.05)  # polling a file the workers append to
+
+
+def _row(mib: int, tier: str, records: list[dict[str, Any]], killed: float,
+         started: float) -> dict[str, Any]:
+    """What the survivor and the node started again saw."""
     # a step is blocked by its save_state call and by its optimizer's wait for the save before
     saves = [r["save_s"] + r.get("wait_s", 0.0) for r in records
              if "save_s" in r and r["world"] == 2]
@@ -108,7 +129,21 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
             "kill_to_worker_s": restore["started"] - killed,
             "kill_to_group_s": restore["grouped"] - killed, "restored": restore["restored"],
             "newest_saved": newest, "whole": after["value"] == restore["restored"] + 2,
-            "source": restore["source"]}
+            "source": restore["source"], **_back(records, started)}
+
+
+def _back(records: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    """The world of 2 again after the killed node started again: the time from its start to
+    its first step with its state, what its ranks read from storage, from where."""
+    restores = [r for r in records if "restored" in r and r["world"] == 2
+                and r["started"] > started]
+    if not restores:
+        raise SystemExit("the node started again never trained at world 2")
+    step = restores[0]["restored"]
+    back = min(r["stepped"] for r in records if r.get("step") == step + 1
+               and r["world"] == 2 and r["time"] > started)
+    return {"back_s": back - started, "back_read_bytes": max(r["read"] for r in restores),
+            "back_source": restores[0]["source"]}
 
 
 def main() -> None:
@@ -116,7 +151,8 @@ def main() -> None:
     parser.add_argument("--mib", type=int, nargs="+", default=[256, 1024])
     args = parser.parse_args()
     print(f"{'state':>8} {'tier':>9} {'save blocks':>12} {'restore':>8} {'read':>10} "
-          f"{'kill->worker':>13} {'kill->step':>11} {'restored/newest':>16}")
+          f"{'kill->worker':>13} {'kill->step':>11} {'restored/newest':>16} "
+          f"{'start->world 2':>15} {'read':>10}")
     for mib in args.mib:
         for tier in ("memory", "disk", *TORCH_TIERS):
             with tempfile.TemporaryDirectory(prefix="state-bench-") as folder:
@@ -124,7 +160,8 @@ def main() -> None:
             print(f"{mib:>5} MiB {tier:>9} {row['save_block_s']:>10.3f} s "
                   f"{row['restore_s']:>6.2f} s {row['read_bytes'] / (1 << 20):>6.1f} MiB "
                   f"{row['kill_to_worker_s']:>11.2f} s {row['kill_to_first_step_s']:>9.2f} s "
-                  f"{row['restored']:>7}/{row['newest_saved']:<8}", flush=True)
+                  f"{row['restored']:>7}/{row['newest_saved']:<8} {row['back_s']:>13.2f} s "
+                  f"{row['back_read_bytes'] / (1 << 20):>6.1f} MiB", flush=True)
 
 
 if __name__ == "__main__":

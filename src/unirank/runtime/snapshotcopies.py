@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import mmap
 import os
 import pickle
 import socket
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from unirank.runtime.snapshotpages import take_pages
 from unirank.statekeep.copies import NodeStep, Transfer
 from unirank.statekeep.rules import (
     CHECKSUM,
@@ -40,6 +42,8 @@ __all__ = ["Gathered", "carry", "crc_of", "gather", "mark_whole", "node_holdings
 
 #: the suffix of a file on its way in
 _PART = ".part"
+#: map a file's pages at once (Linux)
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 def node_step(path: str) -> NodeStep:
@@ -132,29 +136,35 @@ def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, ste
     Over ``group`` (default: the job's; its ranks are the job's)."""
     folder = os.path.join(memory, step_folder(step)) if memory else ""
     works: list[Any] = []
-    arriving: list[tuple[str, Any]] = []
+    arriving: list[tuple[str, mmap.mmap | None]] = []
+    leaving: list[mmap.mmap] = []
     for tag, move in enumerate(moves):
         source, target = gathered.agents[move.source], gathered.agents[move.target]
         if rank == source and move.size:
-            data = torch.from_file(os.path.join(folder, move.name), shared=True,
-                                   size=move.size, dtype=torch.uint8)
+            leaving.append(_mapped(os.path.join(folder, move.name), move.size))
+            data = torch.frombuffer(leaving[-1], dtype=torch.uint8)
             works.append((dist.isend(data, target, group=group, tag=tag), data))
+            del data
         elif rank == target:
             os.makedirs(folder, exist_ok=True)
             part = os.path.join(folder, move.name + _PART)
-            with open(part, "wb") as fh:
-                fh.truncate(move.size)
-            data = None
-            if move.size:
-                data = torch.from_file(part, shared=True, size=move.size, dtype=torch.uint8)
-                works.append((dist.irecv(data, source, group=group, tag=tag), data))
-            arriving.append((part, data))
+            view = _arrival(memory, part, move.size)
+            arriving.append((part, view))
+            if view is not None:
+                works.append(_receive(view, source, group, tag))
     for work, _ in works:
         work.wait()
-    for part, _ in arriving:
+    works.clear()  # the received tensors: before the files' maps close
+    sums = {}
+    for part, arrived in arriving:
         os.replace(part, part.removesuffix(_PART))
-    names = [os.path.basename(part.removesuffix(_PART)) for part, _ in arriving]
-    for name in not_matching(folder, names):  # not kept: the step is then whole elsewhere
+        sums[os.path.basename(part.removesuffix(_PART))] = \
+            f"{zlib.crc32(arrived) if arrived is not None else 0:08x}"
+    for mapped in [*leaving, *(arrived for _, arrived in arriving if arrived is not None)]:
+        with contextlib.suppress(BufferError):  # a tensor on it still alive: at its end
+            mapped.close()
+    names = list(sums)
+    for name in not_matching(folder, names, sums):  # not kept: then whole elsewhere
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(folder, name))
         sys.stderr.write(f"unirank: the copy of {name} of step {step} that came to this node "
@@ -163,6 +173,30 @@ def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, ste
         sys.stderr.flush()
     return sum(os.path.getsize(os.path.join(folder, n)) for n in names
                if os.path.exists(os.path.join(folder, n)))
+
+
+def _receive(view: mmap.mmap, source: int, group: Any, tag: int) -> tuple[Any, torch.Tensor]:
+    """A receive into a mapped file, posted (its work and its tensor)."""
+    data = torch.frombuffer(view, dtype=torch.uint8)
+    return dist.irecv(data, source, group=group, tag=tag), data
+
+
+def _arrival(memory: str | None, part: str, size: int) -> mmap.mmap | None:
+    """A file on its way in, ``size`` bytes, mapped (None where empty): written over the
+    pages of a dropped step where the node's memory has one of its name
+    (:func:`.snapshotpages.take_pages`)."""
+    if not (memory and take_pages(memory, part, os.path.basename(part.removesuffix(_PART)))):
+        open(part, "wb").close()
+    os.truncate(part, size)  # received whole before it takes its name
+    return _mapped(part, size) if size else None
+
+
+def _mapped(path: str, size: int) -> mmap.mmap:
+    """A file of the node's memory mapped whole, its pages mapped at once (one call, not a
+    fault for each 4 KiB as the transfer touches them: 512 MiB both ways here 0.32 s, was
+    0.43 s)."""
+    with open(path, "r+b") as fh:
+        return mmap.mmap(fh.fileno(), size, flags=mmap.MAP_SHARED | _POPULATE)
 
 
 def crc_of(path: str) -> str:
@@ -174,22 +208,27 @@ def crc_of(path: str) -> str:
     return f"{crc:08x}"
 
 
-def write_checksums(folder: str, names: Sequence[str]) -> None:
+def write_checksums(folder: str, names: Sequence[str],
+                    sums: Mapping[str, str] | None = None) -> None:
     """The checksum file of each of ``names`` (files this rank wrote in ``folder``), before
-    their copies leave (:data:`unirank.statekeep.rules.CHECKSUM`)."""
+    their copies leave (:data:`unirank.statekeep.rules.CHECKSUM`): its sum from ``sums``
+    (summed as it was written: :class:`.snapshotpages.SummedFiles`), else read from it."""
     for name in names:
         if name == METADATA or name.endswith(CHECKSUM):
             continue
         with contextlib.suppress(OSError):
             target = os.path.join(folder, checksum_of(name))
+            known = (sums or {}).get(name)
             with open(target + _PART, "w", encoding="ascii") as fh:
-                fh.write(crc_of(os.path.join(folder, name)))
+                fh.write(known or crc_of(os.path.join(folder, name)))
             os.replace(target + _PART, target)
 
 
-def not_matching(folder: str, names: Sequence[str]) -> list[str]:
+def not_matching(folder: str, names: Sequence[str],
+                 sums: Mapping[str, str] | None = None) -> list[str]:
     """Those of ``names`` (files that came to ``folder``) whose checksum file is there and
-    does not match (a file without one is taken as it came)."""
+    does not match (a file without one is taken as it came); a file's sum from ``sums``
+    (summed from the bytes as they came), else read from it."""
     bad = []
     for name in names:
         if name == METADATA or name.endswith(CHECKSUM):
@@ -200,9 +239,10 @@ def not_matching(folder: str, names: Sequence[str]) -> list[str]:
         except OSError:
             continue
         try:
-            if crc_of(os.path.join(folder, name)) != expected:
-                bad.append(name)
+            found = (sums or {}).get(name) or crc_of(os.path.join(folder, name))
         except OSError:
+            found = None
+        if found != expected:
             bad.append(name)
     return bad
 

@@ -199,7 +199,8 @@ class StateWriter(StorageWriter):
         from unirank.runtime.snapshots import _to_peers
 
         if not failed:  # before the copies leave (the gather below lists them)
-            write_checksums(os.path.join(self._memory, step_folder(self.step)), self._files)
+            write_checksums(os.path.join(self._memory, step_folder(self.step)), self._files,
+                            getattr(self._inner, "sums", None))
         if any_rank(failed, self._group):
             _uncount(os.path.join(self._memory, step_folder(self.step)))
             return
@@ -210,7 +211,7 @@ class StateWriter(StorageWriter):
         if self._to_disk is not None:
             self._persist(self._to_disk)
         if state.get_local_rank() == 0:
-            drop_old(self._memory, self.step, KEEP_IN_MEMORY)
+            drop_old(self._memory, self.step, KEEP_IN_MEMORY, in_memory=True)
 
     def _persist(self, disk: str) -> None:
         """Each rank copies the files it wrote to the disk folder; once all did, rank 0 the

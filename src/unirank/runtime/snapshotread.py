@@ -24,17 +24,27 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystem
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
+from unirank.runtime.snapshotpages import SummedFiles
+
 __all__ = ["MemoryReader", "MemoryWriter", "memory_writer", "plain_layout", "plain_shard_layouts",
            "without_checksums"]
 
 
 class MemoryWriter(FileSystemWriter):
-    """DCP's writer for the node's memory: one file per item; ``written``: the names of the
-    files this rank wrote (for their checksums: :func:`.snapshotcopies.write_checksums`)."""
+    """DCP's writer for the node's memory: one file per item, over the pages of a dropped
+    step where it can (:class:`.snapshotpages.SummedFiles`); ``written``: the names of the
+    files this rank wrote, ``sums``: their CRC-32s, summed as they were written (for
+    :func:`.snapshotcopies.write_checksums`)."""
 
     def __init__(self, path: str) -> None:
         super().__init__(path, single_file_per_rank=False)
+        self.files = SummedFiles(os.path.dirname(os.path.abspath(path)))
+        self.fs = self.files
         self.written: list[str] = []
+
+    @property
+    def sums(self) -> dict[str, str]:
+        return {name: self.files.sums[name] for name in self.written if name in self.files.sums}
 
     def write_data(self, plan: Any, planner: Any) -> Future[list[Any]]:
         done: Future[list[Any]] = super().write_data(plan, planner)

@@ -31,6 +31,7 @@ from unirank.hang.phases import phase
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step, write_checksums
+from unirank.runtime.snapshotpages import give_back, waiting_bytes
 from unirank.runtime.snapshotstaging import BACKGROUND, Staged, stage, state_group
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import replicate
@@ -108,13 +109,14 @@ def _collective() -> bool:
 
 
 def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
-             keep: int, *, in_memory: bool = False, group: Any = None) -> list[str]:
+             keep: int, *, in_memory: bool = False, group: Any = None) -> dict[str, str]:
     """One DCP save of ``obj`` to ``tier``'s step folder (collective where a group is live;
     ``in_memory``: the node's memory, one file per item: :mod:`.snapshotread`).
     The ``coordinator`` of the tier's folder (rank 0 on disk, the node's first rank in
     memory) first takes away the step's ``.metadata`` from an earlier save, so that the step
     counts again only once DCP renamed the new one in, and afterwards drops the oldest
-    steps. Over ``group`` (default: the job's). The files this rank wrote, in memory."""
+    steps. Over ``group`` (default: the job's). The files this rank wrote in memory, with
+    their CRC-32s."""
     # on first use: it costs a program's import time
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
@@ -133,15 +135,20 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
     with without_checksums() if in_memory else contextlib.nullcontext(), plain_shard_layouts():
         save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
     if coordinator:
-        drop_old(tier, step, keep)
-    return writer.written if isinstance(writer, MemoryWriter) else []
+        drop_old(tier, step, keep, in_memory=in_memory)
+    return writer.sums if isinstance(writer, MemoryWriter) else {}
 
 
-def drop_old(tier: str | None, step: int, keep: int) -> None:
+def drop_old(tier: str | None, step: int, keep: int, *, in_memory: bool = False) -> None:
     """A tier's steps older than its newest ``keep`` whole ones (never ``step``, being
-    written)."""
-    if tier is not None:
-        for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):
+    written); in a node's memory the newest dropped step's pages wait for the next save
+    (:func:`.snapshotpages.give_back`)."""
+    if tier is None:
+        return
+    for old in sorted(to_drop(_present(tier), complete_steps(tier), keep, writing=step)):
+        if in_memory:
+            give_back(tier, os.path.join(tier, step_folder(old)))
+        else:
             _remove(os.path.join(tier, step_folder(old)))
 
 
@@ -246,7 +253,8 @@ def _keep(memory: str, disk: str | None, step: int, staged: Staged, group: Any) 
     """The thread's second half, while the loop goes on: where any rank's tensor changed
     while it was written, the step does not count (its metadata taken away); else the
     copies to the peer node (each rank's files with their checksums, written first)."""
-    write_checksums(os.path.join(memory, step_folder(step)), staged.written)
+    write_checksums(os.path.join(memory, step_folder(step)), list(staged.written),
+                    staged.written)
     if any_rank(bool(staged.torn), group):
         _torn.update(staged.torn)
         for tier in (memory, disk):
@@ -288,7 +296,8 @@ def _over_budget(memory: str, node_bytes: int, group: Any = None) -> bool:
     budget = parse_budget(os.environ.get(STATE_BUDGET_VAR) or DEFAULT_BUDGET,
                           room.f_blocks * room.f_frsize, variable=STATE_BUDGET_VAR)
     need = 2 * node_bytes  # and the peer's copy
-    why = refusal(need, _held_bytes(memory), room.f_bavail * room.f_frsize, budget)
+    free = room.f_bavail * room.f_frsize + waiting_bytes(memory)  # pages the step reuses
+    why = refusal(need, _held_bytes(memory), free, budget)
     over = any_rank(why is not None, group)
     if over and not _SAID.budget:
         _SAID.budget = True

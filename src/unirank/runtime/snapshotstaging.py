@@ -46,8 +46,8 @@ class Staged:
         self.versions = versions
         #: the paths :meth:`changed` found once the step was written (by the thread)
         self.torn: list[str] = []
-        #: the files this rank wrote into the node's memory (by the thread)
-        self.written: list[str] = []
+        #: the files this rank wrote into the node's memory, with their CRC-32s (by the thread)
+        self.written: dict[str, str] = {}
 
     def changed(self) -> list[str]:
         """The paths of the tensors kept by reference that changed since they were staged."""

@@ -23,6 +23,7 @@ __all__ = [
     "KEEP_IN_MEMORY",
     "KEEP_ON_DISK",
     "METADATA",
+    "PAGES",
     "WHOLE",
     "Choice",
     "checksum_of",
@@ -44,6 +45,9 @@ WHOLE = ".whole"
 #: before its copies leave; a copy that arrives and does not match is not kept
 #: (:func:`unirank.runtime.snapshotcopies.carry`)
 CHECKSUM = ".crc32"
+#: in a node's memory, beside its step folders: the files of the step dropped last, whose pages
+#: the next save writes over (:mod:`unirank.runtime.snapshotpages`); never a step's
+PAGES = ".pages"
 #: complete steps a node keeps in memory (the newest, and the one before while the next is
 #: written: a save under way never leaves the node with none)
 KEEP_IN_MEMORY = 2

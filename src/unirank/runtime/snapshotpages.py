@@ -1,0 +1,128 @@
+"""The memory tier's files, written without new pages where an old step gave its pages back,
+and summed (CRC-32) as they are written.
+
+A node's memory holds its newest whole steps; each save writes a new step folder and drops the
+oldest. In ``/dev/shm`` a new file costs the kernel a fresh, zeroed page for every 4 KiB, and
+removing one frees them all again: for 512 MiB here 0.21 s to write a new file and 0.07 s to
+remove one, against 0.08 s to write the same bytes over an old file. So a dropped step's files
+are not removed: they wait in the tier's :data:`~unirank.statekeep.rules.PAGES` folder (one
+step's files at most) and the next save's files, its own and the copies that come from the
+peer, are written over them (:func:`take_pages`), under the names the new step gives them.
+A file waiting there has no name a step counts, so its old bytes can never be read as a new
+step's: a file takes a step's name only once it is written over in full (a writer truncates
+what is left of the old file; a copy is received whole before it is renamed in).
+
+The CRC-32 each rank writes beside its files (:data:`~unirank.statekeep.rules.CHECKSUM`) is
+summed from the bytes as they pass to the file (:class:`SummedFiles`), not read back (half the
+checksum's cost).
+
+Reads: nothing from the environment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import zlib
+from collections.abc import Generator
+from typing import Any
+
+from torch.distributed.checkpoint.filesystem import FileSystem
+
+from unirank.statekeep.rules import METADATA, PAGES, WHOLE
+
+__all__ = ["SummedFiles", "give_back", "take_pages", "waiting_bytes"]
+
+
+def _pages_of(tier: str) -> str:
+    return os.path.join(tier, PAGES)
+
+
+def take_pages(tier: str, path: str, name: str | None = None) -> bool:
+    """Move the waiting file of ``tier``'s pages named ``name`` (default: ``path``'s name),
+    if one waits, to ``path`` (to be written over); whether one was there."""
+    waiting = os.path.join(_pages_of(tier), name or os.path.basename(path))
+    try:
+        os.replace(waiting, path)
+    except OSError:
+        return False
+    return True
+
+
+def waiting_bytes(tier: str) -> int:
+    """The bytes of the files waiting in ``tier``'s pages (the next save's to write over)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(_pages_of(tier)):
+            with contextlib.suppress(OSError):
+                total += entry.stat().st_size
+    return total
+
+
+def give_back(tier: str, folder: str) -> None:
+    """A dropped step folder of ``tier`` (a node's memory): its data files wait in the tier's
+    pages for the next save (those waiting from before are freed first); the rest goes. Its
+    ``.metadata`` goes first, so the step stops counting at once."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, METADATA))
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(folder, WHOLE))
+    pages = _pages_of(tier)
+    shutil.rmtree(pages, ignore_errors=True)
+    try:
+        os.mkdir(pages)
+        names = [entry.name for entry in os.scandir(folder)
+                 if entry.is_file() and not entry.name.startswith(".")]
+    except OSError:
+        names = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            os.rename(os.path.join(folder, name), os.path.join(pages, name))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+class _Summed:
+    """A file being written and the CRC-32 of every byte written to it so far (DCP's writer
+    writes each file front to back; torch.save writes to a stream it cannot seek)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = int(self.raw.write(view))  # a buffered file takes every byte
+        self.crc = zlib.crc32(view, self.crc)  # the GIL is let go for large buffers
+        self.size += written
+        return written
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close
+        return getattr(self.raw, name)
+
+
+class SummedFiles(FileSystem):
+    """DCP's file system for a node's memory ``tier``: each file written over a waiting one
+    of the tier's pages where one has its name, and its CRC-32 kept (``sums``, by name)."""
+
+    def __init__(self, tier: str) -> None:
+        super().__init__()
+        self.tier = tier
+        self.sums: dict[str, str] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str
+                      ) -> Generator[Any, None, None]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as other:
+                yield other
+            return
+        name = os.fspath(path)
+        over = take_pages(self.tier, name)
+        with open(name, "r+b" if over else "wb") as raw:
+            summed = _Summed(raw)
+            yield summed  # DCP's writer closes it before it gives it back
+        if over:  # what is left of the old file past the new end
+            os.truncate(name, summed.size)
+        self.sums[os.path.basename(name)] = f"{summed.crc:08x}"
