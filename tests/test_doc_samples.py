@@ -111,6 +111,14 @@ def _stop_signal(name: str, grace: float) -> str:
     return f"{PROG}: {action.say}"
 
 
+def _stop_on_no_return(name: str, grace: float) -> str:
+    """A stop signal after a hang report of collectives that cannot return."""
+    asked = stoppolicy.on_signal(stoppolicy.StopState(), signal.Signals[name], _rules(grace),
+                                 now=0.0, report_wanted=lambda: True).state
+    action = stoppolicy.on_report_end(asked, _rules(grace), now=0.0, cannot_return=True)
+    return f"{PROG}: {action.say}"
+
+
 def _nothing_to_evict(rank: int) -> str:
     """A mismatch's hang under ``--on-hang evict``: ``rank`` called another collective."""
     from unirank.hang.detect import MISMATCH
@@ -126,6 +134,7 @@ SAMPLES = (
     Sample("change of the world", _world_change, {"change": "\x00change\x00"}),
     Sample("a node gone", _node_gone, {"change": "\x00change\x00"}),
     Sample("stop signal", _stop_signal, {"name": "SIGINT"}),
+    Sample("stop signal, no return", _stop_on_no_return, {"name": "SIGINT"}),
     Sample("nothing to evict", _nothing_to_evict, {"rank": 929292}, settings=()),
 )
 

@@ -18,6 +18,7 @@ from unirank.hang.detect import (
     Blame,
     blame,
     blamed,
+    cannot_return,
     find_hangs,
     find_uneven,
     verdict,
@@ -96,6 +97,19 @@ def test_a_mismatch_at_the_same_number() -> None:
                          nodes={}, answer_timeout=13)
     assert ("  mismatch: rank 3 (node1) called broadcast #12 (float32[1024], train.py:60), "
             "ranks 0-2 (node1) all_reduce #12 (float32[1024], train.py:57)\n") in text
+
+
+def test_only_a_mismatch_is_collectives_that_cannot_return() -> None:
+    """A stop ends early the ranks of a mismatch (:func:`cannot_return`), never those that
+    wait for a rank that has not come yet (it may come, and their stop handlers then run)."""
+    records: dict[int, dict[str, Any] | None] = {r: record(r, group(12, 11)) for r in range(3)}
+    records[3] = record(3, group(12, 11, op="broadcast", site="train.py:60"))
+    assert cannot_return(find_hangs(records, 4, 60.0, NOW))
+    late: dict[int, dict[str, Any] | None] = {r: record(r, group(12, 11)) for r in range(3)}
+    late[3] = record(3, group(11, 11))
+    hangs = find_hangs(late, 4, 60.0, NOW)
+    assert hangs and blame(hangs[0]).kind == NOT_ENTERED and not cannot_return(hangs)
+    assert not cannot_return([])
 
 
 def test_a_shape_mismatch_names_the_shapes() -> None:

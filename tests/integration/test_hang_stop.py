@@ -1,7 +1,8 @@
 """The hang report when the job is stopped (real ``unirank run`` and torchrun jobs, gloo): a
 terminal's Ctrl-C (SIGINT to the launcher's process group) or a scheduler's SIGTERM (to the
 launcher) while ranks wait in a collective another rank has not entered prints the report
-before the signal is forwarded; a Ctrl-C while no rank waits prints none; torch's own
+before the signal is forwarded (and where their calls do not match, the ranks that wait are
+ended without the grace period); a Ctrl-C while no rank waits prints none; torch's own
 collective timeout (``init_process_group(timeout=4 s)``) leaves the report, once, and the
 hang in the failure summary's ``error:`` line.
 
@@ -55,6 +56,18 @@ os.write(1, b"ready\\n")
 pathlib.Path(os.environ["RELEASE_FILE"]).read_text()  # every rank: no collective waits
 """
 
+MISMATCH = """import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+t = torch.ones(1024)
+dist.all_reduce(t)
+if dist.get_rank() == 0:
+    dist.all_reduce(t)  # the others call another collective: none of them returns
+else:
+    dist.broadcast(torch.ones(8), src=0)
+"""
+
 TIMEOUT = """import threading
 
 import torch
@@ -89,12 +102,13 @@ def _wavefront(head: str, script: str = SKIP, file: str = "skip.py") -> re.Patte
                       rf"\({file}:{at}\)$", re.M)
 
 
-def _start(runner: Runner, tmp_path: Path, script: str, name: str) -> subprocess.Popen[bytes]:
+def _start(runner: Runner, tmp_path: Path, script: str, name: str,
+           options: tuple[str, ...] = tuple(FAST)) -> subprocess.Popen[bytes]:
     """``unirank run -n 3`` in a session of its own (a terminal's process group)."""
     runner.script(name, script)
     release = tmp_path / "release"
     os.mkfifo(release)
-    return subprocess.Popen(runner.command([*FAST, "-n", "3", name]), cwd=runner.cwd,
+    return subprocess.Popen(runner.command([*options, "-n", "3", name]), cwd=runner.cwd,
                             env=runner.environ({"RELEASE_FILE": str(release),
                                                 "UNIRANK_HANG_INTERVAL": "0.5"}),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -149,6 +163,29 @@ def test_a_second_ctrl_c_stops_at_once(runner: Runner, tmp_path: Path) -> None:
     assert "forwarded to the workers; SIGKILL" not in err, err
     assert "unirank run: stopped by SIGINT (exit code 130)" in err, err
     assert "killed by SIGKILL (signal 9), stopped by the teardown" in err, err
+    assert proc.returncode == 130, err
+
+
+def test_a_ctrl_c_on_collectives_that_cannot_return_ends_them_without_the_grace_period(
+        runner: Runner, tmp_path: Path) -> None:
+    """The ranks called collectives that do not match: SIGINT cannot end them (its handler
+    waits for the collective), so after the report they are killed ``LOST_PEER_WAIT``
+    seconds after the forward, not after the 30 s grace period (the test's 60 s would see
+    the grace period's SIGKILL line instead)."""
+    proc = _start(runner, tmp_path, MISMATCH, "mismatch.py", ("--hang-report-after", "2"))
+    try:
+        read_lines(proc.stderr, 1, contains="every rank's stack:")  # type: ignore[arg-type]
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal does
+    finally:
+        _, err = _finish(proc)
+    assert "mismatch: rank 0 (" in err, err
+    assert ("got SIGINT: forwarded to the workers; SIGKILL in 30 s; at 2 s for those waiting "
+            "in a collective, which cannot return (SIGINT again to kill now)") in err, err
+    for rank in range(3):
+        assert re.search(rf"rank {rank} \(local rank {rank}\) on node \S+ waits in a "
+                         r"collective that cannot return \(the ranks' calls do not match\): "
+                         "SIGKILL now, not after the grace period", err), err
+    assert "unirank run: stopped by SIGINT (exit code 130)" in err, err
     assert proc.returncode == 130, err
 
 

@@ -10,6 +10,8 @@ import pytest
 
 from unirank.exitcodes import REQUEUE as REQUEUE_EXIT_CODE
 from unirank.supervisor.stoppolicy import (
+    CANNOT_RETURN_WHY,
+    NODE_GONE_WHY,
     Action,
     StopRules,
     StopState,
@@ -156,6 +158,23 @@ def test_the_signal_is_forwarded_when_the_report_ends() -> None:
     assert action.state.deadline == NOW + 3 + 30.0
 
 
+def test_a_report_of_collectives_that_cannot_return_ends_the_waiting_workers_early() -> None:
+    """The report found calls that do not match: the workers waiting in a collective cannot
+    run their stop handler, so they are ended after ``peer_wait``, not the grace period."""
+    asked = on_signal(StopState(), INT, RULES, NOW, waits).state
+    action = on_report_end(asked, RULES, NOW + 3, cannot_return=True)
+    assert action.stop == INT and action.state.deadline == NOW + 3 + 30.0
+    assert action.state.peer_deadline == NOW + 3 + RULES.peer_wait
+    assert action.state.waiting_why == CANNOT_RETURN_WHY
+    assert "at 2 s for those waiting in a collective, which cannot return" in action.say
+    assert not on_tick(action.state, RULES, NOW + 4.9).end_waiting
+    assert on_tick(action.state, RULES, NOW + 5).end_waiting
+    plain = on_report_end(asked, RULES, NOW + 3)  # a report of ranks late, not mismatched
+    assert plain.state.peer_deadline is None and "cannot return" not in plain.say
+    short = replace(RULES, grace_period=1.0)  # the grace period ends first anyway
+    assert on_report_end(asked, short, NOW + 3, cannot_return=True).state.peer_deadline is None
+
+
 def test_a_second_signal_during_the_report_drops_it_and_kills() -> None:
     asked = on_signal(StopState(), INT, RULES, NOW, waits).state
     action = on_signal(asked, INT, RULES, NOW + 1, _never)
@@ -266,6 +285,7 @@ def test_a_node_gone_ends_the_workers_waiting_in_a_collective_after_the_short_wa
                              node_gone=True)
     assert action.stop == TERM and action.state.deadline == NOW + 30.0
     assert action.state.peer_deadline == NOW + RULES.peer_wait
+    assert action.state.waiting_why == NODE_GONE_WHY
     assert action.say == (f"node n2 was lost; stopping the workers: SIGTERM now, SIGKILL after "
                           f"30 s (at {RULES.peer_wait:g} s for those waiting in a collective)")
     state = action.state

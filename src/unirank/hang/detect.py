@@ -22,13 +22,13 @@ Reads no environment variable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["AHEAD", "ENDED", "MISMATCH", "NOT_ENTERED", "Ahead", "Blame", "Call", "Hang",
-           "Laggard", "Uneven", "blame", "blamed", "find_hangs", "find_uneven", "verdict",
-           "waited_in"]
+           "Laggard", "Uneven", "blame", "blamed", "cannot_return", "find_hangs", "find_uneven",
+           "verdict", "waited_in"]
 
 #: why a hang is blamed on its ranks (:attr:`Blame.kind`): they called another op or shape
 MISMATCH = "mismatch"
@@ -322,6 +322,13 @@ def find_uneven(records: Mapping[int, Mapping[str, Any] | None], rank: int) -> U
             return Uneven(group["pg"], tuple(ended), call,
                           _first_mismatch(histories, {}, -1) or ())
     return None
+
+
+def cannot_return(hangs: Sequence[Hang]) -> bool:
+    """Whether ranks wait in collectives none of them can ever return from: at one number of a
+    group, the ranks called different ops or shapes (a stop's SIGTERM then cannot end them:
+    their handlers wait for the collective to return)."""
+    return any(blame(hang).kind == MISMATCH for hang in hangs)
 
 
 def verdict(hang: Hang) -> dict[str, Any]:

@@ -44,12 +44,16 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from unirank.hang.detect import Hang, find_hangs
+from unirank.hang.detect import Hang, cannot_return, find_hangs
 from unirank.hang.exchange import read_records, request_stacks
 from unirank.hang.render import render_report
 from unirank.hang.timings import STOP_ANSWER
 
-__all__ = ["report_now"]
+__all__ = ["CANNOT_RETURN", "report_now"]
+
+#: the exit status of the report's child when ranks wait in collectives none of them can ever
+#: return from (:func:`unirank.hang.detect.cannot_return`): the stop then ends them early
+CANNOT_RETURN = 3
 
 
 def report_now(store: Any, world_size: int, interval: float, *, cause: str,
@@ -85,11 +89,12 @@ def _main(argv: list[str]) -> int:
         made = report_now(store, int(world), float(interval), cause=f"on {signame}")
     except (StoreError, RuntimeError, OSError, ValueError):
         return 1
-    if made is not None:
-        with contextlib.suppress(OSError):
-            sys.stdout.write(made[0])
-            sys.stdout.flush()
-    return 0
+    if made is None:
+        return 0
+    with contextlib.suppress(OSError):
+        sys.stdout.write(made[0])
+        sys.stdout.flush()
+    return CANNOT_RETURN if cannot_return(made[1]) else 0
 
 
 if __name__ == "__main__":

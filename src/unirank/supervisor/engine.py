@@ -330,21 +330,23 @@ class Supervisor:
                          f"{self._report.deadline - time.monotonic():.0f} s; {name} again to "
                          "stop now)")
 
-    def _close_report(self) -> str:
-        """Stop waiting for the report: its text so far."""
+    def _close_report(self) -> tuple[str, bool]:
+        """Stop waiting for the report: its text so far, and whether it found ranks that can
+        never return from their collectives."""
         report, self._report = self._report, None
         if report is None:
-            return ""
+            return "", False
         self._selector.unregister(report.fileno())
         report.close()
-        return report.text()
+        return report.text(), report.cannot_return()
 
     def _end_report(self) -> None:
         """The report came (or its time is up): show it, then forward the waiting signal."""
-        text = self._close_report()
+        text, cannot_return = self._close_report()
         if text.strip():
             self._output.show(text)
-        self._apply(stoppolicy.on_report_end(self._state, self._rules, time.monotonic()))
+        self._apply(stoppolicy.on_report_end(self._state, self._rules, time.monotonic(),
+                                             cannot_return=cannot_return))
 
     # -- ends ---------------------------------------------------------------------------------
 
@@ -384,14 +386,15 @@ class Supervisor:
                                                 now=time.monotonic()))
 
     def _end_waiting(self) -> None:
-        """A node is gone: SIGKILL now to each worker that waits in a collective (its hang
-        watcher's mark, :class:`unirank.hang.waits.CollectiveMark`), saying so."""
+        """A node is gone, or the ranks' collectives cannot return: SIGKILL now to each worker
+        that waits in a collective (its hang watcher's mark,
+        :class:`unirank.hang.waits.CollectiveMark`), saying why."""
         for worker in self._alive():
             folder, rank = worker.launch.wiring.attempt_dir, worker.launch.rank
             if folder is None or not os.path.exists(AttemptFolder(folder).collective_mark(rank)):
                 continue
             self._output.say(f"rank {rank} (local rank {worker.launch.local_rank}) on node "
-                             f"{self._node} waits in a collective with a node that is gone: "
+                             f"{self._node} waits in a collective {self._state.waiting_why}: "
                              "SIGKILL now, not after the grace period")
             worker.stop_signals.add(int(signal.SIGKILL))
             send(worker.pid, signal.SIGKILL, group=True)

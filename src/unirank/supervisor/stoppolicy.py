@@ -18,7 +18,11 @@ for the hang report. The rules:
 * With the hang report asked for at a stop (:mod:`.stopreport`, the node of rank 0) and some
   rank waiting in a collective, the first stop signal (not Slurm's SIGTERM) waits for the
   report (once per run); it is forwarded when the report has ended or could not be made; a
-  second stop signal meanwhile gives the report up and kills at once.
+  second stop signal meanwhile gives the report up and kills at once. Where the report found
+  ranks whose collectives can never return (their calls do not match:
+  :func:`~unirank.hang.detect.cannot_return`), the workers that wait in a collective are
+  ended as when a node is gone (below): their stop handler cannot run, and waiting out the
+  grace period would only delay the end (a pod's own SIGKILL often comes first).
 * The first worker that fails (:func:`is_failure`; not one that ends after a stop signal or a
   change of the world) is the first failure: the others get SIGTERM and the grace period (no
   line when its own failure record is a configuration error, whose one line says it all).
@@ -68,6 +72,11 @@ __all__ = [
 ]
 
 
+#: why the workers that wait in a collective are ended early (their line says it)
+NODE_GONE_WHY = "with a node that is gone"
+CANNOT_RETURN_WHY = "that cannot return (the ranks' calls do not match)"
+
+
 @dataclass(frozen=True)
 class StopRules:
     """The settings of one supervisor that the policy follows."""
@@ -106,9 +115,12 @@ class StopState:
     deadline: float | None = None
     #: SIGKILL was sent: at the deadline the engine gives up on the workers left
     killing: bool = False
-    #: a node is gone: when (``time.monotonic()``) to end the workers that wait in a
-    #: collective (None: no node is gone, or the workers are being killed)
+    #: a node is gone, or the stop's hang report found collectives that cannot return: when
+    #: (``time.monotonic()``) to end the workers that wait in a collective (None: neither,
+    #: or the workers are being killed)
     peer_deadline: float | None = None
+    #: why those workers are ended, for their line (``with a node that is gone``)
+    waiting_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -131,7 +143,8 @@ class Action:
     drop_report: bool = False
     #: the wait after SIGKILL is over: stop waiting for the workers left
     give_up: bool = False
-    #: SIGKILL now to the workers that wait in a collective (a node is gone), noted on each
+    #: SIGKILL now to the workers that wait in a collective (``state.waiting_why``), noted on
+    #: each
     end_waiting: bool = False
 
 
@@ -175,7 +188,7 @@ def on_signal(state: StopState, signum: int, rules: StopRules, now: float,
 
 
 def _on_stop_signal(state: StopState, signum: int, rules: StopRules, now: float,
-                    report_wanted: Callable[[], bool]) -> Action:
+                    report_wanted: Callable[[], bool], cannot_return: bool = False) -> Action:
     # Slurm sends SIGTERM to every process of the step (srun passes on its own too) and
     # SIGKILL after KillWait: the workers get that long to save, no deadline of ours
     slurms = rules.slurm_kills and signum == signal.SIGTERM
@@ -189,21 +202,32 @@ def _on_stop_signal(state: StopState, signum: int, rules: StopRules, now: float,
         if slurms:
             return Action(stopped, stop=signum)
         name = signal_name(signum)
-        return Action(_grace(stopped, rules, now), stop=signum,
+        stopping, waiting = _grace(stopped, rules, now), ""
+        if cannot_return and rules.peer_wait < rules.grace_period:
+            stopping = replace(stopping, peer_deadline=now + rules.peer_wait,
+                               waiting_why=CANNOT_RETURN_WHY)
+            waiting = (f"; at {rules.peer_wait:g} s for those waiting in a collective, which "
+                       "cannot return")
+        return Action(stopping, stop=signum,
                       say=f"got {name}: forwarded to the workers; SIGKILL in "
-                          f"{rules.grace_period:g} s ({name} again to kill now)")
+                          f"{rules.grace_period:g} s{waiting} ({name} again to kill now)")
     if slurms:
         return Action(state, stop=signum)
     return _kill(state, rules, now)
 
 
-def on_report_end(state: StopState, rules: StopRules, now: float) -> Action:
+def on_report_end(state: StopState, rules: StopRules, now: float, *,
+                  cannot_return: bool = False) -> Action:
     """The hang report ended (shown), its time is up, or it could not start: the stop signal
-    that waited for it goes on as a first stop signal."""
+    that waited for it goes on as a first stop signal. ``cannot_return``: the report found
+    ranks waiting in collectives none of them can ever return from (their calls do not
+    match): a stop handler cannot run there, so the workers that wait in a collective are
+    ended after ``rules.peer_wait`` seconds, as when a node is gone, not after the grace
+    period."""
     if state.reporting is None:
         return Action(state)
     return _on_stop_signal(replace(state, reporting=None), state.reporting, rules, now,
-                           lambda: False)
+                           lambda: False, cannot_return)
 
 
 def on_first_failure(state: StopState, *, others: int, config_error: bool, who: str,
@@ -253,7 +277,8 @@ def on_world_change(state: StopState, change: str, *, alive: bool, rules: StopRu
     stopping = _grace(replace(state, world_changed=change, world_change_kind=kind), rules, now)
     waiting = ""
     if node_gone and rules.peer_wait < rules.grace_period:
-        stopping = replace(stopping, peer_deadline=now + rules.peer_wait)
+        stopping = replace(stopping, peer_deadline=now + rules.peer_wait,
+                           waiting_why=NODE_GONE_WHY)
         waiting = f" (at {rules.peer_wait:g} s for those waiting in a collective)"
     return Action(stopping, stop=signal.SIGTERM,
                   say=f"{change}; stopping the workers: SIGTERM now, SIGKILL after "

@@ -88,6 +88,13 @@ class StopReport:
         """The report (empty: no hang, or none came)."""
         return b"".join(self._chunks).decode(errors="replace")
 
+    def cannot_return(self) -> bool:
+        """Whether the report (once :meth:`close` reaped its child) found ranks that wait in
+        collectives none of them can ever return from."""
+        from unirank.hang.onstop import CANNOT_RETURN
+
+        return self._proc.returncode == CANNOT_RETURN
+
     def close(self) -> None:
         """End the child (if it still runs) and reap it."""
         if self._proc.poll() is None:
