@@ -92,6 +92,19 @@ def test_each_node_is_sent_what_it_lacks_the_metadata_last() -> None:
     ]
 
 
+def test_a_node_gets_only_the_files_its_ranks_read_where_their_plans_are_known() -> None:
+    """A replaced node of a sharded job reads its own shard: it is sent that, not the whole
+    job's state; a node whose plan is unknown (None) gets every file, as before."""
+    held = {"a": {7: _own("__0_0.distcp", "__2_0.distcp", meta=True)},
+            "b": {7: _own("__1_0.distcp", "__0_0.distcp", meta=True)}, "new": {}}
+    order = ["a", "b", "new"]
+    assert fill(held, 7, order, {"new": frozenset({"__2_0.distcp"}), "a": frozenset(),
+                                 "b": frozenset({"__2_0.distcp"})}) == [
+        Transfer("a", "b", "__2_0.distcp", 10),
+        Transfer("a", "new", "__2_0.distcp", 10), Transfer("a", "new", META, 1)]
+    assert fill(held, 7, order, {"new": None}) == fill(held, 7, order)
+
+
 def test_records_cross_as_lists() -> None:
     step = _own("__0_0.distcp", meta=True)
     assert NodeStep.from_record(step.to_record()) == step

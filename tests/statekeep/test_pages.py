@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from unirank.runtime.snapshotcopies import crc_of, node_step
-from unirank.runtime.snapshotpages import SummedFiles, give_back, take_pages
-from unirank.runtime.snapshotread import MemoryWriter
+from unirank.runtime.snapshotpages import give_back, take_pages
+from unirank.runtime.snapshotread import MemoryWriter, SummedFiles
 from unirank.statekeep.rules import METADATA, PAGES, WHOLE
 
 
@@ -86,3 +86,18 @@ def test_the_waiting_pages_count_as_room_for_the_next_step(tmp_path: Path) -> No
     give_back(str(tmp_path), str(_step(tmp_path, "step-1", {"__0_0.distcp": b"z" * 300,
                                                             "__1_0.distcp": b"z" * 200})))
     assert waiting_bytes(str(tmp_path)) == 500
+
+
+def test_the_runtime_s_snapshot_modules_import_no_checkpoint_module() -> None:
+    """torch.distributed.checkpoint comes only with a first save or load: imported by the
+    modules a program that never saves still imports (``ur.finalize`` and the collectives
+    import the snapshot calls), it made its interpreter abort at exit ("terminate called
+    without an active exception": 4 of 30 torchrun runs of tests/runtime/scripts/
+    user_group_job.py, 0 of 30 without)."""
+    from _procs import assert_snippet_runs
+
+    assert_snippet_runs(
+        "import sys\n"
+        "import unirank.runtime.snapshots, unirank.runtime.snapshotload\n"
+        "import unirank.runtime.snapshotcopies, unirank.runtime.snapshotpages\n"
+        "assert 'torch.distributed.checkpoint' not in sys.modules, 'DCP imported'\n")

@@ -61,6 +61,51 @@ dist.destroy_process_group()
 """
 
 
+#: a parameter sharded over the ranks (a DTensor, as FSDP's), an optimizer's step each step;
+#: after its restore each rank prints which files of the step its node's memory holds
+SHARDED = r"""
+import json, os, sys, time
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor, Shard
+import unirank as ur
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+mesh = init_device_mesh("cpu", (world,))
+local = torch.zeros(4096 // world)
+w = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False))
+w.grad = DTensor.from_local(torch.full_like(local, -1.0), mesh, [Shard(0)], run_check=False)
+optimizer = torch.optim.SGD([w], lr=1.0)  # each step adds 1
+state = {"w": w, "step": -1}
+restored = ur.load_state(state)
+folder = os.path.join(os.environ["UNIRANK_STATE_MEMORY"], f"step-{restored}")
+held = sorted(n for n in os.listdir(folder) if n.endswith(".distcp")) if restored is not None \
+    else []
+print(json.dumps({"rank": rank, "world": world, "restored": restored, "held": held,
+                  "value": float(w.to_local()[0])}), flush=True)
+full = int(sys.argv[4])
+for step in range(0 if restored is None else restored + 1, int(sys.argv[2])):
+    optimizer.step()
+    dist.all_reduce(torch.ones(1))
+    state["step"] = step
+    ur.save_state(step, state)
+    told = None  # the test waits for: step 3 at full size, then a step of the smaller world
+    if rank == 0 and step == 3 and world == full:
+        told = "ready"
+    elif rank == 0 and world < full and restored is not None and step == restored + 2:
+        told = "smaller"
+    if told:
+        with open(sys.argv[1], "w") as fifo:
+            fifo.write(told)
+    if world == full and restored is not None and step >= restored + 3:
+        break  # the world of full size again, restored and stepped: done
+    time.sleep(0.05)
+ur.finalize()
+"""
+
+
 def _records(stdout: str) -> list[dict[str, Any]]:
     return [json.loads(line[line.index("{"):]) for line in stdout.splitlines()
             if line.lstrip().startswith("{") or ":{" in line]
@@ -72,18 +117,19 @@ class TwoNodes:
 
     def __init__(self, runner: Runner, tmp_path: Path, steps: int, nnodes: str = "1:2",
                  extra: tuple[str, ...] = (), count: int = 2,
-                 env: dict[str, str] | None = None) -> None:
-        (tmp_path / "train.py").write_text(PROGRAM)
+                 env: dict[str, str] | None = None, program: str = PROGRAM,
+                 nproc: int = 1) -> None:
+        (tmp_path / "train.py").write_text(program)
         fifo = tmp_path / "ready.fifo"
         os.mkfifo(fifo)
         self.reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
         self.keep = os.open(fifo, os.O_WRONLY)
         self.saved = tmp_path / "saved.jsonl"
         port = free_port()
-        self.args = [*extra, "--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                     "--rdzv-endpoint", f"127.0.0.1:{port}", str(tmp_path / "train.py"), str(fifo),
-                     str(steps),
-                     str(self.saved), str(count)]
+        self.args = [*extra, "--nnodes", nnodes, "--nproc-per-node", str(nproc),
+                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                     str(tmp_path / "train.py"), str(fifo), str(steps), str(self.saved),
+                     str(count * nproc)]
         self.runner = runner
         self.first = runner.start(self.args, text=True, env=env)
         wait_listening(port, self.first, TIMEOUT)
@@ -174,6 +220,37 @@ def test_a_node_started_again_gets_the_state_from_the_survivor_s_memory(
     assert all(r["digest"] == saved[(world, step)] for r in rejoined[-2:]), (rejoined, saved)
     assert all(r["from"] == f"state of step {step} restored from the nodes' memory"
                for r in rejoined[-2:])
+
+
+def test_a_node_started_again_is_sent_only_the_shard_its_rank_reads(
+        runner: Runner, tmp_path: Path) -> None:
+    """A sharded state, two ranks a node: the survivor's world of 2 saves its halves (two
+    files); the node started again reads only the second half (its ranks' quarters), so it
+    is sent that file alone from the survivor's memory, not the survivor's other file too (at
+    scale: not the whole job's state to every node); every rank restores the same step."""
+    nodes = TwoNodes(runner, tmp_path, 100_000, program=SHARDED, nproc=2)  # it ends itself
+    try:
+        nodes.at_step_3()
+        assert os.read(nodes.reader, 64) == b"ready"
+        _kill_tree(nodes.second)
+        nodes.second.communicate(timeout=TIMEOUT)
+        assert select.select([nodes.reader], [], [], TIMEOUT)[0], "no world of 2 trained"
+        assert os.read(nodes.reader, 64) == b"smaller"  # its steps were saved at world 2
+        again = runner.start(nodes.args, text=True)
+        out, err = nodes.first.communicate(timeout=TIMEOUT)
+        again_out, again_err = again.communicate(timeout=TIMEOUT)
+    finally:
+        nodes.close()
+    assert nodes.first.returncode == 0 and again.returncode == 0, err + again_err
+    survivor = [r for r in _records(out) if r["world"] == 4 and r["restored"] is not None]
+    rejoined = [r for r in _records(again_out) if r["world"] == 4]
+    assert sorted(r["rank"] for r in survivor + rejoined) == [0, 1, 2, 3], out + again_out
+    step = survivor[0]["restored"]
+    assert all(r["restored"] == step and r["value"] == step + 1 for r in survivor + rejoined)
+    # the halves are rank 0's and rank 1's first files (DCP writes the step's value apart)
+    assert all({"__0_0.distcp", "__1_0.distcp"} <= set(r["held"]) for r in survivor), survivor
+    assert all("__1_0.distcp" in r["held"] and "__0_0.distcp" not in r["held"]
+               for r in rejoined), rejoined
 
 
 def _final(saved: Path, steps: int) -> set[str]:

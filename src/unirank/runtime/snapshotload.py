@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from unirank.hang.phases import phase
 from unirank.runtime import state
 from unirank.runtime.snapshotcopies import Gathered, carry, gather, mark_whole
 from unirank.runtime.snapshots import (
+    _collective,
     _group,
     _need_group,
     _previous_save,
@@ -31,9 +33,13 @@ from unirank.runtime.snapshots import (
     complete_steps,
 )
 from unirank.statekeep.copies import fill, memory_step, newest_in_part
-from unirank.statekeep.rules import Choice, choose, step_folder
+from unirank.statekeep.rules import METADATA, Choice, choose, step_folder
 
 __all__ = ["RestorePoint", "load_state", "restore_point", "restored_from"]
+
+
+#: given a step's metadata, the files a rank reads at its restore (None: every file)
+Reads = Callable[[str], frozenset[str] | None]
 
 
 @phase("load_state")
@@ -46,7 +52,9 @@ def load_state(obj: dict[str, Any], *,
     from the other nodes' memory), else the newest step in ``folder`` (default
     UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
     (:func:`restored_from` says it too)."""
-    point = restore_point("load_state", folder)
+    from unirank.runtime.snapshotread import files_to_read
+
+    point = restore_point("load_state", folder, lambda path: files_to_read(obj, path))
     choice, disk, began = point.choice, point.disk, point.began
     if point.path is None or choice.step is None:
         return None
@@ -82,24 +90,29 @@ class RestorePoint:
     began: float
 
 
-def restore_point(call: str, folder: str | os.PathLike[str] | None) -> RestorePoint:
+def restore_point(call: str, folder: str | os.PathLike[str] | None,
+                  reads: Reads | None = None) -> RestorePoint:
     """The step a world restores, for ``ur.<call>`` (collective: every rank, after its
-    process group started; the running save ends first)."""
+    process group started; the running save ends first). ``reads``: given a step's metadata,
+    the files this rank will read (None: every file, as where the state to fill is not known
+    yet)."""
     _need_group(call)
     _previous_save()
     memory, disk = _tiers(folder)
     began = time.monotonic()
-    choice, gathered = _source(memory, disk)
+    choice, gathered = _source(memory, disk, reads)
     tier = memory if choice.tier == "memory" else disk
     path = None if choice.step is None or tier is None else \
         os.path.join(tier, step_folder(choice.step))
     return RestorePoint(choice, gathered, path, disk, began)
 
 
-def _source(memory: str | None, disk: str | None) -> tuple[Choice, Gathered]:
+def _source(memory: str | None, disk: str | None,
+            reads: Reads | None = None) -> tuple[Choice, Gathered]:
     """The step the world restores and from where (:func:`unirank.statekeep.rules.choose`),
     each node first sent, from the others' memory, what it lacks of a step taken from memory
-    (collective); rank 0 says it where there is nothing to restore but something was seen."""
+    (collective; with ``reads``, only the files its ranks read: :func:`_fill`); rank 0 says
+    it where there is nothing to restore but something was seen."""
     rank = dist.get_rank() if _group() else 0
     gathered = gather(memory, complete_steps(disk), rank)
     whole = memory_step(gathered.holdings) if gathered.all_memory else None
@@ -112,11 +125,31 @@ def _source(memory: str | None, disk: str | None) -> tuple[Choice, Gathered]:
             _say(choice.describe())
     elif choice.tier == "memory":
         assert memory is not None
-        carry(fill(gathered.holdings, choice.step, gathered.order), gathered, memory,
-              choice.step, rank)
+        _fill(gathered, memory, choice.step, rank, reads)
         if gathered.acts(rank):
             mark_whole(memory, choice.step)
     return choice, gathered
+
+
+def _fill(gathered: Gathered, memory: str, step: int, rank: int, reads: Reads | None) -> None:
+    """Each node sent what it lacks of ``step`` (collective): with ``reads``, first the
+    metadata, then, once every rank planned its load from it, only the files the node's ranks
+    read."""
+    moves = fill(gathered.holdings, step, gathered.order)
+    if reads is None or not _collective():
+        carry(moves, gathered, memory, step, rank)
+        return
+    carry([m for m in moves if m.name == METADATA], gathered, memory, step, rank)
+    dist.barrier()  # the node's other ranks read the metadata its agent received
+    mine = reads(os.path.join(memory, step_folder(step), METADATA))
+    planned: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(planned, [gathered.own_node, None if mine is None else sorted(mine)])
+    wanted: dict[str, frozenset[str] | None] = {}
+    for node, files in planned:
+        known = wanted.get(node, frozenset())
+        wanted[node] = None if files is None or known is None else known | frozenset(files)
+    moves = fill(gathered.holdings, step, gathered.order, wanted)
+    carry([m for m in moves if m.name != METADATA], gathered, memory, step, rank)
 
 
 def _from_disk(obj: dict[str, Any], disk: str, disk_by_rank: list[frozenset[int]],

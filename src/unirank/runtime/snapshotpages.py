@@ -12,9 +12,10 @@ A file waiting there has no name a step counts, so its old bytes can never be re
 step's: a file takes a step's name only once it is written over in full (a writer truncates
 what is left of the old file; a copy is received whole before it is renamed in).
 
-The CRC-32 each rank writes beside its files (:data:`~unirank.statekeep.rules.CHECKSUM`) is
-summed from the bytes as they pass to the file (:class:`SummedFiles`), not read back (half the
-checksum's cost).
+DCP's writer takes them through :class:`unirank.runtime.snapshotread.SummedFiles`, the copies
+through :func:`unirank.runtime.snapshotcopies.carry`. This module imports no part of torch
+(torch.distributed.checkpoint, imported where a program never saves, made some programs abort
+at their exit: it is imported only on first use).
 
 Reads: nothing from the environment.
 """
@@ -24,15 +25,10 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import zlib
-from collections.abc import Generator
-from typing import Any
-
-from torch.distributed.checkpoint.filesystem import FileSystem
 
 from unirank.statekeep.rules import METADATA, PAGES, WHOLE
 
-__all__ = ["SummedFiles", "give_back", "take_pages", "waiting_bytes"]
+__all__ = ["give_back", "take_pages", "waiting_bytes"]
 
 
 def _pages_of(tier: str) -> str:
@@ -80,49 +76,3 @@ def give_back(tier: str, folder: str) -> None:
         with contextlib.suppress(OSError):
             os.rename(os.path.join(folder, name), os.path.join(pages, name))
     shutil.rmtree(folder, ignore_errors=True)
-
-
-class _Summed:
-    """A file being written and the CRC-32 of every byte written to it so far (DCP's writer
-    writes each file front to back; torch.save writes to a stream it cannot seek)."""
-
-    def __init__(self, raw: Any) -> None:
-        self.raw = raw
-        self.crc = 0
-        self.size = 0
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        written = int(self.raw.write(view))  # a buffered file takes every byte
-        self.crc = zlib.crc32(view, self.crc)  # the GIL is let go for large buffers
-        self.size += written
-        return written
-
-    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close
-        return getattr(self.raw, name)
-
-
-class SummedFiles(FileSystem):
-    """DCP's file system for a node's memory ``tier``: each file written over a waiting one
-    of the tier's pages where one has its name, and its CRC-32 kept (``sums``, by name)."""
-
-    def __init__(self, tier: str) -> None:
-        super().__init__()
-        self.tier = tier
-        self.sums: dict[str, str] = {}
-
-    @contextlib.contextmanager
-    def create_stream(self, path: str | os.PathLike[str], mode: str
-                      ) -> Generator[Any, None, None]:
-        if mode != "wb":
-            with super().create_stream(path, mode) as other:
-                yield other
-            return
-        name = os.fspath(path)
-        over = take_pages(self.tier, name)
-        with open(name, "r+b" if over else "wb") as raw:
-            summed = _Summed(raw)
-            yield summed  # DCP's writer closes it before it gives it back
-        if over:  # what is left of the old file past the new end
-            os.truncate(name, summed.size)
-        self.sums[os.path.basename(name)] = f"{summed.crc:08x}"

@@ -14,20 +14,73 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+import zlib
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
 import torch
 from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint.filesystem import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import (
+    FileSystem,
+    FileSystemReader,
+    FileSystemWriter,
+)
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
-from unirank.runtime.snapshotpages import SummedFiles
+from unirank.runtime.snapshotpages import take_pages
 
-__all__ = ["MemoryReader", "MemoryWriter", "memory_writer", "plain_layout", "plain_shard_layouts",
-           "without_checksums"]
+__all__ = ["MemoryReader", "MemoryWriter", "SummedFiles", "files_to_read", "memory_writer",
+           "plain_layout", "plain_shard_layouts", "without_checksums"]
+
+
+class _Summed:
+    """A file being written and the CRC-32 of every byte written to it so far (DCP's writer
+    writes each file front to back; torch.save writes to a stream it cannot seek)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.crc = 0
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        written = int(self.raw.write(view))  # a buffered file takes every byte
+        self.crc = zlib.crc32(view, self.crc)  # the GIL is let go for large buffers
+        self.size += written
+        return written
+
+    def __getattr__(self, name: str) -> Any:  # tell, flush, fileno, close
+        return getattr(self.raw, name)
+
+
+class SummedFiles(FileSystem):
+    """DCP's file system for a node's memory ``tier``: each file written over a waiting one
+    of the tier's pages where one has its name (:mod:`.snapshotpages`), and its CRC-32 kept
+    (``sums``, by name), summed from the bytes as they pass to the file, not read back (half
+    the checksum's cost)."""
+
+    def __init__(self, tier: str) -> None:
+        super().__init__()
+        self.tier = tier
+        self.sums: dict[str, str] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str
+                      ) -> Generator[Any, None, None]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as other:
+                yield other
+            return
+        name = os.fspath(path)
+        over = take_pages(self.tier, name)
+        with open(name, "r+b" if over else "wb") as raw:
+            summed = _Summed(raw)
+            yield summed  # DCP's writer closes it before it gives it back
+        if over:  # what is left of the old file past the new end
+            os.truncate(name, summed.size)
+        self.sums[os.path.basename(name)] = f"{summed.crc:08x}"
 
 
 class MemoryWriter(FileSystemWriter):
@@ -122,6 +175,27 @@ def plain_shard_layouts() -> Iterator[None]:
         yield
     finally:
         planner_helpers.compute_local_shape_and_global_offset = compute  # type: ignore[attr-defined]
+
+
+def files_to_read(obj: dict[str, Any], metadata_path: str) -> frozenset[str] | None:
+    """The files of a step (its ``.metadata`` at ``metadata_path``) that DCP's default load
+    plan of ``obj`` reads on this rank (its own shards, every replicated value); None where
+    that plan cannot be made (DCP's load then says why)."""
+    import pickle
+
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+
+    try:
+        with open(metadata_path, "rb") as fh:
+            metadata = pickle.load(fh)  # DCP's record (torch's class)
+        planner = DefaultLoadPlanner()
+        with plain_shard_layouts():
+            planner.set_up_planner(obj, metadata, is_coordinator=False)
+            plan = planner.create_local_plan()
+        return frozenset(metadata.storage_data[item.storage_index].relative_path
+                         for item in plan.items)
+    except Exception:  # any failure to plan: the restore sends every file, as before
+        return None
 
 
 class MemoryReader(FileSystemReader):

@@ -100,10 +100,13 @@ def newest_in_part(holdings: Holdings) -> int | None:
     return None
 
 
-def fill(holdings: Holdings, step: int, order: Sequence[str]) -> list[Transfer]:
+def fill(holdings: Holdings, step: int, order: Sequence[str],
+         reads: Mapping[str, frozenset[str] | None] | None = None) -> list[Transfer]:
     """What each node of ``order`` lacks of ``step`` (the metadata, every file it names and
     those files' checksums where held), each sent from the first node in ``order`` that holds
-    it."""
+    it; where ``reads`` names the files a node's ranks read at the restore (None for a node:
+    every file), only those of them (the others stay where they are: a node never gets the
+    whole job's state only to read its own part)."""
     needed = _needed(holdings, step)
     if needed is None:
         return []
@@ -112,7 +115,8 @@ def fill(holdings: Holdings, step: int, order: Sequence[str]) -> list[Transfer]:
     moves = []
     for node in order:
         held = ordered[node].get(step, NodeStep()).held
-        files = sorted(needed - {METADATA})
+        wanted = (reads or {}).get(node)
+        files = sorted((needed if wanted is None else needed & wanted) - {METADATA})
         for name in [*files, *map(checksum_of, files), METADATA]:  # the metadata last
             if name not in held and name in where:
                 source, size = where[name]
