@@ -147,6 +147,15 @@ class TwoNodes:
         return {(r["world"], r["saved"]): r["digest"]
                 for r in _records(self.saved.read_text())}
 
+    def second_again(self) -> tuple[str, str]:
+        """The killed second node started again with the same command: the first node's and
+        the new one's output once both ended (each with 0)."""
+        again = self.runner.start(self.args, text=True)
+        out, err = self.first.communicate(timeout=TIMEOUT)
+        again_out, again_err = again.communicate(timeout=TIMEOUT)
+        assert self.first.returncode == 0 and again.returncode == 0, err + again_err
+        return out, again_out
+
     def close(self) -> None:
         os.close(self.reader)
         os.close(self.keep)
@@ -203,13 +212,9 @@ def test_a_node_started_again_gets_the_state_from_the_survivor_s_memory(
         nodes.at_step_3()
         _kill_tree(nodes.second)
         nodes.second.communicate(timeout=TIMEOUT)
-        again = runner.start(nodes.args, text=True)
-        first = nodes.first
-        out, err = first.communicate(timeout=TIMEOUT)
-        again_out, again_err = again.communicate(timeout=TIMEOUT)
+        out, again_out = nodes.second_again()
     finally:
         nodes.close()
-    assert first.returncode == 0 and again.returncode == 0, err + again_err
     saved = nodes.saved_digests()
     rejoined = [r for r in _records(out) + _records(again_out)
                 if "restored" in r and r["world"] == 2 and r["restored"] is not None]
@@ -236,12 +241,9 @@ def test_a_node_started_again_is_sent_only_the_shard_its_rank_reads(
         nodes.second.communicate(timeout=TIMEOUT)
         assert select.select([nodes.reader], [], [], TIMEOUT)[0], "no world of 2 trained"
         assert os.read(nodes.reader, 64) == b"smaller"  # its steps were saved at world 2
-        again = runner.start(nodes.args, text=True)
-        out, err = nodes.first.communicate(timeout=TIMEOUT)
-        again_out, again_err = again.communicate(timeout=TIMEOUT)
+        out, again_out = nodes.second_again()
     finally:
         nodes.close()
-    assert nodes.first.returncode == 0 and again.returncode == 0, err + again_err
     survivor = [r for r in _records(out) if r["world"] == 4 and r["restored"] is not None]
     rejoined = [r for r in _records(again_out) if r["world"] == 4]
     assert sorted(r["rank"] for r in survivor + rejoined) == [0, 1, 2, 3], out + again_out
@@ -283,12 +285,9 @@ def test_a_fixed_size_job_killed_and_restarted_ends_bit_identical_to_an_unbroken
         nodes.at_step_3()
         _kill_tree(nodes.second)
         nodes.second.communicate(timeout=TIMEOUT)
-        again = runner.start(nodes.args, text=True)
-        out, err = nodes.first.communicate(timeout=TIMEOUT)
-        again_out, again_err = again.communicate(timeout=TIMEOUT)
+        out, again_out = nodes.second_again()
     finally:
         nodes.close()
-    assert nodes.first.returncode == 0 and again.returncode == 0, err + again_err
     restores = [r for r in _records(out) + _records(again_out)
                 if "restored" in r and r["restored"] is not None]
     assert {r["rank"] for r in restores} == {0, 1}, out + again_out

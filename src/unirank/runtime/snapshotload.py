@@ -48,9 +48,9 @@ def load_state(obj: dict[str, Any], *,
     """Fill ``obj`` in place (DCP's ``load``: tensors copied into, other values replaced) with
     the newest snapshot the world can read, and return its step; None where there is none
     (``obj`` untouched). Every rank calls it, after the process group started. The newest
-    step the nodes' memory holds between them wins (each node is first sent what it lacks,
-    from the other nodes' memory), else the newest step in ``folder`` (default
-    UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
+    step the nodes' memory holds between them wins (each node is first sent, from the other
+    nodes' memory, what its ranks read of it and it lacks), else the newest step in
+    ``folder`` (default UNIRANK_STATE_DIR); rank 0 says in one line which step came from where
     (:func:`restored_from` says it too)."""
     from unirank.runtime.snapshotread import files_to_read
 

@@ -1,5 +1,5 @@
-"""The memory tier's files, written without new pages where an old step gave its pages back,
-and summed (CRC-32) as they are written.
+"""The memory tier's pages: a dropped step's files wait, under no step's name, for the next
+save to write over them instead of taking new pages.
 
 A node's memory holds its newest whole steps; each save writes a new step folder and drops the
 oldest. In ``/dev/shm`` a new file costs the kernel a fresh, zeroed page for every 4 KiB, and
