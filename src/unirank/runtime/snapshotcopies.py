@@ -33,6 +33,7 @@ from unirank.statekeep.rules import (
     METADATA,
     WHOLE,
     checksum_of,
+    checksum_text,
     parse_step,
     step_folder,
 )
@@ -159,7 +160,7 @@ def carry(moves: Sequence[Transfer], gathered: Gathered, memory: str | None, ste
     for part, arrived in arriving:
         os.replace(part, part.removesuffix(_PART))
         sums[os.path.basename(part.removesuffix(_PART))] = \
-            f"{zlib.crc32(arrived) if arrived is not None else 0:08x}"
+            checksum_text(zlib.crc32(arrived) if arrived is not None else 0)
     for mapped in [*leaving, *(arrived for _, arrived in arriving if arrived is not None)]:
         with contextlib.suppress(BufferError):  # a tensor on it still alive: at its end
             mapped.close()
@@ -205,14 +206,14 @@ def crc_of(path: str) -> str:
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 24):
             crc = zlib.crc32(chunk, crc)  # the GIL is let go for large chunks
-    return f"{crc:08x}"
+    return checksum_text(crc)
 
 
 def write_checksums(folder: str, names: Sequence[str],
                     sums: Mapping[str, str] | None = None) -> None:
     """The checksum file of each of ``names`` (files this rank wrote in ``folder``), before
     their copies leave (:data:`unirank.statekeep.rules.CHECKSUM`): its sum from ``sums``
-    (summed as it was written: :class:`.snapshotpages.SummedFiles`), else read from it."""
+    (summed as it was written: :class:`.snapshotread.SummedFiles`), else read from it."""
     for name in names:
         if name == METADATA or name.endswith(CHECKSUM):
             continue

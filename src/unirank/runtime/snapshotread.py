@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.futures import Future
 
 from unirank.runtime.snapshotpages import take_pages
+from unirank.statekeep.rules import checksum_text
 
 __all__ = ["MemoryReader", "MemoryWriter", "SummedFiles", "files_to_read", "memory_writer",
            "plain_layout", "plain_shard_layouts", "without_checksums"]
@@ -80,12 +81,12 @@ class SummedFiles(FileSystem):
             yield summed  # DCP's writer closes it before it gives it back
         if over:  # what is left of the old file past the new end
             os.truncate(name, summed.size)
-        self.sums[os.path.basename(name)] = f"{summed.crc:08x}"
+        self.sums[os.path.basename(name)] = checksum_text(summed.crc)
 
 
 class MemoryWriter(FileSystemWriter):
     """DCP's writer for the node's memory: one file per item, over the pages of a dropped
-    step where it can (:class:`.snapshotpages.SummedFiles`); ``written``: the names of the
+    step where it can (:class:`SummedFiles`); ``written``: the names of the
     files this rank wrote, ``sums``: their CRC-32s, summed as they were written (for
     :func:`.snapshotcopies.write_checksums`)."""
 
@@ -181,13 +182,10 @@ def files_to_read(obj: dict[str, Any], metadata_path: str) -> frozenset[str] | N
     """The files of a step (its ``.metadata`` at ``metadata_path``) that DCP's default load
     plan of ``obj`` reads on this rank (its own shards, every replicated value); None where
     that plan cannot be made (DCP's load then says why)."""
-    import pickle
-
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
     try:
-        with open(metadata_path, "rb") as fh:
-            metadata = pickle.load(fh)  # DCP's record (torch's class)
+        metadata = FileSystemReader(os.path.dirname(metadata_path)).read_metadata()
         planner = DefaultLoadPlanner()
         with plain_shard_layouts():
             planner.set_up_planner(obj, metadata, is_coordinator=False)

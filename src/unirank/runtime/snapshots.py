@@ -145,7 +145,7 @@ def drop_old(tier: str | None, step: int, keep: int, *, in_memory: bool = False)
     (:func:`.snapshotpages.give_back`)."""
     if tier is None:
         return
-    for old in sorted(to_drop(_present(tier), complete_steps(tier), keep, writing=step)):
+    for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):  # oldest first
         if in_memory:
             give_back(tier, os.path.join(tier, step_folder(old)))
         else:

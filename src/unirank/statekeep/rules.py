@@ -27,6 +27,7 @@ __all__ = [
     "WHOLE",
     "Choice",
     "checksum_of",
+    "checksum_text",
     "choose",
     "copied_now",
     "parse_step",
@@ -54,6 +55,11 @@ KEEP_IN_MEMORY = 2
 #: complete steps kept in the disk folder
 KEEP_ON_DISK = 2
 _STEP = re.compile(r"step-(\d{1,18})")
+
+
+def checksum_text(crc: int) -> str:
+    """A CRC-32 as a checksum file holds it (8 hex digits)."""
+    return f"{crc:08x}"
 
 
 def checksum_of(name: str) -> str:

@@ -168,6 +168,15 @@ def _grace(state: StopState, rules: StopRules, now: float) -> StopState:
     return replace(state, deadline=now + rules.grace_period)
 
 
+def _ending_waiting(state: StopState, rules: StopRules, now: float,
+                    why: str) -> StopState | None:
+    """``state`` with the workers that wait in a collective ended after ``rules.peer_wait``
+    seconds (``why``: for their line); None where the grace period ends first."""
+    if rules.peer_wait >= rules.grace_period:
+        return None
+    return replace(state, peer_deadline=now + rules.peer_wait, waiting_why=why)
+
+
 def _kill(state: StopState, rules: StopRules, now: float) -> Action:
     return Action(replace(state, killing=True, deadline=now + rules.kill_wait,
                           peer_deadline=None), kill=True)
@@ -203,9 +212,9 @@ def _on_stop_signal(state: StopState, signum: int, rules: StopRules, now: float,
             return Action(stopped, stop=signum)
         name = signal_name(signum)
         stopping, waiting = _grace(stopped, rules, now), ""
-        if cannot_return and rules.peer_wait < rules.grace_period:
-            stopping = replace(stopping, peer_deadline=now + rules.peer_wait,
-                               waiting_why=CANNOT_RETURN_WHY)
+        ending = _ending_waiting(stopping, rules, now, CANNOT_RETURN_WHY)
+        if cannot_return and ending is not None:
+            stopping = ending
             waiting = (f"; at {rules.peer_wait:g} s for those waiting in a collective, which "
                        "cannot return")
         return Action(stopping, stop=signum,
@@ -276,9 +285,9 @@ def on_world_change(state: StopState, change: str, *, alive: bool, rules: StopRu
         return Action(state)
     stopping = _grace(replace(state, world_changed=change, world_change_kind=kind), rules, now)
     waiting = ""
-    if node_gone and rules.peer_wait < rules.grace_period:
-        stopping = replace(stopping, peer_deadline=now + rules.peer_wait,
-                           waiting_why=NODE_GONE_WHY)
+    ending = _ending_waiting(stopping, rules, now, NODE_GONE_WHY)
+    if node_gone and ending is not None:
+        stopping = ending
         waiting = f" (at {rules.peer_wait:g} s for those waiting in a collective)"
     return Action(stopping, stop=signal.SIGTERM,
                   say=f"{change}; stopping the workers: SIGTERM now, SIGKILL after "
