@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from unirank.hang.progress import HISTORY, frames_of, site_of, user_frame
-from unirank.hang.waits import recorder_status, recorder_trace
+from unirank.hang.waits import recorder_status, recorder_trace, settle
 
 __all__ = ["ENTRIES_EVERY", "RECORDER_ENTRIES", "RECORDER_VAR", "Recorder", "Sites",
            "enable_recorder", "recorder_started"]
@@ -84,6 +84,7 @@ class Recorder:
             trace = recorder_trace()
             if trace is not None:
                 self._key, self._trace, self._read_at = key, trace, now
+                status = settle(status)  # by the entries just read
         # entries read before the status changed are still true of the collectives they name
         entries = list(self._trace.get("entries", ()) or ())
         return {"pg_status": status, "entries": entries,

@@ -30,12 +30,13 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MARK_AFTER", "SAMPLE_PERIOD", "CollectiveMark", "WaitMeter", "in_flight",
-           "recorder_dump", "recorder_status", "recorder_trace"]
+__all__ = ["MARK_AFTER", "SAMPLE_PERIOD", "CollectiveMark", "WaitMeter", "completed",
+           "in_flight", "recorder_dump", "recorder_status", "recorder_trace", "retired_through",
+           "settle"]
 
 #: seconds between two looks at the flight recorder's status (20 per second)
 SAMPLE_PERIOD = 0.05
@@ -53,32 +54,100 @@ def recorder_dump() -> Callable[..., bytes] | None:
     return dump if callable(dump) else None
 
 
+#: each group's highest collective that the recorder's entries show completed with every one
+#: before it (:func:`retired_through`), as of the last :func:`recorder_trace`
+_RETIRED: dict[str, int] = {}
+
+
+def retired_through(entries: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Each group's highest collective number up to which every kept entry of the group is
+    ``retired`` (completed): the number just before its first one not retired, else its
+    last. Point-to-point entries have their own numbering and are left out."""
+    found: dict[str, int] = {}
+    open_at: dict[str, int] = {}
+    for entry in entries:
+        if not isinstance(entry, Mapping) or entry.get("is_p2p"):
+            continue
+        try:
+            pg, seq = str(entry.get("pg_id")), int(entry.get("collective_seq_id", -1))
+        except (TypeError, ValueError):
+            continue
+        if seq < 0:
+            continue
+        if entry.get("retired"):
+            found[pg] = max(found.get(pg, -1), seq)
+        else:
+            open_at[pg] = min(open_at.get(pg, seq), seq)
+    for pg, seq in open_at.items():
+        found[pg] = seq - 1
+    return found
+
+
+def completed(entered: int, done: int, retired: int | None) -> int:
+    """A group's last completed collective: the recorder's status says ``done``, the number of
+    the collective completed *last in time*; where two of gloo's work threads complete theirs
+    out of order it stays behind (a rank whose collectives #3 and #4 both completed shows
+    ``done`` 2 for good when #2's thread was last to retire it: 1 run in 12 pinned to one
+    core), and the rank would seem to wait in a collective it has left. ``retired``: the
+    entries' number (:func:`retired_through`; None: unknown), taken where larger and not past
+    ``entered`` (a group made again numbers from 1)."""
+    if retired is None or retired > entered:
+        return done
+    return max(done, retired)
+
+
+def settle(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The recorder's ``status`` with each group's ``last_completed_collective`` per
+    :func:`completed` and the entries of the last :func:`recorder_trace`."""
+    settled: dict[str, Any] = {}
+    for pg, group in status.items():
+        settled[pg] = group
+        if not isinstance(group, Mapping) or str(pg) not in _RETIRED:
+            continue
+        with contextlib.suppress(TypeError, ValueError):
+            entered = int(group.get("last_enqueued_collective", -1))
+            done = int(group.get("last_completed_collective", -1))
+            now = completed(entered, done, _RETIRED[str(pg)])
+            if now != done:
+                settled[pg] = {**group, "last_completed_collective": str(now)}
+    return settled
+
+
 def recorder_trace() -> Mapping[str, Any] | None:
     """The recorder's whole dump with its entries (every kept collective, finished or not;
-    64 entries: about 2 ms); None where it cannot be read. Not ``_dump_fr_trace`` with its
-    stacks: that imports ``torch._inductor`` (seconds, and an import in the watcher's
-    thread). Imports nothing."""
+    64 entries: about 2 ms), its ``pg_status`` settled (:func:`settle`); None where it cannot
+    be read. Not ``_dump_fr_trace`` with its stacks: that imports ``torch._inductor``
+    (seconds, and an import in the watcher's thread). Imports nothing."""
     dump = recorder_dump()
     if dump is None:
         return None
     try:
-        data = json.loads(dump(True, False))
+        data: Any = json.loads(dump(True, False))
     except Exception:  # private API: any failure is "no information"
         return None
-    return data if isinstance(data, Mapping) else None
+    if not isinstance(data, Mapping):
+        return None
+    _RETIRED.clear()
+    _RETIRED.update(retired_through(data.get("entries", ()) or ()))
+    if isinstance(data.get("pg_status"), Mapping):
+        data = {**data, "pg_status": settle(data["pg_status"])}
+    return dict(data)
 
 
-def recorder_status() -> Mapping[str, Any] | None:
+def recorder_status(*, exact: bool = False) -> Mapping[str, Any] | None:
     """Every group's status now (``pg_status``: group id -> last entered / completed
-    collective); None where it cannot be read."""
+    collective), settled (:func:`settle`) by the entries of the last :func:`recorder_trace`,
+    read now where ``exact`` (about 2 ms, not microseconds); None where it cannot be read."""
     dump = recorder_dump()
     if dump is None:
         return None
+    if exact:
+        recorder_trace()
     try:
         status = json.loads(dump(False, True)).get("pg_status")
     except Exception:  # private API: any failure is "no information"
         return None
-    return status if isinstance(status, Mapping) else None
+    return settle(status) if isinstance(status, Mapping) else None
 
 
 def in_flight(status: Mapping[str, Any]) -> tuple[bool, int]:
@@ -131,6 +200,12 @@ class WaitMeter:
             self._moves = moves
         self._previous = now
         self.samples += 1
+
+    @property
+    def waiting_since(self) -> float | None:
+        """The look (its ``now``) since which the rank waits in the same collectives; None:
+        in none at the last look."""
+        return self._waiting_since
 
     def waiting_for(self, now: float) -> float:
         """Seconds the rank has waited in the collectives in flight at the last look, none

@@ -261,7 +261,7 @@ def _end_group_at_exit() -> None:
         return
     settled = time.monotonic() + _SETTLE_AT_EXIT
     while True:  # the recorder marks a collective completed just after its caller returns
-        status = recorder_status()
+        status = recorder_status(exact=True)
         if status is None:
             return
         if not in_flight(status)[0]:
