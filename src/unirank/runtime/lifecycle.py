@@ -33,6 +33,7 @@ from unirank.gpus import gpus_bound_per_task
 from unirank.launchers.slurm_allocation import launch_command
 from unirank.resolve import master_addr_source
 from unirank.runtime import backends, ignite_options, state
+from unirank.runtime.boundworld import release_bound_world
 from unirank.runtime.snapshotstaging import BACKGROUND
 from unirank.store import (
     StoreError,
@@ -373,6 +374,7 @@ def finalize() -> None:
     BACKGROUND.join()  # a save's thread (ur.save_state) ends first; none: at once
     try:
         if state.STATE.owns_group and entry is not None:
+            release_bound_world()  # else the group outlives its end (.boundworld)
             entry.finalize()
     finally:
         state.STATE.active = None

@@ -29,8 +29,13 @@ from torch.distributed.checkpoint.filesystem import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
 
+from unirank.runtime.boundworld import release_bound_world
 from unirank.runtime.snapshotpages import take_pages
 from unirank.statekeep.rules import checksum_text
+
+# DCP's import, just above, may have bound the program's group for good (:mod:`.boundworld`);
+# every save and restore of unirank imports this module
+release_bound_world()
 
 __all__ = ["MemoryReader", "MemoryWriter", "SummedFiles", "files_to_read", "memory_writer",
            "plain_layout", "plain_shard_layouts", "without_checksums"]
