@@ -91,9 +91,8 @@ def test_a_fresh_server_of_the_job_follows_the_one_that_ran_on() -> None:
     # one-way: the running job never follows the fresh one, nor a server itself
     assert not follows(running, fresh)
     assert not follows(running, Served("j", 5, "pod1"))
-    # another job's server, an equal round: no redirect
+    # another job's server: no redirect
     assert not follows(Served("k", -1, "x"), running)
-    assert not follows(Served("j", 1, "x"), running)
     # a fresh server that lost the race and closed a round alone (round 0) still follows
     assert follows(Served("j", 0, "pod0'"), running)
     # never a server proven dead, though named with a later round or an earlier place
@@ -112,6 +111,21 @@ def test_two_sides_of_a_split_without_a_quorum_meet_at_the_first_one_s_server() 
     assert not follows(a, b) and not follows(a, c) and not follows(b, c)
     # two fresh servers (round -1) never follow each other by place
     assert not follows(Served("j", -1, "x", 1), Served("j", -1, "y", 0))
+
+
+def test_two_servers_first_in_rounds_of_one_number_meet_at_the_name_that_sorts_first() -> None:
+    """Issue 40's tie: each server counts itself first of its own round 1 (a frozen server
+    that closed a round on stale joins, and the successor of the other side): without an
+    order between them neither ever follows the other, and the job stays split."""
+    from unirank.supervisor.rdzv.rounds import Served, follows
+
+    x, pod1 = Served("j", 1, "x"), Served("j", 1, "pod1")
+    assert follows(x, pod1) and not follows(pod1, x)
+    # the order holds whichever asks, and the place still comes before the name
+    assert follows(Served("j", 1, "a", 1), Served("j", 1, "b", 0))
+    assert not follows(Served("j", 1, "b", 0), Served("j", 1, "a", 1))
+    # and never towards a server proven dead
+    assert not follows(x, pod1, dead={"pod1"})
 
 
 def test_a_quorum_is_a_strict_majority_of_the_last_round_not_proven_dead() -> None:

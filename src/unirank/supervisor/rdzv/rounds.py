@@ -50,7 +50,8 @@ are its decisions, unit-tested in milliseconds:
   Probes go both ways (the probed server answers where it is) and also to the other
   members' rendezvous ports, so the sides of a split meet again once it heals: the side
   behind follows the side that closed a later round, and where neither did, the side
-  whose server comes later in the round's order follows the other.
+  whose server comes later in the round's order follows the other (at the same place, the
+  one whose node's name sorts later: a strict order, so they always meet).
 """
 
 from __future__ import annotations
@@ -180,11 +181,14 @@ def follows(here: Served, there: Served, dead: Collection[str] = ()) -> bool:
     """Whether the server ``here`` sends its nodes to ``there`` (see the module docstring): the
     same job, another server, a later round (the job that ran on; a fresh server is at round
     -1), or the same round and a node earlier in its order (two sides of a split where
-    neither held a quorum: they meet at the first one's server). The rule is one-way, so two
-    servers never send their nodes to each other. Never to a server ``here`` knows proven
-    dead (``dead``): a place heard second-hand (an endpoint server that followed it once still
-    names it) is not proof that it runs."""
+    neither held a quorum: they meet at the first one's server), or the same round and place
+    and a node whose name sorts first (two servers that each count themselves first of a
+    round of that number never meet otherwise). The rule is a strict order, so two servers
+    never send their nodes to each other, and any two of a job's servers that closed a round
+    meet. Never to a server ``here`` knows proven dead (``dead``): a place heard second-hand
+    (an endpoint server that followed it once still names it) is not proof that it runs."""
     if here.job != there.job or here.server == there.server or there.server in dead:
         return False
-    return there.round > here.round or \
-        (there.round == here.round >= 0 and there.place < here.place)
+    if there.round != here.round:
+        return there.round > here.round
+    return here.round >= 0 and (there.place, there.server) < (here.place, here.server)
