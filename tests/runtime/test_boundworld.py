@@ -35,10 +35,13 @@ def _run(mode: str) -> dict[str, object]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/task")
 def test_a_group_bound_by_a_late_import_ends_with_destroy_once_released() -> None:
-    kept = _run("keep")  # torch's behaviour: the group outlives destroy_process_group
-    assert kept["gloo"], kept
+    # torch 2.13: the group outlives destroy_process_group (2.9 binds it too, but its
+    # destroy_process_group ends the group's threads all the same)
+    kept = _run("keep")
     released = _run("release")
-    assert released["changed"] == 10 and released["gloo"] == [], released
+    assert released["gloo"] == [], (kept, released)
+    if kept["gloo"]:
+        assert released["changed"] == 10, (kept, released)
 
 
 def test_nothing_is_changed_where_the_module_was_imported_before_the_group() -> None:
