@@ -45,3 +45,19 @@ def test_without_a_folder_nothing_is_written() -> None:
     mark = CollectiveMark("")
     mark.update(MARK_AFTER * 2)
     assert not mark.kept
+
+
+def test_a_long_wait_is_confirmed_from_the_entries_once_before_it_is_marked() -> None:
+    """:meth:`WaitMeter.to_confirm`: a look reads the recorder's entries (2 ms, not
+    microseconds) once per wait that lasted MARK_AFTER, so that a status left behind by
+    collectives retired out of order (:func:`unirank.hang.waits.completed`) is not marked."""
+    meter = WaitMeter()
+    meter.look(1.0, status(4, 2))
+    assert not meter.to_confirm(1.0 + MARK_AFTER / 2)
+    assert meter.to_confirm(1.0 + MARK_AFTER)
+    assert not meter.to_confirm(1.0 + MARK_AFTER * 3)  # this wait was confirmed already
+    meter.look(9.0, status(5, 4))  # a new wait: confirmed again once it lasted
+    assert not meter.to_confirm(9.0)
+    assert meter.to_confirm(9.0 + MARK_AFTER)
+    meter.look(20.0, status(5, 5))  # none in flight
+    assert not meter.to_confirm(30.0)

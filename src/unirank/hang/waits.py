@@ -178,6 +178,8 @@ class WaitMeter:
     _moves: int = 0
     #: since when (the look's ``now``) the rank waits in the same collectives (None: not)
     _waiting_since: float | None = None
+    #: the wait whose collectives were confirmed in flight (:meth:`to_confirm`)
+    _confirmed: float | None = None
 
     def look(self, now: float, status: Mapping[str, Any] | None) -> None:
         """Count one look at ``now`` (seconds, monotonic)."""
@@ -201,11 +203,16 @@ class WaitMeter:
         self._previous = now
         self.samples += 1
 
-    @property
-    def waiting_since(self) -> float | None:
-        """The look (its ``now``) since which the rank waits in the same collectives; None:
-        in none at the last look."""
-        return self._waiting_since
+    def to_confirm(self, now: float) -> bool:
+        """Whether the look at ``now`` reads the recorder's entries as well
+        (:func:`recorder_status` ``exact``): once per wait that has lasted :data:`MARK_AFTER`,
+        before its :class:`CollectiveMark` is kept, so that collectives the status shows in
+        flight while they completed (:func:`completed`) are never marked."""
+        since = self._waiting_since
+        if since is None or now - since < MARK_AFTER or since == self._confirmed:
+            return False
+        self._confirmed = since
+        return True
 
     def waiting_for(self, now: float) -> float:
         """Seconds the rank has waited in the collectives in flight at the last look, none

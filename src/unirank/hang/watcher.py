@@ -96,7 +96,7 @@ from unirank.hang.slowrank import read_named
 from unirank.hang.standby import Duty, takeover_line
 from unirank.hang.straggle import Straggler
 from unirank.hang.timings import LINGER
-from unirank.hang.waits import MARK_AFTER, SAMPLE_PERIOD, CollectiveMark, WaitMeter, recorder_status
+from unirank.hang.waits import SAMPLE_PERIOD, CollectiveMark, WaitMeter, recorder_status
 from unirank.runfolder import AttemptFolder
 from unirank.signals import start_shielded
 
@@ -160,8 +160,6 @@ class Watcher:
         #: kept while this rank waits in one collective (where the waits are measured)
         self._mark = CollectiveMark(AttemptFolder(folder).collective_mark(rank) if folder
                                     else "")
-        #: the wait whose collectives were confirmed in flight (:meth:`_to_confirm`)
-        self._confirmed: float | None = None
         self.cpu_s = self.life_s = 0.0
         self.ticks = 0
         self.detector: Detector | None = None
@@ -279,17 +277,6 @@ class Watcher:
             self.cpu_s = time.thread_time() - started
             self.life_s = time.monotonic() - born
 
-    def _to_confirm(self, now: float) -> bool:
-        """Whether this look reads the recorder's entries as well (:func:`~unirank.hang.waits.
-        recorder_status` ``exact``): once per wait that has lasted :data:`~unirank.hang.waits.
-        MARK_AFTER`, before its mark is kept, so that a collective the status shows in flight
-        while it has completed (:func:`~unirank.hang.waits.completed`) is never marked."""
-        since = None if self.waits is None else self.waits.waiting_since
-        if since is None or now - since < MARK_AFTER or since == self._confirmed:
-            return False
-        self._confirmed = since
-        return True
-
     def _look_until_next_tick(self) -> bool:
         """Between two records: look at the collectives in flight every
         :data:`~unirank.hang.waits.SAMPLE_PERIOD` seconds (:class:`WaitMeter`), until the
@@ -303,7 +290,7 @@ class Watcher:
             now = time.monotonic()
             status = None
             if self.waits is not None:
-                self.waits.look(now, status := recorder_status(exact=self._to_confirm(now)))
+                self.waits.look(now, status := recorder_status(exact=self.waits.to_confirm(now)))
                 self._mark.update(self.waits.waiting_for(now))
             self._live.look(self.store, now, self.waits, status)
             if now >= due:
