@@ -136,13 +136,17 @@ def recorder_trace() -> Mapping[str, Any] | None:
 
 def recorder_status(*, exact: bool = False) -> Mapping[str, Any] | None:
     """Every group's status now (``pg_status``: group id -> last entered / completed
-    collective), settled (:func:`settle`) by the entries of the last :func:`recorder_trace`,
-    read now where ``exact`` (about 2 ms, not microseconds); None where it cannot be read."""
+    collective), settled (:func:`settle`) by the entries of the last :func:`recorder_trace`;
+    where ``exact``, the status of a trace read now (about 2 ms, not microseconds); None where
+    it cannot be read."""
     dump = recorder_dump()
     if dump is None:
         return None
     if exact:
-        recorder_trace()
+        trace = recorder_trace()
+        status = None if trace is None else trace.get("pg_status")
+        if isinstance(status, Mapping):
+            return status
     try:
         status = json.loads(dump(False, True)).get("pg_status")
     except Exception:  # private API: any failure is "no information"

@@ -6,9 +6,9 @@ torchrun's workers usually do, through nothing) that default is None; imported a
 constructor) it is the live default group, held by ten functions' defaults, so that
 ``destroy_process_group()`` no longer ends it: its gloo threads live on into the
 interpreter's end, where one that drops a finished collective's tensors needs the GIL and
-aborts the process ("terminate called without an active exception": 1 to 2 in 20 two-rank
+aborts the process ("terminate called without an active exception": 6 in 94 two-rank
 torchrun runs here of a program calling ``ur.save_state`` after ``init_process_group``, 0 in
-30 with :func:`release_bound_world`). Torch 2.13's behaviour; the defaults set back to None
+70 with :func:`release_bound_world`). Torch 2.13's behaviour; the defaults set back to None
 are what the same import gives before the group starts.
 
 Reads no environment variable.
