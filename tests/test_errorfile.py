@@ -117,7 +117,7 @@ def test_a_record_may_name_the_exit_code_the_process_ends_with(tmp_path: Path) -
 def test_an_exceptions_notes_end_its_message(tmp_path: Path) -> None:
     """The hang watcher's note (torch's collective timeout) is the record's last line: the
     failure summary's ``error:`` line."""
-    from unirank.hang.watcher import add_hang_note
+    from unirank.hang.failure import add_hang_note
 
     path = tmp_path / "error.json"
     exc = RuntimeError("Timed out waiting 4000ms for recv operation to complete")

@@ -95,7 +95,8 @@ def test_a_watcher_publishes_its_live_record_at_its_tick_once_a_view_beats() -> 
     """The watcher's wiring: nothing under the live key until a view's beat moves between two
     of its ticks; its progress records carry the restart count either way."""
     from unirank.contract import HangSettings
-    from unirank.hang.watcher import Watcher, progress_key
+    from unirank.hang.exchange import progress_key
+    from unirank.hang.watcher import Watcher
 
     store = Store()
     watcher = Watcher(rank=5, world_size=8, node="nodeB", settings=HangSettings(60.0, None, 5.0),

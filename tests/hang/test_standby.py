@@ -44,7 +44,8 @@ def test_a_standby_does_not_call_a_finished_rank_0_frozen() -> None:
     import os
 
     from unirank.contract import HangSettings
-    from unirank.hang.watcher import Watcher, progress_key
+    from unirank.hang.exchange import progress_key
+    from unirank.hang.watcher import Watcher
 
     class Store:
         def __init__(self, values: dict[str, bytes]) -> None:

@@ -92,7 +92,7 @@ import time
 
 import torch.distributed as dist
 
-from unirank.hang.watcher import progress_key
+from unirank.hang.exchange import progress_key
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()

@@ -84,8 +84,8 @@ def main(args: argparse.Namespace) -> int:
     interval = float(str(job.get("interval", HangSettings.interval)))
     timeout = (parse_seconds(str(args.timeout), "--timeout") if args.timeout is not None
                else ANSWER.of(interval))
+    from unirank.hang.exchange import read_records, request_stacks
     from unirank.hang.render import render_snapshot
-    from unirank.hang.watcher import read_records, request_stacks
     from unirank.store import StoreError, open_store
 
     addr, port = str(job["master_addr"]), int(str(job["master_port"]))

@@ -52,19 +52,13 @@ from unirank.hang.ending import (
     ENDING,
     REASON_KEY,
     Ending,
-    HangTimeoutError,
-    StragglerEvictedError,
     announce_ending,
     end_in_turn,
     failure_of,
 )
 from unirank.hang.exchange import (
     ASK_KEY,
-    PROGRESS_PREFIX,
-    STACKS_PREFIX,
     progress_key,
-    read_records,
-    request_stacks,
     stacks_key,
 )
 from unirank.hang.failure import add_hang_note, failure_report
@@ -85,12 +79,9 @@ from unirank.hang.progress import (
     waits_for,
 )
 from unirank.hang.recorder import (
-    RECORDER_ENTRIES,
-    RECORDER_VAR,
     Recorder,
     Sites,
     enable_recorder,
-    recorder_started,
 )
 from unirank.hang.slowrank import read_named
 from unirank.hang.standby import Duty, takeover_line
@@ -100,11 +91,7 @@ from unirank.hang.waits import SAMPLE_PERIOD, CollectiveMark, WaitMeter, recorde
 from unirank.runfolder import AttemptFolder
 from unirank.signals import start_shielded
 
-__all__ = ["ASK_KEY", "PROGRESS_PREFIX", "RECORDER_ENTRIES", "RECORDER_VAR", "STACKS_PREFIX",
-           "THREAD_NAME", "HangTimeoutError", "StragglerEvictedError", "Watcher", "add_hang_note",
-           "enable_recorder",
-           "excepthook_with_report", "progress_key", "read_records", "recorder_started",
-           "request_stacks", "running"]
+__all__ = ["THREAD_NAME", "Watcher", "excepthook_with_report", "running"]
 
 THREAD_NAME = "unirank-hang-watch"
 

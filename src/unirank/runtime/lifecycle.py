@@ -356,7 +356,7 @@ def init(
     )
     if base is not None and env.world_size > 1:
         _all_started(base, env, seconds)
-    from unirank.hang.watcher import recorder_started
+    from unirank.hang.recorder import recorder_started
 
     recorder_started()  # torch has read the flight recorder's size
     if entry.collectives is not None:

@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from unirank.hang.watcher import recorder_started
+from unirank.hang.recorder import recorder_started
 from unirank.joincheck import InitTimeoutError, JoinAbortedError, announce_and_wait
 from unirank.storekeys.init import GROUP_PREFIX, group_prefix
 from unirank.supervisor.worker.info import WorkerInfo

@@ -143,7 +143,8 @@ def run_target(argv: Sequence[str]) -> None:
 def _note_hang(exc: BaseException) -> None:
     """A failure inside a collective (torch's collective timeout): the hang watcher's report,
     and its wavefront as ``exc``'s note (:meth:`unirank.hang.watcher.Watcher.failure_report`)."""
-    from unirank.hang.watcher import add_hang_note, running
+    from unirank.hang.failure import add_hang_note
+    from unirank.hang.watcher import running
 
     watcher = running()
     if watcher is not None:
