@@ -1,4 +1,5 @@
-"""Recovery with state, measured: ``python3 benchmarks/state_recovery.py [--mib 256 1024]``.
+"""Recovery with state, measured: ``python3 benchmarks/state_recovery.py [--mib 256 1024]
+[--tiers memory disk dcp dcp-async] [--spare]``.
 
 Two nodes of an elastic job on one host (``unirank run --nnodes 1:2 --rdzv-backend c10d``,
 the same command twice, default settings) train a model of N MiB in all, sharded over the two
@@ -16,7 +17,11 @@ one run: ``memory`` (unirank's: the node's memory and a copy in the peer's), ``d
 (``--state-budget 0``: unirank's snapshot to the disk folder each step), ``dcp`` and
 ``dcp-async`` (a program that saves with torch's ``dcp.save`` or ``dcp.async_save`` to local
 disk each step, and loads the newest complete step with ``dcp.load``; under ``unirank run``
-too, whose snapshot memory it does not use). Loopback only.
+too, whose snapshot memory it does not use). ``--spare`` adds, per N, the memory tier with a
+spare: a third node (the same command) waits warm while the two train at MAX; the serving node
+is killed and the spare takes its place: the time from the kill to the first step of the new
+world of 2 with its state, and what the spare's rank read from storage (its part comes from the
+survivor's memory, where its copy was). Loopback only.
 Environment variables read: none.
 """
 
@@ -103,6 +108,68 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
     return _row(mib, tier, _records(log), killed, started)
 
 
+def run_spare_case(mib: int, folder: Path) -> dict[str, Any]:
+    """Two nodes at MAX and a spare waiting warm; the serving node killed after
+    :data:`KILL_AFTER`: what the new world of 2 (the survivor and the spare) saw."""
+    log = folder / "log.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(WORKER), str(mib), str(STEPS),
+            str(log), str(folder / "disk"), "unirank"]
+    first = _node(args, env, folder / "a.out")
+    time.sleep(1.0)  # the endpoint's node first, as a user starts them
+    second = _node(args, env, folder / "b.out")
+    _await(log, lambda r: r.get("step") == 1 and r["world"] == 2, first, folder)
+    spare = _node(args, env, folder / "c.out")
+    _await_warm(spare, folder)
+    _await(log, lambda r: r.get("step") == KILL_AFTER and r["world"] == 2, first, folder)
+    killed = time.time()
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(timeout=60)
+    for node in (second, spare):
+        node.wait(timeout=300)
+    records = _records(log)
+    restores = [r for r in records if "restored" in r and r["started"] > killed]
+    if len(restores) != 2 or any(r["world"] != 2 for r in restores):
+        raise SystemExit(f"the spare did not take the killed node's place: see {folder}")
+    step = restores[0]["restored"]
+    first_restore = records.index(restores[0])  # the new world's steps come after it
+    after = min(r["stepped"] for r in records[first_restore:] if r.get("step") == step + 1)
+    newest = max(r["step"] for r in records if "step" in r and r["time"] < killed)
+    return {"kill_to_first_step_s": after - killed, "restored": step, "newest_saved": newest,
+            "restore_s": max(r["load_s"] for r in restores),
+            "read_bytes": max(r["read"] for r in restores),
+            "kill_to_worker_s": max(r["started"] for r in restores) - killed}
+
+
+def _await_warm(spare: subprocess.Popen[bytes], folder: Path) -> None:
+    """Until the spare waits to join with torch imported in its fork server."""
+    deadline = time.monotonic() + 300
+    while not _torch_in_tree(spare.pid):
+        if time.monotonic() > deadline or spare.poll() is not None:
+            raise SystemExit(f"the spare never waited warm: see {folder}")
+        time.sleep(0.05)  # polling its processes' mappings
+
+
+def _torch_in_tree(root: int) -> bool:
+    """Whether a process of ``root``'s tree has torch's library mapped."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = Path(f"/proc/{entry}/stat").read_text()
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    tree, grown = {root}, True
+    while grown:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grown = bool(below)
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            if "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text():
+                return True
+    return False
+
+
 def _await(log: Path, seen: Any, node: subprocess.Popen[bytes], folder: Path) -> None:
     """Until a record of ``log`` is ``seen``."""
     deadline = time.monotonic() + 300
@@ -149,12 +216,15 @@ def _back(records: list[dict[str, Any]], started: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, nargs="+", default=[256, 1024])
+    parser.add_argument("--tiers", nargs="*", default=["memory", "disk", *TORCH_TIERS],
+                        choices=["memory", "disk", *TORCH_TIERS])
+    parser.add_argument("--spare", action="store_true", help="also: the memory tier with a spare")
     args = parser.parse_args()
     print(f"{'state':>8} {'tier':>9} {'save blocks':>12} {'restore':>8} {'read':>10} "
           f"{'kill->worker':>13} {'kill->step':>11} {'restored/newest':>16} "
           f"{'start->world 2':>15} {'read':>10}")
     for mib in args.mib:
-        for tier in ("memory", "disk", *TORCH_TIERS):
+        for tier in args.tiers:
             with tempfile.TemporaryDirectory(prefix="state-bench-") as folder:
                 row = run_case(mib, tier, Path(folder))
             print(f"{mib:>5} MiB {tier:>9} {row['save_block_s']:>10.3f} s "
@@ -162,6 +232,14 @@ def main() -> None:
                   f"{row['kill_to_worker_s']:>11.2f} s {row['kill_to_first_step_s']:>9.2f} s "
                   f"{row['restored']:>7}/{row['newest_saved']:<8} {row['back_s']:>13.2f} s "
                   f"{row['back_read_bytes'] / (1 << 20):>6.1f} MiB", flush=True)
+        if args.spare:
+            with tempfile.TemporaryDirectory(prefix="state-bench-") as folder:
+                spare = run_spare_case(mib, Path(folder))
+            print(f"{mib:>5} MiB {'+ spare':>9} {'':>12} {spare['restore_s']:>6.2f} s "
+                  f"{spare['read_bytes'] / (1 << 20):>6.1f} MiB "
+                  f"{spare['kill_to_worker_s']:>11.2f} s "
+                  f"{spare['kill_to_first_step_s']:>9.2f} s "
+                  f"{spare['restored']:>7}/{spare['newest_saved']:<8}", flush=True)
 
 
 if __name__ == "__main__":
