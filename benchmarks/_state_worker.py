@@ -3,19 +3,29 @@ sharded over the ranks (a DTensor, as FSDP's), updated in place by an optimizer'
 step of a second and kept every step by MODE: ``unirank`` (``ur.save_state`` /
 ``ur.load_state``, default settings), ``dcp`` (torch's ``dcp.save`` to DISK/step-N, the
 newest complete step loaded with ``dcp.load``), ``dcp-async`` (``dcp.async_save`` over a
-group of its own, the last one waited for before the next, as torch's docs show). Each event
+group of its own, the last one waited for before the next, as torch's docs show),
+``memory-only`` (a node-memory tier as DLRover's flash checkpoint keeps one: ``dcp.save`` into
+the node's own memory, the folder ``BENCH_NODE_MEMORY``, then a thread persists the step's files
+to DISK/step-N; no copy on another node, so a restore after a lost node reads what it lacks from
+the disk: the newest step persisted whole, each file from the node's memory where it is there,
+else from the disk). Each event
 goes to LOG as a JSON line: the restore (its step, seconds, the bytes the worker read from
 storage meanwhile), each step's save time and the time its optimizer's step waited for the
 save before.
 
 ``python _state_worker.py TOTAL_MIB STEPS LOG DISK [MODE]`` under ``unirank run``.
+
+Environment variables read: BENCH_NODE_MEMORY (``memory-only``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+import tempfile
+import threading
 import time
 from typing import Any
 
@@ -82,6 +92,7 @@ class Saver:
         self.mode, self.disk = mode, disk
         self.pending: Any = None
         self.loaded: int | None = None
+        self.mixed = (0, 0)  # memory-only: files read from the node's memory, from the disk
         # an async save's collectives run in its thread: a group of their own, else they
         # interleave with the loop's on the default group (a mismatch: both wait forever)
         self.group = dist.new_group(backend="gloo") if mode == "dcp-async" else None
@@ -92,6 +103,8 @@ class Saver:
     def save(self, step: int, state: dict[str, Any]) -> None:
         if self.mode == "unirank":
             ur.save_state(step, state, folder=self.disk)
+        elif self.mode == "memory-only":
+            self._save_in_memory(step, state)
         elif self.mode == "dcp":
             dcp.save(state, checkpoint_id=self._folder(step))
         else:
@@ -100,26 +113,85 @@ class Saver:
             self.pending = dcp.async_save(state, checkpoint_id=self._folder(step),
                                           process_group=self.group)
 
+    def _save_in_memory(self, step: int, state: dict[str, Any]) -> None:
+        """``memory-only``: the step into this node's memory, then persisted by a thread (the
+        one before waited for first); the metadata goes last, so a step on disk is whole."""
+        if self.pending is not None:
+            self.pending.join()
+        memory = os.path.join(os.environ["BENCH_NODE_MEMORY"], f"step-{step}")
+        dcp.save(state, checkpoint_id=memory)
+        mark = f".persisted-{dist.get_rank()}-of-{dist.get_world_size()}"
+        self.pending = threading.Thread(target=_persist,
+                                        args=(memory, self._folder(step), mark))
+        self.pending.start()
+
     def load(self, state: dict[str, Any]) -> int | None:
         if self.mode == "unirank":
             return ur.load_state(state, folder=self.disk)
         done = sorted(int(name.split("-")[1]) for name in os.listdir(self.disk)
-                      if os.path.exists(os.path.join(self.disk, name, ".metadata"))) \
+                      if _whole(os.path.join(self.disk, name), self.mode)) \
             if os.path.isdir(self.disk) else []
         if not done:
             return None
-        dcp.load(state, checkpoint_id=self._folder(done[-1]))
+        if self.mode == "memory-only":
+            with tempfile.TemporaryDirectory() as view:
+                memory = os.path.join(os.environ["BENCH_NODE_MEMORY"], f"step-{done[-1]}")
+                self.mixed = _link_view(view, memory, self._folder(done[-1]))
+                dcp.load(state, checkpoint_id=view)
+        else:
+            dcp.load(state, checkpoint_id=self._folder(done[-1]))
         self.loaded = done[-1]
         return self.loaded
 
     def source(self) -> str | None:
         if self.mode == "unirank":
             return ur.restored_from()
-        return None if self.loaded is None else f"step {self.loaded} from the disk folder"
+        if self.loaded is None:
+            return None
+        if self.mode == "memory-only":
+            return (f"step {self.loaded}: {self.mixed[0]} files from the node's memory, "
+                    f"{self.mixed[1]} from the disk folder")
+        return f"step {self.loaded} from the disk folder"
 
     def close(self) -> None:
-        if self.pending is not None:
+        if isinstance(self.pending, threading.Thread):
+            self.pending.join()
+        elif self.pending is not None:
             self.pending.result()
+
+
+def _persist(memory: str, disk: str, mark: str) -> None:
+    """A step's files from this node's memory to the disk folder, then this rank's ``mark``."""
+    os.makedirs(disk, exist_ok=True)
+    for name in os.listdir(memory):
+        shutil.copyfile(os.path.join(memory, name), os.path.join(disk, name + ".part"))
+        os.replace(os.path.join(disk, name + ".part"), os.path.join(disk, name))
+    open(os.path.join(disk, mark), "w").close()
+
+
+def _whole(folder: str, mode: str) -> bool:
+    """Whether a step's folder holds the whole step: its metadata, and for ``memory-only``
+    every rank's mark of its files persisted."""
+    if not os.path.exists(os.path.join(folder, ".metadata")):
+        return False
+    if mode != "memory-only":
+        return True
+    marks = [name for name in os.listdir(folder) if name.startswith(".persisted-")]
+    return bool(marks) and len(marks) == int(marks[0].rsplit("-", 1)[1])
+
+
+def _link_view(view: str, memory: str, disk: str) -> tuple[int, int]:
+    """A folder holding the step's files: each from this node's memory where it is there, else
+    from the disk; how many of each."""
+    counts = [0, 0]
+    for name in os.listdir(disk):
+        if name.endswith(".part") or name.startswith(".persisted-"):
+            continue
+        local = os.path.join(memory, name)
+        here = os.path.exists(local)
+        counts[0 if here else 1] += 1
+        os.symlink(local if here else os.path.join(disk, name), os.path.join(view, name))
+    return counts[0], counts[1]
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """Recovery with state, measured: ``python3 benchmarks/state_recovery.py [--mib 256 1024]
-[--tiers memory disk dcp dcp-async] [--spare]``.
+[--tiers memory disk memory-only dcp dcp-async] [--spare]``.
 
 Two nodes of an elastic job on one host (``unirank run --nnodes 1:2 --rdzv-backend c10d``,
 the same command twice, default settings) train a model of N MiB in all, sharded over the two
@@ -14,12 +14,15 @@ first), the time from the kill to the survivor's first step with its state, whet
 is the newest step saved, and the time from the killed node's new start to the world of 2's
 first step with the state (and the bytes its ranks read from storage). Tiers, side by side in
 one run: ``memory`` (unirank's: the node's memory and a copy in the peer's), ``disk``
-(``--state-budget 0``: unirank's snapshot to the disk folder each step), ``dcp`` and
-``dcp-async`` (a program that saves with torch's ``dcp.save`` or ``dcp.async_save`` to local
-disk each step, and loads the newest complete step with ``dcp.load``; under ``unirank run``
-too, whose snapshot memory it does not use). ``--spare`` adds, per N, the memory tier with a
-spare: a third node (the same command) waits warm while the two train at MAX; the serving node
-is killed and the spare takes its place: the time from the kill to the first step of the new
+(``--state-budget 0``: unirank's snapshot to the disk folder each step), ``memory-only`` (a
+node-memory tier as DLRover's flash checkpoint keeps one: the program saves each step with
+``dcp.save`` into its node's memory and persists it to the disk folder in a thread; no copy on
+another node, so the killed node's memory is gone with it and the restore reads its part from
+the disk), ``dcp`` and ``dcp-async`` (a program that saves with torch's ``dcp.save`` or
+``dcp.async_save`` to local disk each step, and loads the newest complete step with
+``dcp.load``; under ``unirank run`` too, whose snapshot memory these three do not use).
+``--spare`` adds, per N, the memory tier with a spare: a third node (the same command) waits
+warm while the two train at MAX; the serving node is killed and the spare takes its place: the time from the kill to the first step of the new
 world of 2 with its state, and what the spare's rank read from storage (its part comes from the
 survivor's memory, where its copy was). Loopback only.
 Environment variables read: none.
@@ -31,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -49,6 +53,8 @@ STEPS = 22
 KILL_AFTER = 8
 #: the tiers whose program saves with torch's DCP itself (``benchmarks/_state_worker.py``)
 TORCH_TIERS = ("dcp", "dcp-async")
+#: the tiers the program keeps itself (unirank's are ``memory`` and ``disk``)
+PROGRAM_TIERS = ("memory-only", *TORCH_TIERS)
 
 
 def _free_port() -> int:
@@ -87,25 +93,37 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
     """One job: two nodes, the serving one killed after :data:`KILL_AFTER` and started again
     once the survivor stepped; what the survivor and the world of 2 again saw."""
     log, disk = folder / "log.jsonl", folder / "disk"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     extra = ["--state-budget", "0"] if tier == "disk" else []
     args = [*extra, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(WORKER), str(mib),
-            str(STEPS), str(log), str(disk), tier if tier in TORCH_TIERS else "unirank"]
-    first = _node(args, env, folder / "a.out")
-    time.sleep(1.0)  # the endpoint's node first, as a user starts them
-    second = _node(args, env, folder / "b.out")
-    _await(log, lambda r: r.get("step") == KILL_AFTER and r["world"] == 2, first, folder)
-    _drop_cached(disk)
-    killed = time.time()
-    os.killpg(first.pid, signal.SIGKILL)
-    first.wait(timeout=60)
-    _await(log, lambda r: "stepped" in r and r["world"] == 1, second, folder)
-    again = _node(args, env, folder / "c.out")  # the killed node started again
-    started = time.time()
-    second.wait(timeout=300)
-    again.wait(timeout=300)
+            str(STEPS), str(log), str(disk), tier if tier in PROGRAM_TIERS else "unirank"]
+    memory = Path(tempfile.mkdtemp(prefix="state-bench-", dir="/dev/shm"))
+    try:
+        first = _node(args, _node_env(memory / "a"), folder / "a.out")
+        time.sleep(1.0)  # the endpoint's node first, as a user starts them
+        second = _node(args, _node_env(memory / "b"), folder / "b.out")
+        _await(log, lambda r: r.get("step") == KILL_AFTER and r["world"] == 2, first, folder)
+        _drop_cached(disk)
+        killed = time.time()
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=60)
+        shutil.rmtree(memory / "a")  # memory-only: the lost machine's memory went with it
+        _await(log, lambda r: "stepped" in r and r["world"] == 1, second, folder)
+        _drop_cached(disk)  # what the node started again reads from the disk, it reads there
+        # the killed node started again, its memory empty
+        again = _node(args, _node_env(memory / "c"), folder / "c.out")
+        started = time.time()
+        second.wait(timeout=300)
+        again.wait(timeout=300)
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)
     return _row(mib, tier, _records(log), killed, started)
+
+
+def _node_env(memory: Path) -> dict[str, str]:
+    """A node's environment: unirank from this checkout, the ``memory-only`` tier's memory."""
+    memory.mkdir()
+    return {**os.environ, "PYTHONPATH": str(ROOT / "src"), "BENCH_NODE_MEMORY": str(memory)}
 
 
 def run_spare_case(mib: int, folder: Path) -> dict[str, Any]:
@@ -216,8 +234,8 @@ def _back(records: list[dict[str, Any]], started: float) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, nargs="+", default=[256, 1024])
-    parser.add_argument("--tiers", nargs="*", default=["memory", "disk", *TORCH_TIERS],
-                        choices=["memory", "disk", *TORCH_TIERS])
+    parser.add_argument("--tiers", nargs="*", default=["memory", "disk", *PROGRAM_TIERS],
+                        choices=["memory", "disk", *PROGRAM_TIERS])
     parser.add_argument("--spare", action="store_true", help="also: the memory tier with a spare")
     args = parser.parse_args()
     print(f"{'state':>8} {'tier':>9} {'save blocks':>12} {'restore':>8} {'read':>10} "

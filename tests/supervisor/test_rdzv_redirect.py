@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import replace
+from typing import Any
 
 from _rdzv_wire import until
 from unirank.supervisor.listen import open_store_socket
@@ -184,3 +185,78 @@ def test_a_hello_whose_sender_left_proves_nothing() -> None:
     assert stale.recv(65536) == b""  # closed unanswered (it was answered "ok" before)
     stale.close()
     assert server.proven_dead() == frozenset()
+
+
+def _refusing_port() -> int:
+    """A loopback port nothing listens on (a socket bound, then closed: connects are refused)."""
+    sock = open_store_socket(0)
+    port = int(sock.getsockname()[1])
+    sock.close()
+    return port
+
+
+def _beating_until(lines: Lines, key: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The first message holding ``key`` on ``lines``, beating every half second meanwhile as a
+    node does (fails after ``timeout`` s)."""
+    import selectors
+    import time
+
+    deadline = time.monotonic() + timeout  # a bound for a failure, not a measure
+    with selectors.DefaultSelector() as selector:
+        selector.register(lines.sock, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if not selector.select(0.5):
+                lines.send({"op": "beat"})
+                continue
+            messages = lines.receive()
+            assert messages is not None, f"closed before {key!r}"
+            found = [m for m in messages if key in m]
+            if found:
+                return found[0]
+    raise AssertionError(f"no {key!r} within {timeout:g} s")
+
+
+def _successor_of_three(c_port: int) -> tuple[Server, int]:
+    """Node b's successor after round 1 of nodes a, b, c (a, which served it, proven dead); c's
+    rendezvous port is ``c_port``; the server and its port."""
+    spare = open_store_socket(0)
+    port = int(spare.getsockname()[1])
+    record = {"addr": "127.0.0.1", "rdzv_port": port, "name": "b", "nproc": 1,
+              "store_port": 0, "serves_endpoint": False, "claim": "b"}
+    records = {"a": {**record, "rdzv_port": _refusing_port(), "claim": "a"}, "b": record,
+               "c": {**record, "rdzv_port": c_port, "claim": "c"}}
+    server = Server([spare], replace(SPEC, endpoint_port=_refusing_port(), max_nodes=3), "b",
+                    Resume(1, ("a", "b", "c"), records, frozenset({"a"}), frozenset({"a"})))
+    server.start()
+    return server, port
+
+
+def test_a_member_whose_rendezvous_port_refuses_is_proven_dead_and_not_waited_for() -> None:
+    """Fault seed 14: the serving node and node c killed at once. The successor (b) probes c's
+    rendezvous port, which refuses (its helper is gone): c is proven dead, so the round after
+    closes with b at once; before, c counted alive for the successor's whole grace (11 s),
+    long enough for the next fault to find no world."""
+    server, port = _successor_of_three(_refusing_port())
+    node = _hello(port, "b")
+    until(node, "ok")
+    node.send({"op": "join", "record": {"addr": "127.0.0.1", "rdzv_port": port, "name": "b",
+                                        "nproc": 1, "store_port": 0,
+                                        "serves_endpoint": False, "claim": "b"}})
+    closed = _beating_until(node, "round")
+    assert closed["round"] == 2
+    assert "c" in server.proven_dead()
+    node.close()
+
+
+def test_a_member_whose_rendezvous_port_accepts_is_not_proven_dead() -> None:
+    """A member alive but not serving (its helper holds its port: the kernel accepts, nothing
+    answers) proves nothing: the successor's probe gives up on it after a beat, again each
+    beat, and never counts it dead."""
+    alive = open_store_socket(0)
+    server, _port = _successor_of_three(int(alive.getsockname()[1]))
+    alive.settimeout(30)
+    for _ in range(2):  # the second probe comes after the first gave up
+        probe, _peer = alive.accept()
+        probe.close()
+    assert "c" not in server.proven_dead()
+    alive.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,6 +132,14 @@ class RoundKeeper:
         for node in self._conns.named.values():
             if node.node in told:
                 node.lines.send_line(line)
+
+    def refused_port(self, node: str, connected: Collection[str]) -> None:
+        """``node``'s rendezvous port refused a connection (a successor's probe): where it is
+        a member of the last round not connected here, it is proven dead, no longer counted
+        alive while it might still come (:func:`.rounds.has_quorum`)."""
+        if node in self.members and node not in connected:
+            self._dead.add(node)
+            self._grace.pop(node, None)
 
     def _alive(self) -> frozenset[str]:
         now = time.monotonic()

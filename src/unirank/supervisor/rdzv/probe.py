@@ -7,7 +7,11 @@ connected here serves no other side, and a job of thousands whose nodes are all 
 the endpoint), tells whatever serves there where this job runs (``redirect``) and reads where
 that one runs (``here``); the one behind follows the other (:func:`.rounds.follows`: a node
 started again with the original command, or the other side of a split that healed). The probed
-server's side is :meth:`.server.Server._redirect`.
+server's side is :meth:`.server.Server._redirect`. A member whose rendezvous port refuses the
+connection is proven dead (its helper, which holds that port open from its start to its end, is
+gone: :func:`.rounds.has_quorum`): the server then neither waits for it nor counts it in a
+quorum (fault seed 14: the serving node and another killed at once; the successor counted the
+other alive for its whole grace, 11 s, and no round closed in time).
 """
 
 from __future__ import annotations
@@ -45,6 +49,9 @@ class Probing(Protocol):
     def proven_dead(self) -> frozenset[str]:
         """The nodes this server knows proven dead (never followed)."""
 
+    def refused(self, node: str) -> None:
+        """The rendezvous port of ``node``, a member of the last round, refused the probe."""
+
 
 def served(state: dict[str, Any]) -> Served:
     """A server's state as a probe and its answer carry it (:meth:`.server.Server.here`)."""
@@ -69,20 +76,34 @@ def probe_loop(server: Probing) -> None:
     interval = server.spec.keep_alive_interval
     while server.moved is None:
         members, records = server.members, dict(server.records)  # the loop replaces them
+        owners = {(str(records[m]["addr"]), int(records[m]["rdzv_port"])): m
+                  for m in members if records.get(m, {}).get("rdzv_port")}
         for address in targets(server.spec, server.host, members, records,
                                server.connected()):
-            with contextlib.suppress(OSError, ValueError, KeyError, TypeError), \
-                    socket.create_connection(address, timeout=interval) as sock:
-                lines = Lines(sock)
-                sock.settimeout(interval)
-                here, spec = server.here(), server.spec
-                signed = {"auth": place_tag(spec, "redirect", here)} if spec.secret else {}
-                lines.send({"op": "redirect", **here, **signed})
-                answer = (lines.receive() or [{}])[0]
-                there = answer.get("here")
-                if isinstance(there, dict) and there.get("addr") and \
-                        (not spec.secret or authentic(answer.get("auth"),
-                                                      place_tag(spec, "here", there))) and \
-                        follows(served(server.here()), served(there), server.proven_dead()):
-                    server.found = there
+            with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                _probe(server, address, interval, owners.get(address))
         time.sleep(interval)  # a period, not a synchronisation
+
+
+def _probe(server: Probing, address: tuple[str, int], interval: float,
+           member: str | None) -> None:
+    """One probe of ``address``: ``member``'s rendezvous port (None: the endpoint)."""
+    try:
+        sock = socket.create_connection(address, timeout=interval)
+    except ConnectionRefusedError:
+        if member is not None:
+            server.refused(member)
+        return
+    with sock:
+        lines = Lines(sock)
+        sock.settimeout(interval)
+        here, spec = server.here(), server.spec
+        signed = {"auth": place_tag(spec, "redirect", here)} if spec.secret else {}
+        lines.send({"op": "redirect", **here, **signed})
+        answer = (lines.receive() or [{}])[0]
+        there = answer.get("here")
+        if isinstance(there, dict) and there.get("addr") and \
+                (not spec.secret or authentic(answer.get("auth"),
+                                              place_tag(spec, "here", there))) and \
+                follows(served(server.here()), served(there), server.proven_dead()):
+            server.found = there

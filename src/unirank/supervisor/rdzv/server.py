@@ -16,7 +16,8 @@ or when a new node waits to join. Rounds close by :func:`.rounds.round_closes`, 
 quorum over the nodes of the round before not proven dead (:func:`.rounds.has_quorum`).
 
 A successor (a server resumed from the last round) probes the original endpoint and the other
-members' rendezvous ports once per beat interval: a server of the job found there at an
+members' rendezvous ports once per beat interval (a member whose port refuses is proven dead:
+:mod:`.probe`): a server of the job found there at an
 earlier round follows it, one at a later round is followed (:func:`.rounds.follows`; the probe
 is answered with ``here``); a server that followed answers ``moved`` to its nodes and to every
 later hello. A successor not told that the server before it died (its address refused) waits
@@ -93,6 +94,8 @@ class Server(RoundKeeper):
         self.moved: dict[str, Any] | None = None
         #: a later server of the job its probe found (the loop follows it)
         self.found: dict[str, Any] | None = None
+        #: members whose rendezvous port refused the probe (the loop counts them dead)
+        self._refused: list[str] = []
         self.watching = resume is not None
 
     def start(self) -> None:
@@ -119,6 +122,10 @@ class Server(RoundKeeper):
     def proven_dead(self) -> frozenset[str]:
         """The nodes proven dead (read by the probe's thread: a copy made under the GIL)."""
         return frozenset(self._dead)
+
+    def refused(self, node: str) -> None:
+        """The probe's thread: ``node``'s rendezvous port refused (the loop takes it)."""
+        self._refused.append(node)
 
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -213,6 +220,8 @@ class Server(RoundKeeper):
                     node.lines.send_line(beat)
         if self.found is not None and self.moved is None:
             self.point_to(self.found)
+        while self._refused:
+            self.refused_port(self._refused.pop(), self._conns.named)
         self._maybe_close(now)
         self.say_spares()
         self.say_slow_link(now)
