@@ -38,6 +38,7 @@ import json
 import os
 import secrets
 import selectors
+import socket
 import sys
 import time
 from dataclasses import asdict
@@ -245,7 +246,8 @@ class Node:
         wait = self.spec.reconnect_within
         self._reconnect(there, time.monotonic() + wait)
         self.hello(time.monotonic() + wait)
-        self._point_local(str(self.place.get("server") or ""), str(self.place.get("name") or ""))
+        self._point_local(str(self.place.get("server") or ""), str(self.place.get("name") or ""),
+                          self.place)
         self._rejoin(f"store moved to node {there.get('name')} ({there['addr']}): the job "
                      "runs there")
 
@@ -384,10 +386,17 @@ class Node:
                    record: dict[str, Any]) -> None:
         """Serve the rendezvous here, resumed from the last round (this node is the
         successor); a server this process ran at the endpoint (one that followed the job
-        here) now sends the nodes that reach it to this one."""
+        here) now sends the nodes that reach it to this one. A server this process ran as a
+        successor before (it has followed the job since) stops, and its ports go to the new
+        one: one server per port."""
         from unirank.supervisor.rdzv.server import Resume, Server
 
-        listening = [self.spare, *filter(None, [endpoint_socket(self.spec)])]
+        held: list[socket.socket] = []  # a successor this process ran before: its ports
+        for before in [s for s in self.locals if self.spare in s.listening]:
+            held.extend(before.retire())
+            self.locals.remove(before)
+        listening = list(dict.fromkeys([self.spare, *held,
+                                        *filter(None, [endpoint_socket(self.spec)])]))
         hold = 0.0 if self.server in dead else self.spec.successor_hold
         server = Server(listening, self.spec, self.node,
                         Resume(self.round, self.members, self.records, failed, dead, hold))
@@ -402,16 +411,25 @@ class Node:
         """The server this process runs now (at the endpoint, or as the successor)."""
         return self.locals[-1] if self.locals else None
 
-    def _point_local(self, chosen: str, name: str) -> None:
+    def _point_local(self, chosen: str, name: str,
+                     there: dict[str, Any] | None = None) -> None:
         """Every server this process runs that follows another (``moved``: the endpoint's,
         once the job's server was elsewhere) sends the nodes that reach it to ``chosen``, the
         server this node's connection goes to now (:attr:`address`), whichever way this node
         got there (a ``moved`` followed, a lost server's successor, a server that took the
         endpoint over): else it would name a lost server to every probe and every node
-        started again, or send them around servers that point at each other."""
+        started again, or send them around servers that point at each other. It names that
+        server's round and place as the server itself does (:meth:`.server.Server.here`;
+        ``there``: as the ``moved`` followed gave them): a pointer that named a successor
+        first of its round (no place) made a server that was first follow it while the
+        successor followed that server, each to the other (fault seed 168)."""
+        place = self.members.index(chosen) if chosen in self.members else len(self.members)
+        given = there or {}
         for local in self.locals:
             if local.moved is not None:
-                local.moved = {"job": self.spec.run_id, "round": self.round,
+                local.moved = {"job": self.spec.run_id,
+                               "round": given.get("round", self.round),
+                               "place": given.get("place", place),
                                "server": chosen, "addr": self.address[0],
                                "port": self.address[1], "name": name}
 

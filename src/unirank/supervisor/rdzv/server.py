@@ -63,11 +63,13 @@ from unirank.supervisor.rdzv.rounds import behind, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import SEND_TIMEOUT, BadLine, Lines
 
-__all__ = ["CHECK_EVERY", "Resume", "Server"]
+__all__ = ["CHECK_EVERY", "RETIRE_WAIT", "Resume", "Server"]
 
 #: seconds between two scans of every node by the server's loop (a round that can close closes
 #: within it)
 CHECK_EVERY = 0.02
+#: the longest :meth:`Server.retire` waits for the loop to end (it wakes each tick, 0.25 s)
+RETIRE_WAIT = 5.0
 
 
 class Server(RoundKeeper):
@@ -78,6 +80,9 @@ class Server(RoundKeeper):
     def __init__(self, listening: list[socket.socket], spec: RdzvSpec, host: str,
                  resume: Resume | None = None) -> None:
         self._selector = selectors.DefaultSelector()
+        #: the sockets it accepts on (a later server of this process may take them over:
+        #: :meth:`retire`)
+        self.listening = tuple(listening)
         for sock in listening:
             self._selector.register(sock, selectors.EVENT_READ, sock)
         super().__init__(spec, host, Conns(self._selector), resume)
@@ -97,9 +102,12 @@ class Server(RoundKeeper):
         #: members whose rendezvous port refused the probe (the loop counts them dead)
         self._refused: list[str] = []
         self.watching = resume is not None
+        self._retired = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="unirank-rdzv-server",
+                                        daemon=True)
 
     def start(self) -> None:
-        threading.Thread(target=self._loop, name="unirank-rdzv-server", daemon=True).start()
+        self._thread.start()
         if self.watching:
             threading.Thread(target=probe_loop, args=(self,), name="unirank-rdzv-watch",
                              daemon=True).start()
@@ -127,13 +135,24 @@ class Server(RoundKeeper):
         """The probe's thread: ``node``'s rendezvous port refused (the loop takes it)."""
         self._refused.append(node)
 
+    def retire(self) -> tuple[socket.socket, ...]:
+        """Stop serving, for a new server of this process that takes the same ports over (its
+        node takes the rendezvous over again: two servers accepting on one port would answer
+        a node by turns, one of them ``moved`` to that very port: fault seeds 160 and 168);
+        the sockets it listened on, left open. Waits for its loop to end (a tick at most)."""
+        self._retired.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(RETIRE_WAIT)
+        return self.listening
+
     # the loop ---------------------------------------------------------------------------
     def _loop(self) -> None:
         """Read what arrived; every :data:`CHECK_EVERY` at most (a scan of every node, not one
         per wake: thousands of nodes send thousands of messages a second), time limits, beats
-        and whether the round closes (every ``tick`` where no round is pending)."""
+        and whether the round closes (every ``tick`` where no round is pending); until
+        :meth:`retire`."""
         tick, checked = min(0.25, self.spec.keep_alive_interval / 2), 0.0
-        while True:
+        while not self._retired.is_set():
             for key, events in self._selector.select(CHECK_EVERY if self._waiting else tick):
                 if isinstance(key.data, socket.socket):
                     self._accept(key.data)
@@ -146,6 +165,10 @@ class Server(RoundKeeper):
             if time.monotonic() - checked >= CHECK_EVERY:
                 checked = time.monotonic()
                 self._tick()
+        for node in self._conns.all():
+            self._forget(node)
+        for sock in self.listening:
+            self._selector.unregister(sock)
 
     def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
