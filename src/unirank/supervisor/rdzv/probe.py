@@ -52,6 +52,10 @@ class Probing(Protocol):
     def refused(self, node: str) -> None:
         """The rendezvous port of ``node``, a member of the last round, refused the probe."""
 
+    @property
+    def retired(self) -> bool:
+        """Whether the server stopped serving (:meth:`.server.Server.retire`)."""
+
 
 def served(state: dict[str, Any]) -> Served:
     """A server's state as a probe and its answer carry it (:meth:`.server.Server.here`)."""
@@ -71,10 +75,10 @@ def targets(spec: RdzvSpec, host: str, members: Sequence[str],
 
 
 def probe_loop(server: Probing) -> None:
-    """Probe until ``server`` followed another (one that followed says nothing); a later
+    """Probe until ``server`` followed another (one that followed says nothing) or retired; a later
     server found is left in ``server.found`` (its loop follows it: one thread sends)."""
     interval = server.spec.keep_alive_interval
-    while server.moved is None:
+    while server.moved is None and not server.retired:
         members, records = server.members, dict(server.records)  # the loop replaces them
         owners = {(str(records[m]["addr"]), int(records[m]["rdzv_port"])): m
                   for m in members if records.get(m, {}).get("rdzv_port")}

@@ -135,6 +135,11 @@ class Server(RoundKeeper):
         """The probe's thread: ``node``'s rendezvous port refused (the loop takes it)."""
         self._refused.append(node)
 
+    @property
+    def retired(self) -> bool:
+        """Whether :meth:`retire` stopped this server."""
+        return self._retired.is_set()
+
     def retire(self) -> tuple[socket.socket, ...]:
         """Stop serving, for a new server of this process that takes the same ports over (its
         node takes the rendezvous over again: two servers accepting on one port would answer
