@@ -174,6 +174,7 @@ class Server(RoundKeeper):
             self._forget(node)
         for sock in self.listening:
             self._selector.unregister(sock)
+        self._selector.close()
 
     def _accept(self, listening: socket.socket) -> None:
         with contextlib.suppress(OSError):
