@@ -22,9 +22,10 @@ the disk), ``dcp`` and ``dcp-async`` (a program that saves with torch's ``dcp.sa
 ``dcp.async_save`` to local disk each step, and loads the newest complete step with
 ``dcp.load``; under ``unirank run`` too, whose snapshot memory these three do not use).
 ``--spare`` adds, per N, the memory tier with a spare: a third node (the same command) waits
-warm while the two train at MAX; the serving node is killed and the spare takes its place: the time from the kill to the first step of the new
-world of 2 with its state, and what the spare's rank read from storage (its part comes from the
-survivor's memory, where its copy was). Loopback only.
+warm while the two train at MAX; the serving node is killed and the spare takes its place:
+the time from the kill to the first step of the new world of 2 with its state, and what the
+spare's rank read from storage (its part comes from the survivor's memory, where its copy
+was). Loopback only.
 Environment variables read: none.
 """
 
@@ -44,6 +45,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _pss import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "benchmarks" / "_state_worker.py"
@@ -94,9 +97,7 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
     once the survivor stepped; what the survivor and the world of 2 again saw."""
     log, disk = folder / "log.jsonl", folder / "disk"
     extra = ["--state-budget", "0"] if tier == "disk" else []
-    args = [*extra, "--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(WORKER), str(mib),
-            str(STEPS), str(log), str(disk), tier if tier in PROGRAM_TIERS else "unirank"]
+    args = [*extra, *_job_args(mib, log, disk, tier if tier in PROGRAM_TIERS else "unirank")]
     memory = Path(tempfile.mkdtemp(prefix="state-bench-", dir="/dev/shm"))
     try:
         first = _node(args, _node_env(memory / "a"), folder / "a.out")
@@ -120,6 +121,14 @@ def run_case(mib: int, tier: str, folder: Path) -> dict[str, Any]:
     return _row(mib, tier, _records(log), killed, started)
 
 
+def _job_args(mib: int, log: Path, disk: Path, mode: str) -> list[str]:
+    """``unirank run``'s arguments for a node of the job (the same on every node), the
+    worker's ``mode`` (``benchmarks/_state_worker.py``)."""
+    return ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(WORKER), str(mib), str(STEPS),
+            str(log), str(disk), mode]
+
+
 def _node_env(memory: Path) -> dict[str, str]:
     """A node's environment: unirank from this checkout, the ``memory-only`` tier's memory."""
     memory.mkdir()
@@ -131,9 +140,7 @@ def run_spare_case(mib: int, folder: Path) -> dict[str, Any]:
     :data:`KILL_AFTER`: what the new world of 2 (the survivor and the spare) saw."""
     log = folder / "log.jsonl"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(WORKER), str(mib), str(STEPS),
-            str(log), str(folder / "disk"), "unirank"]
+    args = _job_args(mib, log, folder / "disk", "unirank")
     first = _node(args, env, folder / "a.out")
     time.sleep(1.0)  # the endpoint's node first, as a user starts them
     second = _node(args, env, folder / "b.out")
@@ -171,17 +178,7 @@ def _await_warm(spare: subprocess.Popen[bytes], folder: Path) -> None:
 
 def _torch_in_tree(root: int) -> bool:
     """Whether a process of ``root``'s tree has torch's library mapped."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
-    tree, grown = {root}, True
-    while grown:
-        below = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= below
-        grown = bool(below)
-    for pid in tree:
+    for pid in (root, *descendants(root)):
         with contextlib.suppress(OSError):
             if "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text():
                 return True

@@ -50,6 +50,7 @@ from unirank.supervisor.rdzv.change import BadChange, read_round
 from unirank.supervisor.rdzv.conf import DRAIN_TIMEOUT
 from unirank.supervisor.rdzv.linkrule import quick_ack
 from unirank.supervisor.rdzv.messages import FENCED, MOVED, WAIT, authentic, hello_tag
+from unirank.supervisor.rdzv.probe import rdzv_address
 from unirank.supervisor.rdzv.reach import (
     MAX_HOPS,
     REASK_S,
@@ -343,7 +344,7 @@ class Node:
             record = self.records[chosen]
             if chosen == self.node:
                 self._take_over(frozenset(failed), frozenset(dead), record)
-            self.address = (str(record["addr"]), int(record["rdzv_port"]))
+            self.address = rdzv_address(record)
             try:
                 self.lines = connect(self.spec, self.address, time.monotonic() + wait,
                                      refused_ends=True)
@@ -401,7 +402,7 @@ class Node:
         server = Server(listening, self.spec, self.node,
                         Resume(self.round, self.members, self.records, failed, dead, hold))
         server.start()
-        self.address = (str(record["addr"]), int(record["rdzv_port"]))
+        self.address = rdzv_address(record)
         self._point_local(self.node, str(record.get("name") or ""))
         self.serves = True
         self.locals.append(server)
@@ -423,13 +424,14 @@ class Node:
         ``there``: as the ``moved`` followed gave them): a pointer that named a successor
         first of its round (no place) made a server that was first follow it while the
         successor followed that server, each to the other (fault seed 168)."""
-        place = self.members.index(chosen) if chosen in self.members else len(self.members)
+        from unirank.supervisor.rdzv.rounds import place_of
+
         given = there or {}
         for local in self.locals:
             if local.moved is not None:
                 local.moved = {"job": self.spec.run_id,
                                "round": given.get("round", self.round),
-                               "place": given.get("place", place),
+                               "place": given.get("place", place_of(chosen, self.members)),
                                "server": chosen, "addr": self.address[0],
                                "port": self.address[1], "name": name}
 

@@ -27,7 +27,7 @@ from unirank.supervisor.rdzv.rounds import Served, follows
 from unirank.supervisor.rdzv.spec import RdzvSpec
 from unirank.supervisor.rdzv.wire import Lines
 
-__all__ = ["Probing", "probe_loop", "served", "targets"]
+__all__ = ["Probing", "probe_loop", "rdzv_address", "served", "targets"]
 
 
 class Probing(Protocol):
@@ -69,19 +69,24 @@ def targets(spec: RdzvSpec, host: str, members: Sequence[str],
     """Where a successor's probe goes, in order: the original endpoint, then the rendezvous
     port of each member of the last round (in its order: the other side's successor is the
     first of its nodes) that is neither this server's node nor connected here."""
-    others = [(str(records[m]["addr"]), int(records[m]["rdzv_port"])) for m in members
+    others = [rdzv_address(records[m]) for m in members
               if m != host and m not in connected and records.get(m, {}).get("rdzv_port")]
     return [(spec.endpoint_host, spec.endpoint_port), *others]
 
 
+def rdzv_address(record: Mapping[str, Any]) -> tuple[str, int]:
+    """Where a member's rendezvous port is, from its record."""
+    return str(record["addr"]), int(record["rdzv_port"])
+
+
 def probe_loop(server: Probing) -> None:
-    """Probe until ``server`` followed another (one that followed says nothing) or retired; a later
-    server found is left in ``server.found`` (its loop follows it: one thread sends)."""
+    """Probe until ``server`` followed another (one that followed says nothing) or retired;
+    a later server found is left in ``server.found`` (its loop follows it: one thread sends)."""
     interval = server.spec.keep_alive_interval
     while server.moved is None and not server.retired:
         members, records = server.members, dict(server.records)  # the loop replaces them
-        owners = {(str(records[m]["addr"]), int(records[m]["rdzv_port"])): m
-                  for m in members if records.get(m, {}).get("rdzv_port")}
+        owners = {rdzv_address(records[m]): m for m in members
+                  if records.get(m, {}).get("rdzv_port")}
         for address in targets(server.spec, server.host, members, records,
                                server.connected()):
             with contextlib.suppress(OSError, ValueError, KeyError, TypeError):

@@ -59,7 +59,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Pending", "Served", "behind", "follows", "has_quorum", "members_of",
+__all__ = ["Pending", "Served", "behind", "follows", "has_quorum", "members_of", "place_of",
            "rebuilt", "round_closes", "successor", "two_node_note"]
 
 
@@ -164,6 +164,13 @@ def successor(members: Sequence[str], failed: Collection[str]) -> str | None:
     the round's order) not in ``failed`` (the node that served it, and any found unreachable
     since); None when none is left."""
     return next((m for m in members if m not in failed), None)
+
+
+def place_of(node: str, members: Sequence[str]) -> int:
+    """A server's place in its last round's order (:class:`Served`): its node's index there,
+    else the round's length (a node that was in no round comes after all of them). The one
+    rule a server says of itself and a pointer to it says of it."""
+    return members.index(node) if node in members else len(members)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ from unirank.supervisor.rdzv.messages import (
 )
 from unirank.supervisor.rdzv.names import node_label
 from unirank.supervisor.rdzv.probe import probe_loop, served
-from unirank.supervisor.rdzv.rounds import behind, follows
+from unirank.supervisor.rdzv.rounds import behind, follows, place_of
 from unirank.supervisor.rdzv.spec import RdzvSpec, to_line
 from unirank.supervisor.rdzv.wire import SEND_TIMEOUT, BadLine, Lines
 
@@ -117,11 +117,9 @@ class Server(RoundKeeper):
         (a successor's rendezvous port, else the endpoint's)."""
         record = self.records.get(self.host, {})
         port = record.get("rdzv_port") if self.watching else self.spec.endpoint_port
-        place = (self.members.index(self.host) if self.host in self.members
-                 else len(self.members))
         return {"job": self.spec.run_id, "round": self.round, "server": self.host,
-                "place": place, "addr": record.get("addr"), "port": port,
-                "name": record.get("name")}
+                "place": place_of(self.host, self.members), "addr": record.get("addr"),
+                "port": port, "name": record.get("name")}
 
     def connected(self) -> frozenset[str]:
         """The nodes connected now (read by the probe's thread: a copy made under the GIL)."""
