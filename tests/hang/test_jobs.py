@@ -117,3 +117,28 @@ def test_a_job_file_names_its_supervisor_which_tells_a_restart_from_an_end() -> 
     [record] = jobs.find_jobs("r2")
     assert record["supervisor"]["pid"] == os.getppid() and not jobs.supervisor_gone(record)
     assert not jobs.supervisor_gone({"run_id": "old"})  # an older file: not known, not gone
+
+
+def test_a_file_its_writer_never_finished_goes_once_the_writer_is_gone() -> None:
+    """A writer killed between opening its ``.json.tmp`` and renaming it leaves the file (a CI
+    run once kept the folder for this, an empty ``.tmp``): swept as a dead owner's, so that
+    the folder can go; a running writer's stays (its rename comes next)."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    dead = _write(f"r.{int(gone.stdout)}.json.tmp", {})
+    dead.write_text("")
+    running = _write(f"r.{os.getpid()}.json.tmp", {})
+    assert jobs.sweep_jobs() == [str(dead)] and running.exists()
+    running.unlink()
+    assert jobs.sweep_jobs() == [jobs.jobs_dir()]
+
+
+def test_a_file_that_holds_no_record_is_no_job_and_kept_until_old() -> None:
+    """A ``.json`` file that is not a JSON object names no owner: not a job, not removed young."""
+    broken = Path(jobs.jobs_dir()) / "broken.1.json"
+    os.makedirs(broken.parent, exist_ok=True)
+    broken.write_text("{not json")
+    assert jobs.scan_jobs() == ([], []) and jobs.sweep_jobs() == [] and broken.exists()
+    old = 8 * 86400
+    os.utime(broken, (broken.stat().st_atime - old, broken.stat().st_mtime - old))
+    assert jobs.sweep_jobs() == [str(broken), jobs.jobs_dir()]

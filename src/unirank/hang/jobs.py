@@ -10,7 +10,9 @@ gives each run id once. A file whose owner is provably gone (a rank killed by a 
 remove it) is stale: :func:`scan_jobs` and :func:`sweep_jobs` (every ``unirank run``'s start
 and end, :mod:`unirank.sweep`) remove it. A file whose owner cannot be checked here (written in
 another PID namespace: a container) is neither removed nor taken as a running job: it is
-"unchecked".
+"unchecked". A file is written whole or not at all (a ``.json.tmp`` renamed into place); a
+``.json.tmp`` left by a writer killed while it wrote (its pid in its name) is swept by the
+same rule, with its pid alone as its owner.
 
 Each file also names the process that runs the node's attempts (``supervisor``:
 :func:`supervisor_of`), so that ``unirank top`` tells a job that restarts from one that ended.
@@ -36,12 +38,19 @@ from unirank.owner import (
     OwnerState,
     here,
     owner_of,
+    owner_state,
+    seen_start,
     should_sweep,
     state_of_record,
 )
 
 __all__ = ["announce", "find_jobs", "jobs_dir", "scan_jobs", "supervisor_gone", "supervisor_of",
            "sweep_jobs", "withdraw"]
+
+
+#: a job file's name ends with it; :data:`UNFINISHED` after it while it is written
+SUFFIX = ".json"
+UNFINISHED = ".tmp"
 
 
 def jobs_dir(tmp: str | None = None) -> str:
@@ -58,14 +67,14 @@ def announce(job: Mapping[str, Any]) -> str | None:
     (:func:`unirank.owner.owner_of`) and its supervisor (:func:`supervisor_of` of the job's
     ``supervisor_pid``) as ``supervisor``; its path, or None where it cannot."""
     folder = jobs_dir()
-    path = os.path.join(folder, f"{_safe(str(job['run_id']))}.{os.getpid()}.json")
+    path = os.path.join(folder, f"{_safe(str(job['run_id']))}.{os.getpid()}{SUFFIX}")
     record = {**{k: v for k, v in job.items() if k != "supervisor_pid"},
               **owner_of().to_record(),
               "supervisor": supervisor_of(job.get("supervisor_pid")).to_record()}
     for _ in range(2):  # a sweep may remove the empty folder between makedirs and open
         try:
             os.makedirs(folder, mode=0o700, exist_ok=True)
-            temporary = f"{path}.tmp"
+            temporary = f"{path}{UNFINISHED}"
             with open(temporary, "w", encoding="utf-8") as fh:
                 json.dump(record, fh)
             os.replace(temporary, path)
@@ -105,26 +114,51 @@ def _records(spot: Here, folder: str | None = None) -> list[tuple[str, dict[str,
                                                                    OwnerState]]:
     """Every job file's run id, contents and owner state (in ``folder``, default
     :func:`jobs_dir`); the files that :func:`unirank.owner.should_sweep` gives up (their owner
-    provably gone) are removed instead."""
+    provably gone; an unfinished file's writer gone) are removed instead."""
     folder = folder or jobs_dir()
     now = time.time()
     found = []
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(folder)):
-            if not name.endswith(".json"):
-                continue
             path = os.path.join(folder, name)
-            with contextlib.suppress(OSError, ValueError):
-                with open(path, encoding="utf-8") as fh:
-                    data = json.load(fh)
-                state = state_of_record(data, spot) if isinstance(data, dict) else None
+            if name.endswith(SUFFIX + UNFINISHED):
+                _sweep_unfinished(path, name, spot, now)
+                continue
+            if not name.endswith(SUFFIX):
+                continue
+            with contextlib.suppress(OSError):
+                data = _load(path)
+                state = state_of_record(data, spot) if data is not None else None
                 if should_sweep(state, False, now - os.stat(path).st_mtime):
                     os.unlink(path)
                     continue
-                if state is None:
+                if data is None or state is None:
                     continue  # names no owner: not a job (removed once old)
                 found.append((str(data.get("run_id", "")), data, state))
     return found
+
+
+def _load(path: str) -> dict[str, Any] | None:
+    """A job file's record; None where it holds no JSON object."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _sweep_unfinished(path: str, name: str, spot: Here, now: float) -> None:
+    """Remove the unfinished file ``name`` (``<run id>.<pid>.json.tmp``) where its writer, known
+    by its pid alone, is provably gone, or it is old (:func:`unirank.owner.should_sweep`). A
+    writer of another PID namespace may be taken for gone: its rename then fails and it writes
+    again (:func:`announce`)."""
+    pid = name[:-len(SUFFIX + UNFINISHED)].rpartition(".")[2]
+    writer = Owner(int(pid)) if pid.isdigit() and int(pid) > 0 else None
+    state = owner_state(writer, spot, seen_start(writer.pid)) if writer else None
+    with contextlib.suppress(OSError):
+        if should_sweep(state, False, now - os.stat(path).st_mtime):
+            os.unlink(path)
 
 
 def _matches(run_id: str, job: str | None) -> bool:
