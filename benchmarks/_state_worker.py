@@ -52,7 +52,8 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     grouped = time.time()
     mesh = init_device_mesh("cpu", (world,))
-    local = torch.zeros(total_mib * (1 << 20) // 4 // world)
+    # the same global size at any world size up to 3 (a multiple of 6 elements)
+    local = torch.zeros(total_mib * (1 << 20) // 4 // 6 * 6 // world)
     param = torch.nn.Parameter(DTensor.from_local(local, mesh, [Shard(0)], run_check=False))
     param.grad = DTensor.from_local(torch.full_like(local, -1.0), mesh, [Shard(0)],
                                     run_check=False)

@@ -96,6 +96,11 @@ def _node(args: list[str], env: dict[str, str], out: Path, net: Net | None = Non
           node: int = 1) -> subprocess.Popen[bytes]:
     """Start a node's ``unirank run`` (in node ``node``'s namespace of ``net``)."""
     prefix = net.prefix(node) if net is not None else []
+    if net is not None:  # the node's own name and address, gloo on its own interface (the
+        # namespaces share the host's name, which resolves to none of their addresses), as
+        # tests/integration/faults/runner.py gives them
+        env = {**env, "UNIRANK_NODE_NAME": f"node{node}", "GLOO_SOCKET_IFNAME": "eth0"}
+        args = ["--local-addr", address(node), *args]
     return subprocess.Popen([*prefix, sys.executable, "-m", "unirank", "run", *args], env=env,
                             stdout=out.open("wb"), stderr=subprocess.STDOUT,
                             start_new_session=True)
