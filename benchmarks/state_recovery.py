@@ -53,7 +53,7 @@ from _pss import descendants
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
-from _netns import Net, address  # noqa: E402
+from _netns import IFNAME, Net, address  # noqa: E402
 
 WORKER = ROOT / "benchmarks" / "_state_worker.py"
 STEPS = 22
@@ -95,11 +95,12 @@ def _drop_cached(folder: Path) -> None:
 def _node(args: list[str], env: dict[str, str], out: Path, net: Net | None = None,
           node: int = 1) -> subprocess.Popen[bytes]:
     """Start a node's ``unirank run`` (in node ``node``'s namespace of ``net``)."""
-    prefix = net.prefix(node) if net is not None else []
+    prefix: list[str] = []
     if net is not None:  # the node's own name and address, gloo on its own interface (the
         # namespaces share the host's name, which resolves to none of their addresses), as
         # tests/integration/faults/runner.py gives them
-        env = {**env, "UNIRANK_NODE_NAME": f"node{node}", "GLOO_SOCKET_IFNAME": "eth0"}
+        prefix = net.prefix(node)
+        env = {**env, "UNIRANK_NODE_NAME": f"node{node}", "GLOO_SOCKET_IFNAME": IFNAME}
         args = ["--local-addr", address(node), *args]
     return subprocess.Popen([*prefix, sys.executable, "-m", "unirank", "run", *args], env=env,
                             stdout=out.open("wb"), stderr=subprocess.STDOUT,
@@ -232,7 +233,8 @@ def _row(mib: int, tier: str, records: list[dict[str, Any]], killed: float,
             "read_bytes": max(r["read"] for r in restores),
             "kill_to_first_step_s": after["stepped"] - killed,
             "kill_to_worker_s": max(r["started"] for r in restores) - killed,
-            "kill_to_group_s": restore["grouped"] - killed, "restored": restore["restored"],
+            "kill_to_group_s": max(r["grouped"] for r in restores) - killed,
+            "restored": restore["restored"],
             "newest_saved": newest, "whole": after["value"] == restore["restored"] + 2,
             "source": restore["source"], **_back(records, started, nodes)}
 

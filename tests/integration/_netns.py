@@ -37,6 +37,9 @@ from _procs import unavailable, wait_gone
 
 #: the nodes' network (RFC 1918, but only ever inside the namespaces this module makes)
 SUBNET = "10.77.0"
+#: a node's interface in its namespace (its end of the veth pair): where gloo's pairs go
+#: (``GLOO_SOCKET_IFNAME``), the host's name resolving to none of the nodes' addresses
+IFNAME = "eth0"
 #: how long one ``ip`` command may take
 IP_TIMEOUT = 30.0
 _COUNTER = itertools.count()
@@ -86,10 +89,10 @@ class Net:
         _ip("-n", self.switch, "link", "set", "br0", "up")
         for node, name in self.names.items():
             _ip("-n", self.switch, "link", "add", f"p{node}", "type", "veth", "peer", "name",
-                "eth0", "netns", name)
+                IFNAME, "netns", name)
             _ip("-n", self.switch, "link", "set", f"p{node}", "master", "br0", "up")
-            _ip("-n", name, "addr", "add", f"{address(node)}/24", "dev", "eth0")
-            _ip("-n", name, "link", "set", "eth0", "up")
+            _ip("-n", name, "addr", "add", f"{address(node)}/24", "dev", IFNAME)
+            _ip("-n", name, "link", "set", IFNAME, "up")
 
     @property
     def nodes(self) -> list[int]:

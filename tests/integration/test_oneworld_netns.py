@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _netns import Net, address, require
+from _netns import IFNAME, Net, address, require
 from _oneworld import STEPS, Job, check_one_world, listening
 
 from _procs import Runner
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.integration
 def _env(node: int) -> dict[str, str]:
     """Node ``node``'s name; gloo's pairs on the node's own interface (the host's name resolves
     to nothing inside a namespace, and loopback is each namespace's own)."""
-    return {"UNIRANK_NODE_NAME": f"node{node}", "GLOO_SOCKET_IFNAME": "eth0"}
+    return {"UNIRANK_NODE_NAME": f"node{node}", "GLOO_SOCKET_IFNAME": IFNAME}
 
 
 @pytest.fixture(params=[5, 3, 2])

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _netns import Net, address, require
+from _netns import IFNAME, Net, address, require
 
 from _procs import launcher_free_environ, unavailable
 
@@ -78,7 +78,7 @@ def test_a_node_whose_link_is_cut_to_a_tenth_is_named_by_the_rendezvous(tmp_path
         for node, log in zip(net.nodes, logs, strict=True):
             tmp = tmp_path / f"tmp{node}"
             tmp.mkdir()
-            env = launcher_free_environ({"TMPDIR": str(tmp), "GLOO_SOCKET_IFNAME": "eth0",
+            env = launcher_free_environ({"TMPDIR": str(tmp), "GLOO_SOCKET_IFNAME": IFNAME,
                                          "NODE": str(node)})
             with log.open("wb") as out:
                 procs.append(net.popen(node, [

@@ -38,8 +38,6 @@ from unirank.owner import (
     OwnerState,
     here,
     owner_of,
-    owner_state,
-    seen_start,
     should_sweep,
     state_of_record,
 )
@@ -121,20 +119,18 @@ def _records(spot: Here, folder: str | None = None) -> list[tuple[str, dict[str,
     with contextlib.suppress(OSError):
         for name in sorted(os.listdir(folder)):
             path = os.path.join(folder, name)
-            if name.endswith(SUFFIX + UNFINISHED):
-                _sweep_unfinished(path, name, spot, now)
-                continue
-            if not name.endswith(SUFFIX):
-                continue
             with contextlib.suppress(OSError):
-                data = _load(path)
-                state = state_of_record(data, spot) if data is not None else None
+                if name.endswith(SUFFIX + UNFINISHED):  # its writer known by its pid alone
+                    data, state = None, state_of_record({"pid": _writer_pid(name)}, spot)
+                elif name.endswith(SUFFIX):
+                    data = _load(path)
+                    state = state_of_record(data, spot) if data is not None else None
+                else:
+                    continue
                 if should_sweep(state, False, now - os.stat(path).st_mtime):
                     os.unlink(path)
-                    continue
-                if data is None or state is None:
-                    continue  # names no owner: not a job (removed once old)
-                found.append((str(data.get("run_id", "")), data, state))
+                elif data is not None and state is not None:  # else no job (gone once old)
+                    found.append((str(data.get("run_id", "")), data, state))
     return found
 
 
@@ -148,17 +144,11 @@ def _load(path: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _sweep_unfinished(path: str, name: str, spot: Here, now: float) -> None:
-    """Remove the unfinished file ``name`` (``<run id>.<pid>.json.tmp``) where its writer, known
-    by its pid alone, is provably gone, or it is old (:func:`unirank.owner.should_sweep`). A
-    writer of another PID namespace may be taken for gone: its rename then fails and it writes
-    again (:func:`announce`)."""
-    pid = name[:-len(SUFFIX + UNFINISHED)].rpartition(".")[2]
-    writer = Owner(int(pid)) if pid.isdigit() and int(pid) > 0 else None
-    state = owner_state(writer, spot, seen_start(writer.pid)) if writer else None
-    with contextlib.suppress(OSError):
-        if should_sweep(state, False, now - os.stat(path).st_mtime):
-            os.unlink(path)
+def _writer_pid(name: str) -> str:
+    """The pid in an unfinished file's name (``<run id>.<pid>.json.tmp``). A writer of another
+    PID namespace may be taken for gone and its file removed: its rename then fails and it
+    writes again (:func:`announce`)."""
+    return name[:-len(SUFFIX + UNFINISHED)].rpartition(".")[2]
 
 
 def _matches(run_id: str, job: str | None) -> bool:

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _netns import Net, address
+from _netns import IFNAME, Net, address
 
 from _procs import launcher_free_environ, process_tree, wait_gone
 
@@ -110,7 +110,7 @@ class Job:
         tmp = self.folder / f"tmp{node}"
         tmp.mkdir(exist_ok=True)
         env = launcher_free_environ({"FAULT_NODE": str(node), "TMPDIR": str(tmp),
-                                     "GLOO_SOCKET_IFNAME": "eth0", "PYTHONUNBUFFERED": "1"})
+                                     "GLOO_SOCKET_IFNAME": IFNAME, "PYTHONUNBUFFERED": "1"})
         log = self.folder / f"node{node}.{self.starts[node]}.log"
         self.starts[node] += 1
         with log.open("wb") as out:

@@ -62,6 +62,7 @@ from unirank.supervisor.rdzv.reach import (
     node_identity,
     serve_if_endpoint,
 )
+from unirank.supervisor.rdzv.rounds import place_of, successor
 from unirank.supervisor.rdzv.spec import NodeRecord, RdzvSpec, assign, to_line
 from unirank.words import counted
 
@@ -315,8 +316,6 @@ class Node:
         round's members), or become it. The server is proven dead
         (:func:`~.rounds.has_quorum`) where its address refuses, or where its connection ended
         without a word (no ``dropped``: the kernel closed it) and it does not answer."""
-        from unirank.supervisor.rdzv.rounds import successor
-
         self.lines.send({"op": "abandon"})
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(self.lines.sock)
@@ -424,8 +423,6 @@ class Node:
         ``there``: as the ``moved`` followed gave them): a pointer that named a successor
         first of its round (no place) made a server that was first follow it while the
         successor followed that server, each to the other (fault seed 168)."""
-        from unirank.supervisor.rdzv.rounds import place_of
-
         given = there or {}
         for local in self.locals:
             if local.moved is not None:
