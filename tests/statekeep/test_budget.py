@@ -38,3 +38,11 @@ def test_a_step_fits_within_the_budget_and_the_free_room() -> None:
 def test_sizes_read_as_people_write_them() -> None:
     assert [format_bytes(n) for n in (100, 2048, 3 << 20, 5 << 30)] == [
         "100 B", "2.0 KiB", "3.0 MiB", "5.0 GiB"]
+
+
+def test_a_share_is_of_dev_shm_or_of_the_memory_available_the_smaller() -> None:
+    """In a container /dev/shm is often all the machine's memory, shared by the nodes of one
+    host: 50% of it would let the snapshots take what the program needs."""
+    assert parse_budget("50%", 24 * GIB, variable="V", memory=6 * GIB) == 3 * GIB
+    assert parse_budget("50%", 4 * GIB, variable="V", memory=6 * GIB) == 2 * GIB
+    assert parse_budget("8G", 4 * GIB, variable="V", memory=GIB) == 8 * GIB  # a size is a size

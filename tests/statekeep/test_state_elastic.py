@@ -19,12 +19,14 @@ import pytest
 
 from _procs import Runner, free_port, process_tree, wait_listening
 from _state_programs import DIGEST
+from unirank.statekeep.rules import KEEP_IN_MEMORY
 
 pytestmark = pytest.mark.integration
 
 TIMEOUT = 120.0
 
-#: every step: an all-reduce, a deterministic update, a snapshot, a JSON line in a file; at world 2,
+#: every step: an all-reduce, a deterministic update, a snapshot, a JSON line in a file (with
+#: the number of step folders its node's memory holds then); at world 2,
 #: step 3 done, rank 0 writes "ready" to the FIFO (the test then kills a node)
 PROGRAM = DIGEST + r"""
 import json, os, sys, time
@@ -50,9 +52,10 @@ for step in range(0 if restored is None else restored + 1, int(sys.argv[2])):
             p.mul_(0.5).add_(step)
     state["step"] = step
     ur.save_state(step, state)
+    held = sum(name.startswith("step-") for name in os.listdir(os.environ["UNIRANK_STATE_MEMORY"]))
     with open(sys.argv[3], "a") as log:  # written here, not relayed: a kill loses no line
         log.write(json.dumps({"rank": rank, "world": world, "saved": step, "pid": os.getpid(),
-                              "digest": digest(state)}) + "\n")
+                              "digest": digest(state), "held": held}) + "\n")
     if step == 3 and world == int(sys.argv[4]) and rank == 0:
         with open(sys.argv[1], "w") as fifo:
             fifo.write("ready")
@@ -296,6 +299,25 @@ def test_a_fixed_size_job_killed_and_restarted_ends_bit_identical_to_an_unbroken
     assert all(r["from"].startswith(f"state of step {r['restored']} restored from the nodes' "
                                     "memory") and r["restored"] >= 2 for r in restores), restores
     assert _final(nodes.saved, steps) == unbroken
+
+
+def test_three_nodes_keep_no_more_steps_in_memory_than_two(runner: Runner,
+                                                          tmp_path: Path) -> None:
+    """With three nodes no node holds a step whole (its own files and its peer's copies: two
+    parts of three); each still drops all but the newest steps it holds its share of. Seen
+    at every step by each rank: at most the two kept, the one being written and the one
+    dropped once it is (a rule counting whole steps kept every step: 20 GiB of /dev/shm at
+    1 GiB of state)."""
+    steps = 12
+    nodes = TwoNodes(runner, tmp_path, steps, "3:3", count=3)
+    try:
+        for node in nodes.nodes:
+            assert node.wait(timeout=TIMEOUT) == 0, node.communicate()[1]
+    finally:
+        nodes.close()
+    records = _records(nodes.saved.read_text())
+    assert {r["saved"] for r in records} == set(range(steps))
+    assert max(r["held"] for r in records) <= KEEP_IN_MEMORY + 2, records
 
 
 def test_a_node_lost_with_the_node_holding_its_copy_falls_back_to_disk_in_one_line(

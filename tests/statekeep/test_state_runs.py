@@ -166,7 +166,7 @@ def test_a_snapshot_over_the_memory_budget_goes_to_disk_and_says_so_once(
         "unirank: a snapshot of 4.0 MiB does not fit the node's snapshot memory (0 B held, "
         "budget 1.0 KiB): the job's state goes to the disk folder only while it does not fit "
         "(the budget: unirank run --state-budget or UNIRANK_STATE_BUDGET, default 50% of "
-        "/dev/shm)"] * 2, result.stderr
+        "/dev/shm or of the memory available, the smaller)"] * 2, result.stderr
     restores = [r for r in _records(result.stdout) if "restored" in r and r["attempt"] == 1]
     assert [r["from"] for r in restores] == ["state of step 3 restored from the disk folder"] * 2
 

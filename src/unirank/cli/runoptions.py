@@ -200,8 +200,8 @@ OPTIONS: tuple[RunOption, ...] = (
          f"(default: {INIT_TIMEOUT_VAR}, else {DEFAULT_INIT_TIMEOUT:g})"),
     _opt("--state-budget", pet=False, metavar="SIZE|N%",
          help="how much of the node's shared memory the job's snapshots (ur.save_state) may "
-         f"take: a size (8G) or a share of /dev/shm (default: {STATE_BUDGET_VAR}, else "
-         f"{DEFAULT_BUDGET.replace('%', '%%')})"),
+         f"take: a size (8G) or a share of /dev/shm or of the memory available, the smaller "
+         f"(default: {STATE_BUDGET_VAR}, else {DEFAULT_BUDGET.replace('%', '%%')})"),
     _opt("--hang-report-after", pet=False, metavar=_SECONDS,
          help="report a hang (ranks waiting S seconds in a collective that others have not "
          "entered) with every rank's stack; 0 or off: never (default: "

@@ -19,7 +19,7 @@ import pickle
 import socket
 import sys
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,8 @@ from unirank.runtime.snapshotpages import take_pages
 from unirank.statekeep.copies import NodeStep, Transfer
 from unirank.statekeep.rules import (
     CHECKSUM,
+    HELD,
+    MARKS,
     METADATA,
     WHOLE,
     checksum_of,
@@ -38,8 +40,8 @@ from unirank.statekeep.rules import (
     step_folder,
 )
 
-__all__ = ["Gathered", "carry", "crc_of", "gather", "mark_whole", "node_holdings", "node_step",
-           "not_matching", "write_checksums"]
+__all__ = ["Gathered", "carry", "crc_of", "gather", "held_steps", "mark_held", "node_holdings",
+           "node_step", "not_matching", "share_of", "write_checksums"]
 
 #: the suffix of a file on its way in
 _PART = ".part"
@@ -53,7 +55,7 @@ def node_step(path: str) -> NodeStep:
     with contextlib.suppress(OSError):
         for entry in os.scandir(path):
             if entry.is_file() and not entry.name.endswith(_PART) and \
-                    not entry.name.startswith(WHOLE):
+                    not entry.name.startswith(MARKS):
                 held[entry.name] = entry.stat().st_size
     needed = None
     if METADATA in held:
@@ -248,16 +250,54 @@ def not_matching(folder: str, names: Sequence[str],
     return bad
 
 
-def mark_whole(memory: str, step: int) -> bool:
-    """Mark ``step`` whole in this node's memory where it holds the metadata and every file it
-    names (for ``unirank run``'s copy to disk at the end: :func:`unirank.statekeep.memory.
-    flush_to_disk`); whether it is."""
+def share_of(gathered: Gathered, moves: Iterable[Transfer], step: int) -> frozenset[str]:
+    """What this node is meant to hold of ``step`` once ``moves`` (the copies after a save)
+    arrived: the files it held when the ranks gathered (its own ranks'), those sent to it,
+    and the metadata."""
+    own = gathered.holdings.get(gathered.own_node, {}).get(step)
+    coming = {move.name for move in moves if move.target == gathered.own_node}
+    return frozenset({*(own.held if own else ()), *coming, METADATA})
+
+
+def mark_held(memory: str, step: int, share: Iterable[str] | None = None) -> bool:
+    """Mark what this node's memory holds of ``step`` (its copies came): :data:`HELD` where it
+    holds the metadata and every file of ``share`` (:func:`share_of`; None: every file the
+    metadata names), and :data:`WHOLE` too where it holds every file the metadata names (for
+    ``unirank run``'s copy to disk at the end: :func:`unirank.statekeep.memory.
+    flush_to_disk`); whether it holds the step whole."""
     folder = os.path.join(memory, step_folder(step))
     held = node_step(folder)
-    if held.needed is None or not held.needed <= set(held.held):
+    if held.needed is None:
         return False
-    part = os.path.join(folder, f"{WHOLE}.{os.getpid()}")
+    names = set(held.held)
+    every = held.needed | {METADATA}
+    whole = every <= names
+    wanted = every if share is None else {*share, METADATA}
+    if wanted <= names:
+        _mark(folder, HELD, wanted)
+    if whole:
+        _mark(folder, WHOLE, every)
+    return whole
+
+
+def _mark(folder: str, mark: str, files: Iterable[str]) -> None:
+    part = os.path.join(folder, f"{mark}.{os.getpid()}")
     with open(part, "w", encoding="utf-8") as fh:
-        json.dump(sorted(held.needed | {METADATA}), fh)
-    os.replace(part, os.path.join(folder, WHOLE))
-    return True
+        json.dump(sorted(files), fh)
+    os.replace(part, os.path.join(folder, mark))
+
+
+def held_steps(memory: str | None) -> frozenset[int]:
+    """The steps a node's memory holds its share of (:data:`HELD`, its metadata still there:
+    a step written again stops counting at once, :func:`.snapshots._uncount`)."""
+    if memory is None:
+        return frozenset()
+    found = set()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(memory):
+            step = parse_step(name)
+            folder = os.path.join(memory, name)
+            if step is not None and os.path.exists(os.path.join(folder, HELD)) and \
+                    os.path.exists(os.path.join(folder, METADATA)):
+                found.add(step)
+    return frozenset(found)

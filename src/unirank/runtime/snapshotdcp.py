@@ -33,7 +33,7 @@ from torch.futures import Future
 from unirank.contract import STATE_DIR_VAR
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import mark_whole, write_checksums
+from unirank.runtime.snapshotcopies import mark_held, write_checksums
 from unirank.runtime.snapshotload import restore_point
 from unirank.runtime.snapshotread import (
     MemoryReader,
@@ -43,6 +43,7 @@ from unirank.runtime.snapshotread import (
 )
 from unirank.runtime.snapshots import (
     PERSIST_EVERY,
+    _begin,
     _collective,
     _need_group,
     _over_budget,
@@ -136,7 +137,7 @@ class StateWriter(StorageWriter):
         assert tier is not None  # state_writer refused a writer with neither
         path = os.path.join(tier, step_folder(self.step))
         if self._tier_coordinator():
-            _uncount(path)
+            _begin(path, in_memory=self._in_memory)
         if self._to_disk is not None and state.get_rank() == 0:
             _uncount(os.path.join(self._to_disk, step_folder(self.step)))
         self._inner = memory_writer(path) if self._in_memory else FileSystemWriter(path)
@@ -207,7 +208,7 @@ class StateWriter(StorageWriter):
         if _collective():
             _to_peers(self._memory, self.step, self._group)
         elif state.get_local_rank() == 0:
-            mark_whole(self._memory, self.step)
+            mark_held(self._memory, self.step)
         if self._to_disk is not None:
             self._persist(self._to_disk)
         if state.get_local_rank() == 0:

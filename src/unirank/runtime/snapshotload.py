@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from unirank.hang.phases import phase
 from unirank.runtime import state
-from unirank.runtime.snapshotcopies import Gathered, carry, gather, mark_whole
+from unirank.runtime.snapshotcopies import Gathered, carry, gather, mark_held
 from unirank.runtime.snapshots import (
     _collective,
     _group,
@@ -127,7 +127,7 @@ def _source(memory: str | None, disk: str | None,
         assert memory is not None
         _fill(gathered, memory, choice.step, rank, reads)
         if gathered.acts(rank):
-            mark_whole(memory, choice.step)
+            mark_held(memory, choice.step)
     return choice, gathered
 
 

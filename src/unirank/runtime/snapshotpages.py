@@ -26,7 +26,7 @@ import contextlib
 import os
 import shutil
 
-from unirank.statekeep.rules import METADATA, PAGES, WHOLE
+from unirank.statekeep.rules import MARKS, METADATA, PAGES
 
 __all__ = ["give_back", "take_pages", "waiting_bytes"]
 
@@ -60,10 +60,9 @@ def give_back(tier: str, folder: str) -> None:
     """A dropped step folder of ``tier`` (a node's memory): its data files wait in the tier's
     pages for the next save (those waiting from before are freed first); the rest goes. Its
     ``.metadata`` goes first, so the step stops counting at once."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(folder, METADATA))
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(folder, WHOLE))
+    for mark in (METADATA, *MARKS):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, mark))
     pages = _pages_of(tier)
     shutil.rmtree(pages, ignore_errors=True)
     try:

@@ -30,7 +30,15 @@ from unirank.contract import STATE_BUDGET_VAR, STATE_DIR_VAR
 from unirank.hang.phases import phase
 from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
-from unirank.runtime.snapshotcopies import carry, gather, mark_whole, node_step, write_checksums
+from unirank.runtime.snapshotcopies import (
+    carry,
+    gather,
+    held_steps,
+    mark_held,
+    node_step,
+    share_of,
+    write_checksums,
+)
 from unirank.runtime.snapshotpages import give_back, waiting_bytes
 from unirank.runtime.snapshotstaging import BACKGROUND, Staged, stage, state_group
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
@@ -39,6 +47,7 @@ from unirank.statekeep.memory import memory_folder_of, note_disk_folder
 from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
+    MARKS,
     METADATA,
     parse_step,
     persists,
@@ -130,7 +139,7 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
 
     path = os.path.join(tier, step_folder(step))
     if coordinator:
-        _uncount(path)
+        _begin(path, in_memory=in_memory)
     writer = memory_writer(path) if in_memory else FileSystemWriter(path)
     with without_checksums() if in_memory else contextlib.nullcontext(), plain_shard_layouts():
         save(obj, storage_writer=writer, process_group=group, no_dist=not _group())
@@ -141,11 +150,14 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
 
 def drop_old(tier: str | None, step: int, keep: int, *, in_memory: bool = False) -> None:
     """A tier's steps older than its newest ``keep`` whole ones (never ``step``, being
-    written); in a node's memory the newest dropped step's pages wait for the next save
+    written); in a node's memory, older than the newest ``keep`` it holds its share of
+    (:func:`.snapshotcopies.held_steps`: with three nodes or more no node holds a step whole),
+    and the newest dropped step's pages wait for the next save
     (:func:`.snapshotpages.give_back`)."""
     if tier is None:
         return
-    for old in to_drop(_present(tier), complete_steps(tier), keep, writing=step):  # oldest first
+    counted = held_steps(tier) if in_memory else complete_steps(tier)
+    for old in to_drop(_present(tier), counted, keep, writing=step):  # oldest first
         if in_memory:
             give_back(tier, os.path.join(tier, step_folder(old)))
         else:
@@ -170,9 +182,27 @@ def _present(tier: str) -> list[int]:
 
 
 def _uncount(path: str) -> None:
-    """A step folder stops counting at once: its ``.metadata`` goes (DCP writes it last)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(os.path.join(path, METADATA))
+    """A step folder stops counting at once: its ``.metadata`` goes (DCP writes it last),
+    then its marks (:data:`~unirank.statekeep.rules.MARKS`)."""
+    for name in (METADATA, *MARKS):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(path, name))
+
+
+def _begin(path: str, *, in_memory: bool) -> None:
+    """A save of a step begins (its tier's coordinator, before any rank writes): the step's
+    folder stops counting; in a node's memory the files it held from an earlier save of the
+    same step (the program saves a step again after a restore) go too, the peer's copies
+    among them: a copy held from before would pass for this save's and never be sent again.
+    The folder itself stays (the node's other ranks may have made it already)."""
+    _uncount(path)
+    if not in_memory:
+        return
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(path):
+            if entry.is_file():
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
 
 
 def _remove(path: str) -> None:
@@ -270,7 +300,7 @@ def _keep(memory: str, disk: str | None, step: int, staged: Staged, group: Any) 
     if _collective():
         _to_peers(memory, step, group)
     elif state.get_local_rank() == 0:
-        mark_whole(memory, step)
+        mark_held(memory, step)
 
 
 def _part_bytes(obj: Any) -> int:
@@ -293,19 +323,32 @@ def _over_budget(memory: str, node_bytes: int, group: Any = None) -> bool:
     Reads: UNIRANK_STATE_BUDGET.
     """
     room = os.statvfs(memory)
+    held, waiting = _held_bytes(memory), waiting_bytes(memory)  # pages the step reuses
+    available = _available_memory()
     budget = parse_budget(os.environ.get(STATE_BUDGET_VAR) or DEFAULT_BUDGET,
-                          room.f_blocks * room.f_frsize, variable=STATE_BUDGET_VAR)
+                          room.f_blocks * room.f_frsize, variable=STATE_BUDGET_VAR,
+                          memory=None if available is None else available + held + waiting)
     need = 2 * node_bytes  # and the peer's copy
-    free = room.f_bavail * room.f_frsize + waiting_bytes(memory)  # pages the step reuses
-    why = refusal(need, _held_bytes(memory), free, budget)
+    free = room.f_bavail * room.f_frsize + waiting
+    why = refusal(need, held, free, budget)
     over = any_rank(why is not None, group)
     if over and not _SAID.budget:
         _SAID.budget = True
         why = why or "a snapshot does not fit another node's snapshot memory"
         _say(f"{why}: the job's state goes to the disk folder only while it does not fit "
              f"(the budget: unirank run --state-budget or {STATE_BUDGET_VAR}, default "
-             f"{DEFAULT_BUDGET} of /dev/shm)")
+             f"{DEFAULT_BUDGET} of /dev/shm or of the memory available, the smaller)")
     return over
+
+
+def _available_memory() -> int | None:
+    """The machine's available memory (``MemAvailable`` of ``/proc/meminfo``: snapshots in
+    ``/dev/shm`` are not in it), None where not known."""
+    with contextlib.suppress(OSError, ValueError), open("/proc/meminfo", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
 
 
 def _held_bytes(memory: str) -> int:
@@ -324,10 +367,10 @@ def _to_peers(memory: str, step: int, group: Any = None) -> None:
     (over ``group``: default the job's)."""
     rank = dist.get_rank()
     gathered = gather(memory, frozenset(), rank, steps=[step], group=group)
-    carry(replicate(gathered.holdings, step, gathered.order), gathered, memory, step, rank,
-          group)
+    moves = replicate(gathered.holdings, step, gathered.order)
+    carry(moves, gathered, memory, step, rank, group)
     if gathered.acts(rank):
-        mark_whole(memory, step)
+        mark_held(memory, step, share_of(gathered, moves, step))
 
 
 def complete_steps(tier: str | None) -> frozenset[int]:

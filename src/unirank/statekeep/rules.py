@@ -20,8 +20,10 @@ from dataclasses import dataclass
 __all__ = [
     "CHECKSUM",
     "COPY_NOW_BYTES",
+    "HELD",
     "KEEP_IN_MEMORY",
     "KEEP_ON_DISK",
+    "MARKS",
     "METADATA",
     "PAGES",
     "WHOLE",
@@ -42,6 +44,14 @@ METADATA = ".metadata"
 #: in a node's memory, beside a step's files: the node holds the step whole (a JSON list of
 #: its files, written once its copies came; read by ``unirank run``, which imports no torch)
 WHOLE = ".whole"
+#: in a node's memory, beside a step's files: the node holds its share of the step (the files
+#: its own ranks wrote, the copies of its peer's, the metadata: a JSON list of them), written
+#: once its copies came. The memory tier keeps the newest steps held so (:func:`to_drop`): with
+#: three nodes or more no node ever holds a step whole
+HELD = ".held"
+#: the marks a step folder of a node's memory may hold beside its files (none is a file of the
+#: step; each is written under ``<mark>.<pid>`` and renamed)
+MARKS = (WHOLE, HELD)
 #: beside a file of a node's memory, its CRC-32 (hex), written by the rank that wrote the file
 #: before its copies leave; a copy that arrives and does not match is not kept
 #: (:func:`unirank.runtime.snapshotcopies.carry`)
@@ -49,8 +59,9 @@ CHECKSUM = ".crc32"
 #: in a node's memory, beside its step folders: the files of the step dropped last, whose pages
 #: the next save writes over (:mod:`unirank.runtime.snapshotpages`); never a step's
 PAGES = ".pages"
-#: complete steps a node keeps in memory (the newest, and the one before while the next is
-#: written: a save under way never leaves the node with none)
+#: steps a node keeps in memory, of those it holds its share of (:data:`HELD`: the newest,
+#: and the one before while the next is written: a save under way never leaves the node with
+#: none)
 KEEP_IN_MEMORY = 2
 #: complete steps kept in the disk folder
 KEEP_ON_DISK = 2
@@ -100,8 +111,10 @@ def persists(step: int, every: int, stopping: bool) -> bool:
 
 def to_drop(present: Iterable[int], whole: Iterable[int], keep: int,
             writing: int | None = None) -> list[int]:
-    """The step folders a tier drops: those older than the newest ``keep`` whole steps (a
-    newer one may be on its way: kept), never the step being written."""
+    """The step folders a tier drops: those older than the newest ``keep`` of its ``whole``
+    steps (on disk: complete; in a node's memory: held, the node's share of them, as
+    :data:`HELD` marks; a newer one may be on its way: kept), never the step being
+    written."""
     kept = sorted(set(whole), reverse=True)[:keep]
     if len(kept) < keep:
         return []
