@@ -57,10 +57,21 @@ os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="0", RANK="0", WORLD_SIZE
 import torch, torch.distributed as dist
 from unirank.hang.waits import recorder_status, recorder_trace, retired_through
 dist.init_process_group("gloo")
+import time
 for _ in range(3):
     dist.all_reduce(torch.ones(2))
-print(json.dumps(retired_through(recorder_trace()["entries"])))
-print(json.dumps(recorder_status(exact=True)))
+# gloo's work thread marks an entry retired after the caller's wait returned: under load the
+# first look can come before it (CI saw {"0": 1}); the entries must say it within the deadline
+deadline = time.monotonic() + 60
+while True:
+    retired = retired_through(recorder_trace()["entries"])
+    status = recorder_status(exact=True)
+    done = status is not None and status["0"]["last_completed_collective"] == "3"
+    if (retired == {"0": 3} and done) or time.monotonic() > deadline:
+        break
+    time.sleep(0.01)
+print(json.dumps(retired))
+print(json.dumps(status))
 dist.destroy_process_group()
 """
 
