@@ -1,7 +1,8 @@
 """``--on-slow evict`` and ``replace`` with real nodes: an elastic job of two loopback nodes
 (the same command twice, as torchrun's agents), one rank per node; once both step, rank 1 is
-put in a cgroup v1 CPU quota of a fifth of a CPU, so that rank 0 waits for it about four
-fifths of the time. The straggler is named, evicting its node pays
+put in a cgroup v1 CPU quota of a fifth of a CPU, and every other process of the job in a group
+the scheduler favours (full speed while other tests load the machine), so that rank 0 waits
+for rank 1 about four fifths of the time. The straggler is named, evicting its node pays
 (:mod:`unirank.hang.slowcost`: two nodes, a fifth of the speed), its node is stopped and says
 why in one line, and the other node goes on alone at world 1 and finishes. With ``--on-slow
 replace`` and a third node waiting to join (a spare), the slow node's place goes to the
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from _cpuquota import make_group, move, release
+from _cpuquota import favoured_group, make_group, move, move_tree, release
 from _procs import Runner, free_port, process_tree, wait_listening
 from unirank.exitcodes import EVICTED
 
@@ -33,8 +34,8 @@ TIMEOUT = 120.0
 QUOTA_US = 20000
 
 # Steps of 50 ms of this thread's CPU and one all-reduce: for ever in the first attempt, 5
-# steps in the next (and on a spare node: SPARE set); rank 1 writes its pid to the FIFO
-# argv[1] at step 20.
+# steps in the next (and on a spare node: SPARE set); at step 20 each rank of the first
+# attempt writes its rank and pid to the FIFO argv[1].
 STEPS = """
 import os, sys, time
 import torch
@@ -50,18 +51,22 @@ while (restart == "0" and not os.environ.get("SPARE")) or step < 5:
         sum(range(1000))
     dist.all_reduce(torch.ones(1))
     step += 1
-    if step == 20 and rank == 1:
+    if step == 20 and restart == "0" and not os.environ.get("SPARE"):
         with open(sys.argv[1], "w") as fifo:
-            fifo.write(f"{os.getpid()}\\n")
+            fifo.write(f"{rank} {os.getpid()}\\n")
 print(f"done rank {rank} world {world} restart {restart}", flush=True)
 dist.destroy_process_group()
 """
 
 
-def _read_pid(reader: int) -> int:
-    ready, _, _ = select.select([reader], [], [], TIMEOUT)
-    assert ready, f"rank 1 did not step 20 times within {TIMEOUT:g} s"
-    return int(os.read(reader, 64).split()[0])
+def _read_pids(reader: int) -> dict[int, int]:
+    """Each rank's pid, once both stepped 20 times."""
+    text = b""
+    while text.count(b"\n") < 2:
+        ready, _, _ = select.select([reader], [], [], TIMEOUT)
+        assert ready, f"the ranks did not step 20 times within {TIMEOUT:g} s: {text!r}"
+        text += os.read(reader, 64)
+    return {int(rank): int(pid) for rank, pid in (line.split() for line in text.splitlines())}
 
 
 def _holding(procs: list[subprocess.Popen[Any]], pid: int) -> int:
@@ -88,7 +93,7 @@ def _slow_job(runner: Runner, tmp_path: Path, on_slow: str, *, spare: bool = Fal
     """Two nodes of ``--nnodes 1:2 --on-slow ON_SLOW`` (and a spare waiting to join, where
     asked); rank 1 cut to a fifth of a CPU once it stepped 20 times: the slow node, the other
     node and the spare, ended."""
-    group = make_group(QUOTA_US)
+    group, favoured = make_group(QUOTA_US), favoured_group()
     runner.script("steps.py", STEPS)
     fifo = tmp_path / "pid.fifo"
     os.mkfifo(fifo)
@@ -99,25 +104,29 @@ def _slow_job(runner: Runner, tmp_path: Path, on_slow: str, *, spare: bool = Fal
             "--rdzv-endpoint", f"127.0.0.1:{port}", "--on-slow", on_slow, "steps.py",
             str(fifo)]
     env = {"UNIRANK_HANG_INTERVAL": "2.5"}  # windows of 2.5 s, as a quiet job's
-    pid = 0
+    pids: dict[int, int] = {}
     try:
         first = runner.start(args, text=True, env=env)
         wait_listening(port, first, TIMEOUT)
         nodes = [first, runner.start(args, text=True, env=env)]
-        pid = _read_pid(reader)
+        pids = _read_pids(reader)
         waiting = None
         if spare:
             waiting = runner.start(args, text=True, env={**env, "SPARE": "1"})
             assert waiting.stderr is not None
             runner.read_lines(waiting.stderr, 1, contains="this node waits to join: the job ",
                               timeout=TIMEOUT)
-        slow = _holding(nodes, pid)
-        move(group, pid)
+            move_tree(favoured, process_tree(waiting.pid))
+        slow = _holding(nodes, pids[1])
+        for node in nodes:
+            move_tree(favoured, process_tree(node.pid))
+        move(group, pids[1])
         other = _ended(nodes[1 - slow])
         took = _ended(waiting) if waiting is not None else None
         return _ended(nodes[slow]), other, took
     finally:
-        release(group, pid)
+        release(group)
+        release(favoured)
         os.close(reader)
         os.close(keep)
 
