@@ -289,7 +289,7 @@ def _mark(folder: str, mark: str, files: Iterable[str]) -> None:
 
 def held_steps(memory: str | None) -> frozenset[int]:
     """The steps a node's memory holds its share of (:data:`HELD`, its metadata still there:
-    a step written again stops counting at once, :func:`.snapshots._uncount`)."""
+    a step written again stops counting at once, :func:`.snapshotpages.uncount`)."""
     if memory is None:
         return frozenset()
     found = set()

@@ -35,6 +35,7 @@ from unirank.runtime import state
 from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import mark_held, write_checksums
 from unirank.runtime.snapshotload import restore_point
+from unirank.runtime.snapshotpages import uncount
 from unirank.runtime.snapshotread import (
     MemoryReader,
     memory_writer,
@@ -50,7 +51,6 @@ from unirank.runtime.snapshots import (
     _previous_save,
     _say,
     _tiers,
-    _uncount,
     any_rank,
     drop_old,
 )
@@ -139,7 +139,7 @@ class StateWriter(StorageWriter):
         if self._tier_coordinator():
             _begin(path, in_memory=self._in_memory)
         if self._to_disk is not None and state.get_rank() == 0:
-            _uncount(os.path.join(self._to_disk, step_folder(self.step)))
+            uncount(os.path.join(self._to_disk, step_folder(self.step)))
         self._inner = memory_writer(path) if self._in_memory else FileSystemWriter(path)
         self._inner.set_up_storage_writer(self._coordinator)
         return self._inner.prepare_local_plan(plan)
@@ -203,7 +203,7 @@ class StateWriter(StorageWriter):
             write_checksums(os.path.join(self._memory, step_folder(self.step)), self._files,
                             getattr(self._inner, "sums", None))
         if any_rank(failed, self._group):
-            _uncount(os.path.join(self._memory, step_folder(self.step)))
+            uncount(os.path.join(self._memory, step_folder(self.step)))
             return
         if _collective():
             _to_peers(self._memory, self.step, self._group)

@@ -28,7 +28,7 @@ import shutil
 
 from unirank.statekeep.rules import MARKS, METADATA, PAGES
 
-__all__ = ["give_back", "take_pages", "waiting_bytes"]
+__all__ = ["give_back", "take_pages", "uncount", "waiting_bytes"]
 
 
 def _pages_of(tier: str) -> str:
@@ -56,13 +56,19 @@ def waiting_bytes(tier: str) -> int:
     return total
 
 
+def uncount(folder: str) -> None:
+    """A step folder (of any tier) stops counting at once: its ``.metadata`` goes (DCP
+    writes it last), then its marks (:data:`~unirank.statekeep.rules.MARKS`)."""
+    for name in (METADATA, *MARKS):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(folder, name))
+
+
 def give_back(tier: str, folder: str) -> None:
     """A dropped step folder of ``tier`` (a node's memory): its data files wait in the tier's
     pages for the next save (those waiting from before are freed first); the rest goes. Its
     ``.metadata`` goes first, so the step stops counting at once."""
-    for mark in (METADATA, *MARKS):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(folder, mark))
+    uncount(folder)
     pages = _pages_of(tier)
     shutil.rmtree(pages, ignore_errors=True)
     try:

@@ -39,7 +39,7 @@ from unirank.runtime.snapshotcopies import (
     share_of,
     write_checksums,
 )
-from unirank.runtime.snapshotpages import give_back, waiting_bytes
+from unirank.runtime.snapshotpages import give_back, uncount, waiting_bytes
 from unirank.runtime.snapshotstaging import BACKGROUND, Staged, stage, state_group
 from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import replicate
@@ -47,8 +47,6 @@ from unirank.statekeep.memory import memory_folder_of, note_disk_folder
 from unirank.statekeep.rules import (
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
-    MARKS,
-    METADATA,
     parse_step,
     persists,
     step_folder,
@@ -181,21 +179,13 @@ def _present(tier: str) -> list[int]:
     return []
 
 
-def _uncount(path: str) -> None:
-    """A step folder stops counting at once: its ``.metadata`` goes (DCP writes it last),
-    then its marks (:data:`~unirank.statekeep.rules.MARKS`)."""
-    for name in (METADATA, *MARKS):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(path, name))
-
-
 def _begin(path: str, *, in_memory: bool) -> None:
     """A save of a step begins (its tier's coordinator, before any rank writes): the step's
     folder stops counting; in a node's memory the files it held from an earlier save of the
     same step (the program saves a step again after a restore) go too, the peer's copies
     among them: a copy held from before would pass for this save's and never be sent again.
     The folder itself stays (the node's other ranks may have made it already)."""
-    _uncount(path)
+    uncount(path)
     if not in_memory:
         return
     with contextlib.suppress(OSError):
@@ -206,7 +196,7 @@ def _begin(path: str, *, in_memory: bool) -> None:
 
 
 def _remove(path: str) -> None:
-    _uncount(path)  # first: the step stops counting at once
+    uncount(path)  # first: the step stops counting at once
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
@@ -289,7 +279,7 @@ def _keep(memory: str, disk: str | None, step: int, staged: Staged, group: Any) 
         _torn.update(staged.torn)
         for tier in (memory, disk):
             if tier is not None:
-                _uncount(os.path.join(tier, step_folder(step)))
+                uncount(os.path.join(tier, step_folder(step)))
         if not _SAID.torn:
             _SAID.torn = True
             which = ", ".join(staged.torn) or "a tensor of another rank"
