@@ -201,8 +201,12 @@ def test_an_unguarded_launch_that_needs_main_by_name_is_refused_in_one_line(
                            "importing the script as __main__"), proc.stderr
     assert 'HINT: put the code that launches under if __name__ == "__main__":' in last
     assert "RESULT" not in proc.stdout and "[rank0]:[rank" not in proc.stdout
-    assert "connectFullMesh" not in proc.stderr and "Traceback" not in proc.stderr.split(
-        "ConfigError")[0].split("\n", 1)[1], proc.stderr
+    # one traceback: the program's own (a rank still talking to the store as the job ends
+    # may add torch's one-line warning before it, its stack dump folded: seen under load)
+    assert "connectFullMesh" not in proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    tracebacks = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+    assert len(tracebacks) == 1 and str(script) in lines[tracebacks[0] + 1], proc.stderr
 
 
 def test_a_guarded_script_without_cloudpickle_sends_its_function_by_name(tmp_path: Path) -> None:
