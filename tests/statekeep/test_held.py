@@ -12,8 +12,8 @@ from pathlib import Path
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex
 
-from unirank.runtime.snapshotcopies import Gathered, held_steps, mark_held, share_of
-from unirank.runtime.snapshots import _begin, drop_old
+from unirank.runtime.snapshotcopies import Gathered, mark_held, share_of
+from unirank.runtime.snapshots import _begin, drop_old, held_steps
 from unirank.statekeep.copies import NodeStep, Transfer, replicate
 from unirank.statekeep.rules import HELD, KEEP_IN_MEMORY, METADATA, PAGES, WHOLE
 

@@ -40,7 +40,7 @@ from unirank.statekeep.rules import (
     step_folder,
 )
 
-__all__ = ["Gathered", "carry", "crc_of", "gather", "held_steps", "mark_held", "node_holdings",
+__all__ = ["Gathered", "carry", "crc_of", "gather", "mark_held", "node_holdings",
            "node_step", "not_matching", "share_of", "write_checksums"]
 
 #: the suffix of a file on its way in
@@ -286,18 +286,3 @@ def _mark(folder: str, mark: str, files: Iterable[str]) -> None:
         json.dump(sorted(files), fh)
     os.replace(part, os.path.join(folder, mark))
 
-
-def held_steps(memory: str | None) -> frozenset[int]:
-    """The steps a node's memory holds its share of (:data:`HELD`, its metadata still there:
-    a step written again stops counting at once, :func:`.snapshotpages.uncount`)."""
-    if memory is None:
-        return frozenset()
-    found = set()
-    with contextlib.suppress(OSError):
-        for name in os.listdir(memory):
-            step = parse_step(name)
-            folder = os.path.join(memory, name)
-            if step is not None and os.path.exists(os.path.join(folder, HELD)) and \
-                    os.path.exists(os.path.join(folder, METADATA)):
-                found.add(step)
-    return frozenset(found)

@@ -33,7 +33,6 @@ from unirank.runtime.preemption import _STOP
 from unirank.runtime.snapshotcopies import (
     carry,
     gather,
-    held_steps,
     mark_held,
     node_step,
     share_of,
@@ -45,15 +44,17 @@ from unirank.statekeep.budget import DEFAULT_BUDGET, parse_budget, refusal
 from unirank.statekeep.copies import replicate
 from unirank.statekeep.memory import memory_folder_of, note_disk_folder
 from unirank.statekeep.rules import (
+    HELD,
     KEEP_IN_MEMORY,
     KEEP_ON_DISK,
+    METADATA,
     parse_step,
     persists,
     step_folder,
     to_drop,
 )
 
-__all__ = ["any_rank", "complete_steps", "drop_old", "save_state"]
+__all__ = ["any_rank", "complete_steps", "drop_old", "held_steps", "save_state"]
 
 #: how often a snapshot goes to disk too, by default (a stop always sends it)
 PERSIST_EVERY = 10
@@ -149,7 +150,7 @@ def _save_to(tier: str, step: int, obj: dict[str, Any], coordinator: bool,
 def drop_old(tier: str | None, step: int, keep: int, *, in_memory: bool = False) -> None:
     """A tier's steps older than its newest ``keep`` whole ones (never ``step``, being
     written); in a node's memory, older than the newest ``keep`` it holds its share of
-    (:func:`.snapshotcopies.held_steps`: with three nodes or more no node holds a step whole),
+    (:func:`held_steps`: with three nodes or more no node holds a step whole),
     and the newest dropped step's pages wait for the next save
     (:func:`.snapshotpages.give_back`)."""
     if tier is None:
@@ -361,6 +362,16 @@ def _to_peers(memory: str, step: int, group: Any = None) -> None:
     carry(moves, gathered, memory, step, rank, group)
     if gathered.acts(rank):
         mark_held(memory, step, share_of(gathered, moves, step))
+
+
+def held_steps(memory: str) -> frozenset[int]:
+    """The steps a node's memory holds its share of (:data:`~unirank.statekeep.rules.HELD`,
+    its metadata still there: a step written again stops counting at once,
+    :func:`.snapshotpages.uncount`)."""
+    return frozenset(
+        step for step in _present(memory)
+        if all(os.path.exists(os.path.join(memory, step_folder(step), name))
+               for name in (HELD, METADATA)))
 
 
 def complete_steps(tier: str | None) -> frozenset[int]:
