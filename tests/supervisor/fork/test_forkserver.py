@@ -13,6 +13,7 @@ UNIRANK_NO_PRELOAD (every test here needs the server on).
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -221,6 +222,31 @@ def test_a_preload_module_is_imported_by_the_server(runner: Runner, tmp_path: Pa
     server = {w["ppid"] for w in _who(result.stdout)}
     assert len(server) == 1 and pid not in server
     assert re.findall(r"^IMPORTED_BY (\S+)$", result.stdout, re.M) == [str(*server)] * 2
+
+
+@pytest.mark.integration
+def test_the_hang_watcher_each_worker_starts_is_imported_by_the_server(runner: Runner,
+                                                                       tmp_path: Path) -> None:
+    """Every worker starts a hang watcher (the default) before its script: the modules it takes
+    are the server's imports, not each worker's after the fork (without it about 30 modules a
+    worker)."""
+    listing = ("import sys\nprint('HANG', sorted(m for m in sys.modules"
+               " if m.startswith('unirank.hang')), flush=True)\n")
+    server = subprocess.run(
+        [sys.executable, "-c", "import importlib\n"
+         "from unirank.supervisor.fork.client import DEFAULT_PRELOAD\n"
+         "for name in DEFAULT_PRELOAD: importlib.import_module(name)\n" + listing],
+        capture_output=True, text=True, timeout=TIMEOUT, check=True)
+    preloaded = set(ast.literal_eval(server.stdout.split("HANG ", 1)[1]))
+    assert "unirank.hang.watcher" in preloaded
+    (tmp_path / "hang_modules.py").write_text(_WHO + listing)
+    _, result = _run(runner, ["-n", "2", "hang_modules.py"])
+    assert result.returncode == 0, result.stderr
+    assert FALLBACK not in result.stderr
+    seen = [set(ast.literal_eval(found))
+            for found in re.findall(r"^HANG (.*)$", result.stdout, re.M)]
+    assert len(seen) == 2 and all("unirank.hang.watcher" in s for s in seen), result.stdout
+    assert all(s <= preloaded for s in seen), [sorted(s - preloaded) for s in seen]
 
 
 # -- the processes --------------------------------------------------------------------------------
