@@ -80,7 +80,7 @@ def main() -> None:
         stepped, saving = time.time(), time.monotonic()
         saver.save(step, state)
         out(step=step, save_s=time.monotonic() - saving, wait_s=waited, stepped=stepped,
-            value=float(param.to_local()[0]))  # step + 1 where the state was whole
+            value=float(param.to_local()[0].detach()))  # step + 1 where the state was whole
         time.sleep(max(0.0, 1.0 - (time.monotonic() - began)))
     saver.close()
     dist.destroy_process_group()
