@@ -55,10 +55,10 @@ from unirank.supervisor.helper import start_helper
 __all__ = ["DEFAULT_PRELOAD", "READY_TIMEOUT", "WARM_PRELOAD", "ForkServer", "fallback_line",
            "server_environ", "start_server", "warm_for", "warm_modules", "why_not_served"]
 
-#: what the server always imports; ``--preload`` adds to it. The hang watcher is the default
-#: (each worker starts one before the script): about 50 ms of imports a worker otherwise does
-#: after the fork, from modules that hold no thread and read no environment variable when
-#: imported
+#: what the server always imports; ``--preload`` adds to it. The hang watcher is on by
+#: default (each worker starts one before the script): about 50 ms of imports a worker would
+#: otherwise do after the fork, from modules that hold no thread and read no environment
+#: variable when imported
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "unirank.supervisor.fork.child",
                    "unirank.hang.watcher")
 #: what a DDP job's first step imports that the server may import too: about half of
